@@ -1,0 +1,13 @@
+//! Countersign's domain, independent of HTTP and UI.
+//!
+//! Owns the clock abstraction, secrets, and the [`store::Store`] over SQLite and Postgres.
+//! Later modules (registry, policy, keys, approvals, audit) live here too: everything that
+//! decides whether an agent's call may run is plain Rust that the server only wires up.
+
+pub mod clock;
+pub mod secret;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use secret::Secret;
+pub use store::{Backend, Store, StoreError};

@@ -1,0 +1,312 @@
+//! The store: every row Countersign keeps, on SQLite (embedded default) or Postgres
+//! (production), chosen at run time from the database URL.
+//!
+//! # How the two dialects share code without drifting
+//!
+//! * Queries are written once, as runtime `sqlx::query`/`query_as` strings using `$1`-style
+//!   placeholders, which both SQLite and Postgres accept. The [`on_pool!`] macro expands one
+//!   block of code once per backend, so the same text and the same Rust types are compiled
+//!   against both drivers: a type or bind that one driver does not support fails to build.
+//! * Column types are restricted to what both drivers decode identically: `TEXT`, `BIGINT`
+//!   (timestamps are Unix milliseconds), `INTEGER`, `BOOLEAN`. JSON is stored as `TEXT`,
+//!   because the audit chain and idempotency keys hash the exact canonical bytes and
+//!   Postgres' `jsonb` would reorder them.
+//! * DDL lives in `migrations/sqlite` and `migrations/postgres` with the same version
+//!   numbers; the integration tests run every store test on both backends (Postgres is
+//!   mandatory under `CI=true`), so a migration missing from one folder fails the suite.
+//! * Where the dialects genuinely differ (the queue claim, `FOR UPDATE SKIP LOCKED`), the
+//!   code matches on [`Backend`] explicitly and both arms are tested.
+
+mod runs;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{PgPool, SqlitePool};
+
+use crate::clock::Clock;
+use crate::secret::Secret;
+
+pub use runs::{NewRun, Run, RunStatus};
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// Expands `$body` once per backend with `$pool` bound to the concrete pool.
+macro_rules! on_pool {
+    ($store:expr, |$pool:ident| $body:expr) => {
+        match &$store.pool {
+            $crate::store::Pool::Sqlite($pool) => $body,
+            $crate::store::Pool::Postgres($pool) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
+/// Which database a [`Store`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// An embedded SQLite file: one process, one writer.
+    Sqlite,
+    /// A Postgres server: many replicas and workers.
+    Postgres,
+}
+
+impl Backend {
+    /// The backend a database URL names, if any.
+    pub fn from_url(url: &str) -> Option<Self> {
+        if url.starts_with("sqlite:") {
+            Some(Self::Sqlite)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Some(Self::Postgres)
+        } else {
+            None
+        }
+    }
+
+    /// A short lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Errors from the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL names no backend Countersign supports.
+    #[error("unsupported database URL {url}: expected sqlite://PATH or postgres://…")]
+    UnsupportedUrl {
+        /// The URL with any password hidden.
+        url: String,
+    },
+    /// The URL could not be parsed.
+    #[error("malformed database URL {url}: {source}")]
+    MalformedUrl {
+        /// The URL with any password hidden.
+        url: String,
+        /// What the driver said.
+        source: sqlx::Error,
+    },
+    /// The database could not be reached.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        /// The URL with any password hidden.
+        url: String,
+        /// What the driver said.
+        source: sqlx::Error,
+    },
+    /// Migrations failed.
+    #[error("migrating the database failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A row that was looked up does not exist.
+    #[error("not found")]
+    NotFound,
+    /// A uniqueness or check constraint refused the write.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// Anything else the database reported.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::RowNotFound => StoreError::NotFound,
+            sqlx::Error::Database(db)
+                if db.is_unique_violation() || db.is_check_violation() =>
+            {
+                StoreError::Conflict(db.message().to_string())
+            }
+            _ => StoreError::Database(e),
+        }
+    }
+}
+
+/// Options for [`Store::connect`].
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// How long to wait for the database before giving up.
+    pub connect_timeout: Duration,
+    /// Maximum pooled connections.
+    pub max_connections: u32,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            max_connections: 16,
+        }
+    }
+}
+
+/// The handle every component uses to reach the database. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) pool: Pool,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.backend())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `url` with any password replaced by `***`, safe to print.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            // set_password only fails for URLs that cannot carry one; keep the original then.
+            if parsed.set_password(Some("***")).is_ok() {
+                parsed.to_string()
+            } else {
+                "[unprintable URL]".to_string()
+            }
+        }
+        Ok(_) => url.to_string(),
+        Err(_) => "[unparseable URL]".to_string(),
+    }
+}
+
+impl Store {
+    /// Connects to the database `url` names, creating a SQLite file (and its folder) if
+    /// missing. Does not migrate; call [`Store::migrate`].
+    pub async fn connect(
+        url: &Secret<String>,
+        options: &ConnectOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
+        let raw = url.expose().as_str();
+        let shown = redact_url(raw);
+        let malformed = |source| StoreError::MalformedUrl {
+            url: shown.clone(),
+            source,
+        };
+        let connect = |source| StoreError::Connect {
+            url: shown.clone(),
+            source,
+        };
+        let pool = match Backend::from_url(raw) {
+            Some(Backend::Sqlite) => {
+                let opts = SqliteConnectOptions::from_str(raw)
+                    .map_err(malformed)?
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .busy_timeout(Duration::from_secs(10))
+                    .foreign_keys(true);
+                if let Some(parent) = opts.get_filename().parent() {
+                    if !parent.as_os_str().is_empty() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(|e| connect(sqlx::Error::Io(e)))?;
+                    }
+                }
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(options.max_connections)
+                    .acquire_timeout(options.connect_timeout)
+                    .connect_with(opts)
+                    .await
+                    .map_err(connect)?;
+                Pool::Sqlite(pool)
+            }
+            Some(Backend::Postgres) => {
+                let opts = PgConnectOptions::from_str(raw).map_err(malformed)?;
+                let pool = PgPoolOptions::new()
+                    .max_connections(options.max_connections)
+                    .acquire_timeout(options.connect_timeout)
+                    .connect_with(opts)
+                    .await
+                    .map_err(connect)?;
+                Pool::Postgres(pool)
+            }
+            None => return Err(StoreError::UnsupportedUrl { url: shown }),
+        };
+        Ok(Self { pool, clock })
+    }
+
+    /// Applies every migration not yet applied.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match &self.pool {
+            Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await?,
+            Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await?,
+        }
+        Ok(())
+    }
+
+    /// The highest migration version applied, if any.
+    pub async fn schema_version(&self) -> Result<Option<i64>, StoreError> {
+        let v: Option<i64> = on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success = TRUE")
+                .fetch_one(p)
+                .await?
+        });
+        Ok(v)
+    }
+
+    /// The newest migration version this build carries.
+    pub fn latest_migration(&self) -> i64 {
+        let m = match &self.pool {
+            Pool::Sqlite(_) => &SQLITE_MIGRATIONS,
+            Pool::Postgres(_) => &POSTGRES_MIGRATIONS,
+        };
+        m.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    /// Which backend this store uses.
+    pub fn backend(&self) -> Backend {
+        match &self.pool {
+            Pool::Sqlite(_) => Backend::Sqlite,
+            Pool::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// The clock this store stamps rows with.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Round-trips a trivial query: the database is reachable and answering.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let one: i32 = on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT 1").fetch_one(p).await?
+        });
+        if one == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict("SELECT 1 did not return 1".into()))
+        }
+    }
+
+    /// Runs one raw SQL statement and returns the rows it affected. For operators and
+    /// tests (for instance, proving the audit table refuses UPDATE); never for user input.
+    pub async fn execute_sql(&self, sql: &str) -> Result<u64, StoreError> {
+        let n = on_pool!(self, |p| {
+            sqlx::query(sql).execute(p).await?.rows_affected()
+        });
+        Ok(n)
+    }
+
+    /// Closes the pool, waiting for connections to be returned.
+    pub async fn close(&self) {
+        on_pool!(self, |p| p.close().await)
+    }
+}
+
+#[cfg(feature = "test-support")]
+pub mod testing;

@@ -1,0 +1,181 @@
+//! Runs: one row per agent task. Steps, approvals and audit records hang off a run.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{Store, StoreError, on_pool};
+
+/// The lifecycle of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Steps may still be proposed or executed.
+    Active,
+    /// Every step reached a final state successfully.
+    Done,
+    /// A step failed and the run stopped.
+    Failed,
+    /// Cancelled by its agent or a person.
+    Cancelled,
+    /// Halted by the emergency stop.
+    Stopped,
+}
+
+impl RunStatus {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+            Self::Stopped => "stopped",
+        }
+    }
+
+    /// Parses the stored text.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "active" => Self::Active,
+            "done" => Self::Done,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            "stopped" => Self::Stopped,
+            _ => return None,
+        })
+    }
+}
+
+/// What is needed to open a run.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    /// The tenant every step of the run is confined to.
+    pub tenant: String,
+    /// Who the run acts for (never its approver).
+    pub principal: String,
+    /// The agent credential that opened it, if an agent did.
+    pub agent_id: Option<String>,
+    /// The task, as the agent or person stated it.
+    pub task: String,
+}
+
+/// A stored run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Run {
+    /// Run id (UUID text).
+    pub id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Who the run acts for.
+    pub principal: String,
+    /// Opening agent credential.
+    pub agent_id: Option<String>,
+    /// Task text.
+    pub task: String,
+    /// Lifecycle status.
+    pub status: RunStatus,
+    /// Set when a step failed closed on changed state and the plan must be redone.
+    pub replan: bool,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub updated_at: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct RunRow {
+    id: String,
+    tenant: String,
+    principal: String,
+    agent_id: Option<String>,
+    task: String,
+    status: String,
+    replan: bool,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl TryFrom<RunRow> for Run {
+    type Error = StoreError;
+    fn try_from(r: RunRow) -> Result<Self, StoreError> {
+        let status = RunStatus::parse(&r.status)
+            .ok_or_else(|| StoreError::Conflict(format!("unknown run status {:?}", r.status)))?;
+        Ok(Run {
+            id: r.id,
+            tenant: r.tenant,
+            principal: r.principal,
+            agent_id: r.agent_id,
+            task: r.task,
+            status,
+            replan: r.replan,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+const RUN_COLUMNS: &str =
+    "id, tenant, principal, agent_id, task, status, replan, created_at, updated_at";
+
+impl Store {
+    /// Opens a new active run.
+    pub async fn create_run(&self, new: &NewRun) -> Result<Run, StoreError> {
+        let id = Uuid::new_v4().to_string();
+        let now = self.clock.now_ms();
+        on_pool!(self, |p| {
+            sqlx::query(
+                "INSERT INTO runs (id, tenant, principal, agent_id, task, status, replan, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7, $7)",
+            )
+            .bind(&id)
+            .bind(&new.tenant)
+            .bind(&new.principal)
+            .bind(&new.agent_id)
+            .bind(&new.task)
+            .bind(RunStatus::Active.as_str())
+            .bind(now)
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        self.get_run(&id).await
+    }
+
+    /// Reads one run.
+    pub async fn get_run(&self, id: &str) -> Result<Run, StoreError> {
+        let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1");
+        let row: RunRow = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(id).fetch_one(p).await?
+        });
+        row.try_into()
+    }
+
+    /// The newest runs of a tenant, newest first.
+    pub async fn list_runs(&self, tenant: &str, limit: i64) -> Result<Vec<Run>, StoreError> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = $1 ORDER BY created_at DESC, id LIMIT $2"
+        );
+        let rows: Vec<RunRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(tenant).bind(limit).fetch_all(p).await?
+        });
+        rows.into_iter().map(Run::try_from).collect()
+    }
+
+    /// Moves a run to `status`.
+    pub async fn set_run_status(&self, id: &str, status: RunStatus) -> Result<Run, StoreError> {
+        let now = self.clock.now_ms();
+        let n = on_pool!(self, |p| {
+            sqlx::query("UPDATE runs SET status = $1, updated_at = $2 WHERE id = $3")
+                .bind(status.as_str())
+                .bind(now)
+                .bind(id)
+                .execute(p)
+                .await?
+                .rows_affected()
+        });
+        if n == 0 {
+            return Err(StoreError::NotFound);
+        }
+        self.get_run(id).await
+    }
+}

@@ -1,0 +1,16 @@
+//! countersign-core integration tests: one binary, one module per area.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod store;
+
+use std::sync::Arc;
+
+use chrono::DateTime;
+use countersign_core::{Clock, ManualClock};
+
+/// A manual clock at a fixed, readable instant (2026-06-11T09:42:17Z).
+pub fn test_clock() -> (ManualClock, Arc<dyn Clock>) {
+    let clock = ManualClock::new(DateTime::from_timestamp(1_781_170_937, 0).unwrap());
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    (clock, shared)
+}

@@ -1,0 +1,170 @@
+//! Store tests: each runs on SQLite and on Postgres.
+
+use std::sync::Arc;
+
+use countersign_core::{Clock, Secret};
+use countersign_core::store::testing::{FreshDb, each_backend};
+use countersign_core::store::{Backend, ConnectOptions, NewRun, RunStatus, StoreError};
+use countersign_core::{Store, SystemClock};
+
+use crate::test_clock;
+
+fn new_run(tenant: &str) -> NewRun {
+    NewRun {
+        tenant: tenant.into(),
+        principal: "user-123".into(),
+        agent_id: None,
+        task: "Process invoice INV-20260611".into(),
+    }
+}
+
+#[tokio::test]
+async fn migrations_reach_the_latest_version_and_are_idempotent() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let latest = store.latest_migration();
+        assert!(latest >= 1);
+        assert_eq!(store.schema_version().await.unwrap(), Some(latest));
+        // Running them again is a no-op, not an error.
+        store.migrate().await.unwrap();
+        assert_eq!(store.schema_version().await.unwrap(), Some(latest));
+        store.ping().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_round_trip_with_the_injected_clock() {
+    let (manual, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            let created = store.create_run(&new_run("acme")).await.unwrap();
+            assert_eq!(created.status, RunStatus::Active);
+            assert_eq!(created.created_at, manual.now_ms());
+            assert!(!created.replan);
+
+            manual.advance(chrono::Duration::seconds(5));
+            let cancelled = store
+                .set_run_status(&created.id, RunStatus::Cancelled)
+                .await
+                .unwrap();
+            assert_eq!(cancelled.status, RunStatus::Cancelled);
+            assert_eq!(cancelled.updated_at, created.created_at + 5_000);
+
+            store.create_run(&new_run("other-tenant")).await.unwrap();
+            let acme = store.list_runs("acme", 10).await.unwrap();
+            assert_eq!(acme.len(), 1, "runs are listed per tenant only");
+            assert_eq!(acme[0].id, created.id);
+
+            assert!(matches!(
+                store.get_run("no-such-run").await,
+                Err(StoreError::NotFound)
+            ));
+            assert!(matches!(
+                store.set_run_status("no-such-run", RunStatus::Done).await,
+                Err(StoreError::NotFound)
+            ));
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_database_refuses_update_and_delete_on_audit() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        store
+            .execute_sql(
+                "INSERT INTO audit (seq, at, event, record, prev, hash) \
+                 VALUES (1, 0, 'proposed', '{}', 'sha256:0', 'sha256:1')",
+            )
+            .await
+            .unwrap();
+        for sql in [
+            "UPDATE audit SET event = 'approved' WHERE seq = 1",
+            "DELETE FROM audit WHERE seq = 1",
+        ] {
+            let err = store.execute_sql(sql).await.unwrap_err();
+            assert!(
+                err.to_string().contains("append-only"),
+                "{:?}: {sql} gave {err}",
+                store.backend()
+            );
+        }
+        if store.backend() == Backend::Postgres {
+            let err = store.execute_sql("TRUNCATE audit").await.unwrap_err();
+            assert!(err.to_string().contains("append-only"), "{err}");
+        }
+        // Reusing a seq is a conflict: the chain cannot fork.
+        let dup = store
+            .execute_sql(
+                "INSERT INTO audit (seq, at, event, record, prev, hash) \
+                 VALUES (1, 0, 'proposed', '{}', 'sha256:0', 'sha256:2')",
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(dup, StoreError::Conflict(_)), "{dup:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn check_constraints_refuse_unknown_statuses() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let run = store.create_run(&new_run("acme")).await.unwrap();
+        let err = store
+            .execute_sql(&format!(
+                "UPDATE runs SET status = 'exploded' WHERE id = '{}'",
+                run.id
+            ))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_urls_are_refused_with_the_password_hidden() {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let opts = ConnectOptions {
+        connect_timeout: std::time::Duration::from_millis(500),
+        max_connections: 1,
+    };
+    let err = Store::connect(&Secret::new("mysql://u:pw@h/db".into()), &opts, clock.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::UnsupportedUrl { .. }), "{err:?}");
+
+    // Nothing listens on port 1: connecting fails, and the message never shows the password.
+    let err = Store::connect(
+        &Secret::new("postgres://u:s3cr3t@127.0.0.1:1/db".into()),
+        &opts,
+        clock,
+    )
+    .await
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Connect { .. }), "{err:?}");
+    assert!(!msg.contains("s3cr3t"), "{msg}");
+    assert!(msg.contains("***"), "{msg}");
+}
+
+#[tokio::test]
+async fn sqlite_creates_its_folder() {
+    let db = FreshDb::create(Backend::Sqlite).await.unwrap();
+    let nested = db.url.expose().replace("test.db", "nested/deeper/cs.db");
+    let store = Store::connect(
+        &Secret::new(nested),
+        &ConnectOptions::default(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    store.ping().await.unwrap();
+    store.close().await;
+    db.drop_db().await;
+}
