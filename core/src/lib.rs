@@ -5,9 +5,11 @@
 //! decides whether an agent's call may run is plain Rust that the server only wires up.
 
 pub mod clock;
+pub mod model;
 pub mod secret;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use model::{Effect, Gate, StepStatus};
 pub use secret::Secret;
 pub use store::{Backend, Store, StoreError};
