@@ -75,6 +75,9 @@ mod tests {
         assert_eq!(clock.now(), start);
         other.advance(Duration::hours(72));
         assert_eq!(clock.now(), start + Duration::hours(72));
-        assert_eq!(clock.now_ms(), (start + Duration::hours(72)).timestamp_millis());
+        assert_eq!(
+            clock.now_ms(),
+            (start + Duration::hours(72)).timestamp_millis()
+        );
     }
 }

@@ -1,0 +1,133 @@
+//! The `countersign` server: configuration, the HTTP surface (dashboard, `/healthz`, and
+//! later `/mcp` and `/metrics`), and process start-up.
+//!
+//! [`Application::build`] does everything that can fail at start (connect, migrate, bind)
+//! so that a bad deployment stops with one clear line before serving anything.
+
+pub mod config;
+pub mod http;
+pub mod telemetry;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use countersign_core::store::ConnectOptions;
+use countersign_core::{Clock, Store, StoreError};
+use leptos::config::LeptosOptions;
+use tokio::net::TcpListener;
+
+pub use config::Config;
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database was unreachable, malformed or failed to migrate.
+    #[error("COUNTERSIGN_DATABASE_URL: {0}")]
+    Database(#[from] StoreError),
+    /// The listen address could not be bound.
+    #[error("COUNTERSIGN_LISTEN: cannot listen on {addr}: {source}")]
+    Bind {
+        /// The configured address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("server error: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Shared state every handler can reach.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// The database.
+    pub store: Store,
+    /// Leptos rendering options.
+    pub leptos: LeptosOptions,
+    /// The validated configuration.
+    pub config: Arc<Config>,
+}
+
+impl axum::extract::FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos.clone()
+    }
+}
+
+/// Connects to the database named in `config` and applies pending migrations.
+pub async fn connect_and_migrate(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+) -> Result<Store, StoreError> {
+    let store = Store::connect(&config.database_url, &ConnectOptions::default(), clock).await?;
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// A bound, ready-to-run server.
+pub struct Application {
+    listener: TcpListener,
+    router: axum::Router,
+    state: AppState,
+}
+
+impl Application {
+    /// Connects, migrates and binds. Nothing is served until [`Application::run`].
+    pub async fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
+        let store = connect_and_migrate(&config, clock).await?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| StartError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(StartError::Serve)?;
+        let leptos = LeptosOptions::builder()
+            .output_name("countersign")
+            .site_root(config.site_root.display().to_string())
+            .site_pkg_dir("pkg")
+            .site_addr(addr)
+            .build();
+        let state = AppState {
+            store,
+            leptos,
+            config: Arc::new(config),
+        };
+        let router = http::router(state.clone());
+        Ok(Self {
+            listener,
+            router,
+            state,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, std::io::Error> {
+        self.listener.local_addr()
+    }
+
+    /// The shared state (tests use its store).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves.
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        tracing::info!(
+            addr = %self.listener.local_addr().map_err(StartError::Serve)?,
+            backend = self.state.store.backend().as_str(),
+            public_url = %self.state.config.public_url,
+            "countersign serving"
+        );
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(StartError::Serve)?;
+        self.state.store.close().await;
+        Ok(())
+    }
+}

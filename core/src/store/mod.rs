@@ -26,7 +26,7 @@ use std::time::Duration;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{Connection, PgPool, SqlitePool};
 
 use crate::clock::Clock;
 use crate::secret::Secret;
@@ -126,9 +126,7 @@ impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         match &e {
             sqlx::Error::RowNotFound => StoreError::NotFound,
-            sqlx::Error::Database(db)
-                if db.is_unique_violation() || db.is_check_violation() =>
-            {
+            sqlx::Error::Database(db) if db.is_unique_violation() || db.is_check_violation() => {
                 StoreError::Conflict(db.message().to_string())
             }
             _ => StoreError::Database(e),
@@ -213,8 +211,7 @@ impl Store {
                     .foreign_keys(true);
                 if let Some(parent) = opts.get_filename().parent() {
                     if !parent.as_os_str().is_empty() {
-                        std::fs::create_dir_all(parent)
-                            .map_err(|e| connect(sqlx::Error::Io(e)))?;
+                        std::fs::create_dir_all(parent).map_err(|e| connect(sqlx::Error::Io(e)))?;
                     }
                 }
                 let pool = SqlitePoolOptions::new()
@@ -227,6 +224,16 @@ impl Store {
             }
             Some(Backend::Postgres) => {
                 let opts = PgConnectOptions::from_str(raw).map_err(malformed)?;
+                // One direct connection first: the pool's acquire timeout would hide the
+                // cause ("connection refused", "password authentication failed").
+                let probe = tokio::time::timeout(
+                    options.connect_timeout,
+                    sqlx::PgConnection::connect_with(&opts),
+                )
+                .await
+                .map_err(|_| connect(sqlx::Error::PoolTimedOut))?
+                .map_err(connect)?;
+                let _ = probe.close().await;
                 let pool = PgPoolOptions::new()
                     .max_connections(options.max_connections)
                     .acquire_timeout(options.connect_timeout)

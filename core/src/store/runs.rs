@@ -156,7 +156,11 @@ impl Store {
             "SELECT {RUN_COLUMNS} FROM runs WHERE tenant = $1 ORDER BY created_at DESC, id LIMIT $2"
         );
         let rows: Vec<RunRow> = on_pool!(self, |p| {
-            sqlx::query_as(&sql).bind(tenant).bind(limit).fetch_all(p).await?
+            sqlx::query_as(&sql)
+                .bind(tenant)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
         });
         rows.into_iter().map(Run::try_from).collect()
     }

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use countersign_core::{Clock, Secret};
 use countersign_core::store::testing::{FreshDb, each_backend};
 use countersign_core::store::{Backend, ConnectOptions, NewRun, RunStatus, StoreError};
+use countersign_core::{Clock, Secret};
 use countersign_core::{Store, SystemClock};
 
 use crate::test_clock;
@@ -133,9 +133,13 @@ async fn bad_urls_are_refused_with_the_password_hidden() {
         connect_timeout: std::time::Duration::from_millis(500),
         max_connections: 1,
     };
-    let err = Store::connect(&Secret::new("mysql://u:pw@h/db".into()), &opts, clock.clone())
-        .await
-        .unwrap_err();
+    let err = Store::connect(
+        &Secret::new("mysql://u:pw@h/db".into()),
+        &opts,
+        clock.clone(),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, StoreError::UnsupportedUrl { .. }), "{err:?}");
 
     // Nothing listens on port 1: connecting fails, and the message never shows the password.

@@ -1,0 +1,54 @@
+// Playwright drives Debian's Chromium (/usr/bin/chromium); it never downloads a browser.
+// The server under test is the real `countersign serve` binary built by `cargo leptos build`,
+// on its own port with a fresh SQLite database.
+import { defineConfig } from '@playwright/test';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+
+const root = resolve(__dirname, '..');
+const port = Number(process.env.E2E_PORT ?? 3107);
+const dataDir = mkdtempSync(join(tmpdir(), 'countersign-e2e-'));
+const binary = process.env.E2E_BINARY ?? join(root, 'target', 'debug', 'countersign');
+
+export default defineConfig({
+  testDir: './tests',
+  outputDir: './test-results',
+  fullyParallel: false,
+  workers: 1,
+  retries: 0,
+  reporter: [['list']],
+  timeout: 30_000,
+  use: {
+    baseURL: `http://127.0.0.1:${port}`,
+    screenshot: 'only-on-failure',
+    trace: 'off',
+    launchOptions: {
+      executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+      args: [
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-quic',
+        '--no-first-run',
+        '--disable-background-networking',
+        '--disable-component-update',
+        '--disable-sync',
+      ],
+    },
+  },
+  webServer: {
+    command: `${binary} serve`,
+    cwd: root,
+    url: `http://127.0.0.1:${port}/healthz`,
+    reuseExistingServer: false,
+    timeout: 60_000,
+    stdout: 'pipe',
+    stderr: 'pipe',
+    env: {
+      COUNTERSIGN_LISTEN: `127.0.0.1:${port}`,
+      COUNTERSIGN_DATABASE_URL: `sqlite://${join(dataDir, 'e2e.db')}`,
+      COUNTERSIGN_SITE_ROOT: join(root, 'target', 'site'),
+      COUNTERSIGN_LOG_LEVEL: 'warn',
+    },
+  },
+});

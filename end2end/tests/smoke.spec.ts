@@ -1,0 +1,61 @@
+import { test, expect } from '@playwright/test';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+const shots = join(__dirname, '..', 'test-results', 'screenshots');
+
+test('the dashboard shell renders, is styled, and hydrates', async ({ page }) => {
+  const errors: string[] = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+
+  await page.goto('/');
+  await expect(page.getByRole('link', { name: 'Countersign' })).toBeVisible();
+  for (const label of ['Inbox', 'Runs', 'Audit', 'Metrics', 'Admin']) {
+    await expect(page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: label })).toBeVisible();
+  }
+
+  // Tailwind's stylesheet is served and applied: the primary button is indigo, not the UA default.
+  const button = page.getByTestId('hydration-button');
+  const bg = await button.evaluate((el) => getComputedStyle(el).backgroundColor);
+  expect(bg).not.toBe('rgba(0, 0, 0, 0)');
+  expect(bg).not.toBe('rgb(239, 239, 239)');
+
+  // Hydration: only the wasm bundle attaches the click handler and flips the status.
+  await expect(page.getByTestId('hydration-status')).toHaveText('Interactive', { timeout: 15_000 });
+  await button.click();
+  await button.click();
+  await expect(page.getByTestId('hydration-clicks')).toHaveText('Clicks: 2');
+
+  mkdirSync(shots, { recursive: true });
+  await page.screenshot({ path: join(shots, 'home.png'), fullPage: true });
+  expect(errors).toEqual([]);
+});
+
+test('every page is reachable from the navigation and says when it is empty', async ({ page }) => {
+  const pages: Array<[string, string, RegExp]> = [
+    ['Inbox', 'Approval inbox', /No gated calls/],
+    ['Runs', 'Runs', /No runs yet/],
+    ['Audit', 'Audit', /audit trail is empty/],
+    ['Metrics', 'Metrics', /No gate decisions/],
+    ['Admin', 'Admin', /No registry changes/],
+  ];
+  await page.goto('/');
+  await expect(page.getByTestId('hydration-status')).toHaveText('Interactive', { timeout: 15_000 });
+  for (const [link, heading, empty] of pages) {
+    await page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: link }).click();
+    await expect(page.getByRole('heading', { level: 1, name: heading })).toBeVisible();
+    await expect(page.getByText(empty)).toBeVisible();
+    await page.screenshot({ path: join(shots, `${link.toLowerCase()}.png`), fullPage: true });
+  }
+});
+
+test('an unknown path is a 404 page, and /healthz reports the database', async ({ page, request }) => {
+  const resp = await page.goto('/no-such-page');
+  expect(resp?.status()).toBe(404);
+  await expect(page.getByRole('heading', { name: 'Not found' })).toBeVisible();
+
+  const health = await request.get('/healthz');
+  expect(health.status()).toBe(200);
+  expect(await health.json()).toEqual({ status: 'ok', database: 'sqlite' });
+});

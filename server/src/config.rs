@@ -1,0 +1,388 @@
+//! Configuration: a TOML file plus `COUNTERSIGN_*` environment variables, typed and
+//! validated once at start.
+//!
+//! Precedence: built-in defaults < the TOML file < environment variables. Every key has one
+//! name in the file (`database_url`) and one in the environment (`COUNTERSIGN_DATABASE_URL`).
+//! An unknown key in either place is an error, so a typo never silently falls back to a
+//! default. Errors name the key and where it came from; values of secret keys are never
+//! printed (they are held in [`Secret`]).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use countersign_core::{Backend, Secret};
+use url::Url;
+
+/// Environment variable naming the config file.
+pub const CONFIG_ENV: &str = "COUNTERSIGN_CONFIG";
+/// The file read when neither `--config` nor `COUNTERSIGN_CONFIG` names one, if it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "countersign.toml";
+/// Environment variables with this prefix belong to the test harness, not to the server.
+const TEST_ENV_PREFIX: &str = "COUNTERSIGN_TEST_";
+
+/// One configuration key: its file name, whether its value is secret, and its help text.
+#[derive(Debug, Clone, Copy)]
+pub struct KeySpec {
+    /// Name in the TOML file; the environment name is `COUNTERSIGN_` + uppercase.
+    pub name: &'static str,
+    /// Never print the value.
+    pub secret: bool,
+    /// Default, as text, if any.
+    pub default: Option<&'static str>,
+    /// One line for the README and `--help`.
+    pub help: &'static str,
+}
+
+/// Every key Countersign understands.
+pub const KEYS: &[KeySpec] = &[
+    KeySpec {
+        name: "database_url",
+        secret: true,
+        default: Some("sqlite://data/countersign.db"),
+        help: "sqlite://PATH (embedded, zero set-up) or postgres://USER:PASS@HOST/DB",
+    },
+    KeySpec {
+        name: "listen",
+        secret: false,
+        default: Some("127.0.0.1:3000"),
+        help: "address and port to serve the dashboard, /mcp, /healthz and /metrics on",
+    },
+    KeySpec {
+        name: "public_url",
+        secret: false,
+        default: None,
+        help: "the URL people and agents reach this server at (default http://LISTEN)",
+    },
+    KeySpec {
+        name: "registry",
+        secret: false,
+        default: None,
+        help: "registry YAML file or folder, loaded at start when the database holds none",
+    },
+    KeySpec {
+        name: "log_format",
+        secret: false,
+        default: Some("text"),
+        help: "text (human) or json (one object per line)",
+    },
+    KeySpec {
+        name: "log_level",
+        secret: false,
+        default: Some("info,sqlx=warn"),
+        help: "tracing filter directives, e.g. info or countersign=debug,info",
+    },
+    KeySpec {
+        name: "site_root",
+        secret: false,
+        default: Some("target/site"),
+        help: "folder with the built dashboard assets (pkg/*.js, *.wasm, *.css)",
+    },
+];
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Database URL; secret because it may carry a password.
+    pub database_url: Secret<String>,
+    /// Bind address.
+    pub listen: SocketAddr,
+    /// External URL, no trailing slash.
+    pub public_url: Url,
+    /// Registry to load when the database has none.
+    pub registry: Option<PathBuf>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Tracing filter.
+    pub log_level: String,
+    /// Built site assets.
+    pub site_root: PathBuf,
+}
+
+/// Where a value came from, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Built-in default.
+    Default,
+    /// The TOML file at this path.
+    File(PathBuf),
+    /// An environment variable.
+    Env,
+}
+
+/// A configuration problem. `Display` is the one line shown to the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config file {path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A key nobody knows.
+    #[error("unknown configuration key {key} (in {place}); known keys: {known}")]
+    UnknownKey {
+        /// The key as written.
+        key: String,
+        /// File path or "environment".
+        place: String,
+        /// The known keys.
+        known: String,
+    },
+    /// A value that does not parse or is not allowed.
+    #[error("invalid {key}{shown}: {message}")]
+    Invalid {
+        /// `COUNTERSIGN_X` or `x in FILE`.
+        key: String,
+        /// ` = "value"`, or empty for secrets.
+        shown: String,
+        /// What is wrong and what is expected.
+        message: String,
+    },
+}
+
+struct Raw {
+    value: String,
+    source: Source,
+}
+
+fn env_name(key: &str) -> String {
+    format!("COUNTERSIGN_{}", key.to_ascii_uppercase())
+}
+
+fn known_keys() -> String {
+    KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+}
+
+impl Config {
+    /// Loads from an optional file and the given environment (pass `std::env::vars()`).
+    /// `file` is the `--config` flag; without it `COUNTERSIGN_CONFIG`, then
+    /// `countersign.toml` if it exists, are tried.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let env: BTreeMap<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("COUNTERSIGN_"))
+            .collect();
+
+        let file = match (file, env.get(CONFIG_ENV)) {
+            (Some(f), _) => Some(f.to_path_buf()),
+            (None, Some(f)) => Some(PathBuf::from(f)),
+            (None, None) => {
+                let default = PathBuf::from(DEFAULT_CONFIG_FILE);
+                default.is_file().then_some(default)
+            }
+        };
+
+        let mut raw: BTreeMap<&'static str, Raw> = BTreeMap::new();
+        for spec in KEYS {
+            if let Some(d) = spec.default {
+                raw.insert(
+                    spec.name,
+                    Raw {
+                        value: d.to_string(),
+                        source: Source::Default,
+                    },
+                );
+            }
+        }
+
+        if let Some(path) = &file {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::File {
+                path: path.clone(),
+                message: e.message().to_string(),
+            })?;
+            for (key, value) in table {
+                let Some(spec) = KEYS.iter().find(|s| s.name == key) else {
+                    return Err(ConfigError::UnknownKey {
+                        key,
+                        place: path.display().to_string(),
+                        known: known_keys(),
+                    });
+                };
+                let value = match value {
+                    toml::Value::String(s) => s,
+                    toml::Value::Integer(i) => i.to_string(),
+                    toml::Value::Boolean(b) => b.to_string(),
+                    other => {
+                        return Err(ConfigError::Invalid {
+                            key: format!("{} in {}", spec.name, path.display()),
+                            shown: String::new(),
+                            message: format!("expected a string, found a {}", other.type_str()),
+                        });
+                    }
+                };
+                raw.insert(
+                    spec.name,
+                    Raw {
+                        value,
+                        source: Source::File(path.clone()),
+                    },
+                );
+            }
+        }
+
+        for (name, value) in &env {
+            if name == CONFIG_ENV || name.starts_with(TEST_ENV_PREFIX) {
+                continue;
+            }
+            let Some(spec) = KEYS.iter().find(|s| env_name(s.name) == *name) else {
+                return Err(ConfigError::UnknownKey {
+                    key: name.clone(),
+                    place: "environment".into(),
+                    known: KEYS
+                        .iter()
+                        .map(|k| env_name(k.name))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            };
+            raw.insert(
+                spec.name,
+                Raw {
+                    value: value.clone(),
+                    source: Source::Env,
+                },
+            );
+        }
+
+        Self::from_raw(&raw)
+    }
+
+    fn from_raw(raw: &BTreeMap<&'static str, Raw>) -> Result<Self, ConfigError> {
+        let invalid = |name: &'static str, message: String| -> ConfigError {
+            let spec = KEYS.iter().find(|s| s.name == name);
+            let secret = spec.is_some_and(|s| s.secret);
+            let (key, value) = match raw.get(name) {
+                Some(Raw {
+                    value,
+                    source: Source::Env,
+                }) => (env_name(name), value.as_str()),
+                Some(Raw {
+                    value,
+                    source: Source::File(p),
+                }) => (format!("{name} in {}", p.display()), value.as_str()),
+                Some(Raw {
+                    value,
+                    source: Source::Default,
+                }) => (format!("{name} (default)"), value.as_str()),
+                None => (env_name(name), ""),
+            };
+            let shown = if secret {
+                String::new()
+            } else {
+                format!(" = {value:?}")
+            };
+            ConfigError::Invalid {
+                key,
+                shown,
+                message,
+            }
+        };
+        let get = |name: &str| raw.get(name).map(|r| r.value.trim().to_string());
+
+        let database_url = get("database_url").unwrap_or_default();
+        match Backend::from_url(&database_url) {
+            Some(Backend::Postgres) => {
+                let parsed = Url::parse(&database_url).map_err(|e| {
+                    invalid("database_url", format!("malformed Postgres URL ({e})"))
+                })?;
+                if parsed.host_str().is_none_or(str::is_empty) {
+                    return Err(invalid(
+                        "database_url",
+                        "the Postgres URL has no host".into(),
+                    ));
+                }
+            }
+            Some(Backend::Sqlite) => {
+                let path = database_url
+                    .trim_start_matches("sqlite://")
+                    .trim_start_matches("sqlite:");
+                if path.is_empty() {
+                    return Err(invalid(
+                        "database_url",
+                        "the SQLite URL names no file (expected sqlite://PATH)".into(),
+                    ));
+                }
+            }
+            None => {
+                return Err(invalid(
+                    "database_url",
+                    "unsupported database; expected sqlite://PATH or postgres://USER@HOST/DB"
+                        .into(),
+                ));
+            }
+        }
+
+        let listen_text = get("listen").unwrap_or_default();
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            invalid(
+                "listen",
+                "not a socket address; expected IP:PORT such as 127.0.0.1:3000".into(),
+            )
+        })?;
+
+        let public_url = match get("public_url") {
+            Some(text) => {
+                let url = Url::parse(&text)
+                    .map_err(|e| invalid("public_url", format!("not an absolute URL ({e})")))?;
+                if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                    return Err(invalid(
+                        "public_url",
+                        "expected an http:// or https:// URL with a host".into(),
+                    ));
+                }
+                url
+            }
+            None => Url::parse(&format!("http://{listen}"))
+                .map_err(|e| invalid("listen", format!("cannot form a URL from it ({e})")))?,
+        };
+
+        let registry = get("registry").filter(|s| !s.is_empty()).map(PathBuf::from);
+        if let Some(path) = &registry {
+            if !path.exists() {
+                return Err(invalid("registry", "no such file or folder".into()));
+            }
+        }
+
+        let log_format = match get("log_format").as_deref() {
+            Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            _ => return Err(invalid("log_format", "expected text or json".into())),
+        };
+
+        let log_level = get("log_level").unwrap_or_default();
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
+            return Err(invalid("log_level", format!("not a tracing filter ({e})")));
+        }
+
+        let site_root = PathBuf::from(get("site_root").unwrap_or_default());
+
+        Ok(Self {
+            database_url: Secret::new(database_url),
+            listen,
+            public_url,
+            registry,
+            log_format,
+            log_level,
+            site_root,
+        })
+    }
+}

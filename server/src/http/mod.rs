@@ -1,0 +1,23 @@
+//! The HTTP surface: the dashboard (Leptos SSR), static assets and operational endpoints.
+
+mod health;
+
+use axum::Router;
+use axum::routing::get;
+use countersign_app::{App, shell};
+use leptos_axum::{LeptosRoutes, generate_route_list};
+use tower_http::trace::TraceLayer;
+
+use crate::AppState;
+
+/// Builds the router over `state`.
+pub fn router(state: AppState) -> Router {
+    let routes = generate_route_list(App);
+    let options = state.leptos.clone();
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .leptos_routes(&state, routes, move || shell(options.clone()))
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}

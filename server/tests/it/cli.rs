@@ -1,0 +1,91 @@
+//! The binary itself: exit codes and one-line errors, no stack traces.
+
+use std::process::Command;
+
+fn countersign() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_countersign"));
+    // A clean environment for configuration: only what each test sets.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("COUNTERSIGN_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.current_dir(std::env::temp_dir());
+    cmd
+}
+
+fn assert_one_clean_line(stderr: &[u8], needle: &str) {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "exactly one line, got: {text}");
+    assert!(lines[0].contains(needle), "{text}");
+    assert!(
+        !text.contains("panicked") && !text.contains("backtrace"),
+        "{text}"
+    );
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let out = countersign().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for cmd in ["serve", "migrate"] {
+        assert!(text.contains(cmd), "{text}");
+    }
+}
+
+#[test]
+fn a_bad_config_value_exits_non_zero_with_one_line() {
+    let out = countersign()
+        .arg("serve")
+        .env("COUNTERSIGN_LISTEN", "not-an-address")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_one_clean_line(&out.stderr, "COUNTERSIGN_LISTEN");
+
+    let out = countersign()
+        .arg("migrate")
+        .env("COUNTERSIGN_UNHEARD_OF", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_one_clean_line(&out.stderr, "COUNTERSIGN_UNHEARD_OF");
+}
+
+#[test]
+fn an_unreachable_database_exits_non_zero_with_one_line_and_no_password() {
+    // Nothing listens on port 1.
+    let out = countersign()
+        .arg("serve")
+        .env(
+            "COUNTERSIGN_DATABASE_URL",
+            "postgres://cs:topsecret@127.0.0.1:1/cs",
+        )
+        .env("COUNTERSIGN_LOG_LEVEL", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_one_clean_line(&out.stderr, "COUNTERSIGN_DATABASE_URL");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("topsecret"));
+}
+
+#[test]
+fn migrate_creates_and_migrates_a_sqlite_database() {
+    let dir = std::env::temp_dir().join(format!("cs-cli-{}", std::process::id()));
+    let url = format!("sqlite://{}/sub/cs.db", dir.display());
+    let out = countersign()
+        .arg("migrate")
+        .env("COUNTERSIGN_DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("migrated sqlite database to version"));
+    assert!(dir.join("sub/cs.db").is_file());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,173 @@
+use std::io::Write;
+
+use countersign::config::{Config, ConfigError, LogFormat};
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn temp_file(contents: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("cs-config-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("countersign.toml");
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(contents.as_bytes())
+        .unwrap();
+    path
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+#[test]
+fn defaults_are_the_embedded_sqlite_on_loopback() {
+    let c = Config::load(Some(&temp_file("")), env(&[])).unwrap();
+    assert_eq!(c.database_url.expose(), "sqlite://data/countersign.db");
+    assert_eq!(c.listen.to_string(), "127.0.0.1:3000");
+    assert_eq!(c.public_url.as_str(), "http://127.0.0.1:3000/");
+    assert_eq!(c.log_format, LogFormat::Text);
+    assert!(c.registry.is_none());
+}
+
+#[test]
+fn environment_overrides_the_file_which_overrides_defaults() {
+    let file = temp_file("listen = \"127.0.0.1:4000\"\nlog_format = \"json\"\n");
+    let c = Config::load(Some(&file), env(&[])).unwrap();
+    assert_eq!(c.listen.port(), 4000);
+    assert_eq!(c.log_format, LogFormat::Json);
+    let c = Config::load(
+        Some(&file),
+        env(&[
+            ("COUNTERSIGN_LISTEN", "0.0.0.0:5000"),
+            ("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.listen.port(), 5000);
+    assert_eq!(c.public_url.as_str(), "https://countersign.example.com/");
+}
+
+#[test]
+fn unknown_keys_are_refused_by_name_in_file_and_environment() {
+    let err = Config::load(Some(&temp_file("databse_url = \"x\"\n")), env(&[])).unwrap_err();
+    assert!(matches!(err, ConfigError::UnknownKey { .. }));
+    assert!(err.to_string().contains("databse_url"), "{err}");
+
+    let err = Config::load(
+        Some(&temp_file("")),
+        env(&[("COUNTERSIGN_LISTN", "127.0.0.1:1")]),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("COUNTERSIGN_LISTN"), "{err}");
+
+    // The test harness' own variables are not server configuration.
+    Config::load(
+        Some(&temp_file("")),
+        env(&[("COUNTERSIGN_TEST_POSTGRES_URL", "postgres://x@y/z")]),
+    )
+    .unwrap();
+}
+
+#[test]
+fn bad_values_name_the_key_and_source() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[("COUNTERSIGN_LISTEN", "localhost")], "COUNTERSIGN_LISTEN"),
+        (
+            &[("COUNTERSIGN_DATABASE_URL", "mysql://db/x")],
+            "COUNTERSIGN_DATABASE_URL",
+        ),
+        (
+            &[("COUNTERSIGN_DATABASE_URL", "postgres://")],
+            "COUNTERSIGN_DATABASE_URL",
+        ),
+        (
+            &[("COUNTERSIGN_DATABASE_URL", "sqlite://")],
+            "COUNTERSIGN_DATABASE_URL",
+        ),
+        (
+            &[("COUNTERSIGN_PUBLIC_URL", "countersign.example.com")],
+            "COUNTERSIGN_PUBLIC_URL",
+        ),
+        (
+            &[("COUNTERSIGN_PUBLIC_URL", "ftp://x.example.com")],
+            "COUNTERSIGN_PUBLIC_URL",
+        ),
+        (
+            &[("COUNTERSIGN_LOG_FORMAT", "xml")],
+            "COUNTERSIGN_LOG_FORMAT",
+        ),
+        (
+            &[("COUNTERSIGN_LOG_LEVEL", "info,,=[")],
+            "COUNTERSIGN_LOG_LEVEL",
+        ),
+        (
+            &[("COUNTERSIGN_REGISTRY", "/no/such/registry.yaml")],
+            "COUNTERSIGN_REGISTRY",
+        ),
+    ];
+    for (vars, key) in cases {
+        let err = Config::load(Some(&temp_file("")), env(vars)).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(key), "{vars:?}: {msg}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+    }
+    let file = temp_file("listen = \"nope\"\n");
+    let msg = Config::load(Some(&file), env(&[])).unwrap_err().to_string();
+    assert!(
+        msg.contains("listen in") && msg.contains("countersign.toml"),
+        "{msg}"
+    );
+
+    let msg = Config::load(Some(&temp_file("listen = [1, 2]\n")), env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("listen"), "{msg}");
+
+    let msg = Config::load(Some(&temp_file("this is = not toml")), env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("config file"), "{msg}");
+}
+
+#[test]
+fn secrets_never_appear_in_errors_or_debug_output() {
+    let err = Config::load(
+        Some(&temp_file("")),
+        env(&[("COUNTERSIGN_DATABASE_URL", "mysql://admin:hunter2@db/x")]),
+    )
+    .unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+
+    let c = Config::load(
+        Some(&temp_file("")),
+        env(&[("COUNTERSIGN_DATABASE_URL", "postgres://admin:hunter2@db/x")]),
+    )
+    .unwrap();
+    assert!(!format!("{c:?}").contains("hunter2"));
+}
+
+#[test]
+fn a_missing_config_file_named_explicitly_is_an_error() {
+    let err = Config::load(
+        Some(std::path::Path::new("/no/such/countersign.toml")),
+        env(&[]),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("/no/such/countersign.toml"),
+        "{err}"
+    );
+    let err = Config::load(None, env(&[("COUNTERSIGN_CONFIG", "/no/such/cs.toml")])).unwrap_err();
+    assert!(err.to_string().contains("/no/such/cs.toml"), "{err}");
+}

@@ -1,0 +1,54 @@
+use reqwest::StatusCode;
+
+use crate::helpers::each_app;
+
+#[tokio::test]
+async fn every_page_renders_on_the_server_with_navigation_and_hydration_scripts() {
+    each_app(|app| async move {
+        for (path, heading) in [
+            ("/", "Countersign"),
+            ("/inbox", "Approval inbox"),
+            ("/runs", "Runs"),
+            ("/audit", "Audit"),
+            ("/metrics", "Metrics"),
+            ("/admin", "Admin"),
+        ] {
+            let resp = app.client.get(app.url(path)).send().await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK, "{path}");
+            let html = resp.text().await.unwrap();
+            assert!(html.contains(&format!(">{heading}</h1>")), "{path}: {html}");
+            for nav in ["/inbox", "/runs", "/audit", "/metrics", "/admin"] {
+                assert!(
+                    html.contains(&format!("href=\"{nav}\"")),
+                    "{path} lacks {nav}"
+                );
+            }
+            assert!(
+                html.contains("/pkg/countersign.js"),
+                "{path}: no hydration script"
+            );
+            assert!(
+                html.contains("/pkg/countersign.css"),
+                "{path}: no stylesheet"
+            );
+        }
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_pages_are_404() {
+    each_app(|app| async move {
+        let resp = app
+            .client
+            .get(app.url("/no/such/page"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        assert!(resp.text().await.unwrap().contains("Not found"));
+        app
+    })
+    .await;
+}

@@ -1,0 +1,104 @@
+//! `spawn_app`: the real server on port 0 with a fresh database, per test.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use countersign::{Application, Config};
+use countersign_core::store::testing::FreshDb;
+use countersign_core::{Backend, Clock, ManualClock, Store};
+use tokio::sync::oneshot;
+
+/// A running server and what a test needs to talk to it.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub client: reqwest::Client,
+    pub store: Store,
+    #[allow(dead_code)]
+    pub clock: ManualClock,
+    db: Option<FreshDb>,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Stops the server and drops its database.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.await;
+        }
+        if let Some(db) = self.db.take() {
+            db.drop_db().await;
+        }
+    }
+}
+
+/// Configuration for a test server on `db`, listening on an ephemeral port.
+pub fn test_config(db: &FreshDb) -> Config {
+    Config::load(
+        None,
+        [
+            (
+                "COUNTERSIGN_DATABASE_URL".to_string(),
+                db.url.expose().clone(),
+            ),
+            ("COUNTERSIGN_LISTEN".to_string(), "127.0.0.1:0".to_string()),
+            ("COUNTERSIGN_LOG_LEVEL".to_string(), "warn".to_string()),
+        ],
+    )
+    .expect("test config is valid")
+}
+
+/// Starts the real server on a fresh database of `backend`. `None` only when Postgres is
+/// unreachable outside CI (the harness has already printed a loud warning).
+pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
+    let db = FreshDb::create(backend).await?;
+    let clock = ManualClock::new(chrono::DateTime::from_timestamp(1_781_170_937, 0).unwrap());
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let app = Application::build(test_config(&db), shared)
+        .await
+        .expect("server builds");
+    let addr = app.local_addr().unwrap();
+    let store = app.state().store.clone();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        app.run_until(async move {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("server runs");
+    });
+    Some(TestApp {
+        addr,
+        client: reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap(),
+        store,
+        clock,
+        db: Some(db),
+        stop: Some(stop),
+        handle: Some(handle),
+    })
+}
+
+/// Runs `test` against a fresh server on SQLite, then on Postgres.
+pub async fn each_app<F, Fut>(test: F)
+where
+    F: Fn(TestApp) -> Fut,
+    Fut: std::future::Future<Output = TestApp>,
+{
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(app) = spawn_app(backend).await else {
+            continue;
+        };
+        let app = test(app).await;
+        app.stop().await;
+    }
+}

@@ -1,0 +1,8 @@
+//! countersign (server) integration tests: one binary, one module per area.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod cli;
+mod config;
+mod dashboard;
+mod health;
+mod helpers;
