@@ -1,0 +1,94 @@
+# Countersign — the two commands a newcomer needs: `make run` and `make test`.
+# Pinned tools are installed on first use and left alone afterwards.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO_LEPTOS_VERSION := 0.3.10
+WASM_BINDGEN_VERSION := 0.2.130
+CARGO_BIN := $(HOME)/.cargo/bin
+CHROMIUM ?= /usr/bin/chromium
+
+# Node tools (tailwindcss for cargo-leptos, playwright) and cargo-installed tools on PATH.
+export PATH := $(CURDIR)/node_modules/.bin:$(CARGO_BIN):$(PATH)
+# Playwright must never download a browser: it drives Debian's Chromium.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
+# cargo-leptos compiles the server with these set; setting them for every cargo command keeps
+# `cargo build/test` and `cargo leptos build` from invalidating each other's leptos builds.
+export LEPTOS_OUTPUT_NAME := countersign
+export LEPTOS_SITE_ROOT := target/site
+export LEPTOS_SITE_PKG_DIR := pkg
+export LEPTOS_SITE_ADDR := 127.0.0.1:3000
+export LEPTOS_RELOAD_PORT := 3001
+
+# Where `make run` keeps its data and which example registry it loads.
+RUN_DATABASE_URL ?= sqlite://data/countersign.db
+
+.PHONY: help run build test tools rust-tools node-tools browser check fmt clippy test-rust site e2e clean-data
+
+help:
+	@echo "make run    build the dashboard and serve it (and /mcp) on http://127.0.0.1:3000 with SQLite"
+	@echo "make test   everything CI runs: fmt, clippy, cargo tests (SQLite + Postgres), Playwright"
+	@echo "make build  release binary target/release/countersign and site target/site"
+
+## Tools ---------------------------------------------------------------------------------------
+
+tools: rust-tools node-tools
+
+rust-tools:
+	@rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown \
+	  || rustup target add wasm32-unknown-unknown
+	@cargo leptos --version 2>/dev/null | grep -qx "cargo-leptos $(CARGO_LEPTOS_VERSION)" \
+	  || cargo install cargo-leptos --version $(CARGO_LEPTOS_VERSION) --locked --features no_downloads
+	@# wasm-bindgen-cli is installed without --locked: its lockfile pins a crate the registry no longer serves.
+	@wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $(WASM_BINDGEN_VERSION)" \
+	  || cargo install wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
+
+node-tools: node_modules/.package-lock.json
+
+node_modules/.package-lock.json: package.json package-lock.json
+	@npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+browser:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "error: $(CHROMIUM) is missing; install Debian's chromium package (or set CHROMIUM=...)" >&2; exit 1; \
+	  fi; \
+	fi
+
+## Run and build -------------------------------------------------------------------------------
+
+site: tools
+	cargo leptos build
+
+run: site
+	COUNTERSIGN_DATABASE_URL=$(RUN_DATABASE_URL) ./target/debug/countersign serve
+
+build: tools
+	cargo leptos build --release
+	@echo "built target/release/countersign and target/site"
+
+clean-data:
+	rm -rf data
+
+## Tests ---------------------------------------------------------------------------------------
+
+fmt:
+	cargo fmt --all -- --check
+
+clippy:
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p countersign-app --lib --target wasm32-unknown-unknown --no-default-features --features hydrate -- -D warnings
+
+test-rust:
+	cargo test --workspace
+
+e2e: site browser
+	cd end2end && CHROMIUM=$(CHROMIUM) npx playwright test
+
+test: tools fmt clippy test-rust e2e
