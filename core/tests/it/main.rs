@@ -2,6 +2,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod registry;
+mod registry_store;
+mod schema_fuzz;
 mod store;
 
 use std::sync::Arc;
