@@ -799,3 +799,47 @@ fn diff_lists_tool_and_role_changes_readably() {
         "{gone}"
     );
 }
+
+#[test]
+fn garbled_registries_are_refused_without_panic() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let text = std::fs::read_to_string(example_path("finance")).unwrap();
+    let lines: Vec<String> = text.lines().map(String::from).collect();
+    let n = lines.len();
+    let mut runner = TestRunner::new(Config {
+        cases: 96,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    // Drop, duplicate or truncate a few lines: the loader answers Ok or a list of problems.
+    let edits = proptest::collection::vec((0..n, 0u8..3, 0usize..40), 1..4);
+    runner
+        .run(&edits, |edits| {
+            let mut l = lines.clone();
+            for (at, op, cut) in edits {
+                let at = at % l.len().max(1);
+                match op {
+                    0 => {
+                        l.remove(at);
+                    }
+                    1 => {
+                        let dup = l[at].clone();
+                        l.insert(at, dup);
+                    }
+                    _ => {
+                        let keep: String = l[at].chars().take(cut).collect();
+                        l[at] = keep;
+                    }
+                }
+            }
+            match Registry::from_yaml_str(&l.join("\n")) {
+                Ok(r) => prop_assert!(r.tools().count() > 0),
+                Err(LoadError::Invalid(p)) => prop_assert!(!p.0.is_empty()),
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+            Ok(())
+        })
+        .unwrap();
+}
