@@ -6,10 +6,13 @@
 
 pub mod clock;
 pub mod model;
+pub mod registry;
+pub mod schema;
 pub mod secret;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use model::{Effect, Gate, StepStatus};
+pub use registry::{Registry, RoleName, ToolName};
 pub use secret::Secret;
 pub use store::{Backend, Store, StoreError};

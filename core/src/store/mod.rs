@@ -17,6 +17,7 @@
 //! * Where the dialects genuinely differ (the queue claim, `FOR UPDATE SKIP LOCKED`), the
 //!   code matches on [`Backend`] explicitly and both arms are tested.
 
+mod registry;
 mod runs;
 
 use std::str::FromStr;
@@ -31,6 +32,7 @@ use sqlx::{Connection, PgPool, SqlitePool};
 use crate::clock::Clock;
 use crate::secret::Secret;
 
+pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -209,10 +211,11 @@ impl Store {
                     .journal_mode(SqliteJournalMode::Wal)
                     .busy_timeout(Duration::from_secs(10))
                     .foreign_keys(true);
-                if let Some(parent) = opts.get_filename().parent() {
-                    if !parent.as_os_str().is_empty() {
-                        std::fs::create_dir_all(parent).map_err(|e| connect(sqlx::Error::Io(e)))?;
-                    }
+                if let Some(parent) = opts.get_filename().parent()
+                    && !parent.as_os_str().is_empty()
+                {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| connect(sqlx::Error::Io(e)))?;
                 }
                 let pool = SqlitePoolOptions::new()
                     .max_connections(options.max_connections)

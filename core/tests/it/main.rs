@@ -1,6 +1,9 @@
 //! countersign-core integration tests: one binary, one module per area.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod registry;
+mod registry_store;
+mod schema_fuzz;
 mod store;
 
 use std::sync::Arc;
