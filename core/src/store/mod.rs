@@ -211,11 +211,10 @@ impl Store {
                     .journal_mode(SqliteJournalMode::Wal)
                     .busy_timeout(Duration::from_secs(10))
                     .foreign_keys(true);
-                if let Some(parent) = opts.get_filename().parent() {
-                    if !parent.as_os_str().is_empty() {
-                        std::fs::create_dir_all(parent)
-                            .map_err(|e| connect(sqlx::Error::Io(e)))?;
-                    }
+                if let Some(parent) = opts.get_filename().parent()
+                    && !parent.as_os_str().is_empty()
+                {
+                    std::fs::create_dir_all(parent).map_err(|e| connect(sqlx::Error::Io(e)))?;
                 }
                 let pool = SqlitePoolOptions::new()
                     .max_connections(options.max_connections)

@@ -1,6 +1,11 @@
 //! countersign-core integration tests: one binary, one module per area.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod canonical;
+mod keys;
+mod policy;
+mod policy_tables;
+mod redact;
 mod store;
 
 use std::sync::Arc;
