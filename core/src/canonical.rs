@@ -16,11 +16,14 @@
 //!   the `ryu-js` crate does that formatting.
 //!
 //! INVARIANT (fails closed): a value that cannot be written without changing its meaning is
-//! refused, never approximated. That covers integers outside ±(2^53 − 1): serde_json keeps
-//! them exactly as `u64`/`i64`, but JCS would round them to a double, so two different ids
-//! (`9007199254740993` and `9007199254740992`) would canonicalise to the same bytes and share
-//! an idempotency key. Such values must travel as strings. Non-finite numbers are refused
-//! too (serde_json cannot hold them, the check is defence in depth).
+//! refused, never approximated. That covers integers outside ±(2^53 − 1) whose digits JCS
+//! would change: serde_json keeps them exactly as `u64`/`i64`, but JCS writes the nearest
+//! double, so two different ids (`9007199254740993` and `9007199254740992`) would canonicalise
+//! to the same bytes and share an idempotency key. Such an integer is accepted only when JCS
+//! writes it back digit for digit (`9007199254740992`, `117215355802596770`, the text JCS
+//! itself produces for large doubles, so canonical text always re-canonicalises to itself);
+//! any other is refused and must travel as a string. Non-finite numbers are refused too
+//! (serde_json cannot hold them, the check is defence in depth).
 //!
 //! Left to the parser: duplicate member names (serde_json keeps the last one) and decimal
 //! literals with more precision than a double (rounded when parsed). Both happen before a
@@ -215,19 +218,40 @@ fn write_string(s: &str, out: &mut String) {
 
 fn write_number(n: &Number, out: &mut String) -> Result<(), CanonicalError> {
     if let Some(u) = n.as_u64() {
-        if u > MAX_SAFE_INTEGER {
-            return Err(CanonicalError::UnsafeInteger(u.to_string()));
-        }
-        out.push_str(&u.to_string());
+        // u64 → f64 rounds to nearest, as parsing the digits as a double would.
+        #[allow(clippy::cast_precision_loss)]
+        write_integer(u.to_string(), u > MAX_SAFE_INTEGER, u as f64, out)?;
     } else if let Some(i) = n.as_i64() {
-        if i.unsigned_abs() > MAX_SAFE_INTEGER {
-            return Err(CanonicalError::UnsafeInteger(i.to_string()));
-        }
-        out.push_str(&i.to_string());
+        #[allow(clippy::cast_precision_loss)]
+        write_integer(
+            i.to_string(),
+            i.unsigned_abs() > MAX_SAFE_INTEGER,
+            i as f64,
+            out,
+        )?;
     } else {
         let f = n.as_f64().ok_or(CanonicalError::NonFinite)?;
         write_f64(f, out)?;
     }
+    Ok(())
+}
+
+/// Writes an integer held exactly; beyond the safe range only if JCS's text for the nearest
+/// double is the same digits.
+fn write_integer(
+    digits: String,
+    beyond_safe: bool,
+    nearest: f64,
+    out: &mut String,
+) -> Result<(), CanonicalError> {
+    if beyond_safe {
+        let mut as_double = String::new();
+        write_f64(nearest, &mut as_double)?;
+        if as_double != digits {
+            return Err(CanonicalError::UnsafeInteger(digits));
+        }
+    }
+    out.push_str(&digits);
     Ok(())
 }
 
@@ -263,6 +287,28 @@ mod tests {
             canonicalize(&json!(9_007_199_254_740_993_u64)),
             Err(CanonicalError::UnsafeInteger(_))
         ));
+        // 2^60 is a double exactly, but JCS writes it 1152921504606847000.
+        assert!(matches!(
+            canonicalize(&json!(1_152_921_504_606_846_976_u64)),
+            Err(CanonicalError::UnsafeInteger(_))
+        ));
+        assert!(matches!(
+            canonicalize(&json!(u64::MAX)),
+            Err(CanonicalError::UnsafeInteger(_))
+        ));
+        // Digits JCS writes back unchanged are kept (this is how it writes large doubles).
+        assert_eq!(
+            canonicalize(&json!(9_007_199_254_740_992_u64)).unwrap(),
+            "9007199254740992"
+        );
+        assert_eq!(
+            canonicalize(&json!(-117_215_355_802_596_770_i64)).unwrap(),
+            "-117215355802596770"
+        );
+        assert_eq!(
+            canonicalize(&json!(-1.1721535580259677e17)).unwrap(),
+            "-117215355802596770"
+        );
         assert!(matches!(
             canonicalize(&json!({"a": [-9_007_199_254_740_993_i64]})),
             Err(CanonicalError::UnsafeInteger(_))

@@ -108,7 +108,7 @@ fn no_whitespace_and_nested_sorting() {
 }
 
 #[test]
-fn integers_beyond_two_to_the_53_are_refused() {
+fn integers_whose_digits_jcs_would_change_are_refused() {
     let value = json!({"invoice_id": 9_007_199_254_740_993_u64});
     assert_eq!(
         canonicalize(&value),
@@ -117,6 +117,15 @@ fn integers_beyond_two_to_the_53_are_refused() {
     assert_eq!(
         canonicalize(&json!(9_007_199_254_740_991_u64)).unwrap(),
         "9007199254740991"
+    );
+    // A large double and its JCS digits are the same number and canonicalise alike.
+    assert_eq!(
+        canon_text("[1e20, 100000000000000000000]"),
+        "[100000000000000000000,100000000000000000000]"
+    );
+    assert_eq!(
+        canon_text("[295147905179352830000]"),
+        "[295147905179352830000]"
     );
 }
 

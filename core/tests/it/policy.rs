@@ -33,6 +33,12 @@ fn row_named(name: &str) -> Row {
 }
 
 #[test]
+fn the_engine_can_be_shared_across_threads() {
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<PolicyEngine>();
+}
+
+#[test]
 fn the_examples_load() {
     let finance = PolicyEngine::load(FINANCE_POLICY, FINANCE_SCHEMA).unwrap();
     assert!(
