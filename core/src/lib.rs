@@ -4,15 +4,22 @@
 //! Later modules (registry, policy, keys, approvals, audit) live here too: everything that
 //! decides whether an agent's call may run is plain Rust that the server only wires up.
 
+pub mod canonical;
 pub mod clock;
+pub mod keys;
 pub mod model;
 pub mod registry;
 pub mod schema;
+pub mod policy;
+pub mod redact;
 pub mod secret;
 pub mod store;
 
+pub use canonical::{CanonicalError, CanonicalJson, canonicalize};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use keys::{IdemKey, InputsHash};
 pub use model::{Effect, Gate, StepStatus};
 pub use registry::{Registry, RoleName, ToolName};
+pub use policy::{Decision, DecisionReport, PolicyEngine, Rule};
 pub use secret::Secret;
 pub use store::{Backend, Store, StoreError};

@@ -214,8 +214,7 @@ impl Store {
                 if let Some(parent) = opts.get_filename().parent()
                     && !parent.as_os_str().is_empty()
                 {
-                    std::fs::create_dir_all(parent)
-                        .map_err(|e| connect(sqlx::Error::Io(e)))?;
+                    std::fs::create_dir_all(parent).map_err(|e| connect(sqlx::Error::Io(e)))?;
                 }
                 let pool = SqlitePoolOptions::new()
                     .max_connections(options.max_connections)

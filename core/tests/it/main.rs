@@ -4,6 +4,11 @@
 mod registry;
 mod registry_store;
 mod schema_fuzz;
+mod canonical;
+mod keys;
+mod policy;
+mod policy_tables;
+mod redact;
 mod store;
 
 use std::sync::Arc;

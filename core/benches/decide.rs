@@ -1,0 +1,175 @@
+//! What Countersign's decision costs over bare Cedar: canonicalise + `PolicyEngine::decide` on a
+//! finance `payment.schedule` request, against `cedar_policy::Authorizer::is_authorized` on
+//! the same policies with the request, entities and context already built.
+//!
+//! Run with `cargo bench -p countersign-core --bench decide`; prints both medians and the ratio.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::hint::black_box;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use chrono::DateTime;
+use countersign_core::canonical::canonicalize;
+use countersign_core::policy::{
+    ApprovalState, PolicyEngine, Principal, PrincipalKind, Request, ResourceFact, TaskOrigin,
+    ToolFacts,
+};
+use countersign_core::{Effect, Gate};
+use criterion::{Criterion, criterion_group};
+use serde_json::{Value, json};
+
+const POLICY: &str = include_str!("../../examples/finance/policy.cedar");
+const SCHEMA: &str = include_str!("../../examples/finance/policy.cedarschema");
+
+fn arguments() -> Value {
+    json!({
+        "invoice_id": "INV-20260611",
+        "amount": 4180.00,
+        "currency": "EUR",
+        "value_date": "2026-06-15",
+        "reason": "Invoice approved by AP, due in four days"
+    })
+}
+
+fn ours() -> (PolicyEngine, Request) {
+    let engine = PolicyEngine::load(POLICY, SCHEMA).unwrap();
+    let attrs = json!({"status": "approved", "amount": 30000, "currency": "EUR", "supplier_id": "SUP-0042"});
+    let request = Request {
+        principal: Principal {
+            kind: PrincipalKind::Agent,
+            id: "agent-fin-1".into(),
+            role: "worker.finance".into(),
+            tenant: "acme".into(),
+            acts_for: Some("user-123".into()),
+        },
+        tool: ToolFacts {
+            name: "payment.schedule".into(),
+            effect: Effect::Irreversible,
+            gate: Gate::Always,
+            listed_for_role: true,
+        },
+        schema_errors: vec![],
+        arguments: arguments(),
+        resources: vec![ResourceFact {
+            kind: "invoice".into(),
+            id: "INV-20260611".into(),
+            tenant: "acme".into(),
+            owner: None,
+            attrs: attrs.as_object().unwrap().clone(),
+        }],
+        task_origin: TaskOrigin::User,
+        approval: ApprovalState::None,
+        now: DateTime::from_timestamp(1_781_170_937, 0).unwrap(),
+        authorizations: vec![],
+    };
+    (engine, request)
+}
+
+struct Bare {
+    authorizer: cedar_policy::Authorizer,
+    policies: cedar_policy::PolicySet,
+    request: cedar_policy::Request,
+    entities: cedar_policy::Entities,
+}
+
+fn bare() -> Bare {
+    // The same policies, re-identified by @id as the engine does (ids do not affect timing).
+    let policies = cedar_policy::PolicySet::from_str(POLICY).unwrap();
+    let entities = cedar_policy::Entities::from_json_value(
+        json!([
+            {"uid": {"type": "Agent", "id": "agent-fin-1"},
+             "attrs": {"role": "worker.finance", "tenant": "acme", "acts_for": "user-123"},
+             "parents": [{"type": "Role", "id": "worker.finance"}]},
+            {"uid": {"type": "Invoice", "id": "INV-20260611"},
+             "attrs": {"tenant": "acme", "status": "approved", "amount_minor": 3_000_000,
+                       "currency": "EUR", "supplier_id": "SUP-0042"},
+             "parents": []}
+        ]),
+        None,
+    )
+    .unwrap();
+    let context = cedar_policy::Context::from_json_value(
+        json!({
+            "args": {"invoice_id": "INV-20260611", "amount_minor": 418_000, "currency": "EUR",
+                     "value_date": "2026-06-15",
+                     "reason": "Invoice approved by AP, due in four days"},
+            "call": {"tenant": "acme", "task_origin": "user", "approval": "none",
+                     "now": 1_781_170_937_i64}
+        }),
+        None,
+    )
+    .unwrap();
+    let request = cedar_policy::Request::new(
+        cedar_policy::EntityUid::from_str(r#"Agent::"agent-fin-1""#).unwrap(),
+        cedar_policy::EntityUid::from_str(r#"Action::"payment.schedule""#).unwrap(),
+        cedar_policy::EntityUid::from_str(r#"Invoice::"INV-20260611""#).unwrap(),
+        context,
+        None,
+    )
+    .unwrap();
+    Bare {
+        authorizer: cedar_policy::Authorizer::new(),
+        policies,
+        request,
+        entities,
+    }
+}
+
+fn ours_once(engine: &PolicyEngine, request: &Request) {
+    let canonical = canonicalize(black_box(&request.arguments)).unwrap();
+    black_box(canonical);
+    black_box(engine.decide(black_box(request)));
+}
+
+fn bare_once(b: &Bare) {
+    black_box(
+        b.authorizer
+            .is_authorized(black_box(&b.request), &b.policies, &b.entities),
+    );
+}
+
+fn decide(c: &mut Criterion) {
+    let (engine, request) = ours();
+    let b = bare();
+    let mut group = c.benchmark_group("payment.schedule");
+    group.bench_function("countersign canonicalise+decide", |bench| {
+        bench.iter(|| ours_once(&engine, &request));
+    });
+    group.bench_function("bare cedar is_authorized", |bench| {
+        bench.iter(|| bare_once(&b));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decide);
+
+/// Median time per call over `samples` batches of `batch` calls.
+fn median_per_call(samples: usize, batch: u32, mut f: impl FnMut()) -> Duration {
+    let mut times: Vec<Duration> = (0..samples)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..batch {
+                f();
+            }
+            start.elapsed() / batch
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+
+    let (engine, request) = ours();
+    let b = bare();
+    let ours_median = median_per_call(51, 500, || ours_once(&engine, &request));
+    let bare_median = median_per_call(51, 500, || bare_once(&b));
+    let ratio = ours_median.as_secs_f64() / bare_median.as_secs_f64();
+    println!(
+        "payment.schedule decide: ours (canonicalise + decide) median {ours_median:?}, \
+         bare Cedar is_authorized median {bare_median:?}, ratio {ratio:.2}x"
+    );
+}

@@ -1,0 +1,454 @@
+//! The policy engine: a pure, deterministic function from a [`Request`] to a [`Decision`],
+//! built on Cedar (`cedar-policy` 4) plus built-in floors no policy can lift.
+//!
+//! # Invariants (fails closed)
+//! - No I/O, no clock: `now` is part of the request; the same request always gets the same
+//!   report.
+//! - Deny overrides: a matching `forbid` wins over any `permit`, and a standing authorization
+//!   never lifts a deny of any kind.
+//! - No matching permit is a deny (`policy.no_permit`).
+//! - Any error — a request that cannot be put to Cedar, or any policy raising an evaluation
+//!   error, even one that would not have decided — is `deny(policy.error)`.
+//! - Policies are validated against a Cedar schema (strict mode) when loaded; a set that does
+//!   not parse, does not validate, contains templates, or breaks the annotation convention is
+//!   refused as a whole ([`PolicyLoadError`]).
+//!
+//! # Order of evaluation
+//! 1. floors before Cedar: tool not in the role listing → `deny(role.tool_not_listed)`;
+//!    schema errors → `deny(input.schema)`; any resource whose tenant is not the principal's →
+//!    `deny(tenant.mismatch)`;
+//! 2. Cedar, once per resource the call points at (or once against `Tool::"<name>"` when it
+//!    points at none); the most restrictive outcome wins, in this order: error, forbid,
+//!    no permit, require approval, allow;
+//! 3. standing authorizations: when step 2 ended in `require_approval(<policy rule>)` or
+//!    `deny(policy.no_permit)`, an unexpired grant that covers the call turns it into
+//!    `allow_within_authorization(<grant id>)`;
+//! 4. floors after Cedar, which only ever raise: `gate: always` → at least
+//!    `require_approval(gate.always)`; effect `irreversible` → at least
+//!    `require_approval(irreversible.always)`. A floor that raises names itself, so an
+//!    irreversible call reads `require_approval(irreversible.always)` even when a policy
+//!    threshold also asked for approval (that policy's id is still in `policy_ids`).
+//!    `gate: never` and `gate: policy` add nothing: a policy may still ask for approval.
+//!
+//! # Annotation convention
+//! Every policy carries `@id("…")` (unique; it becomes the Cedar policy id and is reported in
+//! [`DecisionReport::policy_ids`]).
+//! - `forbid` policies must carry `@rule("a.b")`; a determining forbid gives `deny(a.b)`
+//!   (with several, the smallest `@id` names the rule; all ids are reported).
+//! - `permit` policies may carry `@decision("require_approval")`, and then must carry
+//!   `@rule("a.b")`: if any determining permit is so annotated the result is
+//!   `require_approval(a.b)`, otherwise `allow`. `@decision("allow")` is the default.
+//! - Rule names are dot-separated `[a-z][a-z0-9_]*` segments, at least two.
+//!
+//! # What policies see
+//! - principal: `Agent::"<id>"` or `Human::"<id>"` with `role`, `tenant` and `acts_for` (the
+//!   party the run acts for, or the id itself), a member of `Role::"<role>"`;
+//! - action: `Action::"<tool name>"` (with its action groups from the schema);
+//! - resource: `<Kind>::"<id>"` for each [`ResourceFact`] (kind `purchase_order` → type
+//!   `PurchaseOrder`) with `tenant`, `owner` when known, and its attributes; or
+//!   `Tool::"<tool name>"` with `tenant` when the call points at no record;
+//! - context: `{ args: <canonical arguments>, call: { tenant, task_origin, approval, now } }`,
+//!   `now` in Unix seconds. In `args` (and in resource attributes) every `amount` member is
+//!   replaced by `amount_minor`, the exact integer minor units of its sibling `currency`
+//!   (`4180.00` EUR → `418000`), computed from the decimal text, never through a double;
+//!   `null` members are left out; fractional numbers elsewhere are an error.
+//!
+//! The schema types what policies may read (validation at load). Requests are not validated
+//! against it at decision time: a policy reading an attribute a request lacks, or has with
+//! another type, raises an evaluation error, and errors deny.
+//!
+//! # Standing authorizations
+//! They are data ([`StandingAuthorization`]: id, party, tool, conditions, expiry) checked in
+//! code ([`standing`]), not Cedar template-linked policies: Cedar templates can only slot a
+//! principal and a resource, not the values the conditions need (a 30-minute bound, an
+//! amount, an expiry compared with `now`); and keeping them outside the policy set means
+//! they can be lifted only where the engine allows (a policy-level approval or no-permit),
+//! so no grant can outvote a forbid or a floor, whatever a grant's author writes.
+
+mod input;
+pub mod money;
+pub mod standing;
+mod types;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use cedar_policy as cedar;
+use cedar_policy::{Authorizer, Entities, Entity, EntityUid, PolicyId, PolicySet, Schema};
+
+pub use types::{
+    ApprovalState, AuthorizationCondition, Decision, DecisionReport, Principal, PrincipalKind,
+    Request, ResourceFact, Rule, StandingAuthorization, TaskOrigin, ToolFacts,
+};
+
+use crate::model::{Effect, Gate};
+use input::{InputError, Names};
+
+/// Why a policy set was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyLoadError {
+    /// The schema does not parse.
+    #[error("schema: {0}")]
+    Schema(String),
+    /// The policies do not parse.
+    #[error("policy syntax: {0}")]
+    Syntax(String),
+    /// The policies do not validate against the schema.
+    #[error("policy validation: {0}")]
+    Validation(String),
+    /// A policy breaks the annotation convention.
+    #[error("policy `{policy}`: {message}")]
+    Annotation {
+        /// The offending policy (its `@id`, or Cedar's id when it has none).
+        policy: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Templates are not used by Countersign.
+    #[error("templates are not supported (standing authorizations are data)")]
+    Template,
+    /// Internal Cedar setup failed.
+    #[error("cedar: {0}")]
+    Cedar(String),
+}
+
+/// How a determining policy maps to a decision.
+#[derive(Debug, Clone)]
+enum Meta {
+    Forbid(Rule),
+    Permit,
+    PermitRequireApproval(Rule),
+}
+
+/// The result of one Cedar evaluation, ordered from most to least restrictive.
+#[derive(Debug, Clone)]
+enum Outcome {
+    Error,
+    Forbid(Rule),
+    NoPermit,
+    RequireApproval(Rule),
+    Allow,
+}
+
+impl Outcome {
+    fn rank(&self) -> u8 {
+        match self {
+            Self::Error => 0,
+            Self::Forbid(_) => 1,
+            Self::NoPermit => 2,
+            Self::RequireApproval(_) => 3,
+            Self::Allow => 4,
+        }
+    }
+}
+
+/// A loaded, validated policy set.
+pub struct PolicyEngine {
+    policies: PolicySet,
+    meta: HashMap<PolicyId, Meta>,
+    actions: HashMap<EntityUid, Entity>,
+    names: Names,
+    authorizer: Authorizer,
+}
+
+impl std::fmt::Debug for PolicyEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyEngine")
+            .field("policies", &self.meta.len())
+            .field("actions", &self.actions.len())
+            .finish()
+    }
+}
+
+impl PolicyEngine {
+    /// Parses `schema_text` (Cedar schema syntax) and `policies_text`, validates the policies
+    /// against the schema in strict mode and checks the annotation convention.
+    ///
+    /// # Errors
+    /// [`PolicyLoadError`], carrying Cedar's message.
+    pub fn load(policies_text: &str, schema_text: &str) -> Result<Self, PolicyLoadError> {
+        let (schema, _warnings) = Schema::from_cedarschema_str(schema_text)
+            .map_err(|e| PolicyLoadError::Schema(e.to_string()))?;
+        let parsed = PolicySet::from_str(policies_text)
+            .map_err(|e| PolicyLoadError::Syntax(e.to_string()))?;
+        if parsed.templates().next().is_some() {
+            return Err(PolicyLoadError::Template);
+        }
+
+        let mut policies = PolicySet::new();
+        let mut meta = HashMap::new();
+        for policy in parsed.policies() {
+            let cedar_id = policy.id().to_string();
+            let annotation_error = |message: &str| PolicyLoadError::Annotation {
+                policy: policy.annotation("id").unwrap_or(&cedar_id).to_owned(),
+                message: message.to_owned(),
+            };
+            let id = policy
+                .annotation("id")
+                .filter(|id| !id.is_empty())
+                .ok_or_else(|| annotation_error("missing @id(\"…\")"))?;
+            let rule = match policy.annotation("rule") {
+                Some(text) => Some(
+                    Rule::parse(text)
+                        .ok_or_else(|| annotation_error("@rule must look like `area.name`"))?,
+                ),
+                None => None,
+            };
+            let m = match (policy.effect(), policy.annotation("decision"), rule) {
+                (cedar::Effect::Forbid, None, Some(rule)) => Meta::Forbid(rule),
+                (cedar::Effect::Forbid, None, None) => {
+                    return Err(annotation_error("forbid policies must name a @rule"));
+                }
+                (cedar::Effect::Forbid, Some(_), _) => {
+                    return Err(annotation_error("@decision is for permit policies"));
+                }
+                (cedar::Effect::Permit, None | Some("allow"), _) => Meta::Permit,
+                (cedar::Effect::Permit, Some("require_approval"), Some(rule)) => {
+                    Meta::PermitRequireApproval(rule)
+                }
+                (cedar::Effect::Permit, Some("require_approval"), None) => {
+                    return Err(annotation_error(
+                        "@decision(\"require_approval\") needs a @rule",
+                    ));
+                }
+                (cedar::Effect::Permit, Some(_), _) => {
+                    return Err(annotation_error(
+                        "@decision must be \"allow\" or \"require_approval\"",
+                    ));
+                }
+            };
+            let pid = PolicyId::new(id);
+            if meta.contains_key(&pid) {
+                return Err(annotation_error("duplicate @id"));
+            }
+            policies
+                .add(policy.new_id(pid.clone()))
+                .map_err(|e| PolicyLoadError::Cedar(e.to_string()))?;
+            meta.insert(pid, m);
+        }
+
+        let validation = cedar::Validator::new(schema.clone())
+            .validate(&policies, cedar::ValidationMode::Strict);
+        if !validation.validation_passed() {
+            let messages: Vec<String> = validation
+                .validation_errors()
+                .map(ToString::to_string)
+                .collect();
+            return Err(PolicyLoadError::Validation(messages.join("; ")));
+        }
+
+        let actions = schema
+            .action_entities()
+            .map_err(|e| PolicyLoadError::Cedar(e.to_string()))?
+            .iter()
+            .map(|e| (e.uid(), e.clone()))
+            .collect();
+        let names = Names::new().map_err(|e| PolicyLoadError::Cedar(e.to_string()))?;
+
+        Ok(Self {
+            policies,
+            meta,
+            actions,
+            names,
+            authorizer: Authorizer::new(),
+        })
+    }
+
+    /// The `@id`s of the loaded policies, sorted.
+    pub fn policy_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.meta.keys().map(ToString::to_string).collect();
+        ids.sort();
+        ids
+    }
+
+    /// Rules on `req`. Pure: no I/O, no clock.
+    pub fn decide(&self, req: &Request) -> DecisionReport {
+        // 1. Floors before Cedar.
+        if !req.tool.listed_for_role {
+            return floor(Rule::TOOL_NOT_LISTED);
+        }
+        if !req.schema_errors.is_empty() {
+            return DecisionReport {
+                decision: Decision::Deny(Rule::INPUT_SCHEMA),
+                policy_ids: Vec::new(),
+                errors: req.schema_errors.clone(),
+            };
+        }
+        if req
+            .resources
+            .iter()
+            .any(|r| r.tenant != req.principal.tenant)
+        {
+            return floor(Rule::TENANT_MISMATCH);
+        }
+
+        // 2. Cedar.
+        let mut policy_ids = Vec::new();
+        let mut errors = Vec::new();
+        let outcome = match self.evaluate(req, &mut policy_ids, &mut errors) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                errors.push(e.to_string());
+                Outcome::Error
+            }
+        };
+        policy_ids.sort();
+        policy_ids.dedup();
+
+        let mut decision = match outcome {
+            Outcome::Error => Decision::Deny(Rule::POLICY_ERROR),
+            Outcome::Forbid(rule) => Decision::Deny(rule),
+            Outcome::NoPermit => Decision::Deny(Rule::NO_PERMIT),
+            Outcome::RequireApproval(rule) => Decision::RequireApproval(rule),
+            Outcome::Allow => Decision::Allow,
+        };
+
+        // 3. Standing authorizations: only a policy-level approval or a missing permit.
+        let liftable = match &decision {
+            Decision::RequireApproval(_) => true,
+            Decision::Deny(rule) => *rule == Rule::NO_PERMIT,
+            Decision::Allow | Decision::AllowWithinAuthorization(_) => false,
+        };
+        if liftable && let Some(grant) = standing::covering(req) {
+            decision = Decision::AllowWithinAuthorization(grant.id.clone());
+        }
+
+        // 4. Floors after Cedar: raise only.
+        match req.tool.gate {
+            Gate::Always => decision = at_least_approval(decision, Rule::GATE_ALWAYS),
+            Gate::Never | Gate::Policy => {}
+        }
+        match req.tool.effect {
+            Effect::Irreversible => {
+                decision = at_least_approval(decision, Rule::IRREVERSIBLE_ALWAYS);
+            }
+            Effect::Read | Effect::Write => {}
+        }
+
+        DecisionReport {
+            decision,
+            policy_ids,
+            errors,
+        }
+    }
+
+    /// Runs Cedar once per target resource and keeps the most restrictive outcome.
+    fn evaluate(
+        &self,
+        req: &Request,
+        policy_ids: &mut Vec<String>,
+        errors: &mut Vec<String>,
+    ) -> Result<Outcome, InputError> {
+        let principal = input::principal_entity(&self.names, &req.principal)?;
+        let action_uid = input::uid(&self.names.action, &req.tool.name);
+        let context = input::context(req)?;
+        let targets: Vec<Entity> = if req.resources.is_empty() {
+            vec![input::tool_entity(&self.names, req)?]
+        } else {
+            req.resources
+                .iter()
+                .map(input::resource_entity)
+                .collect::<Result<_, _>>()?
+        };
+
+        let mut worst = Outcome::Allow;
+        for target in targets {
+            let resource_uid = target.uid();
+            let mut entities = vec![principal.clone(), target];
+            if let Some(action) = self.actions.get(&action_uid) {
+                entities.push(action.clone());
+            }
+            let entities = Entities::from_entities(entities, None)
+                .map_err(|e| InputError::Cedar(e.to_string()))?;
+            let request = cedar::Request::new(
+                principal.uid(),
+                action_uid.clone(),
+                resource_uid,
+                context.clone(),
+                None,
+            )
+            .map_err(|e| InputError::Cedar(e.to_string()))?;
+            let response = self
+                .authorizer
+                .is_authorized(&request, &self.policies, &entities);
+            let outcome = self.outcome(&response, policy_ids, errors);
+            if outcome.rank() < worst.rank() {
+                worst = outcome;
+            }
+        }
+        Ok(worst)
+    }
+
+    fn outcome(
+        &self,
+        response: &cedar::Response,
+        policy_ids: &mut Vec<String>,
+        errors: &mut Vec<String>,
+    ) -> Outcome {
+        let diagnostics = response.diagnostics();
+        let mut failed = false;
+        for error in diagnostics.errors() {
+            errors.push(error.to_string());
+            failed = true;
+        }
+        let mut reasons: Vec<&PolicyId> = diagnostics.reason().collect();
+        reasons.sort_by_key(|id| id.to_string());
+        for id in &reasons {
+            policy_ids.push(id.to_string());
+        }
+        if failed {
+            return Outcome::Error;
+        }
+        let mut metas = Vec::with_capacity(reasons.len());
+        for id in &reasons {
+            match self.meta.get(*id) {
+                Some(m) => metas.push(m),
+                None => {
+                    errors.push(format!("policy `{id}` has no recorded annotations"));
+                    return Outcome::Error;
+                }
+            }
+        }
+        match response.decision() {
+            cedar::Decision::Deny => {
+                let forbid_rule = metas.iter().find_map(|m| match m {
+                    Meta::Forbid(rule) => Some(rule.clone()),
+                    Meta::Permit | Meta::PermitRequireApproval(_) => None,
+                });
+                match forbid_rule {
+                    Some(rule) => Outcome::Forbid(rule),
+                    None if metas.is_empty() => Outcome::NoPermit,
+                    None => Outcome::Forbid(Rule::FORBID),
+                }
+            }
+            cedar::Decision::Allow => {
+                let approval_rule = metas.iter().find_map(|m| match m {
+                    Meta::PermitRequireApproval(rule) => Some(rule.clone()),
+                    Meta::Permit | Meta::Forbid(_) => None,
+                });
+                match approval_rule {
+                    Some(rule) => Outcome::RequireApproval(rule),
+                    None => Outcome::Allow,
+                }
+            }
+        }
+    }
+}
+
+fn floor(rule: Rule) -> DecisionReport {
+    DecisionReport {
+        decision: Decision::Deny(rule),
+        policy_ids: Vec::new(),
+        errors: Vec::new(),
+    }
+}
+
+/// Raises `decision` to at least `require_approval(rule)`; a deny stays a deny.
+fn at_least_approval(decision: Decision, rule: Rule) -> Decision {
+    match decision {
+        Decision::Allow | Decision::AllowWithinAuthorization(_) | Decision::RequireApproval(_) => {
+            Decision::RequireApproval(rule)
+        }
+        Decision::Deny(deny) => Decision::Deny(deny),
+    }
+}
