@@ -8,6 +8,7 @@ test('the dashboard shell renders, is styled, and hydrates', async ({ page }) =>
   const errors: string[] = [];
   page.on('pageerror', (e) => errors.push(String(e)));
   page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  page.on('response', (r) => { if (r.status() >= 400) errors.push(`${r.status()} ${r.url()}`); });
 
   await page.goto('/');
   await expect(page.getByRole('link', { name: 'Countersign' })).toBeVisible();
