@@ -356,10 +356,10 @@ impl Config {
         };
 
         let registry = get("registry").filter(|s| !s.is_empty()).map(PathBuf::from);
-        if let Some(path) = &registry {
-            if !path.exists() {
-                return Err(invalid("registry", "no such file or folder".into()));
-            }
+        if let Some(path) = &registry
+            && !path.exists()
+        {
+            return Err(invalid("registry", "no such file or folder".into()));
         }
 
         let log_format = match get("log_format").as_deref() {

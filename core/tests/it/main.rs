@@ -1,14 +1,14 @@
 //! countersign-core integration tests: one binary, one module per area.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod registry;
-mod registry_store;
-mod schema_fuzz;
 mod canonical;
 mod keys;
 mod policy;
 mod policy_tables;
 mod redact;
+mod registry;
+mod registry_store;
+mod schema_fuzz;
 mod store;
 
 use std::sync::Arc;
