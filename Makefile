@@ -24,6 +24,7 @@ export LEPTOS_RELOAD_PORT := 3001
 
 # Where `make run` keeps its data and which example registry it loads.
 RUN_DATABASE_URL ?= sqlite://data/countersign.db
+RUN_REGISTRY ?= examples/finance
 
 .PHONY: help run build test tools rust-tools node-tools browser check fmt clippy test-rust site e2e clean-data
 
@@ -67,7 +68,8 @@ site: tools
 	cargo leptos build
 
 run: site
-	COUNTERSIGN_DATABASE_URL=$(RUN_DATABASE_URL) ./target/debug/countersign serve
+	COUNTERSIGN_DATABASE_URL=$(RUN_DATABASE_URL) COUNTERSIGN_REGISTRY=$(RUN_REGISTRY) \
+	  ./target/debug/countersign serve
 
 build: tools
 	cargo leptos build --release

@@ -49,6 +49,7 @@ export default defineConfig({
       COUNTERSIGN_DATABASE_URL: `sqlite://${join(dataDir, 'e2e.db')}`,
       COUNTERSIGN_SITE_ROOT: join(root, 'target', 'site'),
       COUNTERSIGN_LOG_LEVEL: 'warn',
+      COUNTERSIGN_REGISTRY: join(root, 'examples', 'finance'),
     },
   },
 });

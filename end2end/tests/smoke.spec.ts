@@ -58,5 +58,5 @@ test('an unknown path is a 404 page, and /healthz reports the database', async (
 
   const health = await request.get('/healthz');
   expect(health.status()).toBe(200);
-  expect(await health.json()).toEqual({ status: 'ok', database: 'sqlite' });
+  expect(await health.json()).toEqual({ status: 'ok', database: 'sqlite', registry_version: 1 });
 });

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod http;
+pub mod registry;
 pub mod telemetry;
 
 use std::net::SocketAddr;
@@ -17,6 +18,10 @@ use leptos::config::LeptosOptions;
 use tokio::net::TcpListener;
 
 pub use config::Config;
+pub use registry::LiveRegistry;
+
+/// How often a server checks the database for a new registry version.
+pub const REGISTRY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +37,9 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The registry could not be made ready.
+    #[error(transparent)]
+    Registry(#[from] registry::RegistryStartError),
     /// Serving failed.
     #[error("server error: {0}")]
     Serve(#[source] std::io::Error),
@@ -46,6 +54,8 @@ pub struct AppState {
     pub leptos: LeptosOptions,
     /// The validated configuration.
     pub config: Arc<Config>,
+    /// The registry and policies in force.
+    pub registry: Arc<LiveRegistry>,
 }
 
 impl axum::extract::FromRef<AppState> for LeptosOptions {
@@ -75,6 +85,7 @@ impl Application {
     /// Connects, migrates and binds. Nothing is served until [`Application::run`].
     pub async fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
         let store = connect_and_migrate(&config, clock).await?;
+        let registry = LiveRegistry::bootstrap(&store, config.registry.as_deref()).await?;
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -93,6 +104,7 @@ impl Application {
             store,
             leptos,
             config: Arc::new(config),
+            registry,
         };
         let router = http::router(state.clone());
         Ok(Self {
@@ -123,10 +135,15 @@ impl Application {
             public_url = %self.state.config.public_url,
             "countersign serving"
         );
-        axum::serve(self.listener, self.router)
+        let watcher = self
+            .state
+            .registry
+            .spawn_watcher(self.state.store.clone(), REGISTRY_POLL);
+        let served = axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(StartError::Serve)?;
+            .await;
+        watcher.abort();
+        served.map_err(StartError::Serve)?;
         self.state.store.close().await;
         Ok(())
     }

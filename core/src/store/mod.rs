@@ -17,6 +17,7 @@
 //! * Where the dialects genuinely differ (the queue claim, `FOR UPDATE SKIP LOCKED`), the
 //!   code matches on [`Backend`] explicitly and both arms are tested.
 
+mod agents;
 mod registry;
 mod runs;
 
@@ -32,6 +33,7 @@ use sqlx::{Connection, PgPool, SqlitePool};
 use crate::clock::Clock;
 use crate::secret::Secret;
 
+pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
 

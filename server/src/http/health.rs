@@ -1,4 +1,5 @@
-//! `/healthz`: 200 when the database answers, 503 otherwise.
+//! `/healthz`: 200 when the database answers, 503 otherwise; reports the registry version
+//! in force so operators (and tests) can see a reload land.
 
 use std::time::Duration;
 
@@ -18,7 +19,11 @@ pub async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>)
     match tokio::time::timeout(PROBE_TIMEOUT, state.store.ping()).await {
         Ok(Ok(())) => (
             StatusCode::OK,
-            Json(json!({"status": "ok", "database": backend})),
+            Json(json!({
+                "status": "ok",
+                "database": backend,
+                "registry_version": state.registry.version(),
+            })),
         ),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "health probe: database unavailable");

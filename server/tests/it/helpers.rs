@@ -39,29 +39,38 @@ impl TestApp {
     }
 }
 
-/// Configuration for a test server on `db`, listening on an ephemeral port.
-pub fn test_config(db: &FreshDb) -> Config {
-    Config::load(
-        None,
-        [
-            (
-                "COUNTERSIGN_DATABASE_URL".to_string(),
-                db.url.expose().clone(),
-            ),
-            ("COUNTERSIGN_LISTEN".to_string(), "127.0.0.1:0".to_string()),
-            ("COUNTERSIGN_LOG_LEVEL".to_string(), "warn".to_string()),
-        ],
-    )
-    .expect("test config is valid")
+/// The example bundle folder `name` (finance, stillon).
+pub fn example(name: &str) -> String {
+    format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Configuration for a test server on `db`, listening on an ephemeral port, with `extra`
+/// environment variables on top.
+pub fn test_config(db: &FreshDb, extra: &[(&str, &str)]) -> Config {
+    let mut env = vec![
+        (
+            "COUNTERSIGN_DATABASE_URL".to_string(),
+            db.url.expose().clone(),
+        ),
+        ("COUNTERSIGN_LISTEN".to_string(), "127.0.0.1:0".to_string()),
+        ("COUNTERSIGN_LOG_LEVEL".to_string(), "warn".to_string()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Config::load(None, env).expect("test config is valid")
 }
 
 /// Starts the real server on a fresh database of `backend`. `None` only when Postgres is
 /// unreachable outside CI (the harness has already printed a loud warning).
 pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
+    spawn_app_with(backend, &[]).await
+}
+
+/// [`spawn_app`] with extra `COUNTERSIGN_*` settings.
+pub async fn spawn_app_with(backend: Backend, extra: &[(&str, &str)]) -> Option<TestApp> {
     let db = FreshDb::create(backend).await?;
     let clock = ManualClock::new(chrono::DateTime::from_timestamp(1_781_170_937, 0).unwrap());
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
-    let app = Application::build(test_config(&db), shared)
+    let app = Application::build(test_config(&db, extra), shared)
         .await
         .expect("server builds");
     let addr = app.local_addr().unwrap();

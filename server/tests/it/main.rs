@@ -6,3 +6,4 @@ mod config;
 mod dashboard;
 mod health;
 mod helpers;
+mod registry;

@@ -1,0 +1,119 @@
+//! Agent credentials: the hash is stored, revoked and expired tokens are refused.
+
+use chrono::Duration;
+use countersign_core::Clock;
+use countersign_core::agents::AgentToken;
+use countersign_core::store::testing::each_backend;
+use countersign_core::store::{AuthError, CreateAgentError, NewAgent};
+
+use crate::test_clock;
+
+fn agent(name: &str, expires_at: Option<i64>) -> NewAgent {
+    NewAgent {
+        name: name.into(),
+        role: "worker.finance".into(),
+        tenant: "acme".into(),
+        created_by: "admin@acme".into(),
+        expires_at,
+    }
+}
+
+#[tokio::test]
+async fn a_created_token_authenticates_and_only_its_hash_is_stored() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let (cred, token) = store
+            .create_agent(&agent("invoice-bot", None))
+            .await
+            .unwrap();
+        let ok = store
+            .authenticate_agent(&AgentToken::presented(token.reveal()))
+            .await
+            .unwrap();
+        assert_eq!(ok, Ok(cred.clone()));
+        assert_eq!(cred.role, "worker.finance");
+
+        // The database never holds the token itself.
+        let dump = store.list_agents().await.unwrap();
+        assert!(!format!("{dump:?}").contains(token.reveal()));
+        let leaked = store
+            .execute_sql(&format!(
+                "UPDATE agent_credentials SET name = name WHERE token_hash = '{}'",
+                token.reveal()
+            ))
+            .await
+            .unwrap();
+        assert_eq!(leaked, 0, "no row stores the clear token");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_malformed_revoked_and_expired_tokens_are_refused() {
+    let (manual, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            let unknown = AgentToken::generate().unwrap();
+            assert_eq!(
+                store.authenticate_agent(&unknown).await.unwrap(),
+                Err(AuthError::Unknown)
+            );
+            assert_eq!(
+                store
+                    .authenticate_agent(&AgentToken::presented("' OR 1=1 --"))
+                    .await
+                    .unwrap(),
+                Err(AuthError::Unknown)
+            );
+
+            let (cred, token) = store.create_agent(&agent("to-revoke", None)).await.unwrap();
+            let revoked = store.revoke_agent("to-revoke").await.unwrap();
+            assert!(revoked.revoked_at.is_some());
+            assert_eq!(
+                store.authenticate_agent(&token).await.unwrap(),
+                Err(AuthError::Revoked(cred.id.clone()))
+            );
+            // Revoking again keeps the first time.
+            manual.advance(Duration::seconds(10));
+            let again = store.revoke_agent(&cred.id).await.unwrap();
+            assert_eq!(again.revoked_at, revoked.revoked_at);
+
+            let expires = manual.now_ms() + 30 * 24 * 3600 * 1000;
+            let (cred, token) = store
+                .create_agent(&agent("short-lived", Some(expires)))
+                .await
+                .unwrap();
+            assert!(store.authenticate_agent(&token).await.unwrap().is_ok());
+            manual.advance(Duration::days(30));
+            assert_eq!(
+                store.authenticate_agent(&token).await.unwrap(),
+                Err(AuthError::Expired(cred.id))
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn names_are_unique_among_active_credentials_and_fields_required() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        store.create_agent(&agent("bot", None)).await.unwrap();
+        assert!(matches!(
+            store.create_agent(&agent("bot", None)).await,
+            Err(CreateAgentError::Invalid(_))
+        ));
+        store.revoke_agent("bot").await.unwrap();
+        // After revocation the name may be reused.
+        store.create_agent(&agent("bot", None)).await.unwrap();
+        let mut empty = agent("x", None);
+        empty.role = " ".into();
+        assert!(matches!(
+            store.create_agent(&empty).await,
+            Err(CreateAgentError::Invalid(_))
+        ));
+        assert_eq!(store.list_agents().await.unwrap().len(), 2);
+    })
+    .await;
+}

@@ -1,0 +1,256 @@
+//! The registry at start, on change, and through the CLI.
+
+use std::process::Command;
+use std::time::Duration;
+
+use countersign::Application;
+use countersign_core::bundle::BundleSources;
+use countersign_core::store::testing::FreshDb;
+use countersign_core::{Backend, Clock, SystemClock};
+use serde_json::Value;
+
+use crate::helpers::{example, spawn_app_with, test_config};
+
+async fn registry_version(app: &crate::helpers::TestApp) -> Option<i64> {
+    let body: Value = app
+        .client
+        .get(app.url("/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["registry_version"].as_i64()
+}
+
+#[tokio::test]
+async fn the_configured_registry_seeds_an_empty_database_and_new_versions_load_without_restart() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let finance = example("finance");
+        let Some(app) = spawn_app_with(backend, &[("COUNTERSIGN_REGISTRY", &finance)]).await else {
+            continue;
+        };
+        assert_eq!(registry_version(&app).await, Some(1), "{backend:?}");
+        let history = app.store.registry_versions(10).await.unwrap();
+        assert_eq!(history.len(), 1);
+        assert_eq!(
+            history[0].created_by,
+            countersign::registry::CONFIG_IMPORTER
+        );
+
+        // Another process (an admin, the CLI) imports a change; the server picks it up.
+        let mut changed = BundleSources::read(std::path::Path::new(&finance)).unwrap();
+        changed
+            .registry_yaml
+            .push_str("\n# reviewed by the second admin\n");
+        let v2 = app.store.import_bundle(&changed, "admin-2").await.unwrap();
+        assert_eq!(v2, 2);
+        let mut seen = None;
+        for _ in 0..60 {
+            seen = registry_version(&app).await;
+            if seen == Some(2) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(seen, Some(2), "{backend:?}: new version not loaded");
+        app.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_stored_registry_wins_over_the_configured_one() {
+    let db = FreshDb::create(Backend::Sqlite).await.unwrap();
+    let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(SystemClock);
+    let stillon = example("stillon");
+    let finance = example("finance");
+    // First start seeds StillOn.
+    let app = Application::build(
+        test_config(&db, &[("COUNTERSIGN_REGISTRY", &stillon)]),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    let v = app.state().registry.current().unwrap();
+    assert!(
+        v.bundle
+            .registry
+            .tools()
+            .any(|t| t.name.as_str() == "reservation.modify")
+    );
+    app.state().store.close().await;
+    drop(app);
+    // A restart pointing at finance does not replace what the database holds.
+    let app = Application::build(
+        test_config(&db, &[("COUNTERSIGN_REGISTRY", &finance)]),
+        clock,
+    )
+    .await
+    .unwrap();
+    let loaded = app.state().registry.current().unwrap();
+    assert_eq!(loaded.version, 1);
+    assert!(
+        loaded
+            .bundle
+            .registry
+            .tools()
+            .any(|t| t.name.as_str() == "reservation.modify")
+    );
+    assert!(
+        !loaded
+            .bundle
+            .registry
+            .tools()
+            .any(|t| t.name.as_str() == "payment.schedule")
+    );
+    app.state().store.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn an_invalid_configured_registry_stops_the_start_with_one_line() {
+    let dir = std::env::temp_dir().join(format!("cs-bad-registry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("registry.yaml");
+    std::fs::write(
+        &file,
+        "tools:\n  x.open:\n    description: open schema\n    effect: read\n    gate: never\n    roles: [planner]\n    handler: {provider: erp, operation: x}\n    inputSchema: {type: object}\nroles:\n  planner: {description: p}\nproviders:\n  erp: {kind: builtin}\n",
+    )
+    .unwrap();
+    let db = FreshDb::create(Backend::Sqlite).await.unwrap();
+    let err = Application::build(
+        test_config(&db, &[("COUNTERSIGN_REGISTRY", file.to_str().unwrap())]),
+        std::sync::Arc::new(SystemClock),
+    )
+    .await
+    .err()
+    .expect("an open schema must stop the start");
+    let msg = err.to_string();
+    assert!(msg.starts_with("COUNTERSIGN_REGISTRY:"), "{msg}");
+    assert!(
+        msg.contains("x.open") && msg.contains("additionalProperties"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'), "{msg}");
+    db.drop_db().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn countersign(db_url: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_countersign"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("COUNTERSIGN_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("COUNTERSIGN_DATABASE_URL", db_url)
+        .env("COUNTERSIGN_LOG_LEVEL", "off")
+        .current_dir(std::env::temp_dir());
+    cmd
+}
+
+#[test]
+fn cli_validate_lists_every_problem_and_exits_1() {
+    let dir = std::env::temp_dir().join(format!("cs-validate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.yaml");
+    std::fs::write(
+        &file,
+        "tools:\n  a.open:\n    description: d\n    effect: read\n    gate: never\n    roles: [planner]\n    handler: {provider: erp, operation: x}\n    inputSchema: {type: object}\n  b.pay:\n    description: d\n    effect: irreversible\n    gate: never\n    roles: [planner]\n    handler: {provider: erp, operation: y}\n    inputSchema: {type: object, additionalProperties: false, properties: {n: {type: number}}}\nroles:\n  planner: {description: p}\nproviders:\n  erp: {kind: builtin}\n",
+    )
+    .unwrap();
+    let out = countersign("sqlite:///nonexistent/never-used.db")
+        .args(["registry", "validate"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Three distinct problems in two tools, all reported in one run.
+    assert!(err.contains("a.open"), "{err}");
+    assert!(err.contains("b.pay") && err.contains("gate"), "{err}");
+    assert!(err.contains("/properties/n"), "{err}");
+
+    for name in ["finance", "stillon"] {
+        let out = countersign("sqlite:///nonexistent/never-used.db")
+            .args(["registry", "validate", &example(name)])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("valid"));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cli_import_then_export_round_trips() {
+    let dir = std::env::temp_dir().join(format!("cs-import-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/cs.db", dir.display());
+
+    let out = countersign(&url)
+        .args(["registry", "export"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "nothing to export yet");
+
+    let out = countersign(&url)
+        .args(["registry", "import", &example("finance"), "--by", "alice"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("version 1"));
+
+    // Importing the same content again is a no-op.
+    let out = countersign(&url)
+        .args(["registry", "import", &example("finance"), "--by", "alice"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unchanged"));
+
+    let exported = dir.join("exported");
+    let out = countersign(&url)
+        .args(["registry", "export", "--out"])
+        .arg(&exported)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let original = BundleSources::read(std::path::Path::new(&example("finance"))).unwrap();
+    let back = BundleSources::read(&exported).unwrap();
+    let a = countersign_core::bundle::Bundle::load(original).unwrap();
+    let b = countersign_core::bundle::Bundle::load(back).unwrap();
+    assert_eq!(a.registry, b.registry);
+    assert_eq!(a.policy.policy_ids(), b.policy.policy_ids());
+
+    // The exported folder imports as the same content: still version 1.
+    let out = countersign(&url)
+        .args(["registry", "import"])
+        .arg(&exported)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = countersign(&url)
+        .args(["registry", "history"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("by alice"));
+    let _ = std::fs::remove_dir_all(dir);
+}
