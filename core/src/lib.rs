@@ -4,6 +4,7 @@
 //! Later modules (registry, policy, keys, approvals, audit) live here too: everything that
 //! decides whether an agent's call may run is plain Rust that the server only wires up.
 
+pub mod bundle;
 pub mod canonical;
 pub mod clock;
 pub mod keys;
@@ -15,6 +16,7 @@ pub mod schema;
 pub mod secret;
 pub mod store;
 
+pub use bundle::{Bundle, BundleError, BundleSources};
 pub use canonical::{CanonicalError, CanonicalJson, canonicalize};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use keys::{IdemKey, InputsHash};

@@ -1,6 +1,7 @@
 //! countersign-core integration tests: one binary, one module per area.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod bundle;
 mod canonical;
 mod keys;
 mod policy;
