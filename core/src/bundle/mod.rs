@@ -72,7 +72,7 @@ use cedar_policy::{ActionConstraint, EntityUid, PolicySet, Schema, SchemaFragmen
 
 use crate::model::Gate;
 use crate::policy::{self, Annotated, PolicyEngine, PolicyLoadError, ToolFacts};
-use crate::registry::{Registry, RoleName, Subject};
+use crate::registry::{LoadError, Problem, Registry, RoleName, Subject};
 
 pub use sources::{BundleSources, POLICY_FILE, REGISTRY_FILE, SCHEMA_FILE};
 
@@ -204,6 +204,28 @@ impl BundleError {
     }
 }
 
+impl From<Problem> for BundleProblem {
+    fn from(p: Problem) -> Self {
+        Self {
+            source: p.source,
+            subject: p.subject.into(),
+            path: p.path,
+            message: p.message,
+        }
+    }
+}
+
+impl From<LoadError> for BundleError {
+    fn from(e: LoadError) -> Self {
+        match e {
+            LoadError::Io { path, source } => Self::Io { path, source },
+            LoadError::Invalid(problems) => {
+                Self::invalid(problems.0.into_iter().map(BundleProblem::from).collect())
+            }
+        }
+    }
+}
+
 /// A loaded, mutually consistent registry and policy engine, with the texts they came from.
 #[derive(Debug)]
 pub struct Bundle {
@@ -249,18 +271,13 @@ impl Bundle {
         let files = tool_files(&registry_sources);
         let registry = match Registry::from_sources(&registry_sources) {
             Ok(r) => Some(r),
-            Err(e) => {
-                if let crate::registry::LoadError::Io { path, source } = e {
-                    return Err(BundleError::Io { path, source });
+            Err(e) => match BundleError::from(e) {
+                BundleError::Invalid(p) => {
+                    problems.extend(p.0);
+                    None
                 }
-                problems.extend(e.problems().iter().map(|p| BundleProblem {
-                    source: p.source.clone(),
-                    subject: p.subject.clone().into(),
-                    path: p.path.clone(),
-                    message: p.message.clone(),
-                }));
-                None
-            }
+                io @ BundleError::Io { .. } => return Err(io),
+            },
         };
 
         // 2. The policies, file by file: syntax and annotations.
