@@ -421,3 +421,135 @@ impl Gen<'_> {
         ok
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn args(schema: Value, per_step: &[&str]) -> Result<String, Vec<GenIssue>> {
+        let per_step: Vec<String> = per_step.iter().map(|s| (*s).to_owned()).collect();
+        let mut g = Gen {
+            root: &schema,
+            per_step: &per_step,
+            issues: Vec::new(),
+            refs: Vec::new(),
+        };
+        let out = g.record(&schema, "");
+        if g.issues.is_empty() {
+            Ok(out.unwrap_or_default())
+        } else {
+            Err(g.issues)
+        }
+    }
+
+    fn messages(r: Result<String, Vec<GenIssue>>) -> Vec<String> {
+        match r {
+            Ok(t) => panic!("expected issues, got {t}"),
+            Err(issues) => issues
+                .into_iter()
+                .map(|i| format!("{} {}", i.path, i.message))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn maps_each_shape() {
+        let schema = json!({
+            "type": "object", "additionalProperties": false,
+            "required": ["a", "amount", "currency"],
+            "properties": {
+                "a": {"type": "string", "maxLength": 3},
+                "b": {"type": ["integer", "null"], "minimum": 0, "maximum": 9},
+                "c": {"enum": ["x", "y"]},
+                "d": {"const": true},
+                "e": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/pair"}},
+                "f": {"anyOf": [{"type": "string", "maxLength": 1}, {"type": "string", "format": "date"}]},
+                "g": false,
+                "amount": {"type": "number", "minimum": 0, "maximum": 5},
+                "currency": {"type": "string", "enum": ["EUR", "JPY"]},
+                "step": {"type": "object", "maxProperties": 3}
+            },
+            "$defs": {"pair": {"type": "object", "additionalProperties": false,
+                "required": ["k"], "properties": {"k": {"type": "integer", "minimum": 0, "maximum": 1}}}}
+        });
+        assert_eq!(
+            args(schema, &["/properties/step"]).unwrap(),
+            r#"{ "a": String, "amount_minor": Long, "b"?: Long, "c"?: String, "currency": String, "d"?: Bool, "e"?: Set<{ "k": Long }>, "f"?: String }"#
+        );
+        assert_eq!(
+            args(
+                json!({"type": "object", "additionalProperties": false}),
+                &[]
+            )
+            .unwrap(),
+            "{}"
+        );
+    }
+
+    #[test]
+    fn refuses_what_cedar_cannot_hold() {
+        let m = messages(args(
+            json!({"type": "object", "properties": {
+                "rating": {"type": "number", "minimum": 0, "maximum": 5},
+                "amount_minor": {"type": "integer", "minimum": 0, "maximum": 5},
+                "mixed": {"enum": ["a", 1]},
+                "either": {"type": ["string", "integer"], "maxLength": 1, "minimum": 0, "maximum": 1},
+                "pair": {"type": "array", "maxItems": 2, "prefixItems": [{"type": "string", "maxLength": 1}], "items": false},
+                "tree": {"$ref": "#/$defs/tree"},
+                "branches": {"oneOf": [{"type": "string", "maxLength": 1}, {"type": "integer", "minimum": 0, "maximum": 1}]}
+            }, "$defs": {"tree": {"type": "object", "properties": {"kids": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/tree"}}}}}}),
+            &[],
+        ));
+        let has = |needle: &str| {
+            assert!(
+                m.iter().any(|x| x.contains(needle)),
+                "{needle} not in {m:#?}"
+            );
+        };
+        has("/inputSchema/properties/rating a fractional `number`");
+        has("/inputSchema/properties/amount_minor `amount_minor` is computed");
+        has("/inputSchema/properties/mixed enum values");
+        has("/inputSchema/properties/either no single Cedar type");
+        has("/inputSchema/properties/pair tuples");
+        has("recursive");
+        has("/inputSchema/properties/branches the branches have different Cedar types");
+    }
+
+    #[test]
+    fn money_needs_a_currency() {
+        let m = messages(args(
+            json!({"type": "object", "required": ["amount"], "properties": {
+                "amount": {"type": "number", "minimum": 0, "maximum": 5}}}),
+            &[],
+        ));
+        assert!(m[0].contains("needs a sibling `currency`"), "{m:?}");
+        let m = messages(args(
+            json!({"type": "object", "required": ["amount"], "properties": {
+                "amount": {"type": "number", "minimum": 0, "maximum": 5},
+                "currency": {"type": "string", "enum": ["EUR", "XTS"]}}}),
+            &[],
+        ));
+        assert!(
+            m.iter().any(|x| x.contains("`currency` must be required")),
+            "{m:?}"
+        );
+        assert!(
+            m.iter()
+                .any(|x| x.contains("\"XTS\" has no known minor unit")),
+            "{m:?}"
+        );
+        let m = messages(args(
+            json!({"type": "object", "properties": {
+                "amount": {"type": "string", "maxLength": 9},
+                "currency": {"type": "string", "enum": ["EUR"]}}}),
+            &[],
+        ));
+        assert!(m[0].contains("`amount` is money"), "{m:?}");
+    }
+
+    #[test]
+    fn quotes_cedar_strings() {
+        assert_eq!(quote("a\"b\\c\n"), r#""a\"b\\c\n""#);
+    }
+}

@@ -43,7 +43,7 @@
 //! # What policies see
 //! - principal: `Agent::"<id>"` or `Human::"<id>"` with `role`, `tenant` and `acts_for` (the
 //!   party the run acts for, or the id itself), a member of `Role::"<role>"`;
-//! - action: `Action::"<tool name>"` (with its action groups from the schema);
+//! - action: `Action::"<tool name>"`;
 //! - resource: `<Kind>::"<id>"` for each [`ResourceFact`] (kind `purchase_order` → type
 //!   `PurchaseOrder`) with `tenant`, `owner` when known, and its attributes; or
 //!   `Tool::"<tool name>"` with `tenant` when the call points at no record;
@@ -52,6 +52,10 @@
 //!   replaced by `amount_minor`, the exact integer minor units of its sibling `currency`
 //!   (`4180.00` EUR → `418000`), computed from the decimal text, never through a double;
 //!   `null` members are left out; fractional numbers elsewhere are an error.
+//!
+//! In a deployment the schema is not written by hand: [`crate::bundle`] generates the
+//! principal, `Tool` and `Call` declarations and one action per registry tool (its
+//! `context.args` typed from the tool's input schema) around a hand-written entity schema.
 //!
 //! The schema types what policies may read (validation at load). Requests are not validated
 //! against it at decision time: a policy reading an attribute a request lacks, or has with
