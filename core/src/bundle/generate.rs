@@ -2,7 +2,7 @@
 //! principal and stand-in types, the `Call` record, and one `action` per tool whose
 //! `context.args` is typed from the tool's closed `inputSchema`.
 //!
-//! # The mapping (one rule per JSON Schema shape; anything else is a [`GenIssue`])
+//! # The mapping (one rule per JSON Schema shape; anything else is refused)
 //!
 //! | input schema                                   | Cedar type in `context.args`           |
 //! | ---------------------------------------------- | -------------------------------------- |
