@@ -1,6 +1,7 @@
 //! What Countersign's decision costs over bare Cedar: canonicalise + `PolicyEngine::decide` on a
 //! finance `payment.schedule` request, against `cedar_policy::Authorizer::is_authorized` on
-//! the same policies with the request, entities and context already built.
+//! the same policies with the request, entities and context already built. The engine is the
+//! finance example bundle's (registry + policies + entity schema).
 //!
 //! Run with `cargo bench -p countersign-core --bench decide`; prints both medians and the ratio.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -10,6 +11,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use chrono::DateTime;
+use countersign_core::bundle::{Bundle, BundleSources};
 use countersign_core::canonical::canonicalize;
 use countersign_core::policy::{
     ApprovalState, PolicyEngine, Principal, PrincipalKind, Request, ResourceFact, TaskOrigin,
@@ -20,7 +22,11 @@ use criterion::{Criterion, criterion_group};
 use serde_json::{Value, json};
 
 const POLICY: &str = include_str!("../../examples/finance/policy.cedar");
-const SCHEMA: &str = include_str!("../../examples/finance/policy.cedarschema");
+
+fn finance() -> Bundle {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/finance");
+    Bundle::load(BundleSources::read(&dir).unwrap()).unwrap()
+}
 
 fn arguments() -> Value {
     json!({
@@ -33,7 +39,7 @@ fn arguments() -> Value {
 }
 
 fn ours() -> (PolicyEngine, Request) {
-    let engine = PolicyEngine::load(POLICY, SCHEMA).unwrap();
+    let engine = finance().policy;
     let attrs = json!({"status": "approved", "amount": 30000, "currency": "EUR", "supplier_id": "SUP-0042"});
     let request = Request {
         principal: Principal {

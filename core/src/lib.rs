@@ -5,6 +5,7 @@
 //! decides whether an agent's call may run is plain Rust that the server only wires up.
 
 pub mod agents;
+pub mod bundle;
 pub mod canonical;
 pub mod clock;
 pub mod keys;
@@ -16,6 +17,7 @@ pub mod schema;
 pub mod secret;
 pub mod store;
 
+pub use bundle::{Bundle, BundleError, BundleSources};
 pub use canonical::{CanonicalError, CanonicalJson, canonicalize};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use keys::{IdemKey, InputsHash};

@@ -43,7 +43,7 @@
 //! # What policies see
 //! - principal: `Agent::"<id>"` or `Human::"<id>"` with `role`, `tenant` and `acts_for` (the
 //!   party the run acts for, or the id itself), a member of `Role::"<role>"`;
-//! - action: `Action::"<tool name>"` (with its action groups from the schema);
+//! - action: `Action::"<tool name>"`;
 //! - resource: `<Kind>::"<id>"` for each [`ResourceFact`] (kind `purchase_order` → type
 //!   `PurchaseOrder`) with `tenant`, `owner` when known, and its attributes; or
 //!   `Tool::"<tool name>"` with `tenant` when the call points at no record;
@@ -52,6 +52,10 @@
 //!   replaced by `amount_minor`, the exact integer minor units of its sibling `currency`
 //!   (`4180.00` EUR → `418000`), computed from the decimal text, never through a double;
 //!   `null` members are left out; fractional numbers elsewhere are an error.
+//!
+//! In a deployment the schema is not written by hand: [`crate::bundle`] generates the
+//! principal, `Tool` and `Call` declarations and one action per registry tool (its
+//! `context.args` typed from the tool's input schema) around a hand-written entity schema.
 //!
 //! The schema types what policies may read (validation at load). Requests are not validated
 //! against it at decision time: a policy reading an attribute a request lacks, or has with
@@ -65,7 +69,7 @@
 //! they can be lifted only where the engine allows (a policy-level approval or no-permit),
 //! so no grant can outvote a forbid or a floor, whatever a grant's author writes.
 
-mod input;
+pub(crate) mod input;
 pub mod money;
 pub mod standing;
 mod types;
@@ -164,79 +168,33 @@ impl PolicyEngine {
     /// Parses `schema_text` (Cedar schema syntax) and `policies_text`, validates the policies
     /// against the schema in strict mode and checks the annotation convention.
     ///
+    /// This is the engine on its own, for a schema that already declares every action; a
+    /// deployment loads a [`crate::bundle::Bundle`], whose action declarations are generated
+    /// from the registry.
+    ///
     /// # Errors
-    /// [`PolicyLoadError`], carrying Cedar's message.
+    /// The first [`PolicyLoadError`] found, carrying Cedar's message (all validation errors
+    /// are joined into one).
     pub fn load(policies_text: &str, schema_text: &str) -> Result<Self, PolicyLoadError> {
         let (schema, _warnings) = Schema::from_cedarschema_str(schema_text)
             .map_err(|e| PolicyLoadError::Schema(e.to_string()))?;
-        let parsed = PolicySet::from_str(policies_text)
-            .map_err(|e| PolicyLoadError::Syntax(e.to_string()))?;
-        if parsed.templates().next().is_some() {
-            return Err(PolicyLoadError::Template);
+        let parsed = parse_policies(policies_text)?;
+        let mut annotated = Annotated::default();
+        if let Some(first) = annotated.add(&parsed).into_iter().next() {
+            return Err(first);
         }
-
-        let mut policies = PolicySet::new();
-        let mut meta = HashMap::new();
-        for policy in parsed.policies() {
-            let cedar_id = policy.id().to_string();
-            let annotation_error = |message: &str| PolicyLoadError::Annotation {
-                policy: policy.annotation("id").unwrap_or(&cedar_id).to_owned(),
-                message: message.to_owned(),
-            };
-            let id = policy
-                .annotation("id")
-                .filter(|id| !id.is_empty())
-                .ok_or_else(|| annotation_error("missing @id(\"…\")"))?;
-            let rule = match policy.annotation("rule") {
-                Some(text) => Some(
-                    Rule::parse(text)
-                        .ok_or_else(|| annotation_error("@rule must look like `area.name`"))?,
-                ),
-                None => None,
-            };
-            let m = match (policy.effect(), policy.annotation("decision"), rule) {
-                (cedar::Effect::Forbid, None, Some(rule)) => Meta::Forbid(rule),
-                (cedar::Effect::Forbid, None, None) => {
-                    return Err(annotation_error("forbid policies must name a @rule"));
-                }
-                (cedar::Effect::Forbid, Some(_), _) => {
-                    return Err(annotation_error("@decision is for permit policies"));
-                }
-                (cedar::Effect::Permit, None | Some("allow"), _) => Meta::Permit,
-                (cedar::Effect::Permit, Some("require_approval"), Some(rule)) => {
-                    Meta::PermitRequireApproval(rule)
-                }
-                (cedar::Effect::Permit, Some("require_approval"), None) => {
-                    return Err(annotation_error(
-                        "@decision(\"require_approval\") needs a @rule",
-                    ));
-                }
-                (cedar::Effect::Permit, Some(_), _) => {
-                    return Err(annotation_error(
-                        "@decision must be \"allow\" or \"require_approval\"",
-                    ));
-                }
-            };
-            let pid = PolicyId::new(id);
-            if meta.contains_key(&pid) {
-                return Err(annotation_error("duplicate @id"));
-            }
-            policies
-                .add(policy.new_id(pid.clone()))
-                .map_err(|e| PolicyLoadError::Cedar(e.to_string()))?;
-            meta.insert(pid, m);
-        }
-
-        let validation = cedar::Validator::new(schema.clone())
-            .validate(&policies, cedar::ValidationMode::Strict);
-        if !validation.validation_passed() {
-            let messages: Vec<String> = validation
-                .validation_errors()
-                .map(ToString::to_string)
-                .collect();
+        let messages: Vec<String> = validate(&annotated.policies, &schema)
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect();
+        if !messages.is_empty() {
             return Err(PolicyLoadError::Validation(messages.join("; ")));
         }
+        Self::assemble(annotated, &schema)
+    }
 
+    /// Builds the engine from policies already annotated and validated against `schema`.
+    pub(crate) fn assemble(annotated: Annotated, schema: &Schema) -> Result<Self, PolicyLoadError> {
         let actions = schema
             .action_entities()
             .map_err(|e| PolicyLoadError::Cedar(e.to_string()))?
@@ -246,8 +204,8 @@ impl PolicyEngine {
         let names = Names::new().map_err(|e| PolicyLoadError::Cedar(e.to_string()))?;
 
         Ok(Self {
-            policies,
-            meta,
+            policies: annotated.policies,
+            meta: annotated.meta,
             actions,
             names,
             authorizer: Authorizer::new(),
@@ -432,6 +390,100 @@ impl PolicyEngine {
                 }
             }
         }
+    }
+}
+
+/// Parses policy text, refusing templates.
+pub(crate) fn parse_policies(text: &str) -> Result<PolicySet, PolicyLoadError> {
+    let parsed = PolicySet::from_str(text).map_err(|e| PolicyLoadError::Syntax(e.to_string()))?;
+    if parsed.templates().next().is_some() {
+        return Err(PolicyLoadError::Template);
+    }
+    Ok(parsed)
+}
+
+/// Strict validation of `policies` against `schema`: every error Cedar reports.
+pub(crate) fn validate(policies: &PolicySet, schema: &Schema) -> Vec<cedar::ValidationError> {
+    let result =
+        cedar::Validator::new(schema.clone()).validate(policies, cedar::ValidationMode::Strict);
+    result.validation_errors().cloned().collect()
+}
+
+/// Policies re-identified by their `@id`, with how each maps to a decision.
+#[derive(Debug, Default)]
+pub(crate) struct Annotated {
+    pub(crate) policies: PolicySet,
+    meta: HashMap<PolicyId, Meta>,
+}
+
+impl Annotated {
+    /// Adds every policy of `parsed` that follows the annotation convention; returns one
+    /// error per policy that does not (those are left out).
+    pub(crate) fn add(&mut self, parsed: &PolicySet) -> Vec<PolicyLoadError> {
+        let mut errors = Vec::new();
+        for policy in parsed.policies() {
+            match self.add_one(policy) {
+                Ok(()) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        errors
+    }
+
+    /// How many policies were added.
+    pub(crate) fn len(&self) -> usize {
+        self.meta.len()
+    }
+
+    fn add_one(&mut self, policy: &cedar::Policy) -> Result<(), PolicyLoadError> {
+        let cedar_id = policy.id().to_string();
+        let annotation_error = |message: &str| PolicyLoadError::Annotation {
+            policy: policy.annotation("id").unwrap_or(&cedar_id).to_owned(),
+            message: message.to_owned(),
+        };
+        let id = policy
+            .annotation("id")
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| annotation_error("missing @id(\"…\")"))?;
+        let rule = match policy.annotation("rule") {
+            Some(text) => Some(
+                Rule::parse(text)
+                    .ok_or_else(|| annotation_error("@rule must look like `area.name`"))?,
+            ),
+            None => None,
+        };
+        let m = match (policy.effect(), policy.annotation("decision"), rule) {
+            (cedar::Effect::Forbid, None, Some(rule)) => Meta::Forbid(rule),
+            (cedar::Effect::Forbid, None, None) => {
+                return Err(annotation_error("forbid policies must name a @rule"));
+            }
+            (cedar::Effect::Forbid, Some(_), _) => {
+                return Err(annotation_error("@decision is for permit policies"));
+            }
+            (cedar::Effect::Permit, None | Some("allow"), _) => Meta::Permit,
+            (cedar::Effect::Permit, Some("require_approval"), Some(rule)) => {
+                Meta::PermitRequireApproval(rule)
+            }
+            (cedar::Effect::Permit, Some("require_approval"), None) => {
+                return Err(annotation_error(
+                    "@decision(\"require_approval\") needs a @rule",
+                ));
+            }
+            (cedar::Effect::Permit, Some(_), _) => {
+                return Err(annotation_error(
+                    "@decision must be \"allow\" or \"require_approval\"",
+                ));
+            }
+        };
+        let pid = PolicyId::new(id);
+        if self.meta.contains_key(&pid) {
+            return Err(annotation_error("duplicate @id"));
+        }
+        self.policies
+            .add(policy.new_id(pid.clone()))
+            .map_err(|e| PolicyLoadError::Cedar(e.to_string()))?;
+        self.meta.insert(pid, m);
+        Ok(())
     }
 }
 

@@ -261,7 +261,8 @@ impl ApprovalState {
 pub enum AuthorizationCondition {
     /// The call points at one or more resources, and every one is owned by the party.
     OwnsResource,
-    /// The argument `new_start` (RFC 3339) is within this many minutes of the `starts_at`
+    /// The argument `requested_time` (`HH:MM`, wall-clock time on the date and in the UTC
+    /// offset of the resource's `starts_at`) is within this many minutes of the `starts_at`
     /// attribute (RFC 3339) of every resource that has one, and at least one has.
     MaxShiftMinutes(u32),
     /// The argument `amount` (with `currency`) is at most this many minor units.

@@ -8,9 +8,11 @@ use countersign_core::{Effect, Gate};
 use proptest::prelude::*;
 use serde_json::json;
 
-use crate::policy_tables::{
-    Example, FINANCE_POLICY, FINANCE_SCHEMA, Row, STILLON_POLICY, STILLON_SCHEMA, engine, now, rows,
-};
+use crate::policy_tables::{Example, Row, bundle, now, rows};
+
+fn engine(example: Example) -> &'static PolicyEngine {
+    &bundle(example).policy
+}
 
 const SCHEMA: &str = r#"
 entity Role;
@@ -40,13 +42,13 @@ fn the_engine_can_be_shared_across_threads() {
 
 #[test]
 fn the_examples_load() {
-    let finance = PolicyEngine::load(FINANCE_POLICY, FINANCE_SCHEMA).unwrap();
+    let finance = engine(Example::Finance);
     assert!(
         finance
             .policy_ids()
             .contains(&"finance.payment.ceiling.worker_finance".to_owned())
     );
-    let stillon = PolicyEngine::load(STILLON_POLICY, STILLON_SCHEMA).unwrap();
+    let stillon = engine(Example::StillOn);
     assert!(
         stillon
             .policy_ids()
@@ -144,17 +146,20 @@ fn floors_rule_before_cedar_in_order() {
     let mut row = row_named("payment within limits still needs a person");
     // All three pre-Cedar floors at once: listing wins, then schema, then tenant.
     row.role = "planner";
-    row.schema_errors = vec!["bad".into()];
     row.resources[0].tenant = "globex".into();
+    let with_schema_errors = |row: &Row| {
+        let mut request = row.request();
+        request.schema_errors = vec!["bad".into()];
+        request
+    };
     assert_eq!(
-        finance.decide(&row.request()).decision,
+        finance.decide(&with_schema_errors(&row)).decision,
         Decision::Deny(Rule::TOOL_NOT_LISTED)
     );
     row.role = "worker.finance";
-    let report = finance.decide(&row.request());
+    let report = finance.decide(&with_schema_errors(&row));
     assert_eq!(report.decision, Decision::Deny(Rule::INPUT_SCHEMA));
     assert_eq!(report.errors, ["bad"]);
-    row.schema_errors.clear();
     assert_eq!(
         finance.decide(&row.request()).decision,
         Decision::Deny(Rule::TENANT_MISMATCH)
@@ -175,8 +180,11 @@ fn reports_name_the_determining_policies() {
     );
     assert!(report.errors.is_empty());
 
-    let report = finance.decide(&row_named("credit note one cent over").request());
-    assert_eq!(report.policy_ids, ["finance.credit_note.above_threshold"]);
+    let report = finance.decide(&row_named("hold one cent over").request());
+    assert_eq!(
+        report.policy_ids,
+        ["base.listed", "finance.hold.above_threshold"]
+    );
 
     // The irreversible floor names itself; the permit that matched is still reported.
     let report = finance.decide(&row_named("payment within limits still needs a person").request());
@@ -184,9 +192,10 @@ fn reports_name_the_determining_policies() {
         report.decision,
         Decision::RequireApproval(Rule::IRREVERSIBLE_ALWAYS)
     );
-    assert_eq!(report.policy_ids, ["finance.payment.schedule"]);
+    assert_eq!(report.policy_ids, ["base.listed"]);
 
-    let report = finance.decide(&row_named("payment without an amount errors closed").request());
+    let report = finance
+        .decide(&row_named("payment without an amount errors closed in the engine").request());
     assert_eq!(report.decision, Decision::Deny(Rule::POLICY_ERROR));
     assert!(!report.errors.is_empty());
 }
@@ -300,13 +309,8 @@ fn a_grant_lifts_no_permit_but_nothing_else() {
 
 #[test]
 fn decisions_are_deterministic_and_serialisable() {
-    let finance = engine(Example::Finance);
-    let stillon = engine(Example::StillOn);
     for row in rows() {
-        let engine = match row.example {
-            Example::Finance => &finance,
-            Example::StillOn => &stillon,
-        };
+        let engine = &row.bundle().policy;
         let request = row.request();
         let a = engine.decide(&request);
         let b = engine.decide(&request);
@@ -354,11 +358,11 @@ proptest! {
         }
     }
 
-    /// The credit-note threshold sits exactly at 1,000.00 EUR, cent for cent.
+    /// The hold threshold sits exactly at 1,000.00 EUR, cent for cent.
     #[test]
-    fn credit_note_threshold_is_exact(cents in 1u64..3_000_000) {
+    fn hold_threshold_is_exact(cents in 1u64..3_000_000) {
         let finance = engine(Example::Finance);
-        let mut request = row_named("credit note below threshold").request();
+        let mut request = row_named("hold below threshold").request();
         request.arguments["amount"] =
             serde_json::from_str(&format!("{}.{:02}", cents / 100, cents % 100)).unwrap();
         let decision = finance.decide(&request).decision;
