@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 use countersign::config::Config;
 use countersign::{Application, StartError, telemetry};
 use countersign_core::bundle::{Bundle, BundleSources};
+use countersign_core::registry::{RoleName, Span};
+use countersign_core::store::NewAgent;
 use countersign_core::{Clock, Store, SystemClock};
 
 /// Countersign: the control plane between AI agents and the systems they act on.
@@ -31,10 +33,44 @@ enum Command {
     Serve,
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Create, list and revoke the bearer tokens agents present on /mcp.
+    AgentToken {
+        #[command(subcommand)]
+        command: AgentTokenCommand,
+    },
     /// Validate, import and export the tool registry (with its Cedar policies).
     Registry {
         #[command(subcommand)]
         command: RegistryCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AgentTokenCommand {
+    /// Create a credential and print its token once (only its hash is stored).
+    Create {
+        /// A name for the agent, unique among active credentials.
+        #[arg(long)]
+        name: String,
+        /// The registry role it acts in (must exist in the registry in force).
+        #[arg(long)]
+        role: String,
+        /// The tenant it is confined to.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Lifetime such as 30d, 12h or 90m; without it the token does not expire.
+        #[arg(long)]
+        expires: Option<String>,
+        /// Who is creating it (recorded); defaults to $USER.
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// List credentials (never their tokens).
+    List,
+    /// Revoke a credential by id or name; its token is refused from the next request on.
+    Revoke {
+        /// Credential id, or the name of an active credential.
+        id_or_name: String,
     },
 }
 
@@ -121,6 +157,14 @@ fn main() -> ExitCode {
                 store.close().await;
                 Ok(())
             }
+            Command::AgentToken { command } => {
+                let store = countersign::connect_and_migrate(&config, clock)
+                    .await
+                    .map_err(StartError::Database)?;
+                let result = agent_token_command(&store, command).await;
+                store.close().await;
+                result
+            }
             Command::Registry { command } => {
                 let store = countersign::connect_and_migrate(&config, clock)
                     .await
@@ -141,9 +185,7 @@ fn main() -> ExitCode {
 }
 
 fn validate_registry(path: &std::path::Path) -> ExitCode {
-    let loaded = BundleSources::read(path)
-        .map_err(|e| e.to_string())
-        .and_then(|sources| Bundle::load(sources).map_err(|e| e.to_string()));
+    let loaded = BundleSources::read(path).and_then(Bundle::load);
     match loaded {
         Ok(bundle) => {
             let r = &bundle.registry;
@@ -172,9 +214,7 @@ async fn registry_command(store: &Store, command: RegistryCommand) -> Result<(),
     match command {
         RegistryCommand::Validate { .. } => Ok(()), // handled before the configuration loads
         RegistryCommand::Import { path, by } => {
-            let by = by
-                .or_else(|| std::env::var("USER").ok())
-                .unwrap_or_else(|| "cli".to_string());
+            let by = who(by);
             let sources =
                 BundleSources::read(&path).map_err(|e| CliError::Refused(e.to_string()))?;
             let before = store
@@ -236,6 +276,91 @@ async fn registry_command(store: &Store, command: RegistryCommand) -> Result<(),
                     println!("    {line}");
                 }
             }
+            Ok(())
+        }
+    }
+}
+
+fn who(by: Option<String>) -> String {
+    by.or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "cli".to_string())
+}
+
+async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Result<(), CliError> {
+    match command {
+        AgentTokenCommand::Create {
+            name,
+            role,
+            tenant,
+            expires,
+            by,
+        } => {
+            if let Some((version, sources)) =
+                store.current_bundle().await.map_err(StartError::Database)?
+            {
+                let bundle = Bundle::load(sources).map_err(|e| CliError::Refused(e.to_string()))?;
+                let known = RoleName::parse(&role)
+                    .ok()
+                    .is_some_and(|r| bundle.registry.role(&r).is_some());
+                if !known {
+                    return Err(CliError::Refused(format!(
+                        "--role {role:?} is not a role in registry version {version}"
+                    )));
+                }
+            } else {
+                return Err(CliError::Refused(
+                    "the database holds no registry yet; import one first (countersign registry import)"
+                        .into(),
+                ));
+            }
+            let expires_at = match expires {
+                None => None,
+                Some(text) => {
+                    let span = Span::parse(&text)
+                        .map_err(|e| CliError::Refused(format!("--expires {text:?}: {e}")))?;
+                    Some(store.clock().now_ms() + span.to_chrono().num_milliseconds())
+                }
+            };
+            let (cred, token) = store
+                .create_agent(&NewAgent {
+                    name,
+                    role,
+                    tenant,
+                    created_by: who(by),
+                    expires_at,
+                })
+                .await
+                .map_err(|e| CliError::Refused(e.to_string()))?;
+            eprintln!(
+                "created agent credential {} ({}, role {}, tenant {}); the token is shown once:",
+                cred.id, cred.name, cred.role, cred.tenant
+            );
+            println!("{}", token.reveal());
+            Ok(())
+        }
+        AgentTokenCommand::List => {
+            let now = store.clock().now_ms();
+            for a in store.list_agents().await.map_err(StartError::Database)? {
+                let state = match (a.revoked_at, a.expires_at) {
+                    (Some(_), _) => "revoked",
+                    (None, Some(t)) if t <= now => "expired",
+                    (None, _) => "active",
+                };
+                println!(
+                    "{}  {:<24} {:<22} tenant={} {} created_by={}",
+                    a.id, a.name, a.role, a.tenant, state, a.created_by
+                );
+            }
+            Ok(())
+        }
+        AgentTokenCommand::Revoke { id_or_name } => {
+            let cred = store.revoke_agent(&id_or_name).await.map_err(|e| match e {
+                countersign_core::StoreError::NotFound => CliError::Refused(format!(
+                    "no credential with id or active name {id_or_name:?}"
+                )),
+                other => CliError::Start(StartError::Database(other)),
+            })?;
+            println!("revoked {} ({})", cred.id, cred.name);
             Ok(())
         }
     }

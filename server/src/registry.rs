@@ -13,7 +13,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use countersign_core::Store;
-use countersign_core::bundle::{Bundle, BundleSources};
+use countersign_core::bundle::{Bundle, BundleError, BundleSources};
+use countersign_core::store::ImportError;
 
 /// Who the start-up import is recorded as.
 pub const CONFIG_IMPORTER: &str = "config:COUNTERSIGN_REGISTRY";
@@ -75,7 +76,7 @@ impl LiveRegistry {
             let version = store
                 .import_bundle(&sources, CONFIG_IMPORTER)
                 .await
-                .map_err(|e| invalid(problem_lines(&e)))?;
+                .map_err(|e| invalid(import_problem_lines(&e)))?;
             tracing::info!(version, path = %path.display(), "registry imported from configuration");
         }
         let live = Arc::new(Self::default());
@@ -152,12 +153,17 @@ impl LiveRegistry {
     }
 }
 
-/// The problems in an error, one per line of its `Display`.
-pub fn problem_lines(e: &impl std::fmt::Display) -> Vec<String> {
-    e.to_string()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect()
+/// Every problem in a bundle error, one line each (an I/O error is one problem).
+pub fn problem_lines(e: &BundleError) -> Vec<String> {
+    match e.problems() {
+        [] => vec![e.to_string()],
+        problems => problems.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn import_problem_lines(e: &ImportError) -> Vec<String> {
+    match e {
+        ImportError::Invalid(b) => problem_lines(b),
+        ImportError::NoAuthor | ImportError::Store(_) => vec![e.to_string()],
+    }
 }

@@ -89,3 +89,80 @@ fn migrate_creates_and_migrates_a_sqlite_database() {
     assert!(dir.join("sub/cs.db").is_file());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn agent_tokens_are_created_once_listed_without_secrets_and_revoked() {
+    let dir = std::env::temp_dir().join(format!("cs-agents-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/cs.db", dir.display());
+    let run = |args: &[&str]| {
+        countersign()
+            .args(args)
+            .env("COUNTERSIGN_DATABASE_URL", &url)
+            .env("COUNTERSIGN_LOG_LEVEL", "off")
+            .output()
+            .unwrap()
+    };
+    // No registry yet: refused, the role cannot be checked.
+    let out = run(&[
+        "agent-token",
+        "create",
+        "--name",
+        "bot",
+        "--role",
+        "worker.finance",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+
+    let finance = crate::helpers::example("finance");
+    assert!(run(&["registry", "import", &finance]).status.success());
+
+    let out = run(&[
+        "agent-token",
+        "create",
+        "--name",
+        "bot",
+        "--role",
+        "no.such.role",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no.such.role"));
+
+    let out = run(&[
+        "agent-token",
+        "create",
+        "--name",
+        "bot",
+        "--role",
+        "worker.finance",
+        "--expires",
+        "30d",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        token.starts_with("cs_agent_") && token.len() == 9 + 64,
+        "{token}"
+    );
+
+    let out = run(&["agent-token", "list"]);
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.contains("bot") && listing.contains("active"),
+        "{listing}"
+    );
+    assert!(!listing.contains(&token));
+
+    let out = run(&["agent-token", "revoke", "bot"]);
+    assert!(out.status.success());
+    let listing = String::from_utf8_lossy(&run(&["agent-token", "list"]).stdout).to_string();
+    assert!(listing.contains("revoked"), "{listing}");
+
+    let out = run(&["agent-token", "revoke", "nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+    let _ = std::fs::remove_dir_all(dir);
+}
