@@ -1,4 +1,5 @@
-//! What Countersign's decision costs over bare Cedar: canonicalise + `PolicyEngine::decide` on a
+//! What Countersign's decision costs over bare Cedar: schema validation + canonicalise +
+//! `PolicyEngine::decide` on a
 //! finance `payment.schedule` request, against `cedar_policy::Authorizer::is_authorized` on
 //! the same policies with the request, entities and context already built. The engine is the
 //! finance example bundle's (registry + policies + entity schema).
@@ -11,11 +12,11 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use chrono::DateTime;
+use countersign_core::ToolName;
 use countersign_core::bundle::{Bundle, BundleSources};
 use countersign_core::canonical::canonicalize;
 use countersign_core::policy::{
-    ApprovalState, PolicyEngine, Principal, PrincipalKind, Request, ResourceFact, TaskOrigin,
-    ToolFacts,
+    ApprovalState, Principal, PrincipalKind, Request, ResourceFact, TaskOrigin, ToolFacts,
 };
 use countersign_core::{Effect, Gate};
 use criterion::{Criterion, criterion_group};
@@ -38,8 +39,8 @@ fn arguments() -> Value {
     })
 }
 
-fn ours() -> (PolicyEngine, Request) {
-    let engine = finance().policy;
+fn ours() -> (Bundle, Request) {
+    let engine = finance();
     let attrs = json!({"status": "approved", "amount": 30000, "currency": "EUR", "supplier_id": "SUP-0042"});
     let request = Request {
         principal: Principal {
@@ -122,10 +123,14 @@ fn bare() -> Bare {
     }
 }
 
-fn ours_once(engine: &PolicyEngine, request: &Request) {
+fn ours_once(bundle: &Bundle, tool: &ToolName, request: &Request) {
+    bundle
+        .registry
+        .validate(tool, black_box(&request.arguments))
+        .unwrap();
     let canonical = canonicalize(black_box(&request.arguments)).unwrap();
     black_box(canonical);
-    black_box(engine.decide(black_box(request)));
+    black_box(bundle.policy.decide(black_box(request)));
 }
 
 fn bare_once(b: &Bare) {
@@ -137,10 +142,11 @@ fn bare_once(b: &Bare) {
 
 fn decide(c: &mut Criterion) {
     let (engine, request) = ours();
+    let tool = ToolName::parse("payment.schedule").unwrap();
     let b = bare();
     let mut group = c.benchmark_group("payment.schedule");
-    group.bench_function("countersign canonicalise+decide", |bench| {
-        bench.iter(|| ours_once(&engine, &request));
+    group.bench_function("countersign validate+canonicalise+decide", |bench| {
+        bench.iter(|| ours_once(&engine, &tool, &request));
     });
     group.bench_function("bare cedar is_authorized", |bench| {
         bench.iter(|| bare_once(&b));
@@ -170,12 +176,13 @@ fn main() {
     Criterion::default().configure_from_args().final_summary();
 
     let (engine, request) = ours();
+    let tool = ToolName::parse("payment.schedule").unwrap();
     let b = bare();
-    let ours_median = median_per_call(51, 500, || ours_once(&engine, &request));
+    let ours_median = median_per_call(51, 500, || ours_once(&engine, &tool, &request));
     let bare_median = median_per_call(51, 500, || bare_once(&b));
     let ratio = ours_median.as_secs_f64() / bare_median.as_secs_f64();
     println!(
-        "payment.schedule decide: ours (canonicalise + decide) median {ours_median:?}, \
+        "payment.schedule decide: ours (validate + canonicalise + decide) median {ours_median:?}, \
          bare Cedar is_authorized median {bare_median:?}, ratio {ratio:.2}x"
     );
 }
