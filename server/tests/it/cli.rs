@@ -1,18 +1,6 @@
 //! The binary itself: exit codes and one-line errors, no stack traces.
 
-use std::process::Command;
-
-fn countersign() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_countersign"));
-    // A clean environment for configuration: only what each test sets.
-    for (k, _) in std::env::vars() {
-        if k.starts_with("COUNTERSIGN_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.current_dir(std::env::temp_dir());
-    cmd
-}
+use crate::helpers::{countersign_cmd as countersign, countersign_on};
 
 fn assert_one_clean_line(stderr: &[u8], needle: &str) {
     let text = String::from_utf8_lossy(stderr);
@@ -95,14 +83,7 @@ fn agent_tokens_are_created_once_listed_without_secrets_and_revoked() {
     let dir = std::env::temp_dir().join(format!("cs-agents-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}/cs.db", dir.display());
-    let run = |args: &[&str]| {
-        countersign()
-            .args(args)
-            .env("COUNTERSIGN_DATABASE_URL", &url)
-            .env("COUNTERSIGN_LOG_LEVEL", "off")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| countersign_on(&url).args(args).output().unwrap();
     // No registry yet: refused, the role cannot be checked.
     let out = run(&[
         "agent-token",

@@ -111,3 +111,23 @@ where
         app.stop().await;
     }
 }
+
+/// The `countersign` binary with no inherited `COUNTERSIGN_*` settings, run in a temp dir.
+pub fn countersign_cmd() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_countersign"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("COUNTERSIGN_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.current_dir(std::env::temp_dir());
+    cmd
+}
+
+/// [`countersign_cmd`] on the database at `db_url`, with logging off.
+pub fn countersign_on(db_url: &str) -> std::process::Command {
+    let mut cmd = countersign_cmd();
+    cmd.env("COUNTERSIGN_DATABASE_URL", db_url)
+        .env("COUNTERSIGN_LOG_LEVEL", "off");
+    cmd
+}

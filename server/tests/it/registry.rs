@@ -1,6 +1,5 @@
 //! The registry at start, on change, and through the CLI.
 
-use std::process::Command;
 use std::time::Duration;
 
 use countersign::Application;
@@ -9,7 +8,7 @@ use countersign_core::store::testing::FreshDb;
 use countersign_core::{Backend, Clock, SystemClock};
 use serde_json::Value;
 
-use crate::helpers::{example, spawn_app_with, test_config};
+use crate::helpers::{countersign_on, example, spawn_app_with, test_config};
 
 async fn registry_version(app: &crate::helpers::TestApp) -> Option<i64> {
     let body: Value = app
@@ -137,19 +136,6 @@ async fn an_invalid_configured_registry_stops_the_start_with_one_line() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-fn countersign(db_url: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_countersign"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("COUNTERSIGN_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("COUNTERSIGN_DATABASE_URL", db_url)
-        .env("COUNTERSIGN_LOG_LEVEL", "off")
-        .current_dir(std::env::temp_dir());
-    cmd
-}
-
 #[test]
 fn cli_validate_lists_every_problem_and_exits_1() {
     let dir = std::env::temp_dir().join(format!("cs-validate-{}", std::process::id()));
@@ -160,7 +146,7 @@ fn cli_validate_lists_every_problem_and_exits_1() {
         "tools:\n  a.open:\n    description: d\n    effect: read\n    gate: never\n    roles: [planner]\n    handler: {provider: erp, operation: x}\n    inputSchema: {type: object}\n  b.pay:\n    description: d\n    effect: irreversible\n    gate: never\n    roles: [planner]\n    handler: {provider: erp, operation: y}\n    inputSchema: {type: object, additionalProperties: false, properties: {n: {type: number}}}\nroles:\n  planner: {description: p}\nproviders:\n  erp: {kind: builtin}\n",
     )
     .unwrap();
-    let out = countersign("sqlite:///nonexistent/never-used.db")
+    let out = countersign_on("sqlite:///nonexistent/never-used.db")
         .args(["registry", "validate"])
         .arg(&file)
         .output()
@@ -173,7 +159,7 @@ fn cli_validate_lists_every_problem_and_exits_1() {
     assert!(err.contains("/properties/n"), "{err}");
 
     for name in ["finance", "stillon"] {
-        let out = countersign("sqlite:///nonexistent/never-used.db")
+        let out = countersign_on("sqlite:///nonexistent/never-used.db")
             .args(["registry", "validate", &example(name)])
             .output()
             .unwrap();
@@ -193,13 +179,13 @@ fn cli_import_then_export_round_trips() {
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}/cs.db", dir.display());
 
-    let out = countersign(&url)
+    let out = countersign_on(&url)
         .args(["registry", "export"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "nothing to export yet");
 
-    let out = countersign(&url)
+    let out = countersign_on(&url)
         .args(["registry", "import", &example("finance"), "--by", "alice"])
         .output()
         .unwrap();
@@ -211,14 +197,14 @@ fn cli_import_then_export_round_trips() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("version 1"));
 
     // Importing the same content again is a no-op.
-    let out = countersign(&url)
+    let out = countersign_on(&url)
         .args(["registry", "import", &example("finance"), "--by", "alice"])
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("unchanged"));
 
     let exported = dir.join("exported");
-    let out = countersign(&url)
+    let out = countersign_on(&url)
         .args(["registry", "export", "--out"])
         .arg(&exported)
         .output()
@@ -236,7 +222,7 @@ fn cli_import_then_export_round_trips() {
     assert_eq!(a.policy.policy_ids(), b.policy.policy_ids());
 
     // The exported folder imports as the same content: still version 1.
-    let out = countersign(&url)
+    let out = countersign_on(&url)
         .args(["registry", "import"])
         .arg(&exported)
         .output()
@@ -247,7 +233,7 @@ fn cli_import_then_export_round_trips() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let out = countersign(&url)
+    let out = countersign_on(&url)
         .args(["registry", "history"])
         .output()
         .unwrap();
