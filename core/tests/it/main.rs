@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod agents;
+mod audit;
 mod bundle;
 mod canonical;
 mod keys;
