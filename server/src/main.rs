@@ -38,10 +38,27 @@ enum Command {
         #[command(subcommand)]
         command: AgentTokenCommand,
     },
+    /// Verify and export the hash-chained audit trail.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Validate, import and export the tool registry (with its Cedar policies).
     Registry {
         #[command(subcommand)]
         command: RegistryCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Recompute the whole chain; exit 1 naming the first broken record.
+    Verify,
+    /// Write records as JSON lines (one stored record per line) to stdout.
+    Export {
+        /// Only this run's records.
+        #[arg(long)]
+        run: Option<String>,
     },
 }
 
@@ -156,6 +173,14 @@ fn main() -> ExitCode {
                 );
                 store.close().await;
                 Ok(())
+            }
+            Command::Audit { command } => {
+                let store = countersign::connect_and_migrate(&config, clock)
+                    .await
+                    .map_err(StartError::Database)?;
+                let result = audit_command(&store, command).await;
+                store.close().await;
+                result
             }
             Command::AgentToken { command } => {
                 let store = countersign::connect_and_migrate(&config, clock)
@@ -275,6 +300,47 @@ async fn registry_command(store: &Store, command: RegistryCommand) -> Result<(),
                 for line in v.diff.lines() {
                     println!("    {line}");
                 }
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn audit_command(store: &Store, command: AuditCommand) -> Result<(), CliError> {
+    match command {
+        AuditCommand::Verify => match store.verify_audit().await.map_err(StartError::Database)? {
+            Ok(n) => {
+                println!("audit chain intact: {n} record(s)");
+                Ok(())
+            }
+            Err(brk) => Err(CliError::Refused(brk.to_string())),
+        },
+        AuditCommand::Export { run } => {
+            let records = match run {
+                Some(run) => store.audit_for_run(&run).await,
+                None => {
+                    let mut all = Vec::new();
+                    let mut next = 1;
+                    loop {
+                        let page = store
+                            .audit_records(next, 10_000)
+                            .await
+                            .map_err(StartError::Database)?;
+                        if page.is_empty() {
+                            break;
+                        }
+                        next += page.len() as i64;
+                        all.extend(page);
+                    }
+                    Ok(all)
+                }
+            }
+            .map_err(StartError::Database)?;
+            for r in records {
+                let line = serde_json::to_string(&r).map_err(|e| {
+                    CliError::Refused(format!("cannot serialise record {}: {e}", r.seq))
+                })?;
+                println!("{line}");
             }
             Ok(())
         }

@@ -147,3 +147,69 @@ fn agent_tokens_are_created_once_listed_without_secrets_and_revoked() {
     assert_eq!(out.status.code(), Some(1));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn audit_verify_reports_an_intact_chain_and_export_writes_json_lines() {
+    use countersign_core::audit::{AuditEvent, NewAuditRecord};
+    let db = countersign_core::store::testing::FreshDb::create(countersign_core::Backend::Sqlite)
+        .await
+        .unwrap();
+    let store = db
+        .store(std::sync::Arc::new(countersign_core::SystemClock))
+        .await;
+    for (i, event) in [AuditEvent::Proposed, AuditEvent::Refused]
+        .into_iter()
+        .enumerate()
+    {
+        store
+            .append_audit(&NewAuditRecord {
+                event: Some(event),
+                run_id: Some(if i == 0 { "run-a" } else { "run-b" }.into()),
+                tool: Some("supplier.update_iban".into()),
+                rule: Some("role.tool_not_listed".into()),
+                ..NewAuditRecord::default()
+            })
+            .await
+            .unwrap();
+    }
+    store.close().await;
+    let url = db.url.expose().clone();
+
+    let out = countersign_on(&url)
+        .args(["audit", "verify"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("intact: 2 record(s)"));
+
+    let out = countersign_on(&url)
+        .args(["audit", "export", "--run", "run-b"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["event"], "refused");
+    assert_eq!(lines[0]["seq"], 2);
+
+    // Someone with DDL rights drops the guard and rewrites record 1: verify names it.
+    let store = db.store(std::sync::Arc::new(countersign_core::SystemClock)).await;
+    store.execute_sql("DROP TRIGGER audit_no_update").await.unwrap();
+    store
+        .execute_sql("UPDATE audit SET record = replace(record, 'run-a', 'run-x') WHERE seq = 1")
+        .await
+        .unwrap();
+    store.close().await;
+    let out = countersign_on(&url).args(["audit", "verify"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broken at record 1"), "{err}");
+    db.drop_db().await;
+}
