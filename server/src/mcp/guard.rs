@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use countersign_core::agents::AgentToken;
+use countersign_core::store::AgentCredential;
 use serde_json::json;
 
 use crate::AppState;
@@ -60,6 +61,9 @@ impl IntoResponse for Refusal {
 pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     match admit(&state, req.headers()).await {
         Ok(credential) => {
+            // The token has done its job: nothing behind the guard (rmcp, handlers, their
+            // logs) ever holds it.
+            req.headers_mut().remove(AUTHORIZATION);
             req.extensions_mut().insert(credential);
             next.run(req).await
         }
@@ -67,10 +71,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
     }
 }
 
-async fn admit(
-    state: &AppState,
-    headers: &HeaderMap,
-) -> Result<countersign_core::store::AgentCredential, Refusal> {
+async fn admit(state: &AppState, headers: &HeaderMap) -> Result<AgentCredential, Refusal> {
     if let Some(origin) = headers.get(ORIGIN) {
         let allowed = origin
             .to_str()

@@ -35,6 +35,9 @@ use crate::AppState;
 /// The path the endpoint is served at.
 pub const PATH: &str = "/mcp";
 
+/// How many tools one `tools/list` page holds.
+pub const TOOLS_PAGE_SIZE: usize = 50;
+
 /// The `/mcp` routes with the guard in front, ready to merge into the main router.
 pub fn routes(state: AppState) -> Router<AppState> {
     let handler_state = state.clone();
@@ -129,6 +132,26 @@ fn describe(tool: &countersign_core::registry::Tool) -> Tool {
     out
 }
 
+/// One page of `items` (sorted by `name`): those after `cursor`, at most `size`, and the cursor
+/// of the next page when more follow. The cursor is the last name served, so a page stays
+/// consistent when the registry changes between requests (no tool is served twice).
+fn page<T>(
+    items: impl Iterator<Item = T>,
+    name: impl Fn(&T) -> &str,
+    cursor: Option<&str>,
+    size: usize,
+) -> (Vec<T>, Option<String>) {
+    let mut rest = items.filter(|item| cursor.is_none_or(|c| name(item) > c));
+    let page: Vec<T> = rest.by_ref().take(size).collect();
+    let more = rest.next().is_some();
+    let next = if more {
+        page.last().map(|item| name(item).to_string())
+    } else {
+        None
+    };
+    (page, next)
+}
+
 impl ServerHandler for Gateway {
     fn get_info(&self) -> InitializeResult {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
@@ -144,23 +167,27 @@ impl ServerHandler for Gateway {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let credential = credential(&context)?;
-        let tools = match (
-            self.state.registry.current(),
-            RoleName::parse(&credential.role),
-        ) {
-            (Some(loaded), Ok(role)) => loaded
-                .bundle
-                .registry
-                .tools_for_role(&role)
-                .map(describe)
-                .collect(),
-            _ => Vec::new(),
+        let cursor = request.and_then(|r| r.cursor);
+        let role = RoleName::parse(&credential.role);
+        let (tools, next_cursor) = match (self.state.registry.current(), role) {
+            (Some(loaded), Ok(role)) => {
+                let (page, next) = page(
+                    loaded.bundle.registry.tools_for_role(&role),
+                    |t| t.name.as_str(),
+                    cursor.as_deref(),
+                    TOOLS_PAGE_SIZE,
+                );
+                (page.into_iter().map(describe).collect(), next)
+            }
+            _ => (Vec::new(), None),
         };
-        Ok(ListToolsResult::with_all_items(tools))
+        let mut result = ListToolsResult::with_all_items(tools);
+        result.next_cursor = next_cursor;
+        Ok(result)
     }
 
     async fn call_tool(
@@ -172,5 +199,28 @@ impl ServerHandler for Gateway {
         call::call(&self.state, &credential, request)
             .await
             .map(CallToolResponse::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page;
+
+    #[test]
+    fn pages_follow_the_cursor_and_end_without_one() {
+        let names = ["a", "b", "c", "d", "e"];
+        fn id<'b>(s: &'b &str) -> &'b str {
+            s
+        }
+        let (first, next) = page(names.iter().copied(), id, None, 2);
+        assert_eq!((first, next.as_deref()), (vec!["a", "b"], Some("b")));
+        let (second, next) = page(names.iter().copied(), id, Some("b"), 2);
+        assert_eq!((second, next.as_deref()), (vec!["c", "d"], Some("d")));
+        let (last, next) = page(names.iter().copied(), id, Some("d"), 2);
+        assert_eq!((last, next), (vec!["e"], None));
+        let (exact, next) = page(names.iter().copied(), id, None, 5);
+        assert_eq!((exact.len(), next), (5, None));
+        let (none, next) = page(names.iter().copied(), id, Some("z"), 2);
+        assert_eq!((none.len(), next), (0, None));
     }
 }

@@ -59,6 +59,7 @@ async fn agent(app: &TestApp, name: &str, role: &str) -> (String, String) {
 /// A minimal MCP client over streamable HTTP.
 struct Client<'a> {
     app: &'a TestApp,
+    protocol: &'static str,
     token: String,
     session: Option<String>,
     next_id: u64,
@@ -68,6 +69,7 @@ impl<'a> Client<'a> {
     fn new(app: &'a TestApp, token: &str) -> Self {
         Self {
             app,
+            protocol: PROTOCOL,
             token: token.to_string(),
             session: None,
             next_id: 1,
@@ -85,7 +87,7 @@ impl<'a> Client<'a> {
         if let Some(session) = &self.session {
             req = req
                 .header("Mcp-Session-Id", session)
-                .header("MCP-Protocol-Version", PROTOCOL);
+                .header("MCP-Protocol-Version", self.protocol);
         }
         req
     }
@@ -118,12 +120,13 @@ impl<'a> Client<'a> {
             .request(
                 "initialize",
                 json!({
-                    "protocolVersion": PROTOCOL,
+                    "protocolVersion": self.protocol,
                     "capabilities": {},
                     "clientInfo": {"name": "it", "version": "0"},
                 }),
             )
             .await;
+        assert_eq!(init["result"]["protocolVersion"], self.protocol, "{init}");
         assert!(
             init["result"]["capabilities"]["tools"].is_object(),
             "{init}"
@@ -272,6 +275,18 @@ async fn mcp_lists_only_the_roles_tools_with_registry_annotations() {
         );
         let get = tools.iter().find(|t| t["name"] == "invoice.get").unwrap();
         assert_eq!(get["annotations"]["readOnlyHint"], true);
+
+        assert!(list["result"].get("nextCursor").is_none(), "one page: {list}");
+        // A cursor continues after the named tool.
+        let after = client.request("tools/list", json!({"cursor": "invoice.hold"})).await;
+        let rest: Vec<&str> = after["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        let expected: Vec<&str> = names.iter().copied().filter(|n| *n > "invoice.hold").collect();
+        assert_eq!(rest, expected);
 
         let (_, vm) = agent(&app, "vm-1", "worker.vendor_master").await;
         let mut vendor = Client::new(&app, &vm);
@@ -451,6 +466,28 @@ async fn mcp_refuses_a_forbidden_origin() {
         ] {
             let resp = with_origin(good).send().await.unwrap();
             assert_eq!(resp.status(), StatusCode::OK, "{good}");
+        }
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mcp_speaks_both_session_revisions_and_answers_ping() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        for protocol in ["2025-06-18", "2025-11-25"] {
+            let mut client = Client::new(&app, &fin);
+            client.protocol = protocol;
+            client.connect().await;
+            let pong = client.request("ping", json!({})).await;
+            assert_eq!(pong["result"], json!({}), "{protocol}: {pong}");
+            assert!(
+                client
+                    .tool_names()
+                    .await
+                    .contains(&"invoice.get".to_string())
+            );
         }
         app
     })
