@@ -1,8 +1,8 @@
 //! `/mcp` over the wire: JSON-RPC over MCP streamable HTTP, spoken with plain reqwest
 //! against the finance example on both backends.
 
-use countersign_core::Backend;
 use countersign_core::store::NewAgent;
+use countersign_core::{Backend, Clock};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, WWW_AUTHENTICATE};
 use serde_json::{Value, json};
@@ -489,6 +489,52 @@ async fn mcp_speaks_both_session_revisions_and_answers_ping() {
                     .contains(&"invoice.get".to_string())
             );
         }
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mcp_refuses_a_token_that_expires_mid_session() {
+    each_finance_app(|app| async move {
+        let now = app.clock.now_ms();
+        let (_, token) = app
+            .store
+            .create_agent(&NewAgent {
+                name: "fin-short".into(),
+                role: "worker.finance".into(),
+                tenant: "acme".into(),
+                created_by: "test".into(),
+                expires_at: Some(now + 60_000),
+            })
+            .await
+            .unwrap();
+        let mut client = Client::new(&app, token.reveal());
+        client.connect().await;
+        assert!(!client.tool_names().await.is_empty());
+        app.clock.advance(chrono::Duration::minutes(2));
+        let (status, _) = client.try_request("tools/list", json!({})).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mcp_refuses_a_host_it_is_not_served_at() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let resp = app
+            .client
+            .post(app.url("/mcp"))
+            .bearer_auth(&fin)
+            .header("Host", "rebound.example")
+            .header("Accept", "application/json, text/event-stream")
+            .json(&initialize_body())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
         app
     })
     .await;
