@@ -539,3 +539,123 @@ async fn mcp_refuses_a_host_it_is_not_served_at() {
     })
     .await;
 }
+
+/// The real binary at `trace` level: neither a valid nor a refused token reaches the log.
+#[tokio::test]
+async fn mcp_tokens_never_reach_the_log() {
+    use std::process::{Command, Stdio};
+
+    let dir = std::env::temp_dir().join(format!("cs-mcp-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = format!("sqlite://{}/cs.db", dir.display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let binary = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_countersign"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("COUNTERSIGN_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.current_dir(&dir)
+            .env("COUNTERSIGN_DATABASE_URL", &db)
+            .env("COUNTERSIGN_REGISTRY", example("finance"))
+            .env("COUNTERSIGN_LISTEN", format!("127.0.0.1:{port}"))
+            .env("COUNTERSIGN_LOG_LEVEL", "trace");
+        cmd
+    };
+    let log_path = dir.join("serve.log");
+    let mut server = binary()
+        .arg("serve")
+        .stdout(Stdio::null())
+        // A file, not a pipe: a full pipe would stall the server mid-test.
+        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..100 {
+        if client.get(format!("{base}/healthz")).send().await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(up, "server did not start");
+    let out = binary()
+        .args([
+            "agent-token",
+            "create",
+            "--name",
+            "bot",
+            "--role",
+            "worker.finance",
+        ])
+        .env("COUNTERSIGN_LOG_LEVEL", "off")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout).to_string();
+    let token = printed
+        .split_whitespace()
+        .find(|w| w.starts_with("cs_agent_"))
+        .unwrap_or_else(|| panic!("no token in {printed}"))
+        .to_string();
+    let bad = format!("cs_agent_{}", "f".repeat(64));
+
+    let post = |token: &str, body: Value, session: Option<&str>| {
+        let mut req = client
+            .post(format!("{base}/mcp"))
+            .bearer_auth(token)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(s) = session {
+            req = req
+                .header("Mcp-Session-Id", s)
+                .header("MCP-Protocol-Version", PROTOCOL);
+        }
+        req.send()
+    };
+    let resp = post(&token, initialize_body(), None).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let session = resp.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    read_response(resp, 1).await;
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(&token, note, Some(&session)).await.unwrap();
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "invoice.hold", "arguments": hold(json!(500))}});
+    let resp = post(&token, call, Some(&session)).await.unwrap();
+    let reply = read_response(resp, 2).await;
+    assert_eq!(
+        reply["result"]["structuredContent"]["status"], "accepted",
+        "{reply}"
+    );
+    let resp = post(&bad, initialize_body(), None).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        log.contains("mcp: agent credential refused"),
+        "the log was captured: {log}"
+    );
+    assert!(!log.contains(&token), "valid token logged");
+    assert!(!log.contains(&bad), "refused token logged");
+    assert!(
+        !log.contains(&token["cs_agent_".len()..]),
+        "token digits logged"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
