@@ -6,7 +6,8 @@
 //! * A refusal tells the caller nothing beyond 401 or 403; the reason goes to the server log,
 //!   and the token never does (it lives in [`AgentToken`]'s `Secret`).
 //! * Only a request that passes carries an [`AgentCredential`] in its extensions; the MCP
-//!   handler reads the caller's role and tenant from there and nowhere else.
+//!   handler reads the caller's role and tenant from there and nowhere else. Its
+//!   `Authorization` header is removed first, so the token goes no further than this module.
 
 use axum::Json;
 use axum::extract::{Request, State};
