@@ -55,6 +55,12 @@ pub const KEYS: &[KeySpec] = &[
         help: "the URL people and agents reach this server at (default http://LISTEN)",
     },
     KeySpec {
+        name: "allowed_origins",
+        secret: false,
+        default: None,
+        help: "comma-separated origins browsers may call /mcp from (default: public_url's origin)",
+    },
+    KeySpec {
         name: "registry",
         secret: false,
         default: None,
@@ -98,6 +104,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// External URL, no trailing slash.
     pub public_url: Url,
+    /// Origins (`scheme://host[:port]`, serialised as browsers send them) a request to
+    /// `/mcp` may carry in its `Origin` header; a request without the header passes.
+    pub allowed_origins: Vec<String>,
     /// Registry to load when the database has none.
     pub registry: Option<PathBuf>,
     /// Log format.
@@ -150,6 +159,16 @@ pub enum ConfigError {
         /// What is wrong and what is expected.
         message: String,
     },
+}
+
+/// Parses an origin (`http(s)://host[:port]`, no path) into the form browsers send in the
+/// `Origin` header (default ports dropped, host lower-cased); `None` if it is not one.
+pub fn parse_origin(text: &str) -> Option<String> {
+    let url = Url::parse(text.trim()).ok()?;
+    let bare = url.path() == "/" && url.query().is_none() && url.fragment().is_none();
+    let plain = url.username().is_empty() && url.password().is_none();
+    (matches!(url.scheme(), "http" | "https") && url.host_str().is_some() && bare && plain)
+        .then(|| url.origin().ascii_serialization())
 }
 
 struct Raw {
@@ -355,6 +374,25 @@ impl Config {
                 .map_err(|e| invalid("listen", format!("cannot form a URL from it ({e})")))?,
         };
 
+        let allowed_origins = match get("allowed_origins").filter(|s| !s.is_empty()) {
+            Some(text) => text
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|entry| {
+                    parse_origin(entry).ok_or_else(|| {
+                        invalid(
+                            "allowed_origins",
+                            format!(
+                                "{entry:?} is not an origin; expected http(s)://HOST[:PORT], comma-separated"
+                            ),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => vec![public_url.origin().ascii_serialization()],
+        };
+
         let registry = get("registry").filter(|s| !s.is_empty()).map(PathBuf::from);
         if let Some(path) = &registry
             && !path.exists()
@@ -379,6 +417,7 @@ impl Config {
             database_url: Secret::new(database_url),
             listen,
             public_url,
+            allowed_origins,
             registry,
             log_format,
             log_level,

@@ -1,11 +1,12 @@
-//! The `countersign` server: configuration, the HTTP surface (dashboard, `/healthz`, and
-//! later `/mcp` and `/metrics`), and process start-up.
+//! The `countersign` server: configuration, the HTTP surface (dashboard, `/healthz`, `/mcp`,
+//! and later `/metrics`), and process start-up.
 //!
 //! [`Application::build`] does everything that can fail at start (connect, migrate, bind)
 //! so that a bad deployment stops with one clear line before serving anything.
 
 pub mod config;
 pub mod http;
+pub mod mcp;
 pub mod registry;
 pub mod telemetry;
 

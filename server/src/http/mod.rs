@@ -1,4 +1,5 @@
-//! The HTTP surface: the dashboard (Leptos SSR), static assets and operational endpoints.
+//! The HTTP surface: the dashboard (Leptos SSR), static assets, `/mcp` and operational
+//! endpoints.
 
 mod health;
 
@@ -16,6 +17,7 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos.clone();
     Router::new()
         .route("/healthz", get(health::healthz))
+        .merge(crate::mcp::routes(state.clone()))
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(TraceLayer::new_for_http())

@@ -171,3 +171,57 @@ fn a_missing_config_file_named_explicitly_is_an_error() {
     let err = Config::load(None, env(&[("COUNTERSIGN_CONFIG", "/no/such/cs.toml")])).unwrap_err();
     assert!(err.to_string().contains("/no/such/cs.toml"), "{err}");
 }
+
+#[test]
+fn allowed_origins_default_to_the_public_urls_origin_and_are_normalised() {
+    let c = Config::load(Some(&temp_file("")), env(&[])).unwrap();
+    assert_eq!(c.allowed_origins, vec!["http://127.0.0.1:3000".to_string()]);
+    let c = Config::load(
+        Some(&temp_file("")),
+        env(&[
+            (
+                "COUNTERSIGN_PUBLIC_URL",
+                "https://countersign.example.com/base",
+            ),
+            (
+                "COUNTERSIGN_ALLOWED_ORIGINS",
+                " https://Agents.Example:443 , http://localhost:8080 ",
+            ),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.allowed_origins,
+        vec![
+            "https://agents.example".to_string(),
+            "http://localhost:8080".to_string()
+        ]
+    );
+    let c = Config::load(
+        Some(&temp_file("")),
+        env(&[(
+            "COUNTERSIGN_PUBLIC_URL",
+            "https://countersign.example.com/base",
+        )]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.allowed_origins,
+        vec!["https://countersign.example.com".to_string()]
+    );
+    for bad in [
+        "agents.example",
+        "ftp://agents.example",
+        "https://agents.example/path",
+    ] {
+        let e = Config::load(
+            Some(&temp_file("")),
+            env(&[("COUNTERSIGN_ALLOWED_ORIGINS", bad)]),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("COUNTERSIGN_ALLOWED_ORIGINS"),
+            "{bad}: {e}"
+        );
+    }
+}

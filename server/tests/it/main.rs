@@ -6,4 +6,5 @@ mod config;
 mod dashboard;
 mod health;
 mod helpers;
+mod mcp;
 mod registry;

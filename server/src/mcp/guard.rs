@@ -1,0 +1,110 @@
+//! The door in front of `/mcp`: `Origin` allow-list, then bearer authentication.
+//!
+//! Invariants:
+//! * Every request is checked, not only `initialize`: a credential revoked or expired
+//!   mid-session is refused on its next request.
+//! * A refusal tells the caller nothing beyond 401 or 403; the reason goes to the server log,
+//!   and the token never does (it lives in [`AgentToken`]'s `Secret`).
+//! * Only a request that passes carries an [`AgentCredential`] in its extensions; the MCP
+//!   handler reads the caller's role and tenant from there and nowhere else. Its
+//!   `Authorization` header is removed first, so the token goes no further than this module.
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::header::{AUTHORIZATION, ORIGIN, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use countersign_core::agents::AgentToken;
+use countersign_core::store::AgentCredential;
+use serde_json::json;
+
+use crate::AppState;
+use crate::config::parse_origin;
+
+/// The challenge sent with every 401.
+pub const CHALLENGE: &str = r#"Bearer realm="countersign""#;
+
+/// Why a request to `/mcp` was turned away before reaching the protocol.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("origin not allowed")]
+    Origin,
+    #[error("unauthorized")]
+    Unauthorized,
+    #[error("internal error")]
+    Internal,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Origin => {
+                (StatusCode::FORBIDDEN, Json(json!({"error": "forbidden"}))).into_response()
+            }
+            Self::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                [(WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE))],
+                Json(json!({"error": "unauthorized"})),
+            )
+                .into_response(),
+            Self::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({"error": "internal error"})),
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// Axum middleware: checks `Origin`, authenticates the bearer token and stores the
+/// credential in the request's extensions.
+pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    match admit(&state, req.headers()).await {
+        Ok(credential) => {
+            // The token has done its job: nothing behind the guard (rmcp, handlers, their
+            // logs) ever holds it.
+            req.headers_mut().remove(AUTHORIZATION);
+            req.extensions_mut().insert(credential);
+            next.run(req).await
+        }
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+async fn admit(state: &AppState, headers: &HeaderMap) -> Result<AgentCredential, Refusal> {
+    if let Some(origin) = headers.get(ORIGIN) {
+        let allowed = origin
+            .to_str()
+            .ok()
+            .and_then(parse_origin)
+            .is_some_and(|o| state.config.allowed_origins.contains(&o));
+        if !allowed {
+            tracing::info!(origin = ?origin, "mcp: request from an origin not allowed");
+            return Err(Refusal::Origin);
+        }
+    }
+    let Some(token) = bearer(headers) else {
+        tracing::info!("mcp: request without a bearer token");
+        return Err(Refusal::Unauthorized);
+    };
+    match state.store.authenticate_agent(&token).await {
+        Ok(Ok(credential)) => Ok(credential),
+        Ok(Err(reason)) => {
+            tracing::info!(%reason, "mcp: agent credential refused");
+            Err(Refusal::Unauthorized)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "mcp: authenticating an agent failed");
+            Err(Refusal::Internal)
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer …` header; `None` when absent or malformed.
+fn bearer(headers: &HeaderMap) -> Option<AgentToken> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty())
+        .then(|| AgentToken::presented(token))
+}

@@ -1,0 +1,226 @@
+//! `/mcp`: the MCP streamable-HTTP endpoint agents call tools through.
+//!
+//! Owns the protocol surface: [`guard`] (Origin allow-list and bearer auth on every request),
+//! the rmcp service mounted at `/mcp`, `tools/list` filtered to the caller's role, and the
+//! front of the `tools/call` pipeline ([`call`]).
+//!
+//! Invariants:
+//! * The caller's role and tenant come only from the [`AgentCredential`] the guard put in the
+//!   request's extensions, re-read on every request; never from the MCP session or the client.
+//! * A tool not listed for the role does not exist for it: it is absent from `tools/list`,
+//!   and `tools/call` on it answers with [`unknown_tool`], byte for byte what a tool that
+//!   exists nowhere gets.
+//! * With no bundle in force, no tool exists for anyone (fail closed).
+//! * Internal errors reach the agent as an opaque "internal error", their cause only the log.
+
+pub mod call;
+pub mod guard;
+
+use std::sync::Arc;
+
+use axum::Router;
+use countersign_core::RoleName;
+use countersign_core::store::AgentCredential;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, Implementation, InitializeResult, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+
+use crate::AppState;
+
+/// The path the endpoint is served at.
+pub const PATH: &str = "/mcp";
+
+/// How many tools one `tools/list` page holds.
+pub const TOOLS_PAGE_SIZE: usize = 50;
+
+/// The `/mcp` routes with the guard in front, ready to merge into the main router.
+pub fn routes(state: AppState) -> Router<AppState> {
+    let handler_state = state.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(Gateway::new(handler_state.clone())),
+        Arc::new(LocalSessionManager::default()),
+        transport_config(&state),
+    );
+    Router::new()
+        .route_service(PATH, service)
+        .layer(axum::middleware::from_fn_with_state(state, guard::guard))
+}
+
+/// rmcp's transport settings: `Host` checked against the public URL's host and loopback;
+/// `Origin` is checked by [`guard`] (with the configured allow-list) before rmcp sees it.
+fn transport_config(state: &AppState) -> StreamableHttpServerConfig {
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    if let Some(host) = state.config.public_url.host_str() {
+        hosts.push(host.to_string());
+    }
+    StreamableHttpServerConfig::default()
+        .with_allowed_hosts(hosts)
+        .disable_allowed_origins()
+}
+
+/// The MCP server handler: one per session, all sharing the application state.
+#[derive(Clone, Debug)]
+pub struct Gateway {
+    state: AppState,
+}
+
+impl Gateway {
+    /// A handler over `state`.
+    pub fn new(state: AppState) -> Self {
+        Self { state }
+    }
+}
+
+/// The answer to `tools/call` on a tool the caller's role does not have, whether or not it
+/// exists for anyone. Carries no name, so both cases are the same bytes.
+pub fn unknown_tool() -> ErrorData {
+    ErrorData::invalid_params("Unknown tool", None)
+}
+
+/// The opaque answer for anything that went wrong inside Countersign.
+pub fn internal_error() -> ErrorData {
+    ErrorData::internal_error("internal error", None)
+}
+
+/// The credential the guard authenticated for this request.
+fn credential(context: &RequestContext<RoleServer>) -> Result<AgentCredential, ErrorData> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<AgentCredential>())
+        .cloned()
+        .ok_or_else(|| {
+            // INVARIANT: the guard runs in front of every /mcp request; reaching here means
+            // the router was wired without it.
+            tracing::error!("mcp: request reached the handler without a credential");
+            internal_error()
+        })
+}
+
+/// The MCP description of a registry tool.
+fn describe(tool: &countersign_core::registry::Tool) -> Tool {
+    let schema = |v: &serde_json::Value| -> Arc<JsonObject> {
+        Arc::new(v.as_object().cloned().unwrap_or_default())
+    };
+    let derived = tool.annotations();
+    let annotations = ToolAnnotations::new()
+        .read_only(derived.read_only_hint)
+        .destructive(derived.destructive_hint)
+        .idempotent(derived.idempotent_hint)
+        .open_world(derived.open_world_hint);
+    let mut out = Tool::new(
+        tool.name.as_str().to_string(),
+        tool.description.clone(),
+        schema(&tool.input_schema),
+    )
+    .with_annotations(annotations);
+    if let Some(title) = &tool.title {
+        out = out.with_title(title.clone());
+    }
+    if let Some(output) = &tool.output_schema {
+        out = out.with_raw_output_schema(schema(output));
+    }
+    out
+}
+
+/// One page of `items` (sorted by `name`): those after `cursor`, at most `size`, and the cursor
+/// of the next page when more follow. The cursor is the last name served, so a page stays
+/// consistent when the registry changes between requests (no tool is served twice).
+fn page<T>(
+    items: impl Iterator<Item = T>,
+    name: impl Fn(&T) -> &str,
+    cursor: Option<&str>,
+    size: usize,
+) -> (Vec<T>, Option<String>) {
+    let mut rest = items.filter(|item| cursor.is_none_or(|c| name(item) > c));
+    let page: Vec<T> = rest.by_ref().take(size).collect();
+    let more = rest.next().is_some();
+    let next = if more {
+        page.last().map(|item| name(item).to_string())
+    } else {
+        None
+    };
+    (page, next)
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> InitializeResult {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "countersign",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
+                "Countersign lists the tools your role may call. Writes may wait for a person's \
+                 approval; results say so.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let credential = credential(&context)?;
+        let cursor = request.and_then(|r| r.cursor);
+        let role = RoleName::parse(&credential.role);
+        let (tools, next_cursor) = match (self.state.registry.current(), role) {
+            (Some(loaded), Ok(role)) => {
+                let (page, next) = page(
+                    loaded.bundle.registry.tools_for_role(&role),
+                    |t| t.name.as_str(),
+                    cursor.as_deref(),
+                    TOOLS_PAGE_SIZE,
+                );
+                (page.into_iter().map(describe).collect(), next)
+            }
+            _ => (Vec::new(), None),
+        };
+        let mut result = ListToolsResult::with_all_items(tools);
+        result.next_cursor = next_cursor;
+        Ok(result)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let credential = credential(&context)?;
+        call::call(&self.state, &credential, request)
+            .await
+            .map(CallToolResponse::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page;
+
+    #[test]
+    fn pages_follow_the_cursor_and_end_without_one() {
+        let names = ["a", "b", "c", "d", "e"];
+        fn id<'b>(s: &'b &str) -> &'b str {
+            s
+        }
+        let (first, next) = page(names.iter().copied(), id, None, 2);
+        assert_eq!((first, next.as_deref()), (vec!["a", "b"], Some("b")));
+        let (second, next) = page(names.iter().copied(), id, Some("b"), 2);
+        assert_eq!((second, next.as_deref()), (vec!["c", "d"], Some("d")));
+        let (last, next) = page(names.iter().copied(), id, Some("d"), 2);
+        assert_eq!((last, next), (vec!["e"], None));
+        let (exact, next) = page(names.iter().copied(), id, None, 5);
+        assert_eq!((exact.len(), next), (5, None));
+        let (none, next) = page(names.iter().copied(), id, Some("z"), 2);
+        assert_eq!((none.len(), next), (0, None));
+    }
+}
