@@ -200,14 +200,22 @@ async fn audit_verify_reports_an_intact_chain_and_export_writes_json_lines() {
     assert_eq!(lines[0]["seq"], 2);
 
     // Someone with DDL rights drops the guard and rewrites record 1: verify names it.
-    let store = db.store(std::sync::Arc::new(countersign_core::SystemClock)).await;
-    store.execute_sql("DROP TRIGGER audit_no_update").await.unwrap();
+    let store = db
+        .store(std::sync::Arc::new(countersign_core::SystemClock))
+        .await;
+    store
+        .execute_sql("DROP TRIGGER audit_no_update")
+        .await
+        .unwrap();
     store
         .execute_sql("UPDATE audit SET record = replace(record, 'run-a', 'run-x') WHERE seq = 1")
         .await
         .unwrap();
     store.close().await;
-    let out = countersign_on(&url).args(["audit", "verify"]).output().unwrap();
+    let out = countersign_on(&url)
+        .args(["audit", "verify"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("broken at record 1"), "{err}");
