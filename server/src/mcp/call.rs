@@ -1,22 +1,28 @@
 //! The front of the `tools/call` pipeline (DESIGN §5 steps 2–5): role listing → schema →
 //! canonicalise and hash → policy.
 //!
-//! This slice stops at the decision. It runs no adapter and writes no run, step, key or audit
-//! row yet: an allowed call answers `{status: "accepted", inputs_hash}` and a call needing
+//! This slice stops at the decision. It runs no adapter and writes no run, step or key row
+//! yet: an allowed call answers `{status: "accepted", inputs_hash}` and a call needing
 //! approval answers `{status: "needs_approval", rule}` without parking a step. The gate, key
-//! reservation, adapters, audit records and `_meta.run_id` come in a later change.
+//! reservation, adapters and `_meta.run_id` come in a later change.
+//!
+//! Every outcome appends one audit record before the agent hears it: `refused` (with
+//! `role.tool_not_listed` or `input.schema`) or `decided` (with the deciding rule). If the
+//! append fails the call fails closed with an internal error. Until the redaction key is
+//! configured (issue 6) records carry the inputs hash, never the inputs.
 //!
 //! Also still to come: resource facts (the records the arguments point at) are read from the
 //! target systems by the adapters, so policies that need one (`payment.no_invoice`) deny for
 //! now; the task origin comes from the caller's run, so a direct call counts as
 //! [`DIRECT_CALL_ORIGIN`]; `acts_for` is unknown.
 
+use countersign_core::audit::{AuditEvent, NewAuditRecord};
 use countersign_core::policy::{ApprovalState, Principal, PrincipalKind, Request, TaskOrigin};
 use countersign_core::store::AgentCredential;
-use countersign_core::{CanonicalJson, Decision, InputsHash, RoleName};
+use countersign_core::{CanonicalJson, Decision, InputsHash, RoleName, Rule};
 use rmcp::ErrorData;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::{internal_error, unknown_tool};
 use crate::AppState;
@@ -32,17 +38,32 @@ pub async fn call(
     credential: &AgentCredential,
     request: CallToolRequestParams,
 ) -> Result<CallToolResult, ErrorData> {
-    // 2. The role's listing: unknown and unlisted are the same answer.
+    // 2. The role's listing: unknown and unlisted are the same answer (and the same record).
+    let refused_unlisted = || async {
+        let mut detail = Map::new();
+        detail.insert("requested_tool".into(), json!(bounded(&request.name)));
+        record(
+            state,
+            credential,
+            AuditEvent::Refused,
+            None,
+            Rule::TOOL_NOT_LISTED.as_str(),
+            detail,
+        )
+        .await?;
+        Err(unknown_tool())
+    };
     let Some(loaded) = state.registry.current() else {
-        return Err(unknown_tool());
+        return refused_unlisted().await;
     };
     let Ok(role) = RoleName::parse(&credential.role) else {
-        return Err(unknown_tool());
+        return refused_unlisted().await;
     };
     let registry = &loaded.bundle.registry;
     let Some(tool) = registry.tool_for_role(&role, &request.name) else {
-        return Err(unknown_tool());
+        return refused_unlisted().await;
     };
+    let tool_name = tool.name.as_str();
 
     // 3. The closed schema, before anything else looks at the arguments.
     let arguments = Value::Object(request.arguments.unwrap_or_default());
@@ -51,13 +72,38 @@ pub async fn call(
             .iter()
             .map(|e| json!({"path": e.path, "message": e.message}))
             .collect();
+        let mut detail = Map::new();
+        detail.insert("errors".into(), Value::Array(errors.clone()));
+        record(
+            state,
+            credential,
+            AuditEvent::Refused,
+            Some(tool_name),
+            Rule::INPUT_SCHEMA.as_str(),
+            detail,
+        )
+        .await?;
         return Ok(invalid(errors));
     }
 
     // 4. Canonical form and its hash: everything downstream binds to these.
     let canonical = match CanonicalJson::from_value(&arguments) {
         Ok(c) => c,
-        Err(e) => return Ok(invalid(vec![json!({"path": "", "message": e.to_string()})])),
+        Err(e) => {
+            let errors = vec![json!({"path": "", "message": e.to_string()})];
+            let mut detail = Map::new();
+            detail.insert("errors".into(), Value::Array(errors.clone()));
+            record(
+                state,
+                credential,
+                AuditEvent::Refused,
+                Some(tool_name),
+                Rule::INPUT_SCHEMA.as_str(),
+                detail,
+            )
+            .await?;
+            return Ok(invalid(errors));
+        }
     };
     let inputs_hash = InputsHash::of(&canonical);
     let canonical_arguments = canonical.to_value().map_err(|e| {
@@ -91,6 +137,28 @@ pub async fn call(
     if !report.errors.is_empty() {
         tracing::warn!(tool = %tool.name, errors = ?report.errors, "mcp: policy evaluation errors");
     }
+    let (decision, rule) = match &report.decision {
+        Decision::Allow => ("allow", "policy.allow".to_string()),
+        Decision::AllowWithinAuthorization(id) => {
+            ("allow_within_authorization", format!("authorization:{id}"))
+        }
+        Decision::RequireApproval(rule) => ("require_approval", rule.as_str().to_string()),
+        Decision::Deny(rule) => ("deny", rule.as_str().to_string()),
+    };
+    let mut detail = Map::new();
+    detail.insert("decision".into(), json!(decision));
+    detail.insert("inputs_hash".into(), json!(inputs_hash.to_string()));
+    detail.insert("effect".into(), json!(tool.effect.as_str()));
+    detail.insert("policy_ids".into(), json!(report.policy_ids));
+    record(
+        state,
+        credential,
+        AuditEvent::Decided,
+        Some(tool_name),
+        &rule,
+        detail,
+    )
+    .await?;
     Ok(match report.decision {
         Decision::Allow | Decision::AllowWithinAuthorization(_) => {
             CallToolResult::structured(json!({
@@ -107,6 +175,43 @@ pub async fn call(
             "rule": rule.as_str(),
         })),
     })
+}
+
+/// At most 128 characters of agent-supplied text, for the audit record.
+fn bounded(text: &str) -> String {
+    text.chars().take(128).collect()
+}
+
+/// Appends one audit record for this call; an error here fails the call closed.
+async fn record(
+    state: &AppState,
+    credential: &AgentCredential,
+    event: AuditEvent,
+    tool: Option<&str>,
+    rule: &str,
+    detail: Map<String, Value>,
+) -> Result<(), ErrorData> {
+    let new = NewAuditRecord {
+        event: Some(event),
+        run_id: None,
+        step_id: None,
+        tool: tool.map(str::to_string),
+        actor: Some(format!(
+            "agent:{} role:{} tenant:{}",
+            credential.id, credential.role, credential.tenant
+        )),
+        rule: Some(rule.to_string()),
+        detail,
+    };
+    state
+        .store
+        .append_audit(&new)
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            tracing::error!(error = %e, "mcp: audit append failed; refusing the call");
+            internal_error()
+        })
 }
 
 /// The refusal for arguments that do not match the tool's input schema.

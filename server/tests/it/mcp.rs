@@ -659,3 +659,68 @@ async fn mcp_tokens_never_reach_the_log() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn mcp_every_call_outcome_is_audited_and_the_chain_verifies() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let iban = "ES9121000418450200051332";
+        client
+            .call(
+                "supplier.update_iban",
+                json!({"supplier_id": "SUP-000042", "iban": iban, "reason": REASON}),
+            )
+            .await;
+        let mut bad = payment(json!(50000.01));
+        bad["note"] = json!("pay it now");
+        client.call("payment.schedule", bad).await;
+        client.call("invoice.hold", hold(json!(2500.00))).await;
+
+        let records = app.store.audit_records(1, 100).await.unwrap();
+        let summary: Vec<(String, Option<String>, Option<String>)> = records
+            .iter()
+            .map(|r| (r.event.clone(), r.tool.clone(), r.rule.clone()))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("refused".into(), None, Some("role.tool_not_listed".into())),
+                (
+                    "refused".into(),
+                    Some("payment.schedule".into()),
+                    Some("input.schema".into())
+                ),
+                (
+                    "decided".into(),
+                    Some("invoice.hold".into()),
+                    Some("amount.threshold".into())
+                ),
+            ],
+            "{records:#?}"
+        );
+        assert!(
+            records[0].record.contains("supplier.update_iban"),
+            "the refusal names what was asked for"
+        );
+        assert!(
+            records[0]
+                .actor
+                .as_deref()
+                .unwrap()
+                .contains("role:worker.finance")
+        );
+        assert!(records[2].record.contains("require_approval"));
+        for r in &records {
+            assert!(!r.record.contains(iban), "inputs are not written in clear");
+            assert!(
+                !r.record.contains(&fin),
+                "the token never reaches the audit"
+            );
+        }
+        assert_eq!(app.store.verify_audit().await.unwrap(), Ok(3));
+        app
+    })
+    .await;
+}
