@@ -72,18 +72,7 @@ pub async fn call(
             .iter()
             .map(|e| json!({"path": e.path, "message": e.message}))
             .collect();
-        let mut detail = Map::new();
-        detail.insert("errors".into(), Value::Array(errors.clone()));
-        record(
-            state,
-            credential,
-            AuditEvent::Refused,
-            Some(tool_name),
-            Rule::INPUT_SCHEMA.as_str(),
-            detail,
-        )
-        .await?;
-        return Ok(invalid(errors));
+        return refuse_invalid(state, credential, tool_name, errors).await;
     }
 
     // 4. Canonical form and its hash: everything downstream binds to these.
@@ -91,18 +80,7 @@ pub async fn call(
         Ok(c) => c,
         Err(e) => {
             let errors = vec![json!({"path": "", "message": e.to_string()})];
-            let mut detail = Map::new();
-            detail.insert("errors".into(), Value::Array(errors.clone()));
-            record(
-                state,
-                credential,
-                AuditEvent::Refused,
-                Some(tool_name),
-                Rule::INPUT_SCHEMA.as_str(),
-                detail,
-            )
-            .await?;
-            return Ok(invalid(errors));
+            return refuse_invalid(state, credential, tool_name, errors).await;
         }
     };
     let inputs_hash = InputsHash::of(&canonical);
@@ -212,6 +190,27 @@ async fn record(
             tracing::error!(error = %e, "mcp: audit append failed; refusing the call");
             internal_error()
         })
+}
+
+/// Records an `input.schema` refusal, then answers with it.
+async fn refuse_invalid(
+    state: &AppState,
+    credential: &AgentCredential,
+    tool_name: &str,
+    errors: Vec<Value>,
+) -> Result<CallToolResult, ErrorData> {
+    let mut detail = Map::new();
+    detail.insert("errors".into(), Value::Array(errors.clone()));
+    record(
+        state,
+        credential,
+        AuditEvent::Refused,
+        Some(tool_name),
+        Rule::INPUT_SCHEMA.as_str(),
+        detail,
+    )
+    .await?;
+    Ok(invalid(errors))
 }
 
 /// The refusal for arguments that do not match the tool's input schema.
