@@ -24,7 +24,7 @@ use crate::store::{Pool, Store, StoreError};
 pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Advisory-lock key serialising Postgres appenders ("cs-audit" in ASCII).
-const PG_AUDIT_LOCK: i64 = 0x0063_732d_6175_6469;
+pub(crate) const PG_AUDIT_LOCK: i64 = 0x0063_732d_6175_6469;
 
 /// How many times an append retries after losing a race for the next `seq`.
 const APPEND_ATTEMPTS: usize = 8;
@@ -159,7 +159,7 @@ pub fn hash_text(text: &str) -> String {
     out
 }
 
-fn body(new: &NewAuditRecord, event: AuditEvent, seq: i64, at: i64, prev: &str) -> Value {
+pub(crate) fn body(new: &NewAuditRecord, event: AuditEvent, seq: i64, at: i64, prev: &str) -> Value {
     json!({
         "seq": seq,
         "at": at,
@@ -218,6 +218,66 @@ pub fn verify<'a>(
     Ok(count)
 }
 
+/// Appends one record inside an open transaction `$tx` (`&mut *tx`); `$lock` = take the
+/// Postgres advisory lock first (SQLite callers must have begun with `BEGIN IMMEDIATE`).
+/// Evaluates to `AuditRecord`; `?` propagates errors. Shared by [`Store::append_audit`] and
+/// the step transitions that commit a status change and its records together.
+macro_rules! append_in_tx {
+    ($tx:expr, $lock:expr, $new:expr, $event:expr, $at:expr) => {{
+        let new: &$crate::audit::NewAuditRecord = $new;
+        let event: $crate::audit::AuditEvent = $event;
+        let at: i64 = $at;
+        if $lock {
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind($crate::audit::PG_AUDIT_LOCK)
+                .execute(&mut *$tx)
+                .await?;
+        }
+        let head: Option<(i64, String)> =
+            sqlx::query_as("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
+                .fetch_optional(&mut *$tx)
+                .await?;
+        let (seq, prev) = match head {
+            Some((s, h)) => (s + 1, h),
+            None => (1, $crate::audit::GENESIS.to_string()),
+        };
+        let record = $crate::canonical::canonicalize(&$crate::audit::body(new, event, seq, at, &prev))
+            .map_err(|e| $crate::store::StoreError::Conflict(format!("audit record: {e}")))?;
+        let hash = $crate::audit::hash_text(&record);
+        sqlx::query(
+            "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(seq)
+        .bind(at)
+        .bind(event.as_str())
+        .bind(&new.run_id)
+        .bind(&new.step_id)
+        .bind(&new.tool)
+        .bind(&new.actor)
+        .bind(&new.rule)
+        .bind(&record)
+        .bind(&prev)
+        .bind(&hash)
+        .execute(&mut *$tx)
+        .await?;
+        $crate::audit::AuditRecord {
+            seq,
+            at,
+            event: event.as_str().to_string(),
+            run_id: new.run_id.clone(),
+            step_id: new.step_id.clone(),
+            tool: new.tool.clone(),
+            actor: new.actor.clone(),
+            rule: new.rule.clone(),
+            record,
+            prev,
+            hash,
+        }
+    }};
+}
+pub(crate) use append_in_tx;
+
 const COLUMNS: &str = "seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash";
 
 impl Store {
@@ -250,54 +310,9 @@ impl Store {
         macro_rules! append_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
-                if $lock {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(PG_AUDIT_LOCK)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                let head: Option<(i64, String)> =
-                    sqlx::query_as("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                let (seq, prev) = match head {
-                    Some((s, h)) => (s + 1, h),
-                    None => (1, GENESIS.to_string()),
-                };
-                let record = canonicalize(&body(new, event, seq, at, &prev))
-                    .map_err(|e| StoreError::Conflict(format!("audit record: {e}")))?;
-                let hash = hash_text(&record);
-                sqlx::query(
-                    "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                )
-                .bind(seq)
-                .bind(at)
-                .bind(event.as_str())
-                .bind(&new.run_id)
-                .bind(&new.step_id)
-                .bind(&new.tool)
-                .bind(&new.actor)
-                .bind(&new.rule)
-                .bind(&record)
-                .bind(&prev)
-                .bind(&hash)
-                .execute(&mut *tx)
-                .await?;
+                let r = append_in_tx!(&mut *tx, $lock, new, event, at);
                 tx.commit().await?;
-                AuditRecord {
-                    seq,
-                    at,
-                    event: event.as_str().to_string(),
-                    run_id: new.run_id.clone(),
-                    step_id: new.step_id.clone(),
-                    tool: new.tool.clone(),
-                    actor: new.actor.clone(),
-                    rule: new.rule.clone(),
-                    record,
-                    prev,
-                    hash,
-                }
+                r
             }};
         }
         let r = match &self.pool {
@@ -357,7 +372,7 @@ impl Store {
     }
 }
 
-fn is_busy(e: &sqlx::Error) -> bool {
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .is_some_and(|d| d.message().contains("database is locked") || d.message().contains("busy"))
 }

@@ -5,6 +5,7 @@
 //! decides whether an agent's call may run is plain Rust that the server only wires up.
 
 pub mod agents;
+pub mod approvals;
 pub mod audit;
 pub mod bundle;
 pub mod canonical;

@@ -18,8 +18,10 @@
 //!   code matches on [`Backend`] explicitly and both arms are tested.
 
 mod agents;
+mod demo;
 mod registry;
 mod runs;
+mod steps;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -35,7 +37,9 @@ use crate::secret::Secret;
 
 pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
+pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use runs::{NewRun, Run, RunStatus};
+pub use steps::{KeyRecord, KeyState, NewStep, Reservation, Step, Transition};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");

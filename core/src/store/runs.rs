@@ -57,6 +57,8 @@ pub struct NewRun {
     pub agent_id: Option<String>,
     /// The task, as the agent or person stated it.
     pub task: String,
+    /// Where the task came from (`user`, `schedule`, `monitor`, `external`).
+    pub origin: String,
 }
 
 /// A stored run.
@@ -76,6 +78,8 @@ pub struct Run {
     pub status: RunStatus,
     /// Set when a step failed closed on changed state and the plan must be redone.
     pub replan: bool,
+    /// Where the task came from (`user`, `schedule`, `monitor`, `external`).
+    pub origin: String,
     /// Unix ms.
     pub created_at: i64,
     /// Unix ms.
@@ -91,6 +95,7 @@ struct RunRow {
     task: String,
     status: String,
     replan: bool,
+    origin: String,
     created_at: i64,
     updated_at: i64,
 }
@@ -108,6 +113,7 @@ impl TryFrom<RunRow> for Run {
             task: r.task,
             status,
             replan: r.replan,
+            origin: r.origin,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
@@ -115,7 +121,7 @@ impl TryFrom<RunRow> for Run {
 }
 
 const RUN_COLUMNS: &str =
-    "id, tenant, principal, agent_id, task, status, replan, created_at, updated_at";
+    "id, tenant, principal, agent_id, task, status, replan, origin, created_at, updated_at";
 
 impl Store {
     /// Opens a new active run.
@@ -124,8 +130,8 @@ impl Store {
         let now = self.clock.now_ms();
         on_pool!(self, |p| {
             sqlx::query(
-                "INSERT INTO runs (id, tenant, principal, agent_id, task, status, replan, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7, $7)",
+                "INSERT INTO runs (id, tenant, principal, agent_id, task, status, replan, origin, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7, $8, $8)",
             )
             .bind(&id)
             .bind(&new.tenant)
@@ -133,12 +139,44 @@ impl Store {
             .bind(&new.agent_id)
             .bind(&new.task)
             .bind(RunStatus::Active.as_str())
+            .bind(&new.origin)
             .bind(now)
             .execute(p)
             .await?
             .rows_affected()
         });
         self.get_run(&id).await
+    }
+
+    /// The run opened for `session_key` (an agent's MCP session), opening it on first use.
+    /// Racing first calls of one session get the same run.
+    pub async fn session_run(&self, session_key: &str, new: &NewRun) -> Result<Run, StoreError> {
+        let id = Uuid::new_v4().to_string();
+        let now = self.clock.now_ms();
+        on_pool!(self, |p| {
+            sqlx::query(
+                "INSERT INTO runs (id, tenant, principal, agent_id, task, status, replan, origin, created_at, updated_at, session_key)
+                 VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7, $8, $8, $9)
+                 ON CONFLICT (session_key) DO NOTHING",
+            )
+            .bind(&id)
+            .bind(&new.tenant)
+            .bind(&new.principal)
+            .bind(&new.agent_id)
+            .bind(&new.task)
+            .bind(RunStatus::Active.as_str())
+            .bind(&new.origin)
+            .bind(now)
+            .bind(session_key)
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE session_key = $1");
+        let row: RunRow = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(session_key).fetch_one(p).await?
+        });
+        row.try_into()
     }
 
     /// Reads one run.

@@ -15,6 +15,7 @@ fn new_run(tenant: &str) -> NewRun {
         principal: "user-123".into(),
         agent_id: None,
         task: "Process invoice INV-20260611".into(),
+        origin: "user".into(),
     }
 }
 

@@ -1,0 +1,229 @@
+//! Approvals of gated steps: a person's decision bound to one step's exact inputs.
+//!
+//! Invariants:
+//! * An approval binds step id, inputs hash, approver (`iss` + `sub`), decision time and
+//!   expiry. It authorises the step only while the step's current inputs hash equals the
+//!   bound one and the clock is before the expiry; anything else is no approval (fail closed).
+//! * The approver is never the principal the run acts for.
+//! * A step leaves `needs_approval` only through [`Store::decide_step`]: approved → `pending`
+//!   (the gate lets it through on its next execution), rejected → `refused`, never to run.
+//! * The token is shown once to the caller; only its SHA-256 is stored.
+
+use serde::Serialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::audit::{AuditEvent, NewAuditRecord, hash_text};
+use crate::model::StepStatus;
+use crate::secret::Secret;
+use crate::store::{Step, Store, StoreError, Transition, on_pool};
+
+/// A person's decision on a gated step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Run it, exactly as shown.
+    Approved,
+    /// Never run it.
+    Rejected,
+}
+
+impl Verdict {
+    /// Stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// Who decides: an authenticated person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approver {
+    /// OIDC issuer.
+    pub iss: String,
+    /// OIDC subject.
+    pub sub: String,
+}
+
+/// A stored approval.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, Serialize)]
+pub struct Approval {
+    /// Approval id.
+    pub id: String,
+    /// The step.
+    pub step_id: String,
+    /// The inputs it binds.
+    pub inputs_hash: String,
+    /// `approved` or `rejected`.
+    pub decision: String,
+    /// Approver issuer.
+    pub approver_iss: String,
+    /// Approver subject.
+    pub approver_sub: String,
+    /// The approver's reason.
+    pub reason: String,
+    /// SHA-256 of the token.
+    pub token_hash: String,
+    /// Unix ms.
+    pub decided_at: i64,
+    /// Unix ms.
+    pub expires_at: i64,
+}
+
+/// Why a decision was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    /// The step is not waiting for a person (already decided, executed, expired…).
+    #[error("step is {0}, not waiting for approval")]
+    NotWaiting(String),
+    /// The gate's time ran out.
+    #[error("the approval window closed")]
+    Expired,
+    /// The approver is the person the run acts for.
+    #[error("the run's principal cannot approve its own step")]
+    SelfApproval,
+    /// A reason is required.
+    #[error("a reason is required")]
+    NoReason,
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+const COLUMNS: &str = "id, step_id, inputs_hash, decision, approver_iss, approver_sub, reason, \
+     token_hash, decided_at, expires_at";
+
+impl Store {
+    /// Records `approver`'s verdict on `step_id` (which must be at `needs_approval`, within
+    /// its window, for a run not acting for the approver) and moves the step on. Returns the
+    /// approval and, when approved, the token (shown once).
+    pub async fn decide_step(
+        &self,
+        step_id: &str,
+        approver: &Approver,
+        verdict: Verdict,
+        reason: &str,
+    ) -> Result<(Approval, Option<Secret<String>>), DecideError> {
+        if reason.trim().is_empty() {
+            return Err(DecideError::NoReason);
+        }
+        let step = self.get_step(step_id).await?;
+        if step.status != StepStatus::NeedsApproval {
+            return Err(DecideError::NotWaiting(step.status.as_str().into()));
+        }
+        let now = self.clock.now_ms();
+        let Some(expires_at) = step.expires_at else {
+            return Err(DecideError::NotWaiting("without a gate window".into()));
+        };
+        if now >= expires_at {
+            return Err(DecideError::Expired);
+        }
+        let run = self.get_run(&step.run_id).await?;
+        if run.principal == approver.sub || run.principal == format!("{}#{}", approver.iss, approver.sub)
+        {
+            return Err(DecideError::SelfApproval);
+        }
+        let mut raw = [0u8; 32];
+        getrandom::fill(&mut raw)
+            .map_err(|e| DecideError::Store(StoreError::Conflict(format!("random source: {e}"))))?;
+        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let token = format!("cs_appr_{token}");
+        let approval = Approval {
+            id: Uuid::new_v4().to_string(),
+            step_id: step.id.clone(),
+            inputs_hash: step.inputs_hash.clone(),
+            decision: verdict.as_str().into(),
+            approver_iss: approver.iss.clone(),
+            approver_sub: approver.sub.clone(),
+            reason: reason.to_string(),
+            token_hash: hash_text(&token),
+            decided_at: now,
+            expires_at,
+        };
+        on_pool!(self, |p| {
+            sqlx::query(&format!(
+                "INSERT INTO approvals ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+            ))
+            .bind(&approval.id)
+            .bind(&approval.step_id)
+            .bind(&approval.inputs_hash)
+            .bind(&approval.decision)
+            .bind(&approval.approver_iss)
+            .bind(&approval.approver_sub)
+            .bind(&approval.reason)
+            .bind(&approval.token_hash)
+            .bind(approval.decided_at)
+            .bind(approval.expires_at)
+            .execute(p)
+            .await
+            .map_err(StoreError::from)?
+            .rows_affected()
+        });
+        let (to, event) = match verdict {
+            Verdict::Approved => (StepStatus::Pending, AuditEvent::Approved),
+            Verdict::Rejected => (StepStatus::Refused, AuditEvent::Rejected),
+        };
+        let mut detail = serde_json::Map::new();
+        detail.insert("inputs_hash".into(), json!(approval.inputs_hash));
+        detail.insert("approver_iss".into(), json!(approval.approver_iss));
+        detail.insert("reason".into(), json!(approval.reason));
+        detail.insert("token_hash".into(), json!(approval.token_hash));
+        detail.insert("approval_id".into(), json!(approval.id));
+        let moved = self
+            .transition(&Transition {
+                step_id: step.id.clone(),
+                from: vec![StepStatus::NeedsApproval],
+                to: Some(to),
+                approval: Some(approval.id.clone()),
+                rule: (verdict == Verdict::Rejected).then(|| "approval.rejected".to_string()),
+                records: vec![(
+                    event,
+                    NewAuditRecord {
+                        event: Some(event),
+                        run_id: Some(step.run_id.clone()),
+                        step_id: Some(step.id.clone()),
+                        tool: Some(step.tool.clone()),
+                        actor: Some(format!("person:{}", approval.approver_sub)),
+                        rule: step.rule.clone(),
+                        detail,
+                    },
+                )],
+                ..Transition::default()
+            })
+            .await?;
+        if moved.is_none() {
+            let now_status = self.get_step(step_id).await?.status;
+            return Err(DecideError::NotWaiting(now_status.as_str().into()));
+        }
+        let token = (verdict == Verdict::Approved).then(|| Secret::new(token));
+        Ok((approval, token))
+    }
+
+    /// The approval that lets `step` through the gate now: approved, bound to the step's
+    /// current inputs hash, not expired. `None` otherwise.
+    pub async fn valid_approval(&self, step: &Step) -> Result<Option<Approval>, StoreError> {
+        let now = self.clock.now_ms();
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approvals WHERE step_id = $1 AND decision = 'approved'
+               AND inputs_hash = $2 AND expires_at > $3 ORDER BY decided_at LIMIT 1"
+        );
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(&step.id)
+                .bind(&step.inputs_hash)
+                .bind(now)
+                .fetch_optional(p)
+                .await?
+        }))
+    }
+
+    /// Every decision on a step, oldest first.
+    pub async fn approvals_for_step(&self, step_id: &str) -> Result<Vec<Approval>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM approvals WHERE step_id = $1 ORDER BY decided_at");
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(step_id).fetch_all(p).await?
+        }))
+    }
+}

@@ -1,0 +1,599 @@
+//! Steps, their idempotency keys and their transitions.
+//!
+//! Invariants:
+//! * A write's identity in its run is (run, tool, inputs hash): the `dedupe` column is unique,
+//!   so however many callers race to open the same write, one step (one seq, one key) exists.
+//! * `idem_key = sha256(run_id, seq, canonical inputs)` is derived here, never taken from a
+//!   caller, and is unique across all steps.
+//! * A key is reserved (a row in `idempotency`) before any adapter runs; only the reserver
+//!   executes. A stored key whose inputs hash differs from the caller's is a mismatch.
+//! * A transition names the statuses it may leave; if the step moved meanwhile nothing is
+//!   written. The status change, the key's state and the audit records commit together.
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::{Pool, Store, StoreError, on_pool};
+use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, append_in_tx};
+use crate::canonical::CanonicalJson;
+use crate::keys::{IdemKey, InputsHash};
+use crate::model::{Effect, StepStatus};
+
+/// A stored step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Step {
+    /// Step id (UUID text).
+    pub id: String,
+    /// Its run.
+    pub run_id: String,
+    /// Position in the run, from 1.
+    pub seq: i64,
+    /// The role that proposed it.
+    pub role: String,
+    /// Registry tool.
+    pub tool: String,
+    /// Effect class at proposal.
+    pub effect: Effect,
+    /// Canonical inputs (RFC 8785 text).
+    pub inputs: String,
+    /// `sha256:` of the canonical inputs.
+    pub inputs_hash: String,
+    /// The derived idempotency key.
+    pub idem_key: String,
+    /// Lifecycle status.
+    pub status: StepStatus,
+    /// Executions started.
+    pub attempts: i64,
+    /// Last policy decision.
+    pub decision: Option<String>,
+    /// The rule behind it.
+    pub rule: Option<String>,
+    /// Approval reference (the approval row id).
+    pub approval: Option<String>,
+    /// Outcome JSON text (result or error).
+    pub outcome: Option<String>,
+    /// The proposer's reason.
+    pub reason: String,
+    /// Evidence ids, JSON array text.
+    pub evidence: String,
+    /// Observed state the step relies on, JSON text.
+    pub observed: Option<String>,
+    /// Trace id.
+    pub trace_id: Option<String>,
+    /// Not executed before (Unix ms).
+    pub not_before: i64,
+    /// When its gate stops accepting approvals (Unix ms).
+    pub expires_at: Option<i64>,
+    /// Proposing agent credential.
+    pub agent_id: Option<String>,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub updated_at: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct StepRow {
+    id: String,
+    run_id: String,
+    seq: i64,
+    role: String,
+    tool: String,
+    effect: String,
+    inputs: String,
+    inputs_hash: String,
+    idem_key: String,
+    status: String,
+    attempts: i64,
+    decision: Option<String>,
+    rule: Option<String>,
+    approval: Option<String>,
+    outcome: Option<String>,
+    reason: String,
+    evidence: String,
+    observed: Option<String>,
+    trace_id: Option<String>,
+    not_before: i64,
+    expires_at: Option<i64>,
+    agent_id: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl TryFrom<StepRow> for Step {
+    type Error = StoreError;
+    fn try_from(r: StepRow) -> Result<Self, StoreError> {
+        let bad = |what: &str, v: &str| StoreError::Conflict(format!("unknown step {what} {v:?}"));
+        Ok(Step {
+            effect: Effect::parse(&r.effect).ok_or_else(|| bad("effect", &r.effect))?,
+            status: StepStatus::parse(&r.status).ok_or_else(|| bad("status", &r.status))?,
+            id: r.id,
+            run_id: r.run_id,
+            seq: r.seq,
+            role: r.role,
+            tool: r.tool,
+            inputs: r.inputs,
+            inputs_hash: r.inputs_hash,
+            idem_key: r.idem_key,
+            attempts: r.attempts,
+            decision: r.decision,
+            rule: r.rule,
+            approval: r.approval,
+            outcome: r.outcome,
+            reason: r.reason,
+            evidence: r.evidence,
+            observed: r.observed,
+            trace_id: r.trace_id,
+            not_before: r.not_before,
+            expires_at: r.expires_at,
+            agent_id: r.agent_id,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+const STEP_COLUMNS: &str = "id, run_id, CAST(seq AS BIGINT) AS seq, role, tool, effect, inputs, \
+     inputs_hash, idem_key, status, CAST(attempts AS BIGINT) AS attempts, decision, rule, approval, \
+     outcome, reason, evidence, observed, trace_id, not_before, expires_at, agent_id, created_at, \
+     updated_at";
+
+/// What is needed to open a step.
+#[derive(Debug, Clone)]
+pub struct NewStep {
+    /// The run it belongs to.
+    pub run_id: String,
+    /// Proposing role.
+    pub role: String,
+    /// Registry tool.
+    pub tool: String,
+    /// Effect class (reads are never deduplicated: they run every time).
+    pub effect: Effect,
+    /// Canonical inputs.
+    pub inputs: CanonicalJson,
+    /// Proposing agent credential.
+    pub agent_id: Option<String>,
+    /// Why (the proposer's words).
+    pub reason: String,
+    /// Evidence ids.
+    pub evidence: Vec<String>,
+    /// Observed state, JSON text.
+    pub observed: Option<String>,
+    /// Trace id.
+    pub trace_id: String,
+    /// Initial status.
+    pub status: StepStatus,
+}
+
+/// The identity of a write in its run.
+fn dedupe_of(run_id: &str, tool: &str, inputs_hash: &InputsHash) -> String {
+    let mut h = Sha256::new();
+    for part in [run_id, tool, &inputs_hash.to_string()] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest = h.finalize();
+    let mut out = String::from("dedupe:");
+    for b in digest.iter() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// The state of a key in the key-to-result table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyState {
+    /// Reserved; its call is running.
+    InFlight,
+    /// Completed; `result` holds the outcome.
+    Done,
+    /// Failed without effect; may be taken over for a retry.
+    Failed,
+    /// Sent, no answer: reconcile by asking the target.
+    Unknown,
+}
+
+impl KeyState {
+    /// Stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "in_flight" => Self::InFlight,
+            "done" => Self::Done,
+            "failed" => Self::Failed,
+            "unknown" => Self::Unknown,
+            _ => return None,
+        })
+    }
+}
+
+/// A row of the key-to-result table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    /// The key.
+    pub idem_key: String,
+    /// The step it belongs to.
+    pub step_id: String,
+    /// The inputs it was reserved for.
+    pub inputs_hash: String,
+    /// Where its call stands.
+    pub state: KeyState,
+    /// Stored outcome JSON text.
+    pub result: Option<String>,
+    /// Who reserved it (a trace id).
+    pub owner: String,
+    /// Unix ms.
+    pub updated_at: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct KeyRow {
+    idem_key: String,
+    step_id: String,
+    inputs_hash: String,
+    state: String,
+    result: Option<String>,
+    owner: String,
+    updated_at: i64,
+}
+
+impl TryFrom<KeyRow> for KeyRecord {
+    type Error = StoreError;
+    fn try_from(r: KeyRow) -> Result<Self, StoreError> {
+        Ok(KeyRecord {
+            state: KeyState::parse(&r.state)
+                .ok_or_else(|| StoreError::Conflict(format!("unknown key state {:?}", r.state)))?,
+            idem_key: r.idem_key,
+            step_id: r.step_id,
+            inputs_hash: r.inputs_hash,
+            result: r.result,
+            owner: r.owner,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+/// The answer to [`Store::reserve_key`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation {
+    /// This caller holds the key and must execute.
+    Reserved,
+    /// Someone reserved it before; here is where it stands.
+    Existing(KeyRecord),
+}
+
+/// A step moving from one status to another, with what changes alongside.
+#[derive(Debug, Clone, Default)]
+pub struct Transition {
+    /// The step.
+    pub step_id: String,
+    /// The statuses it may leave; any other current status writes nothing.
+    pub from: Vec<StepStatus>,
+    /// Where it goes.
+    pub to: Option<StepStatus>,
+    /// New decision (kept when `None`).
+    pub decision: Option<String>,
+    /// New rule (kept when `None`).
+    pub rule: Option<String>,
+    /// New outcome JSON (kept when `None`).
+    pub outcome: Option<String>,
+    /// New gate expiry (kept when `None`).
+    pub expires_at: Option<i64>,
+    /// New approval reference (kept when `None`).
+    pub approval: Option<String>,
+    /// Count one more execution attempt.
+    pub bump_attempts: bool,
+    /// Also set the step's key to this state and result.
+    pub key: Option<(KeyState, Option<String>)>,
+    /// Audit records appended in the same transaction.
+    pub records: Vec<(AuditEvent, NewAuditRecord)>,
+}
+
+impl Store {
+    /// Opens a step, or for a write returns the identical one already open in its run
+    /// (`false` = it existed).
+    pub async fn open_step(&self, new: &NewStep) -> Result<(Step, bool), StoreError> {
+        let inputs_hash = InputsHash::of(&new.inputs);
+        let dedupe = match new.effect {
+            Effect::Read => None,
+            Effect::Write | Effect::Irreversible => {
+                Some(dedupe_of(&new.run_id, &new.tool, &inputs_hash))
+            }
+        };
+        if let Some(d) = &dedupe
+            && let Some(step) = self.step_by_dedupe(d).await?
+        {
+            return Ok((step, false));
+        }
+        let evidence = serde_json::to_string(&new.evidence)
+            .map_err(|e| StoreError::Conflict(format!("evidence: {e}")))?;
+        for _ in 0..32 {
+            let now = self.clock.now_ms();
+            let id = Uuid::new_v4().to_string();
+            let seq: i64 = on_pool!(self, |p| {
+                sqlx::query_scalar(
+                    "SELECT CAST(COALESCE(MAX(seq), 0) + 1 AS BIGINT) FROM steps WHERE run_id = $1",
+                )
+                .bind(&new.run_id)
+                .fetch_one(p)
+                .await?
+            });
+            let key = IdemKey::derive(&new.run_id, seq.max(0) as u64, &new.inputs);
+            let inserted = on_pool!(self, |p| {
+                sqlx::query(
+                    "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash,
+                        idem_key, status, attempts, reason, evidence, observed, trace_id,
+                        not_before, created_at, updated_at, dedupe, agent_id)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13, $14, 0,
+                        $15, $15, $16, $17)
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(&id)
+                .bind(&new.run_id)
+                .bind(seq)
+                .bind(&new.role)
+                .bind(&new.tool)
+                .bind(new.effect.as_str())
+                .bind(new.inputs.as_str())
+                .bind(inputs_hash.to_string())
+                .bind(key.to_string())
+                .bind(new.status.as_str())
+                .bind(&new.reason)
+                .bind(&evidence)
+                .bind(&new.observed)
+                .bind(&new.trace_id)
+                .bind(now)
+                .bind(&dedupe)
+                .bind(&new.agent_id)
+                .execute(p)
+                .await?
+                .rows_affected()
+            });
+            if inserted == 1 {
+                return Ok((self.get_step(&id).await?, true));
+            }
+            if let Some(d) = &dedupe
+                && let Some(step) = self.step_by_dedupe(d).await?
+            {
+                return Ok((step, false));
+            }
+            // Another step took this seq: try the next one.
+        }
+        Err(StoreError::Conflict(
+            "could not find a free step position".into(),
+        ))
+    }
+
+    async fn step_by_dedupe(&self, dedupe: &str) -> Result<Option<Step>, StoreError> {
+        let sql = format!("SELECT {STEP_COLUMNS} FROM steps WHERE dedupe = $1");
+        let row: Option<StepRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(dedupe).fetch_optional(p).await?
+        });
+        row.map(Step::try_from).transpose()
+    }
+
+    /// One step.
+    pub async fn get_step(&self, id: &str) -> Result<Step, StoreError> {
+        let sql = format!("SELECT {STEP_COLUMNS} FROM steps WHERE id = $1");
+        let row: StepRow = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(id).fetch_one(p).await?
+        });
+        row.try_into()
+    }
+
+    /// A run's steps in order.
+    pub async fn steps_for_run(&self, run_id: &str) -> Result<Vec<Step>, StoreError> {
+        let sql = format!("SELECT {STEP_COLUMNS} FROM steps WHERE run_id = $1 ORDER BY seq");
+        let rows: Vec<StepRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(run_id).fetch_all(p).await?
+        });
+        rows.into_iter().map(Step::try_from).collect()
+    }
+
+    /// Steps in `status`, oldest first, at most `limit`.
+    pub async fn steps_in_status(
+        &self,
+        status: StepStatus,
+        limit: i64,
+    ) -> Result<Vec<Step>, StoreError> {
+        let sql = format!(
+            "SELECT {STEP_COLUMNS} FROM steps WHERE status = $1 ORDER BY updated_at, id LIMIT $2"
+        );
+        let rows: Vec<StepRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(status.as_str())
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        });
+        rows.into_iter().map(Step::try_from).collect()
+    }
+
+    /// Reserves `idem_key` for `step_id`'s call, or reports who holds it.
+    pub async fn reserve_key(
+        &self,
+        idem_key: &str,
+        step_id: &str,
+        inputs_hash: &str,
+        owner: &str,
+    ) -> Result<Reservation, StoreError> {
+        let now = self.clock.now_ms();
+        let n = on_pool!(self, |p| {
+            sqlx::query(
+                "INSERT INTO idempotency (idem_key, step_id, inputs_hash, state, result, owner,
+                    created_at, updated_at)
+                 VALUES ($1, $2, $3, 'in_flight', NULL, $4, $5, $5)
+                 ON CONFLICT (idem_key) DO NOTHING",
+            )
+            .bind(idem_key)
+            .bind(step_id)
+            .bind(inputs_hash)
+            .bind(owner)
+            .bind(now)
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        if n == 1 {
+            return Ok(Reservation::Reserved);
+        }
+        match self.get_key(idem_key).await? {
+            Some(row) => Ok(Reservation::Existing(row)),
+            None => Err(StoreError::Conflict("key raced and vanished".into())),
+        }
+    }
+
+    /// Takes a key over from `from` (a failed call being retried, an unknown one being
+    /// reconciled) for `owner`. `false` when it is no longer in `from`.
+    pub async fn take_over_key(
+        &self,
+        idem_key: &str,
+        from: KeyState,
+        owner: &str,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now_ms();
+        let n = on_pool!(self, |p| {
+            sqlx::query(
+                "UPDATE idempotency SET state = 'in_flight', owner = $1, updated_at = $2
+                 WHERE idem_key = $3 AND state = $4",
+            )
+            .bind(owner)
+            .bind(now)
+            .bind(idem_key)
+            .bind(from.as_str())
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        Ok(n == 1)
+    }
+
+    /// The key's row, if reserved.
+    pub async fn get_key(&self, idem_key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let row: Option<KeyRow> = on_pool!(self, |p| {
+            sqlx::query_as(
+                "SELECT idem_key, step_id, inputs_hash, state, result, owner, updated_at
+                 FROM idempotency WHERE idem_key = $1",
+            )
+            .bind(idem_key)
+            .fetch_optional(p)
+            .await?
+        });
+        row.map(KeyRecord::try_from).transpose()
+    }
+
+    /// Applies `t` in one transaction: the status change (only from `t.from`), the key's new
+    /// state and the audit records. `None` when the step was not in `t.from` (nothing written).
+    pub async fn transition(
+        &self,
+        t: &Transition,
+    ) -> Result<Option<(Step, Vec<AuditRecord>)>, StoreError> {
+        let mut last = None;
+        for _ in 0..8 {
+            match self.try_transition(t).await {
+                Err(StoreError::Conflict(msg)) => last = Some(msg),
+                Err(StoreError::Database(e)) if crate::audit::is_busy(&e) => {
+                    last = Some(e.to_string())
+                }
+                other => return other,
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "step transition kept colliding: {}",
+            last.unwrap_or_default()
+        )))
+    }
+
+    async fn try_transition(
+        &self,
+        t: &Transition,
+    ) -> Result<Option<(Step, Vec<AuditRecord>)>, StoreError> {
+        let now = self.clock.now_ms();
+        let from: Vec<&str> = t.from.iter().map(|s| s.as_str()).collect();
+        let placeholders: Vec<String> = (0..from.len()).map(|i| format!("${}", i + 10)).collect();
+        let sql = format!(
+            "UPDATE steps SET status = COALESCE($1, status), decision = COALESCE($2, decision),
+                rule = COALESCE($3, rule), outcome = COALESCE($4, outcome),
+                expires_at = COALESCE($5, expires_at), approval = COALESCE($6, approval),
+                attempts = attempts + $7, updated_at = $8
+             WHERE id = $9 AND status IN ({})",
+            if placeholders.is_empty() {
+                "NULL".to_string()
+            } else {
+                placeholders.join(", ")
+            }
+        );
+        macro_rules! run_in {
+            ($pool:expr, $begin:expr, $lock:expr) => {{
+                let mut tx = $pool.begin_with($begin).await?;
+                let mut q = sqlx::query(&sql)
+                    .bind(t.to.map(|s| s.as_str()))
+                    .bind(&t.decision)
+                    .bind(&t.rule)
+                    .bind(&t.outcome)
+                    .bind(t.expires_at)
+                    .bind(&t.approval)
+                    .bind(i64::from(t.bump_attempts))
+                    .bind(now)
+                    .bind(&t.step_id);
+                for f in &from {
+                    q = q.bind(*f);
+                }
+                let n = q.execute(&mut *tx).await?.rows_affected();
+                if n != 1 {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                if let Some((state, result)) = &t.key {
+                    sqlx::query(
+                        "UPDATE idempotency SET state = $1, result = COALESCE($2, result),
+                            updated_at = $3
+                         WHERE step_id = $4",
+                    )
+                    .bind(state.as_str())
+                    .bind(result)
+                    .bind(now)
+                    .bind(&t.step_id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                let mut records = Vec::with_capacity(t.records.len());
+                for (event, new) in &t.records {
+                    records.push(append_in_tx!(&mut *tx, $lock, new, *event, now));
+                }
+                tx.commit().await?;
+                records
+            }};
+        }
+        let records = match &self.pool {
+            Pool::Sqlite(p) => run_in!(p, "BEGIN IMMEDIATE", false),
+            Pool::Postgres(p) => run_in!(p, "BEGIN", true),
+        };
+        Ok(Some((self.get_step(&t.step_id).await?, records)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedupe_separates_runs_tools_and_inputs() {
+        let a = InputsHash::of(&CanonicalJson::from_value(&serde_json::json!({"x": 1})).unwrap());
+        let b = InputsHash::of(&CanonicalJson::from_value(&serde_json::json!({"x": 2})).unwrap());
+        let base = dedupe_of("r1", "t", &a);
+        assert_eq!(base, dedupe_of("r1", "t", &a));
+        assert_ne!(base, dedupe_of("r2", "t", &a));
+        assert_ne!(base, dedupe_of("r1", "u", &a));
+        assert_ne!(base, dedupe_of("r1", "t", &b));
+    }
+}

@@ -1,0 +1,153 @@
+//! Adapters: HOW a tool call reaches its target system, resolved server-side from the
+//! registry's `handler.provider`. The model never names one.
+//!
+//! Invariants:
+//! * An adapter is only ever handed a call that passed the whole gateway pipeline (listing,
+//!   schema, policy, gate, key reservation); it never decides anything about permission.
+//! * Every invocation carries the key Countersign derived ([`Invocation::idem_key`]); an
+//!   adapter passes it to targets that honour keys and never invents its own.
+//! * Errors say what is known about the effect: [`AdapterError::Rejected`] and
+//!   [`AdapterError::Unavailable`] mean nothing happened; [`AdapterError::Timeout`] means it may
+//!   have. The pipeline turns a timed-out irreversible call into `unknown`, never a retry.
+//! * A provider the registry names but no adapter serves fails the call closed.
+
+pub mod builtin;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use countersign_core::Store;
+use countersign_core::policy::ResourceFact;
+use countersign_core::registry::{ProviderKind, Registry};
+use serde_json::Value;
+
+/// A boxed future, so adapters can sit behind `dyn`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One call to a target system, after every check passed.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// The registry tool being executed.
+    pub tool: String,
+    /// The provider's operation (`payments.schedule`).
+    pub operation: String,
+    /// The canonical arguments, exactly as validated, hashed and (where gated) approved.
+    pub arguments: Value,
+    /// The idempotency key Countersign derived for this step.
+    pub idem_key: String,
+    /// The approval token, when a person approved this exact call.
+    pub approval_token: Option<String>,
+    /// Correlates the call across systems.
+    pub trace_id: String,
+    /// The tenant of the run (targets refuse other tenants' records).
+    pub tenant: String,
+}
+
+/// What went wrong, and what is known about the effect.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdapterError {
+    /// The target refused the call (a business rule, a missing record): nothing happened and
+    /// repeating it will not help.
+    #[error("rejected by the target ({code}): {message}")]
+    Rejected {
+        /// A short machine-readable reason (`not_found`, `conflict`, `state.changed`).
+        code: String,
+        /// The target's explanation, for people.
+        message: String,
+    },
+    /// The call did not take effect (could not connect, target unavailable): retryable.
+    #[error("target unavailable: {0}")]
+    Unavailable(String),
+    /// The call was sent and no answer came in time: it may or may not have happened.
+    #[error("no answer from the target in time")]
+    Timeout,
+    /// The adapter refused to send it (outbound host not allowed, provider misconfigured).
+    #[error("adapter refused the call: {0}")]
+    Refused(String),
+}
+
+/// A way to reach one provider's target system.
+pub trait Adapter: Send + Sync + fmt::Debug {
+    /// Performs `call` once under its key; a target that has seen the key answers with the
+    /// stored result instead of acting again.
+    fn invoke<'a>(&'a self, call: &'a Invocation) -> BoxFuture<'a, Result<Value, AdapterError>>;
+
+    /// Reconciliation: what the target recorded under `idem_key`. `Ok(Some)` = it happened
+    /// (with its result), `Ok(None)` = the target confirms it never did, `Err` = cannot tell.
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        idem_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, AdapterError>>;
+
+    /// The record of `kind` with `id`, as facts policies may read (`None` when it does not
+    /// exist). Targets that expose no facts answer `None`.
+    fn facts<'a>(
+        &'a self,
+        kind: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ResourceFact>, AdapterError>>;
+}
+
+/// The adapters for every provider in a registry.
+#[derive(Clone, Default)]
+pub struct Adapters {
+    by_provider: BTreeMap<String, Arc<dyn Adapter>>,
+}
+
+impl fmt::Debug for Adapters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.by_provider.keys()).finish()
+    }
+}
+
+/// A provider the registry names that no adapter can serve.
+#[derive(Debug, thiserror::Error)]
+#[error("provider {provider}: {reason}")]
+pub struct UnservedProvider {
+    /// Provider name.
+    pub provider: String,
+    /// Why it cannot be served.
+    pub reason: String,
+}
+
+impl Adapters {
+    /// Builds an adapter for each provider of `registry`. Providers that cannot be served are
+    /// returned alongside: their tools fail closed when called.
+    pub fn for_registry(registry: &Registry, store: &Store) -> (Self, Vec<UnservedProvider>) {
+        let mut by_provider: BTreeMap<String, Arc<dyn Adapter>> = BTreeMap::new();
+        let mut unserved = Vec::new();
+        for provider in registry.providers() {
+            let name = provider.name.as_str().to_string();
+            match provider.kind {
+                ProviderKind::Builtin => match builtin::for_provider(&name, store) {
+                    Some(adapter) => {
+                        by_provider.insert(name, adapter);
+                    }
+                    None => unserved.push(UnservedProvider {
+                        provider: name,
+                        reason: "no built-in system has this name".into(),
+                    }),
+                },
+                other => unserved.push(UnservedProvider {
+                    provider: name,
+                    reason: format!("{} providers are not served yet", other.as_str()),
+                }),
+            }
+        }
+        (Self { by_provider }, unserved)
+    }
+
+    /// Adds (or replaces) the adapter for `provider`.
+    pub fn insert(&mut self, provider: impl Into<String>, adapter: Arc<dyn Adapter>) {
+        self.by_provider.insert(provider.into(), adapter);
+    }
+
+    /// The adapter serving `provider`.
+    pub fn get(&self, provider: &str) -> Option<&Arc<dyn Adapter>> {
+        self.by_provider.get(provider)
+    }
+}
