@@ -159,7 +159,13 @@ pub fn hash_text(text: &str) -> String {
     out
 }
 
-pub(crate) fn body(new: &NewAuditRecord, event: AuditEvent, seq: i64, at: i64, prev: &str) -> Value {
+pub(crate) fn body(
+    new: &NewAuditRecord,
+    event: AuditEvent,
+    seq: i64,
+    at: i64,
+    prev: &str,
+) -> Value {
     json!({
         "seq": seq,
         "at": at,

@@ -4,9 +4,11 @@
 //! [`Application::build`] does everything that can fail at start (connect, migrate, bind)
 //! so that a bad deployment stops with one clear line before serving anything.
 
+pub mod adapters;
 pub mod config;
 pub mod http;
 pub mod mcp;
+pub mod pipeline;
 pub mod registry;
 pub mod telemetry;
 

@@ -16,6 +16,8 @@ use countersign_core::Store;
 use countersign_core::bundle::{Bundle, BundleError, BundleSources};
 use countersign_core::store::ImportError;
 
+use crate::adapters::{Adapters, builtin};
+
 /// Who the start-up import is recorded as.
 pub const CONFIG_IMPORTER: &str = "config:COUNTERSIGN_REGISTRY";
 
@@ -26,6 +28,8 @@ pub struct Loaded {
     pub version: i64,
     /// The registry and the policy engine built from it.
     pub bundle: Bundle,
+    /// An adapter for each provider the registry names (the HOW of every tool).
+    pub adapters: Adapters,
 }
 
 /// Why the registry could not be made ready at start.
@@ -120,7 +124,20 @@ impl LiveRegistry {
         };
         match Bundle::load(sources) {
             Ok(bundle) => {
-                let loaded = Arc::new(Loaded { version, bundle });
+                let (adapters, unserved) = Adapters::for_registry(&bundle.registry, store);
+                for u in &unserved {
+                    tracing::warn!(%u, "provider not served: its tools fail closed");
+                }
+                if adapters.get(builtin::ERP).is_some()
+                    && let Err(e) = builtin::seed_erp(store).await
+                {
+                    tracing::warn!(error = %e, "seeding the demo ERP failed");
+                }
+                let loaded = Arc::new(Loaded {
+                    version,
+                    bundle,
+                    adapters,
+                });
                 match self.current.write() {
                     Ok(mut g) => *g = Some(loaded),
                     Err(e) => *e.into_inner() = Some(loaded),

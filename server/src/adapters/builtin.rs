@@ -62,7 +62,9 @@ pub async fn inject_fault(
 ) -> Result<(), countersign_core::StoreError> {
     let data = serde_json::to_string(fault)
         .map_err(|e| countersign_core::StoreError::Conflict(e.to_string()))?;
-    store.demo_put(system, "fault", operation, "*", &data).await?;
+    store
+        .demo_put(system, "fault", operation, "*", &data)
+        .await?;
     Ok(())
 }
 
@@ -163,9 +165,10 @@ impl Erp {
                 .must_get("invoice", arg(args, "invoice_id")?, tenant)
                 .await?
                 .1),
-            "purchase_orders.get" => {
-                Ok(self.must_get("purchase_order", arg(args, "po_id")?, tenant).await?.1)
-            }
+            "purchase_orders.get" => Ok(self
+                .must_get("purchase_order", arg(args, "po_id")?, tenant)
+                .await?
+                .1),
             "suppliers.get" => Ok(self
                 .must_get("supplier", arg(args, "supplier_id")?, tenant)
                 .await?
@@ -191,7 +194,9 @@ impl Erp {
                         .get("due_before")
                         .and_then(Value::as_str)
                         .is_none_or(|d| inv.get("due_date").and_then(Value::as_str) < Some(d));
-                    if matches("supplier_id", "supplier_id") && matches("status", "status") && due_ok
+                    if matches("supplier_id", "supplier_id")
+                        && matches("status", "status")
+                        && due_ok
                     {
                         found.push(inv);
                     }
@@ -203,7 +208,11 @@ impl Erp {
             }
             "payments.lookup" => {
                 if let Some(key) = args.get("idempotency_key").and_then(Value::as_str) {
-                    let effect = self.store.demo_effect(ERP, key).await.map_err(unavailable)?;
+                    let effect = self
+                        .store
+                        .demo_effect(ERP, key)
+                        .await
+                        .map_err(unavailable)?;
                     return match effect {
                         Some(e) if e.operation == "payments.schedule" => {
                             let result: Value =
@@ -219,7 +228,10 @@ impl Erp {
                     .await?
                     .1)
             }
-            other => Err(rejected("unknown_operation", format!("no operation {other}"))),
+            other => Err(rejected(
+                "unknown_operation",
+                format!("no operation {other}"),
+            )),
         }
     }
 
@@ -249,13 +261,19 @@ impl Erp {
                 let id = arg(args, "note_id")?;
                 let (obj, mut note) = self.must_get("note", id, &tenant).await?;
                 note["status"] = json!("discarded");
-                Ok((note.clone(), vec![write("note", id, &note, Some(obj.version))]))
+                Ok((
+                    note.clone(),
+                    vec![write("note", id, &note, Some(obj.version))],
+                ))
             }
             "invoices.hold" => {
                 let id = arg(args, "invoice_id")?;
                 let (obj, mut inv) = self.must_get("invoice", id, &tenant).await?;
                 if inv["status"] == json!("paid") {
-                    return Err(rejected("conflict", format!("invoice {id} is already paid")));
+                    return Err(rejected(
+                        "conflict",
+                        format!("invoice {id} is already paid"),
+                    ));
                 }
                 inv["status"] = json!("on_hold");
                 inv["hold"] = json!({"amount": args["amount"], "currency": args["currency"],
@@ -269,10 +287,16 @@ impl Erp {
                 let id = arg(args, "invoice_id")?;
                 let (obj, mut inv) = self.must_get("invoice", id, &tenant).await?;
                 if inv["status"] == json!("paid") {
-                    return Err(rejected("conflict", format!("invoice {id} is already paid")));
+                    return Err(rejected(
+                        "conflict",
+                        format!("invoice {id} is already paid"),
+                    ));
                 }
                 if inv["status"] != json!("approved") {
-                    return Err(rejected("conflict", format!("invoice {id} is not approved")));
+                    return Err(rejected(
+                        "conflict",
+                        format!("invoice {id} is not approved"),
+                    ));
                 }
                 let date = arg(args, "value_date")?;
                 let n = self.count("payment").await?;
@@ -303,7 +327,10 @@ impl Erp {
                     vec![write("supplier", id, &sup, Some(obj.version))],
                 ))
             }
-            other => Err(rejected("unknown_operation", format!("no operation {other}"))),
+            other => Err(rejected(
+                "unknown_operation",
+                format!("no operation {other}"),
+            )),
         }
     }
 
@@ -413,7 +440,12 @@ impl Adapter for Erp {
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<ResourceFact>, AdapterError>> {
         Box::pin(async move {
-            let Some(obj) = self.store.demo_get(ERP, kind, id).await.map_err(unavailable)? else {
+            let Some(obj) = self
+                .store
+                .demo_get(ERP, kind, id)
+                .await
+                .map_err(unavailable)?
+            else {
                 return Ok(None);
             };
             let value = parse(&obj)?;
@@ -455,13 +487,21 @@ pub async fn seed_erp(store: &Store) -> Result<(), countersign_core::StoreError>
             "supplier",
             "SUP-000417",
             "acme",
-            supplier("SUP-000417", "Lindqvist Industrial Supply AB", "SE4550000000058398257466"),
+            supplier(
+                "SUP-000417",
+                "Lindqvist Industrial Supply AB",
+                "SE4550000000058398257466",
+            ),
         ),
         (
             "supplier",
             "SUP-000502",
             "acme",
-            supplier("SUP-000502", "Harbour Freight Logistics BV", "NL91ABNA0417164300"),
+            supplier(
+                "SUP-000502",
+                "Harbour Freight Logistics BV",
+                "NL91ABNA0417164300",
+            ),
         ),
         (
             "purchase_order",
@@ -477,35 +517,66 @@ pub async fn seed_erp(store: &Store) -> Result<(), countersign_core::StoreError>
             "invoice",
             "INV-20260611",
             "acme",
-            invoice("INV-20260611", "SUP-000417", "PO-77812", 4180.00, "approved", injected),
+            invoice(
+                "INV-20260611",
+                "SUP-000417",
+                "PO-77812",
+                4180.00,
+                "approved",
+                injected,
+            ),
         ),
         (
             "invoice",
             "INV-20260612",
             "acme",
-            invoice("INV-20260612", "SUP-000502", "PO-77813", 1860.50, "approved",
-                    "Invoice 20260612 · Freight June · 1,860.50 EUR"),
+            invoice(
+                "INV-20260612",
+                "SUP-000502",
+                "PO-77813",
+                1860.50,
+                "approved",
+                "Invoice 20260612 · Freight June · 1,860.50 EUR",
+            ),
         ),
         (
             "invoice",
             "INV-20260613",
             "acme",
-            invoice("INV-20260613", "SUP-000502", "PO-77814", 31250.00, "approved",
-                    "Invoice 20260613 · Annual freight contract · 31,250.00 EUR"),
+            invoice(
+                "INV-20260613",
+                "SUP-000502",
+                "PO-77814",
+                31250.00,
+                "approved",
+                "Invoice 20260613 · Annual freight contract · 31,250.00 EUR",
+            ),
         ),
         (
             "invoice",
             "INV-20260614",
             "acme",
-            invoice("INV-20260614", "SUP-000417", "PO-77815", 980.00, "received",
-                    "Invoice 20260614 · Bearings · 980.00 EUR"),
+            invoice(
+                "INV-20260614",
+                "SUP-000417",
+                "PO-77815",
+                980.00,
+                "received",
+                "Invoice 20260614 · Bearings · 980.00 EUR",
+            ),
         ),
         (
             "invoice",
             "INV-20269001",
             "globex",
-            invoice("INV-20269001", "SUP-900001", "PO-90001", 2500.00, "approved",
-                    "Invoice 20269001 · Globex consulting · 2,500.00 EUR"),
+            invoice(
+                "INV-20269001",
+                "SUP-900001",
+                "PO-90001",
+                2500.00,
+                "approved",
+                "Invoice 20269001 · Globex consulting · 2,500.00 EUR",
+            ),
         ),
     ];
     for (kind, id, tenant, data) in rows {

@@ -127,9 +127,34 @@ fn describe(tool: &countersign_core::registry::Tool) -> Tool {
         out = out.with_title(title.clone());
     }
     if let Some(output) = &tool.output_schema {
-        out = out.with_raw_output_schema(schema(output));
+        out = out.with_raw_output_schema(schema(&with_status_envelope(output)));
     }
     out
+}
+
+/// A tool's output schema as Countersign answers it: the tool's own result, or one of the
+/// gateway's status answers (waiting for approval, in flight, unknown), which a client that
+/// validates `structuredContent` against `outputSchema` must also accept.
+fn with_status_envelope(output: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "anyOf": [
+            output,
+            {
+                "type": "object",
+                "required": ["status"],
+                "properties": {
+                    "status": {"type": "string", "enum": [
+                        "needs_approval", "in_flight", "unknown", "denied", "invalid",
+                        "refused", "failed", "expired", "cancelled"]},
+                    "step_id": {"type": "string"},
+                    "expires_at": {"type": ["string", "null"]},
+                    "rule": {"type": ["string", "null"]},
+                    "message": {"type": "string"}
+                }
+            }
+        ]
+    })
 }
 
 /// One page of `items` (sorted by `name`): those after `cursor`, at most `size`, and the cursor
@@ -196,7 +221,17 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let credential = credential(&context)?;
-        call::call(&self.state, &credential, request)
+        let session = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let caller = crate::pipeline::Caller {
+            credential,
+            session,
+        };
+        call::call(&self.state, &caller, request)
             .await
             .map(CallToolResponse::from)
     }

@@ -4,6 +4,7 @@
 mod cli;
 mod config;
 mod dashboard;
+mod gateway;
 mod health;
 mod helpers;
 mod mcp;

@@ -1,0 +1,868 @@
+//! The call pipeline (DESIGN §5): one code path from a proposed tool call to its outcome.
+//!
+//! listing → schema → canonicalise, hash, resolve or open the step (its key derived here) →
+//! policy (decided again every time) → gate → key reservation → adapter → outcome, with the
+//! step's status, the key's stored result and the audit records committed together.
+//!
+//! Invariants:
+//! * A tool the caller's role does not list does not exist for it ([`Answer::UnknownTool`],
+//!   the same for a tool that exists nowhere).
+//! * No adapter runs unless the arguments fit the closed schema, policy allows the call, and —
+//!   where approval is required — an approval bound to exactly these inputs hash is valid now.
+//! * A write runs at most once per key: the key is reserved (unique row) before the adapter
+//!   is called, and every later identical call gets the stored outcome. Keys are derived by
+//!   Countersign; a key a client supplies is ignored.
+//! * A timed-out irreversible call becomes `unknown` and is never retried blind.
+//! * Every outcome appends audit records before the caller hears it; if recording fails the
+//!   call fails closed. Agents never see internal errors, only "internal error".
+
+use std::time::{Duration, Instant};
+
+use countersign_core::audit::{AuditEvent, NewAuditRecord};
+use countersign_core::policy::{
+    ApprovalState, Principal, PrincipalKind, Request, ResourceFact, TaskOrigin,
+};
+use countersign_core::registry::Tool;
+use countersign_core::store::{
+    AgentCredential, KeyState, NewRun, NewStep, Reservation, Run, Step, Transition,
+};
+use countersign_core::{
+    CanonicalJson, Decision, Effect, InputsHash, RoleName, Rule, StepStatus, StoreError,
+};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::AppState;
+use crate::adapters::{AdapterError, Invocation};
+use crate::registry::Loaded;
+
+/// The same step (key) asked for with other inputs.
+pub const IDEMPOTENCY_MISMATCH: &str = "idempotency.mismatch";
+/// `_meta.step_id` names no step of this run and tool.
+pub const STEP_UNKNOWN: &str = "step.unknown";
+/// The gate's window closed before anyone approved.
+pub const APPROVAL_EXPIRED: &str = "approval.expired";
+/// An irreversible call got no answer in time: reconcile, never retry.
+pub const TARGET_TIMEOUT: &str = "target.timeout";
+/// The target did not complete the call.
+pub const TARGET_FAILED: &str = "target.failed";
+
+/// How long one adapter call may take before it counts as timed out.
+pub const ADAPTER_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a caller waits for an identical call already in flight before it is told so.
+pub const IN_FLIGHT_WAIT: Duration = Duration::from_secs(30);
+/// Executions of one step, at most (retryable failures only).
+pub const MAX_ATTEMPTS: i64 = 4;
+
+/// Who is calling: an authenticated agent, and its MCP session if it has one.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The credential the request authenticated with.
+    pub credential: AgentCredential,
+    /// The MCP session id, when the transport has one.
+    pub session: Option<String>,
+}
+
+/// One proposed call.
+#[derive(Debug, Clone)]
+pub struct CallRequest {
+    /// Tool name as the caller gave it.
+    pub tool: String,
+    /// Arguments as given.
+    pub arguments: Map<String, Value>,
+    /// `_meta.run_id`: used only when the caller's credential owns that run.
+    pub run_id: Option<String>,
+    /// `_meta.step_id`: the step this call means (its state is reported; different inputs
+    /// are refused as `idempotency.mismatch`).
+    pub step_id: Option<String>,
+}
+
+/// What the caller hears.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// The tool does not exist for this role.
+    UnknownTool,
+    /// A tool result: `error` = refused or failed; `structured` = the structured content.
+    Result {
+        /// Whether the result is an error result.
+        error: bool,
+        /// Structured content.
+        structured: Value,
+    },
+}
+
+/// An internal failure; the caller only ever hears "internal error".
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Internal(String);
+
+impl From<StoreError> for Internal {
+    fn from(e: StoreError) -> Self {
+        Internal(format!("store: {e}"))
+    }
+}
+
+fn ok(structured: Value) -> Answer {
+    Answer::Result {
+        error: false,
+        structured,
+    }
+}
+
+fn err(structured: Value) -> Answer {
+    Answer::Result {
+        error: true,
+        structured,
+    }
+}
+
+/// Everything one call works with.
+struct Ctx<'a> {
+    state: &'a AppState,
+    caller: &'a Caller,
+    loaded: &'a Loaded,
+    tool: &'a Tool,
+    trace_id: String,
+}
+
+impl Ctx<'_> {
+    fn actor(&self) -> String {
+        let c = &self.caller.credential;
+        format!("agent:{} role:{} tenant:{}", c.id, c.role, c.tenant)
+    }
+
+    fn record(
+        &self,
+        event: AuditEvent,
+        step: Option<&Step>,
+        rule: Option<&str>,
+        detail: Map<String, Value>,
+    ) -> (AuditEvent, NewAuditRecord) {
+        (
+            event,
+            NewAuditRecord {
+                event: Some(event),
+                run_id: step.map(|s| s.run_id.clone()),
+                step_id: step.map(|s| s.id.clone()),
+                tool: Some(self.tool.name.as_str().to_string()),
+                actor: Some(self.actor()),
+                rule: rule.map(str::to_string),
+                detail,
+            },
+        )
+    }
+
+    async fn append(&self, record: (AuditEvent, NewAuditRecord)) -> Result<(), Internal> {
+        self.state.store.append_audit(&record.1).await?;
+        Ok(())
+    }
+
+    /// Moves `step` (from one of `from`) with `records`; `None` when it had moved already.
+    async fn transition(&self, t: Transition) -> Result<Option<Step>, Internal> {
+        Ok(self.state.store.transition(&t).await?.map(|(s, _)| s))
+    }
+}
+
+fn detail(pairs: &[(&str, Value)]) -> Map<String, Value> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), v.clone()))
+        .collect()
+}
+
+/// At most 128 characters of caller-supplied text, for the audit record.
+fn bounded(text: &str) -> String {
+    text.chars().take(128).collect()
+}
+
+/// Runs one call through the pipeline.
+pub async fn call(
+    state: &AppState,
+    caller: &Caller,
+    request: CallRequest,
+) -> Result<Answer, Internal> {
+    let credential = &caller.credential;
+    let actor = format!(
+        "agent:{} role:{} tenant:{}",
+        credential.id, credential.role, credential.tenant
+    );
+    // 2. The role's listing: unknown and unlisted are the same answer (and the same record).
+    let loaded = state.registry.current();
+    let role = RoleName::parse(&credential.role).ok();
+    let tool = match (&loaded, &role) {
+        (Some(l), Some(r)) => l.bundle.registry.tool_for_role(r, &request.tool),
+        _ => None,
+    };
+    let (Some(loaded), Some(tool)) = (loaded.as_deref(), tool) else {
+        let record = NewAuditRecord {
+            event: Some(AuditEvent::Refused),
+            run_id: None,
+            step_id: None,
+            tool: None,
+            actor: Some(actor),
+            rule: Some(Rule::TOOL_NOT_LISTED.as_str().into()),
+            detail: detail(&[("requested_tool", json!(bounded(&request.tool)))]),
+        };
+        state.store.append_audit(&record).await?;
+        return Ok(Answer::UnknownTool);
+    };
+    let ctx = Ctx {
+        state,
+        caller,
+        loaded,
+        tool,
+        trace_id: uuid::Uuid::new_v4().to_string(),
+    };
+
+    // 3. The closed schema, before anything else looks at the arguments.
+    let arguments = Value::Object(request.arguments.clone());
+    if let Err(errors) = loaded.bundle.registry.validate(&tool.name, &arguments) {
+        let errors: Vec<Value> = errors
+            .iter()
+            .map(|e| json!({"path": e.path, "message": e.message}))
+            .collect();
+        return refuse_invalid(&ctx, errors).await;
+    }
+
+    // 4. Canonical form, its hash, the run and the step (whose key is derived on opening).
+    let canonical = match CanonicalJson::from_value(&arguments) {
+        Ok(c) => c,
+        Err(e) => {
+            return refuse_invalid(&ctx, vec![json!({"path": "", "message": e.to_string()})]).await;
+        }
+    };
+    let inputs_hash = InputsHash::of(&canonical);
+    let run = resolve_run(&ctx, request.run_id.as_deref()).await?;
+    if let Some(step_id) = &request.step_id {
+        match state.store.get_step(step_id).await {
+            Ok(step) if step.run_id == run.id && step.tool == tool.name.as_str() => {
+                if step.inputs_hash != inputs_hash.to_string() {
+                    let record = ctx.record(
+                        AuditEvent::Refused,
+                        Some(&step),
+                        Some(IDEMPOTENCY_MISMATCH),
+                        detail(&[
+                            ("inputs_hash", json!(inputs_hash.to_string())),
+                            ("step_inputs_hash", json!(step.inputs_hash)),
+                        ]),
+                    );
+                    ctx.append(record).await?;
+                    return Ok(err(json!({
+                        "status": "refused",
+                        "rule": IDEMPOTENCY_MISMATCH,
+                        "step_id": step.id,
+                        "message": "this step was proposed with other inputs",
+                    })));
+                }
+            }
+            Ok(_) | Err(StoreError::NotFound) => {
+                let record = ctx.record(
+                    AuditEvent::Refused,
+                    None,
+                    Some(STEP_UNKNOWN),
+                    detail(&[("requested_step", json!(bounded(step_id)))]),
+                );
+                ctx.append(record).await?;
+                return Ok(err(json!({
+                    "status": "refused",
+                    "rule": STEP_UNKNOWN,
+                    "message": "no such step in this run for this tool",
+                })));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let (step, created) = state
+        .store
+        .open_step(&NewStep {
+            run_id: run.id.clone(),
+            role: credential.role.clone(),
+            tool: tool.name.as_str().to_string(),
+            effect: tool.effect,
+            inputs: canonical.clone(),
+            agent_id: Some(credential.id.clone()),
+            reason: String::new(),
+            evidence: Vec::new(),
+            observed: None,
+            trace_id: ctx.trace_id.clone(),
+            status: StepStatus::Pending,
+        })
+        .await?;
+    if !created && let Some(answer) = replay(&ctx, &step).await? {
+        return Ok(answer);
+    }
+    execute(&ctx, &run, step, &canonical).await
+}
+
+/// The run this call belongs to: the caller's own run named in `_meta.run_id`, else the run
+/// of its MCP session (or of its direct calls when it has no session).
+async fn resolve_run(ctx: &Ctx<'_>, requested: Option<&str>) -> Result<Run, Internal> {
+    let credential = &ctx.caller.credential;
+    if let Some(id) = requested {
+        match ctx.state.store.get_run(id).await {
+            Ok(run) if run.agent_id.as_deref() == Some(credential.id.as_str()) => return Ok(run),
+            Ok(_) | Err(StoreError::NotFound) => {
+                tracing::info!(agent = %credential.id, "ignoring _meta.run_id the caller does not own");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut h = Sha256::new();
+    h.update(credential.id.as_bytes());
+    h.update([0]);
+    h.update(ctx.caller.session.as_deref().unwrap_or("direct").as_bytes());
+    let session_key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let task = match &ctx.caller.session {
+        Some(_) => format!("MCP session of agent {}", credential.name),
+        None => format!("direct calls of agent {}", credential.name),
+    };
+    Ok(ctx
+        .state
+        .store
+        .session_run(
+            &session_key,
+            &NewRun {
+                tenant: credential.tenant.clone(),
+                principal: format!("agent:{}", credential.id),
+                agent_id: Some(credential.id.clone()),
+                task,
+                origin: "user".into(),
+            },
+        )
+        .await?)
+}
+
+/// An identical write already has a step: answer with where it stands, or `None` to carry on
+/// through the pipeline (a pending step, or a failed one that may be retried).
+async fn replay(ctx: &Ctx<'_>, step: &Step) -> Result<Option<Answer>, Internal> {
+    let now = ctx.state.store.clock().now_ms();
+    let answer = match step.status {
+        StepStatus::Pending => return Ok(None),
+        StepStatus::Failed => {
+            let key = ctx.state.store.get_key(&step.idem_key).await?;
+            let retryable = key.as_ref().is_none_or(|k| k.state == KeyState::Failed);
+            if retryable && step.attempts < MAX_ATTEMPTS {
+                return Ok(None);
+            }
+            stored_outcome(step)
+        }
+        StepStatus::NeedsApproval => {
+            if step.expires_at.is_some_and(|at| now >= at) {
+                let record = ctx.record(
+                    AuditEvent::Expired,
+                    Some(step),
+                    Some(APPROVAL_EXPIRED),
+                    Map::new(),
+                );
+                ctx.transition(Transition {
+                    step_id: step.id.clone(),
+                    from: vec![StepStatus::NeedsApproval],
+                    to: Some(StepStatus::Expired),
+                    rule: Some(APPROVAL_EXPIRED.to_string()),
+                    records: vec![record],
+                    ..Transition::default()
+                })
+                .await?;
+                return Ok(Some(expired(step)));
+            }
+            waiting(step)
+        }
+        StepStatus::Running => return Ok(Some(await_key(ctx, step).await?)),
+        StepStatus::Done | StepStatus::Refused | StepStatus::Unknown => stored_outcome(step),
+        StepStatus::Expired => expired(step),
+        StepStatus::Cancelled => err(json!({"status": "cancelled", "step_id": step.id})),
+    };
+    let record = ctx.record(
+        AuditEvent::Proposed,
+        Some(step),
+        step.rule.as_deref(),
+        detail(&[
+            ("replay", json!(true)),
+            ("status", json!(step.status.as_str())),
+        ]),
+    );
+    ctx.append(record).await?;
+    Ok(Some(answer))
+}
+
+fn waiting(step: &Step) -> Answer {
+    ok(json!({
+        "status": "needs_approval",
+        "step_id": step.id,
+        "expires_at": step.expires_at.map(rfc3339),
+        "rule": step.rule,
+    }))
+}
+
+fn expired(step: &Step) -> Answer {
+    err(json!({"status": "expired", "step_id": step.id, "rule": APPROVAL_EXPIRED}))
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+/// The stored outcome of a finished step, as the caller first heard it.
+fn stored_outcome(step: &Step) -> Answer {
+    let parsed = step
+        .outcome
+        .as_deref()
+        .and_then(|o| serde_json::from_str::<Value>(o).ok());
+    match parsed {
+        Some(Value::Object(mut o)) => {
+            let error = o.remove("error").and_then(|e| e.as_bool()).unwrap_or(false);
+            let structured = o.remove("answer").unwrap_or(Value::Null);
+            Answer::Result { error, structured }
+        }
+        _ => match step.status {
+            StepStatus::Unknown => ok(json!({"status": "unknown", "step_id": step.id})),
+            _ => err(json!({"status": step.status.as_str(), "step_id": step.id,
+                            "rule": step.rule})),
+        },
+    }
+}
+
+/// The text stored in `steps.outcome` for `answer`.
+fn outcome_text(answer: &Answer) -> Option<String> {
+    match answer {
+        Answer::Result { error, structured } => {
+            Some(json!({"error": error, "answer": structured}).to_string())
+        }
+        Answer::UnknownTool => None,
+    }
+}
+
+/// Waits for the holder of `step`'s key to finish, then answers with its outcome.
+async fn await_key(ctx: &Ctx<'_>, step: &Step) -> Result<Answer, Internal> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let now = ctx.state.store.get_step(&step.id).await?;
+        match now.status {
+            StepStatus::Running | StepStatus::Pending if started.elapsed() < IN_FLIGHT_WAIT => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            StepStatus::Running | StepStatus::Pending => {
+                return Ok(ok(json!({"status": "in_flight", "step_id": step.id})));
+            }
+            _ => return Ok(stored_outcome(&now)),
+        }
+    }
+}
+
+/// Resource facts for the records the arguments point at, from the tool's provider.
+async fn resource_facts(ctx: &Ctx<'_>, canonical: &Value) -> Result<Vec<ResourceFact>, Internal> {
+    let Some(adapter) = ctx.loaded.adapters.get(ctx.tool.handler.provider.as_str()) else {
+        return Ok(Vec::new());
+    };
+    let mut facts = Vec::new();
+    for (field, kind) in &ctx.tool.resources {
+        let Some(id) = canonical.get(field).and_then(Value::as_str) else {
+            continue;
+        };
+        match adapter.facts(kind, id).await {
+            Ok(Some(fact)) => facts.push(fact),
+            Ok(None) => {}
+            Err(e) => return Err(Internal(format!("resource facts for {kind} {id}: {e}"))),
+        }
+    }
+    Ok(facts)
+}
+
+fn decision_text(d: &Decision) -> (&'static str, String) {
+    match d {
+        Decision::Allow => ("allow", "policy.allow".to_string()),
+        Decision::AllowWithinAuthorization(id) => {
+            ("allow_within_authorization", format!("authorization:{id}"))
+        }
+        Decision::RequireApproval(rule) => ("require_approval", rule.as_str().to_string()),
+        Decision::Deny(rule) => ("deny", rule.as_str().to_string()),
+    }
+}
+
+/// Steps 5–12 for a step that may run: policy, gate, key, adapter, outcome.
+async fn execute(
+    ctx: &Ctx<'_>,
+    run: &Run,
+    step: Step,
+    canonical: &CanonicalJson,
+) -> Result<Answer, Internal> {
+    let store = &ctx.state.store;
+    let credential = &ctx.caller.credential;
+    let arguments = canonical
+        .to_value()
+        .map_err(|e| Internal(format!("canonical arguments: {e}")))?;
+
+    // 5. Policy, decided here whatever was decided before.
+    let resources = resource_facts(ctx, &arguments).await?;
+    let role = RoleName::parse(&credential.role).map_err(|e| Internal(e.to_string()))?;
+    let Some(facts) = ctx.loaded.bundle.tool_facts(&role, ctx.tool.name.as_str()) else {
+        return Err(Internal(format!(
+            "listed tool {} has no policy facts",
+            ctx.tool.name
+        )));
+    };
+    let approval = store.valid_approval(&step).await?;
+    let origin = match run.origin.as_str() {
+        "schedule" => TaskOrigin::Schedule,
+        "monitor" => TaskOrigin::Monitor,
+        "external" => TaskOrigin::External,
+        _ => TaskOrigin::User,
+    };
+    let report = ctx.loaded.bundle.policy.decide(&Request {
+        principal: Principal {
+            kind: PrincipalKind::Agent,
+            id: credential.id.clone(),
+            role: credential.role.clone(),
+            tenant: credential.tenant.clone(),
+            acts_for: None,
+        },
+        tool: facts,
+        schema_errors: Vec::new(),
+        arguments: arguments.clone(),
+        resources,
+        task_origin: origin,
+        approval: if approval.is_some() {
+            ApprovalState::Approved
+        } else {
+            ApprovalState::None
+        },
+        now: store.clock().now(),
+        authorizations: Vec::new(),
+    });
+    if !report.errors.is_empty() {
+        tracing::warn!(tool = %ctx.tool.name, errors = ?report.errors, "policy evaluation errors");
+    }
+    let (decision, rule) = decision_text(&report.decision);
+    let decided = ctx.record(
+        AuditEvent::Decided,
+        Some(&step),
+        Some(&rule),
+        detail(&[
+            ("decision", json!(decision)),
+            ("inputs_hash", json!(step.inputs_hash)),
+            ("idem_key", json!(step.idem_key)),
+            ("effect", json!(ctx.tool.effect.as_str())),
+            ("policy_ids", json!(report.policy_ids)),
+        ]),
+    );
+    let movable = vec![StepStatus::Pending, StepStatus::Failed];
+
+    // Deny: the step is refused for good.
+    if let Decision::Deny(deny) = &report.decision {
+        let answer = err(json!({"status": "denied", "rule": deny.as_str(), "step_id": step.id}));
+        let moved = ctx
+            .transition(Transition {
+                step_id: step.id.clone(),
+                from: movable,
+                to: Some(StepStatus::Refused),
+                decision: Some(decision.into()),
+                rule: Some(rule.clone()),
+                outcome: outcome_text(&answer),
+                records: vec![decided],
+                ..Transition::default()
+            })
+            .await?;
+        return match moved {
+            Some(_) => Ok(answer),
+            None => settle(ctx, &step).await,
+        };
+    }
+
+    // 6. Gate: park unless an approval binds exactly these inputs. A gate's window opens
+    // once per step and never reopens: past it, the step expires (fail closed).
+    if let Decision::RequireApproval(gate_rule) = &report.decision
+        && approval.is_none()
+        && step
+            .expires_at
+            .is_some_and(|at| store.clock().now_ms() >= at)
+    {
+        let record = ctx.record(
+            AuditEvent::Expired,
+            Some(&step),
+            Some(APPROVAL_EXPIRED),
+            detail(&[("gate_rule", json!(gate_rule.as_str()))]),
+        );
+        ctx.transition(Transition {
+            step_id: step.id.clone(),
+            from: movable,
+            to: Some(StepStatus::Expired),
+            rule: Some(APPROVAL_EXPIRED.to_string()),
+            records: vec![decided, record],
+            ..Transition::default()
+        })
+        .await?;
+        return Ok(expired(&step));
+    }
+    if let Decision::RequireApproval(gate_rule) = &report.decision
+        && approval.is_none()
+    {
+        let expires_at = store.clock().now_ms()
+            + i64::try_from(ctx.tool.approval_expiry().as_secs())
+                .unwrap_or(i64::MAX / 2_000)
+                .saturating_mul(1000);
+        let waiting_record = ctx.record(
+            AuditEvent::WaitingApproval,
+            Some(&step),
+            Some(gate_rule.as_str()),
+            detail(&[("expires_at", json!(expires_at))]),
+        );
+        let moved = ctx
+            .transition(Transition {
+                step_id: step.id.clone(),
+                from: movable,
+                to: Some(StepStatus::NeedsApproval),
+                decision: Some(decision.into()),
+                rule: Some(rule.clone()),
+                expires_at: Some(expires_at),
+                records: vec![decided, waiting_record],
+                ..Transition::default()
+            })
+            .await?;
+        return match moved {
+            Some(step) => Ok(waiting(&step)),
+            None => settle(ctx, &step).await,
+        };
+    }
+
+    // 7. Reserve the key (writes): only the reserver calls the adapter.
+    let dedupe = !matches!(ctx.tool.effect, Effect::Read);
+    if dedupe {
+        match store
+            .reserve_key(&step.idem_key, &step.id, &step.inputs_hash, &ctx.trace_id)
+            .await?
+        {
+            Reservation::Reserved => {}
+            Reservation::Existing(key) => {
+                if key.inputs_hash != step.inputs_hash || key.step_id != step.id {
+                    let record = ctx.record(
+                        AuditEvent::Refused,
+                        Some(&step),
+                        Some(IDEMPOTENCY_MISMATCH),
+                        detail(&[("inputs_hash", json!(step.inputs_hash))]),
+                    );
+                    ctx.append(record).await?;
+                    return Ok(err(json!({"status": "refused",
+                        "rule": IDEMPOTENCY_MISMATCH, "step_id": step.id})));
+                }
+                let taken = key.state == KeyState::Failed
+                    && store
+                        .take_over_key(&step.idem_key, KeyState::Failed, &ctx.trace_id)
+                        .await?;
+                if !taken {
+                    return settle(ctx, &step).await;
+                }
+            }
+        }
+    }
+    let started_record = ctx.record(
+        AuditEvent::Started,
+        Some(&step),
+        Some(&rule),
+        detail(&[
+            ("idem_key", json!(step.idem_key)),
+            ("trace_id", json!(ctx.trace_id)),
+        ]),
+    );
+    let Some(step) = ctx
+        .transition(Transition {
+            step_id: step.id.clone(),
+            from: movable,
+            to: Some(StepStatus::Running),
+            decision: Some(decision.into()),
+            rule: Some(rule.clone()),
+            bump_attempts: true,
+            records: vec![decided, started_record],
+            ..Transition::default()
+        })
+        .await?
+    else {
+        return settle(ctx, &step).await;
+    };
+
+    // 9. The adapter, under the key, with the approval reference.
+    let Some(adapter) = ctx.loaded.adapters.get(ctx.tool.handler.provider.as_str()) else {
+        let failure = AdapterError::Refused(format!(
+            "provider {} is not served",
+            ctx.tool.handler.provider
+        ));
+        return finish(ctx, &step, Err(failure), Duration::ZERO).await;
+    };
+    let invocation = Invocation {
+        tool: ctx.tool.name.as_str().to_string(),
+        operation: ctx.tool.handler.operation.clone(),
+        arguments,
+        idem_key: step.idem_key.clone(),
+        approval_token: approval.as_ref().map(|a| a.id.clone()),
+        trace_id: ctx.trace_id.clone(),
+        tenant: run.tenant.clone(),
+    };
+    let began = Instant::now();
+    let outcome = match tokio::time::timeout(ADAPTER_TIMEOUT, adapter.invoke(&invocation)).await {
+        Ok(result) => result,
+        Err(_) => Err(AdapterError::Timeout),
+    };
+    finish(ctx, &step, outcome, began.elapsed()).await
+}
+
+/// Another caller moved the step first: report where it ends up.
+async fn settle(ctx: &Ctx<'_>, step: &Step) -> Result<Answer, Internal> {
+    let now = ctx.state.store.get_step(&step.id).await?;
+    match now.status {
+        StepStatus::NeedsApproval => Ok(waiting(&now)),
+        StepStatus::Expired => Ok(expired(&now)),
+        _ => await_key(ctx, &now).await,
+    }
+}
+
+/// 10–12: records the adapter's outcome (step status, key, audit) in one transaction.
+async fn finish(
+    ctx: &Ctx<'_>,
+    step: &Step,
+    outcome: Result<Value, AdapterError>,
+    latency: Duration,
+) -> Result<Answer, Internal> {
+    let latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+    let dedupe = !matches!(ctx.tool.effect, Effect::Read);
+    let (status, key, event, rule, answer, extra) = match outcome {
+        Ok(result) => {
+            let shown = crate::pipeline::redacted(ctx.tool, &result);
+            let reference = result.get("ref").cloned().unwrap_or(Value::Null);
+            (
+                StepStatus::Done,
+                KeyState::Done,
+                AuditEvent::Succeeded,
+                None,
+                ok(shown),
+                vec![("reference", reference)],
+            )
+        }
+        Err(AdapterError::Timeout) if ctx.tool.effect == Effect::Irreversible => (
+            StepStatus::Unknown,
+            KeyState::Unknown,
+            AuditEvent::Unknown,
+            Some(TARGET_TIMEOUT),
+            ok(json!({"status": "unknown", "step_id": step.id,
+                      "message": "no answer in time; Countersign reconciles it with the target"})),
+            vec![],
+        ),
+        Err(e) => {
+            let retryable = matches!(e, AdapterError::Unavailable(_) | AdapterError::Timeout)
+                && step.attempts < MAX_ATTEMPTS;
+            let code = match &e {
+                AdapterError::Rejected { code, .. } => code.clone(),
+                AdapterError::Unavailable(_) => "unavailable".into(),
+                AdapterError::Timeout => "timeout".into(),
+                AdapterError::Refused(_) => "adapter.refused".into(),
+            };
+            tracing::info!(tool = %ctx.tool.name, error = %e, "adapter call failed");
+            let message = match &e {
+                AdapterError::Rejected { message, .. } => message.clone(),
+                AdapterError::Unavailable(_) | AdapterError::Timeout => {
+                    "the target system did not complete the call; it may be retried".into()
+                }
+                AdapterError::Refused(_) => "the call could not be sent".into(),
+            };
+            (
+                StepStatus::Failed,
+                if retryable {
+                    KeyState::Failed
+                } else {
+                    KeyState::Done
+                },
+                AuditEvent::Failed,
+                Some(TARGET_FAILED),
+                err(json!({"status": "failed", "step_id": step.id, "code": code,
+                           "message": message, "retryable": retryable})),
+                vec![("code", json!(code)), ("retryable", json!(retryable))],
+            )
+        }
+    };
+    let mut d = detail(&[
+        ("latency_ms", json!(latency_ms)),
+        ("idem_key", json!(step.idem_key)),
+        ("status", json!(status.as_str())),
+    ]);
+    for (k, v) in extra {
+        d.insert(k.into(), v);
+    }
+    let record = ctx.record(event, Some(step), rule, d);
+    let stored = outcome_text(&answer);
+    let moved = ctx
+        .transition(Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Running],
+            to: Some(status),
+            outcome: stored.clone(),
+            key: dedupe.then_some((key, stored)),
+            records: vec![record],
+            ..Transition::default()
+        })
+        .await?;
+    if moved.is_none() {
+        return Err(Internal(format!(
+            "step {} left running while its call was in flight",
+            step.id
+        )));
+    }
+    Ok(answer)
+}
+
+/// `result` with the tool's `redact` fields hidden from the agent (hashed with SHA-256 when
+/// the rule says hash: equal values still compare equal; dropped otherwise).
+pub fn redacted(tool: &Tool, result: &Value) -> Value {
+    if tool.redact.is_empty() {
+        return result.clone();
+    }
+    fn walk(v: &Value, tool: &Tool) -> Value {
+        match v {
+            Value::Object(map) => {
+                let mut out = Map::new();
+                for (k, v) in map {
+                    match tool.redact.iter().find(|r| r.field == *k) {
+                        Some(r) => {
+                            if r.how == countersign_core::registry::RedactHow::Hash {
+                                out.insert(k.clone(), json!(hash_value(v)));
+                            }
+                        }
+                        None => {
+                            out.insert(k.clone(), walk(v, tool));
+                        }
+                    }
+                }
+                Value::Object(out)
+            }
+            Value::Array(items) => Value::Array(items.iter().map(|i| walk(i, tool)).collect()),
+            other => other.clone(),
+        }
+    }
+    walk(result, tool)
+}
+
+fn hash_value(v: &Value) -> String {
+    let text = CanonicalJson::from_value(v)
+        .map(CanonicalJson::into_string)
+        .unwrap_or_else(|_| v.to_string());
+    let digest = Sha256::digest(text.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("redacted:sha256:{}", &hex[..16])
+}
+
+/// Records an `input.schema` refusal, then answers with it.
+async fn refuse_invalid(ctx: &Ctx<'_>, errors: Vec<Value>) -> Result<Answer, Internal> {
+    let record = ctx.record(
+        AuditEvent::Refused,
+        None,
+        Some(Rule::INPUT_SCHEMA.as_str()),
+        detail(&[("errors", Value::Array(errors.clone()))]),
+    );
+    ctx.append(record).await?;
+    Ok(err(json!({
+        "status": "invalid",
+        "rule": "input.schema",
+        "errors": errors,
+    })))
+}

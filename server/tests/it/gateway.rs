@@ -1,0 +1,516 @@
+//! The gateway pipeline end to end over `/mcp`: steps, the gate, keys and the demo ERP's
+//! state, on both backends. Assertions are on the audit log and on the target's effects.
+
+use std::time::Duration;
+
+use countersign::adapters::builtin::{ERP, Fault, FaultMode, inject_fault};
+use countersign_core::approvals::{Approver, DecideError, Verdict};
+use countersign_core::{Clock, StepStatus};
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+use crate::mcp::{Client, INV, agent, each_finance_app, hold, payment, payment_for};
+
+fn ana() -> Approver {
+    Approver {
+        iss: "https://idp.example".into(),
+        sub: "ana".into(),
+    }
+}
+
+async fn payments(app: &TestApp) -> usize {
+    app.store
+        .demo_effects(ERP, "payments.schedule")
+        .await
+        .unwrap()
+        .len()
+}
+
+fn content(reply: &Value) -> &Value {
+    &reply["result"]["structuredContent"]
+}
+
+/// Proposes the 4,180.00 EUR payment and returns its waiting step id.
+async fn waiting_payment(client: &mut Client<'_>, amount: Value) -> String {
+    let reply = client.call("payment.schedule", payment(amount)).await;
+    assert_eq!(reply["result"]["isError"], false, "{reply}");
+    assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");
+    assert_eq!(content(&reply)["rule"], "irreversible.always", "{reply}");
+    content(&reply)["step_id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn gateway_gated_payment_waits_for_a_person_then_pays_exactly_once() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step_id = waiting_payment(&mut client, json!(4180.00)).await;
+        // The same call later reports the same waiting step; nothing reached the ERP.
+        let again = client.call("payment.schedule", payment(json!(4180))).await;
+        assert_eq!(content(&again)["step_id"], step_id.as_str(), "{again}");
+        assert_eq!(content(&again)["status"], "needs_approval");
+        assert_eq!(payments(&app).await, 0);
+
+        let (approval, token) = app
+            .store
+            .decide_step(
+                &step_id,
+                &ana(),
+                Verdict::Approved,
+                "matches PO-77812 line 2",
+            )
+            .await
+            .unwrap();
+        assert!(token.is_some());
+        assert_eq!(approval.decision, "approved");
+
+        let paid = client
+            .call("payment.schedule", payment(json!(4180.00)))
+            .await;
+        assert_eq!(paid["result"]["isError"], false, "{paid}");
+        let reference = content(&paid)["ref"].as_str().unwrap().to_string();
+        assert!(reference.starts_with("PAYRUN-2026-06-15/"), "{paid}");
+        assert_eq!(content(&paid)["status"], "scheduled");
+        // Repeats, with a client-supplied key that is ignored: the stored outcome, one payment.
+        for meta in [json!({}), json!({"idempotency_key": "client-key-1"})] {
+            let again = client
+                .call_meta("payment.schedule", payment(json!(4180)), meta)
+                .await;
+            assert_eq!(content(&again)["ref"], reference.as_str(), "{again}");
+        }
+        assert_eq!(payments(&app).await, 1);
+        let step = app.store.get_step(&step_id).await.unwrap();
+        assert_eq!(step.status, StepStatus::Done);
+        assert_eq!(step.attempts, 1);
+        assert!(step.idem_key.starts_with("idem:"), "{}", step.idem_key);
+        let effect = &app
+            .store
+            .demo_effects(ERP, "payments.schedule")
+            .await
+            .unwrap()[0];
+        assert_eq!(
+            effect.idem_key, step.idem_key,
+            "the ERP saw Countersign's key"
+        );
+
+        let events: Vec<String> = app
+            .store
+            .audit_records(1, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.step_id.as_deref() == Some(step_id.as_str()))
+            .map(|r| r.event)
+            .collect();
+        let first: Vec<&str> = events.iter().map(String::as_str).take(2).collect();
+        assert_eq!(first, ["decided", "waiting_approval"], "{events:?}");
+        for e in ["approved", "started", "succeeded"] {
+            assert_eq!(
+                events.iter().filter(|x| *x == e).count(),
+                1,
+                "{e}: {events:?}"
+            );
+        }
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_500_concurrent_identical_payments_make_one_payment() {
+    each_finance_app(|app| async move {
+        let (cred, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step_id = waiting_payment(&mut client, json!(4180.00)).await;
+        app.store
+            .decide_step(
+                &step_id,
+                &ana(),
+                Verdict::Approved,
+                "checked against the PO",
+            )
+            .await
+            .unwrap();
+        let run_id = app.store.get_step(&step_id).await.unwrap().run_id;
+        assert_eq!(
+            app.store
+                .get_run(&run_id)
+                .await
+                .unwrap()
+                .agent_id
+                .as_deref(),
+            Some(cred.as_str())
+        );
+        // Ten sessions of the same agent, fifty calls each, all at once, all naming the run.
+        let mut sessions = Vec::new();
+        for _ in 0..10 {
+            let mut c = Client::new(&app, &fin);
+            c.connect().await;
+            sessions.push(c.session().unwrap());
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..500u64 {
+            let http = app.client.clone();
+            let url = app.url("/mcp");
+            let token = fin.clone();
+            let session = sessions[(i % 10) as usize].clone();
+            let body = json!({"jsonrpc": "2.0", "id": i + 100, "method": "tools/call", "params": {
+                "name": "payment.schedule", "arguments": payment(json!(4180)),
+                "_meta": {"run_id": run_id, "idempotency_key": format!("k{i}")}}});
+            tasks.spawn(async move {
+                let resp = http
+                    .post(url)
+                    .bearer_auth(token)
+                    .header("Accept", "application/json, text/event-stream")
+                    .header("Mcp-Session-Id", session)
+                    .header("MCP-Protocol-Version", "2025-06-18")
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                crate::mcp::read_response(resp, i + 100).await
+            });
+        }
+        let mut refs = std::collections::BTreeSet::new();
+        while let Some(reply) = tasks.join_next().await {
+            let reply = reply.unwrap();
+            assert_eq!(reply["result"]["isError"], false, "{reply}");
+            refs.insert(
+                content(&reply)["ref"]
+                    .as_str()
+                    .unwrap_or("<none>")
+                    .to_string(),
+            );
+        }
+        assert_eq!(
+            refs.len(),
+            1,
+            "every caller got the same reference: {refs:?}"
+        );
+        assert_eq!(payments(&app).await, 1, "exactly one payment at the ERP");
+        let key = app
+            .store
+            .get_key(&app.store.get_step(&step_id).await.unwrap().idem_key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(key.state, countersign_core::store::KeyState::Done);
+        assert_eq!(app.store.get_step(&step_id).await.unwrap().attempts, 1);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_injected_invoice_text_leads_to_no_supplier_call_and_no_effect() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let invoice = client.call("invoice.get", json!({"invoice_id": INV})).await;
+        let text = content(&invoice)["text"].as_str().unwrap().to_string();
+        assert!(text.contains("update the beneficiary IBAN"), "{invoice}");
+        // The surface makes the instruction inert: the tool does not exist for this role.
+        assert!(
+            !client
+                .tool_names()
+                .await
+                .contains(&"supplier.update_iban".to_string())
+        );
+        let reply = client
+            .call(
+                "supplier.update_iban",
+                json!({"supplier_id": "SUP-000417", "iban": "ES9121000418450200051332",
+                       "reason": "System notice on the invoice asks for it"}),
+            )
+            .await;
+        assert_eq!(reply["error"]["code"], -32602, "{reply}");
+        assert_eq!(reply["error"]["message"], "Unknown tool");
+        // The IBAN at the ERP is what it was; no supplier write, no payment.
+        let supplier = app
+            .store
+            .demo_get(ERP, "supplier", "SUP-000417")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(supplier.data.contains("SE4550000000058398257466"));
+        assert_eq!(supplier.version, 1);
+        assert!(
+            app.store
+                .demo_effects(ERP, "suppliers.update_iban")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(payments(&app).await, 0);
+        let refused: Vec<_> = app
+            .store
+            .audit_records(1, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.rule.as_deref() == Some("role.tool_not_listed"))
+            .collect();
+        assert_eq!(refused.len(), 1);
+        // A read returns the supplier with its IBAN hashed, never in clear.
+        let sup = client
+            .call("supplier.get", json!({"supplier_id": "SUP-000417"}))
+            .await;
+        let shown = content(&sup)["iban"].as_str().unwrap();
+        assert!(shown.starts_with("redacted:sha256:"), "{sup}");
+        assert_eq!(content(&sup)["name"], "Lindqvist Industrial Supply AB");
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_refuses_cross_tenant_and_over_ceiling_payments_before_any_handler() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let other = client
+            .call("payment.schedule", payment_for("INV-20269001", json!(2500)))
+            .await;
+        assert_eq!(other["result"]["isError"], true, "{other}");
+        assert_eq!(content(&other)["rule"], "tenant.mismatch", "{other}");
+        let read = client
+            .call("invoice.get", json!({"invoice_id": "INV-20269001"}))
+            .await;
+        assert_eq!(content(&read)["rule"], "tenant.mismatch", "{read}");
+        let big = client
+            .call(
+                "payment.schedule",
+                payment_for("INV-20260613", json!(31250)),
+            )
+            .await;
+        assert_eq!(content(&big)["rule"], "amount.ceiling", "{big}");
+        assert_eq!(payments(&app).await, 0);
+        // Refused steps stay refused: asking again does not reopen them.
+        let again = client
+            .call(
+                "payment.schedule",
+                payment_for("INV-20260613", json!(31250)),
+            )
+            .await;
+        assert_eq!(content(&again)["status"], "denied", "{again}");
+        assert_eq!(payments(&app).await, 0);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_a_changed_cent_needs_a_new_approval_and_a_mismatched_step_is_refused() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let approved = waiting_payment(&mut client, json!(4180.00)).await;
+        app.store
+            .decide_step(&approved, &ana(), Verdict::Approved, "checked")
+            .await
+            .unwrap();
+        // One cent more is another call: a new step, back through the gate, nothing paid.
+        let changed = waiting_payment(&mut client, json!(4180.01)).await;
+        assert_ne!(changed, approved);
+        assert_eq!(payments(&app).await, 0);
+        // Naming the approved step with other inputs is refused outright.
+        let reply = client
+            .call_meta(
+                "payment.schedule",
+                payment(json!(4180.01)),
+                json!({"step_id": approved}),
+            )
+            .await;
+        assert_eq!(reply["result"]["isError"], true, "{reply}");
+        assert_eq!(content(&reply)["rule"], "idempotency.mismatch", "{reply}");
+        assert_eq!(payments(&app).await, 0);
+        // Reordered keys are the same inputs: the approval holds.
+        let reordered = json!({"reason": crate::mcp::REASON, "value_date": "2026-06-15",
+                               "currency": "EUR", "amount": 4180, "invoice_id": INV});
+        let paid = client
+            .call_meta("payment.schedule", reordered, json!({"step_id": approved}))
+            .await;
+        assert_eq!(content(&paid)["status"], "scheduled", "{paid}");
+        assert_eq!(payments(&app).await, 1);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_expired_gates_fail_closed() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        // Never approved: past 72 h the step expires and cannot be approved any more.
+        let stale = waiting_payment(&mut client, json!(4180.00)).await;
+        app.clock.advance(Duration::from_secs(72 * 3600 + 1));
+        let late = app
+            .store
+            .decide_step(&stale, &ana(), Verdict::Approved, "late")
+            .await;
+        assert!(matches!(late, Err(DecideError::Expired)), "{late:?}");
+        let reply = client
+            .call("payment.schedule", payment(json!(4180.00)))
+            .await;
+        assert_eq!(reply["result"]["isError"], true, "{reply}");
+        assert_eq!(content(&reply)["status"], "expired", "{reply}");
+        assert_eq!(
+            app.store.get_step(&stale).await.unwrap().status,
+            StepStatus::Expired
+        );
+
+        // Approved at t, executed at t + 72 h + 1 s: expired, no call at the target.
+        let hold_step = {
+            let reply = client.call("invoice.hold", hold(json!(5000))).await;
+            content(&reply)["step_id"].as_str().unwrap().to_string()
+        };
+        app.store
+            .decide_step(&hold_step, &ana(), Verdict::Approved, "dispute is real")
+            .await
+            .unwrap();
+        app.clock.advance(Duration::from_secs(72 * 3600 + 1));
+        let reply = client.call("invoice.hold", hold(json!(5000))).await;
+        assert_eq!(content(&reply)["status"], "expired", "{reply}");
+        assert!(
+            app.store
+                .demo_effects(ERP, "invoices.hold")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(payments(&app).await, 0);
+        let expired = app
+            .store
+            .audit_records(1, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "expired")
+            .count();
+        assert_eq!(expired, 2);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_rejected_steps_never_run() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step = waiting_payment(&mut client, json!(4180.00)).await;
+        let (_, token) = app
+            .store
+            .decide_step(
+                &step,
+                &ana(),
+                Verdict::Rejected,
+                "supplier disputes the amount",
+            )
+            .await
+            .unwrap();
+        assert!(token.is_none());
+        let reply = client
+            .call("payment.schedule", payment(json!(4180.00)))
+            .await;
+        assert_eq!(reply["result"]["isError"], true, "{reply}");
+        assert_eq!(
+            app.store.get_step(&step).await.unwrap().status,
+            StepStatus::Refused
+        );
+        assert_eq!(payments(&app).await, 0);
+        // A decided step cannot be decided again.
+        let again = app
+            .store
+            .decide_step(&step, &ana(), Verdict::Approved, "changed my mind")
+            .await;
+        assert!(
+            matches!(again, Err(DecideError::NotWaiting(_))),
+            "{again:?}"
+        );
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_timeout_after_the_effect_leaves_an_irreversible_step_unknown_not_retried() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step = waiting_payment(&mut client, json!(4180.00)).await;
+        app.store
+            .decide_step(&step, &ana(), Verdict::Approved, "checked")
+            .await
+            .unwrap();
+        let fault = Fault {
+            mode: FaultMode::TimeoutAfterEffect,
+            times: 1,
+        };
+        inject_fault(&app.store, ERP, "payments.schedule", &fault)
+            .await
+            .unwrap();
+        let reply = client
+            .call("payment.schedule", payment(json!(4180.00)))
+            .await;
+        assert_eq!(reply["result"]["isError"], false, "{reply}");
+        assert_eq!(content(&reply)["status"], "unknown", "{reply}");
+        assert_eq!(payments(&app).await, 1, "the effect happened");
+        // Asking again does not retry blind.
+        let again = client
+            .call("payment.schedule", payment(json!(4180.00)))
+            .await;
+        assert_eq!(content(&again)["status"], "unknown", "{again}");
+        assert_eq!(payments(&app).await, 1);
+        let s = app.store.get_step(&step).await.unwrap();
+        assert_eq!((s.status, s.attempts), (StepStatus::Unknown, 1));
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_retries_a_write_the_target_never_applied() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let fault = Fault {
+            mode: FaultMode::Unavailable,
+            times: 1,
+        };
+        inject_fault(&app.store, ERP, "notes.draft", &fault)
+            .await
+            .unwrap();
+        let note = json!({"invoice_id": INV, "text": "Paid after three-way match."});
+        let first = client.call("note.draft", note.clone()).await;
+        assert_eq!(first["result"]["isError"], true, "{first}");
+        assert_eq!(content(&first)["retryable"], true, "{first}");
+        let second = client.call("note.draft", note.clone()).await;
+        assert_eq!(second["result"]["isError"], false, "{second}");
+        assert_eq!(content(&second)["note_id"], "NOTE-00000001", "{second}");
+        let third = client.call("note.draft", note).await;
+        assert_eq!(content(&third)["note_id"], "NOTE-00000001", "{third}");
+        assert_eq!(
+            app.store
+                .demo_effects(ERP, "notes.draft")
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        // A business refusal is final: the ERP will not hold a paid invoice, and is not asked twice.
+        app
+    })
+    .await;
+}
