@@ -6,5 +6,6 @@ mod config;
 mod dashboard;
 mod health;
 mod helpers;
+mod interop;
 mod mcp;
 mod registry;
