@@ -26,7 +26,7 @@ export LEPTOS_RELOAD_PORT := 3001
 RUN_DATABASE_URL ?= sqlite://data/countersign.db
 RUN_REGISTRY ?= examples/finance
 
-.PHONY: help run build test tools rust-tools node-tools browser check fmt clippy test-rust site e2e clean-data
+.PHONY: help run build test tools rust-tools node-tools interop-tools browser check fmt clippy test-rust site e2e clean-data
 
 help:
 	@echo "make run    build the dashboard and serve it (and /mcp) on http://127.0.0.1:3000 with SQLite"
@@ -35,7 +35,7 @@ help:
 
 ## Tools ---------------------------------------------------------------------------------------
 
-tools: rust-tools node-tools
+tools: rust-tools node-tools interop-tools
 
 rust-tools:
 	@rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown \
@@ -50,6 +50,16 @@ node-tools: node_modules/.package-lock.json
 
 node_modules/.package-lock.json: package.json package-lock.json
 	@npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# The official MCP Python SDK for the interop tests, in its own venv (the TypeScript SDK is a
+# devDependency in package.json). Rebuilt only when the pins change.
+INTEROP_VENV := $(CURDIR)/.venv-interop
+interop-tools: $(INTEROP_VENV)/.installed
+
+$(INTEROP_VENV)/.installed: interop/python/requirements.txt
+	@python3 -m venv $(INTEROP_VENV)
+	@$(INTEROP_VENV)/bin/pip install --quiet --disable-pip-version-check -r $<
 	@touch $@
 
 browser:
@@ -87,8 +97,10 @@ clippy:
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p countersign-app --lib --target wasm32-unknown-unknown --no-default-features --features hydrate -- -D warnings
 
-test-rust:
-	cargo test --workspace
+# The interop tests (server/tests/it/interop.rs) run the official MCP SDKs' clients: the
+# Python one from the venv above, the TypeScript one from node_modules.
+test-rust: node-tools interop-tools
+	COUNTERSIGN_TEST_PYTHON=$(INTEROP_VENV)/bin/python cargo test --workspace
 
 e2e: site browser
 	cd end2end && CHROMIUM=$(CHROMIUM) npx playwright test

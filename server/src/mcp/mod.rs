@@ -12,10 +12,14 @@
 //!   exists nowhere gets.
 //! * With no bundle in force, no tool exists for anyone (fail closed).
 //! * Internal errors reach the agent as an opaque "internal error", their cause only the log.
+//! * Only the protocol revisions in [`PROTOCOL_REVISIONS`] are spoken (both have the
+//!   `initialize` handshake and a session); anything newer rmcp knows (the session-less
+//!   2026-07-28 draft and its `server/discover`) is refused, so a client falls back to them.
 
 pub mod call;
 pub mod guard;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::Router;
@@ -23,7 +27,8 @@ use countersign_core::RoleName;
 use countersign_core::store::AgentCredential;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, Implementation, InitializeResult, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, Tool, ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -34,6 +39,10 @@ use crate::AppState;
 
 /// The path the endpoint is served at.
 pub const PATH: &str = "/mcp";
+
+/// The MCP revisions the gateway speaks, oldest first.
+pub const PROTOCOL_REVISIONS: &[ProtocolVersion] =
+    &[ProtocolVersion::V_2025_06_18, ProtocolVersion::V_2025_11_25];
 
 /// How many tools one `tools/list` page holds.
 pub const TOOLS_PAGE_SIZE: usize = 50;
@@ -178,6 +187,10 @@ fn page<T>(
 }
 
 impl ServerHandler for Gateway {
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(PROTOCOL_REVISIONS)
+    }
+
     fn get_info(&self) -> InitializeResult {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(

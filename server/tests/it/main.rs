@@ -7,5 +7,6 @@ mod dashboard;
 mod gateway;
 mod health;
 mod helpers;
+mod interop;
 mod mcp;
 mod registry;
