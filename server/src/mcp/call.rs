@@ -3,7 +3,7 @@
 //! result. A key a client puts in `_meta` is ignored: Countersign derives every key itself.
 
 use rmcp::ErrorData;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use serde_json::Value;
 
 use super::{internal_error, unknown_tool};
@@ -17,12 +17,13 @@ pub async fn call(
     state: &AppState,
     caller: &Caller,
     request: CallToolRequestParams,
+    context_meta: &JsonObject,
 ) -> Result<CallToolResult, ErrorData> {
+    // rmcp moves `_meta` into the request context; read the params' copy too, if any.
     let meta_text = |name: &str| -> Option<String> {
-        request
-            .meta
-            .as_ref()
-            .and_then(|m| m.0.0.get(name))
+        context_meta
+            .get(name)
+            .or_else(|| request.meta.as_ref().and_then(|m| m.0.0.get(name)))
             .and_then(Value::as_str)
             .map(str::to_string)
     };

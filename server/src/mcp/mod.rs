@@ -244,7 +244,7 @@ impl ServerHandler for Gateway {
             credential,
             session,
         };
-        call::call(&self.state, &caller, request)
+        call::call(&self.state, &caller, request, &context.meta.0.0)
             .await
             .map(CallToolResponse::from)
     }

@@ -147,6 +147,11 @@ impl<'a> Client<'a> {
             .collect()
     }
 
+    /// The MCP session id, once connected.
+    pub fn session(&self) -> Option<String> {
+        self.session.clone()
+    }
+
     /// `tools/call` with `_meta`.
     pub async fn call_meta(&mut self, name: &str, arguments: Value, meta: Value) -> Value {
         self.request(
@@ -163,7 +168,7 @@ impl<'a> Client<'a> {
 }
 
 /// The JSON-RPC response with `id`, from a JSON body or an SSE stream (read until it comes).
-async fn read_response(mut resp: reqwest::Response, id: u64) -> Value {
+pub async fn read_response(mut resp: reqwest::Response, id: u64) -> Value {
     let sse = resp
         .headers()
         .get(CONTENT_TYPE)
@@ -388,7 +393,7 @@ async fn mcp_calls_answer_with_the_policy_decision() {
         assert_eq!(app.store.demo_effects("erp", "invoices.hold").await.unwrap().len(), 1);
 
         // Above the threshold a person countersigns: a structured, non-error result.
-        let reply = client.call("invoice.hold", hold(json!(5000))).await;
+        let reply = client.call("invoice.hold", hold(json!(2000))).await;
         assert_eq!(reply["result"]["isError"], false, "{reply}");
         let waiting = &reply["result"]["structuredContent"];
         assert_eq!(waiting["status"], "needs_approval", "{reply}");
