@@ -47,7 +47,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/inbox") view=pages::Inbox/>
                     <Route path=path!("/runs") view=pages::Runs/>
                     <Route path=path!("/audit") view=pages::Audit/>
-                    <Route path=path!("/metrics") view=pages::Metrics/>
+                    <Route path=path!("/gates") view=pages::Metrics/>
                     <Route path=path!("/admin") view=pages::Admin/>
                 </Routes>
             </main>
@@ -60,7 +60,7 @@ pub const NAV: [(&str, &str); 5] = [
     ("/inbox", "Inbox"),
     ("/runs", "Runs"),
     ("/audit", "Audit"),
-    ("/metrics", "Metrics"),
+    ("/gates", "Metrics"),
     ("/admin", "Admin"),
 ];
 

@@ -8,6 +8,7 @@ pub mod adapters;
 pub mod config;
 pub mod http;
 pub mod mcp;
+pub mod metrics;
 pub mod pipeline;
 pub mod registry;
 pub mod telemetry;
@@ -59,6 +60,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The registry and policies in force.
     pub registry: Arc<LiveRegistry>,
+    /// Gateway counters for `/metrics`.
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 impl axum::extract::FromRef<AppState> for LeptosOptions {
@@ -108,6 +111,7 @@ impl Application {
             leptos,
             config: Arc::new(config),
             registry,
+            metrics: Arc::default(),
         };
         let router = http::router(state.clone());
         Ok(Self {

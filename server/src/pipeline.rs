@@ -175,8 +175,46 @@ fn bounded(text: &str) -> String {
     text.chars().take(128).collect()
 }
 
-/// Runs one call through the pipeline.
+/// Runs one call through the pipeline, and counts it for `/metrics`.
 pub async fn call(
+    state: &AppState,
+    caller: &Caller,
+    request: CallRequest,
+) -> Result<Answer, Internal> {
+    let began = Instant::now();
+    let tool = bounded(&request.tool);
+    let answer = call_inner(state, caller, request).await;
+    let (tool, decision, outcome) = match &answer {
+        Err(_) => (tool, "error", "internal_error".to_string()),
+        Ok(Answer::UnknownTool) => ("<unlisted>".to_string(), "refuse", "unknown_tool".into()),
+        Ok(Answer::Result { error, structured }) => {
+            // Only the gateway's own statuses count: a tool's result may carry a `status`.
+            let status = structured
+                .get("status")
+                .and_then(Value::as_str)
+                .filter(|s| *error || ["needs_approval", "in_flight", "unknown"].contains(s));
+            let decision = match status {
+                Some("denied") => "deny",
+                Some("invalid") => "schema",
+                Some("needs_approval") | Some("expired") => "require_approval",
+                Some("refused") => "refuse",
+                _ => "allow",
+            };
+            let outcome = match (status, error) {
+                (Some(s), _) => s.to_string(),
+                (None, false) => "done".to_string(),
+                (None, true) => "failed".to_string(),
+            };
+            (tool, decision, outcome)
+        }
+    };
+    state
+        .metrics
+        .observe_call(&tool, decision, &outcome, began.elapsed());
+    answer
+}
+
+async fn call_inner(
     state: &AppState,
     caller: &Caller,
     request: CallRequest,

@@ -418,6 +418,16 @@ impl Store {
         rows.into_iter().map(Step::try_from).collect()
     }
 
+    /// How many steps are in `status`.
+    pub async fn count_steps(&self, status: StepStatus) -> Result<i64, StoreError> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT COUNT(*) FROM steps WHERE status = $1")
+                .bind(status.as_str())
+                .fetch_one(p)
+                .await?
+        }))
+    }
+
     /// Reserves `idem_key` for `step_id`'s call, or reports who holds it.
     pub async fn reserve_key(
         &self,

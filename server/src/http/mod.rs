@@ -17,6 +17,7 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos.clone();
     Router::new()
         .route("/healthz", get(health::healthz))
+        .route("/metrics", get(crate::metrics::metrics))
         .merge(crate::mcp::routes(state.clone()))
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))

@@ -10,14 +10,14 @@ async fn every_page_renders_on_the_server_with_navigation_and_hydration_scripts(
             ("/inbox", "Approval inbox"),
             ("/runs", "Runs"),
             ("/audit", "Audit"),
-            ("/metrics", "Metrics"),
+            ("/gates", "Metrics"),
             ("/admin", "Admin"),
         ] {
             let resp = app.client.get(app.url(path)).send().await.unwrap();
             assert_eq!(resp.status(), StatusCode::OK, "{path}");
             let html = resp.text().await.unwrap();
             assert!(html.contains(&format!(">{heading}</h1>")), "{path}: {html}");
-            for nav in ["/inbox", "/runs", "/audit", "/metrics", "/admin"] {
+            for nav in ["/inbox", "/runs", "/audit", "/gates", "/admin"] {
                 assert!(
                     html.contains(&format!("href=\"{nav}\"")),
                     "{path} lacks {nav}"

@@ -518,3 +518,37 @@ async fn gateway_retries_a_write_the_target_never_applied() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn gateway_metrics_count_calls_and_the_gate_queue() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        waiting_payment(&mut client, json!(4180.00)).await;
+        client.call("invoice.get", json!({"invoice_id": INV})).await;
+        client.call("invoice.get", json!({"invoice_id": INV})).await;
+        client.call("supplier.update_iban", json!({})).await;
+        let text = app
+            .client
+            .get(app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in [
+            "countersign_tool_calls_total{tool=\"payment.schedule\",decision=\"require_approval\",outcome=\"needs_approval\"} 1",
+            "countersign_tool_calls_total{tool=\"invoice.get\",decision=\"allow\",outcome=\"done\"} 2",
+            "countersign_tool_calls_total{tool=\"<unlisted>\",decision=\"refuse\",outcome=\"unknown_tool\"} 1",
+            "countersign_tool_call_duration_seconds_count{tool=\"invoice.get\"} 2",
+            "countersign_gate_queue_depth 1",
+            "countersign_steps_unknown 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
+        }
+        app
+    })
+    .await;
+}

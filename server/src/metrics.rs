@@ -1,0 +1,165 @@
+//! `/metrics`: Prometheus text exposition of what the gateway did.
+//!
+//! * `countersign_tool_calls_total{tool, decision, outcome}` — every `tools/call`, by tool,
+//!   the policy/gate decision and the outcome the caller heard.
+//! * `countersign_tool_call_duration_seconds{tool}` — latency histogram of the whole pipeline.
+//! * `countersign_gate_queue_depth` — steps waiting for a person (read from the database at
+//!   scrape time, so every replica reports the shared queue).
+//! * `countersign_steps_unknown` — steps whose outcome is being reconciled.
+//!
+//! Counters live in this process; with several replicas, sum them in Prometheus.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use countersign_core::StepStatus;
+
+use crate::AppState;
+
+/// Histogram bucket upper bounds, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    calls: BTreeMap<(String, String, String), u64>,
+    latency: BTreeMap<String, Histogram>,
+}
+
+/// The process's gateway metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+impl Metrics {
+    /// Counts one call of `tool` with its `decision` and `outcome`, taking `latency`.
+    pub fn observe_call(&self, tool: &str, decision: &str, outcome: &str, latency: Duration) {
+        let mut inner = match self.inner.lock() {
+            Ok(g) => g,
+            Err(e) => e.into_inner(),
+        };
+        *inner
+            .calls
+            .entry((tool.to_string(), decision.to_string(), outcome.to_string()))
+            .or_default() += 1;
+        let h = inner.latency.entry(tool.to_string()).or_default();
+        let secs = latency.as_secs_f64();
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if secs <= *bound {
+                h.counts[i] += 1;
+            }
+        }
+        h.sum += secs;
+        h.count += 1;
+    }
+
+    /// The text exposition of the in-process counters.
+    pub fn render(&self) -> String {
+        let inner = match self.inner.lock() {
+            Ok(g) => g,
+            Err(e) => e.into_inner(),
+        };
+        let mut out = String::new();
+        out.push_str(
+            "# HELP countersign_tool_calls_total Tool calls by tool, decision and outcome.\n",
+        );
+        out.push_str("# TYPE countersign_tool_calls_total counter\n");
+        for ((tool, decision, outcome), n) in &inner.calls {
+            let _ = writeln!(
+                out,
+                "countersign_tool_calls_total{{tool=\"{}\",decision=\"{}\",outcome=\"{}\"}} {n}",
+                escape(tool),
+                escape(decision),
+                escape(outcome)
+            );
+        }
+        out.push_str(
+            "# HELP countersign_tool_call_duration_seconds Time from request to answer, per tool.\n",
+        );
+        out.push_str("# TYPE countersign_tool_call_duration_seconds histogram\n");
+        for (tool, h) in &inner.latency {
+            let tool = escape(tool);
+            for (bound, n) in BUCKETS.iter().zip(h.counts.iter()) {
+                let _ = writeln!(
+                    out,
+                    "countersign_tool_call_duration_seconds_bucket{{tool=\"{tool}\",le=\"{bound}\"}} {n}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "countersign_tool_call_duration_seconds_bucket{{tool=\"{tool}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "countersign_tool_call_duration_seconds_sum{{tool=\"{tool}\"}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "countersign_tool_call_duration_seconds_count{{tool=\"{tool}\"}} {}",
+                h.count
+            );
+        }
+        out
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let mut text = state.metrics.render();
+    for (name, help, status) in [
+        (
+            "countersign_gate_queue_depth",
+            "Steps waiting for a person's approval.",
+            StepStatus::NeedsApproval,
+        ),
+        (
+            "countersign_steps_unknown",
+            "Steps whose outcome is being reconciled with the target.",
+            StepStatus::Unknown,
+        ),
+    ] {
+        match state.store.count_steps(status).await {
+            Ok(n) => {
+                let _ = write!(
+                    text,
+                    "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {n}\n"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: counting steps failed");
+                return StatusCode::SERVICE_UNAVAILABLE.into_response();
+            }
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
