@@ -7,6 +7,11 @@ ALTER TABLE runs ADD COLUMN session_key TEXT;
 CREATE UNIQUE INDEX runs_session_key ON runs (session_key);
 -- Where the task came from (user, schedule, monitor, external): policies read it.
 ALTER TABLE runs ADD COLUMN origin TEXT NOT NULL DEFAULT 'user';
+-- A planned run (plan.submit) is executed by the executor workers, step by step in seq order;
+-- other runs' steps run when their agent calls.
+ALTER TABLE runs ADD COLUMN planned BOOLEAN NOT NULL DEFAULT FALSE;
+-- Why a run stopped (cancel reason, emergency stop, failure).
+ALTER TABLE runs ADD COLUMN reason TEXT NOT NULL DEFAULT '';
 
 -- A write's identity inside its run: sha256(run, tool, inputs hash). Two identical writes in
 -- one run are one step (and one key), however many callers race to create it. NULL for reads,
@@ -17,6 +22,11 @@ CREATE UNIQUE INDEX steps_dedupe ON steps (dedupe);
 ALTER TABLE steps ADD COLUMN expires_at BIGINT;
 -- The agent credential that proposed the step.
 ALTER TABLE steps ADD COLUMN agent_id TEXT;
+-- Executor lease: the worker holding the step and until when (Unix ms). An expired lease on
+-- a pending step lets another worker claim it; a running step whose worker vanished is
+-- reconciled by asking the target by key.
+ALTER TABLE steps ADD COLUMN claimed_by TEXT;
+ALTER TABLE steps ADD COLUMN lease_until BIGINT;
 CREATE INDEX steps_run ON steps (run_id, seq);
 
 -- The key-to-result table in front of every adapter: a key is reserved before the call,
@@ -68,4 +78,12 @@ CREATE TABLE demo_effects (
     result      TEXT NOT NULL,
     at          BIGINT NOT NULL,
     PRIMARY KEY (system, idem_key)
+);
+
+-- Process-wide switches (the emergency stop), one row per name.
+CREATE TABLE switches (
+    name      TEXT PRIMARY KEY NOT NULL,
+    value     TEXT NOT NULL,
+    set_by    TEXT NOT NULL,
+    set_at    BIGINT NOT NULL
 );

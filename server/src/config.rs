@@ -67,6 +67,12 @@ pub const KEYS: &[KeySpec] = &[
         help: "registry YAML file or folder, loaded at start when the database holds none",
     },
     KeySpec {
+        name: "workers",
+        secret: false,
+        default: Some("1"),
+        help: "executor workers `serve` runs for planned steps (0 = none; run `countersign worker`)",
+    },
+    KeySpec {
         name: "log_format",
         secret: false,
         default: Some("text"),
@@ -115,6 +121,8 @@ pub struct Config {
     pub log_level: String,
     /// Built site assets.
     pub site_root: PathBuf,
+    /// Executor workers inside `serve`.
+    pub workers: usize,
 }
 
 /// Where a value came from, for error messages.
@@ -350,6 +358,13 @@ impl Config {
             }
         }
 
+        let workers_text = get("workers").unwrap_or_default();
+        let workers: usize = workers_text
+            .parse()
+            .ok()
+            .filter(|n| *n <= 64)
+            .ok_or_else(|| invalid("workers", "expected a number from 0 to 64".into()))?;
+
         let listen_text = get("listen").unwrap_or_default();
         let listen: SocketAddr = listen_text.parse().map_err(|_| {
             invalid(
@@ -422,6 +437,7 @@ impl Config {
             log_format,
             log_level,
             site_root,
+            workers,
         })
     }
 }

@@ -6,11 +6,13 @@
 
 pub mod adapters;
 pub mod config;
+pub mod executor;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod pipeline;
 pub mod registry;
+pub mod runs;
 pub mod telemetry;
 
 use std::net::SocketAddr;
@@ -87,6 +89,24 @@ pub struct Application {
     state: AppState,
 }
 
+/// The state a process without HTTP (`countersign worker`, `countersign stop`) works with:
+/// connected, migrated, with the registry in force.
+pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<AppState, StartError> {
+    let store = connect_and_migrate(&config, clock).await?;
+    let registry = LiveRegistry::bootstrap(&store, config.registry.as_deref()).await?;
+    let leptos = LeptosOptions::builder()
+        .output_name("countersign")
+        .site_root(config.site_root.display().to_string())
+        .build();
+    Ok(AppState {
+        store,
+        leptos,
+        config: Arc::new(config),
+        registry,
+        metrics: Arc::default(),
+    })
+}
+
 impl Application {
     /// Connects, migrates and binds. Nothing is served until [`Application::run`].
     pub async fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
@@ -146,12 +166,50 @@ impl Application {
             .state
             .registry
             .spawn_watcher(self.state.store.clone(), REGISTRY_POLL);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let background = spawn_background(
+            &self.state,
+            self.state.config.workers,
+            executor::Timings::default(),
+            stop_rx,
+        );
         let served = axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)
             .await;
         watcher.abort();
+        let _ = stop_tx.send(true);
+        for task in background {
+            let _ = task.await;
+        }
         served.map_err(StartError::Serve)?;
         self.state.store.close().await;
         Ok(())
     }
+}
+
+/// Starts `workers` executor workers and the reconciler; they stop when `stop` turns true.
+pub fn spawn_background(
+    state: &AppState,
+    workers: usize,
+    timings: executor::Timings,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
+    let pid = std::process::id();
+    let mut tasks: Vec<tokio::task::JoinHandle<()>> = (0..workers)
+        .map(|i| {
+            tokio::spawn(executor::worker(
+                state.clone(),
+                format!("{host}:{pid}:{i}"),
+                timings,
+                stop.clone(),
+            ))
+        })
+        .collect();
+    tasks.push(tokio::spawn(executor::reconciler(
+        state.clone(),
+        timings,
+        stop,
+    )));
+    tasks
 }

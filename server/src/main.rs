@@ -33,6 +33,26 @@ enum Command {
     Serve,
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Run executor workers and the reconciler for planned steps, without HTTP, until
+    /// interrupted. Any number of these may share one Postgres database.
+    Worker {
+        /// How many workers in this process.
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        /// Reconcile a `running` step untouched for this many seconds (its worker died).
+        #[arg(long, default_value_t = 120)]
+        stale_after: u64,
+    },
+    /// Emergency stop: no step that has not started will start; every active run stops and its
+    /// agent credential is revoked. In-flight calls finish or are reconciled.
+    Stop {
+        /// Why (recorded in the audit trail).
+        #[arg(long)]
+        reason: String,
+        /// Lift the stop instead (new runs and steps may execute again).
+        #[arg(long)]
+        lift: bool,
+    },
     /// Create, list and revoke the bearer tokens agents present on /mcp.
     AgentToken {
         #[command(subcommand)]
@@ -157,6 +177,46 @@ fn main() -> ExitCode {
                 let app = Application::build(config, clock).await?;
                 app.run_until(shutdown_signal()).await?;
                 Ok(())
+            }
+            Command::Worker { count, stale_after } => {
+                let state = countersign::headless_state(config, clock).await?;
+                let watcher = state
+                    .registry
+                    .spawn_watcher(state.store.clone(), countersign::REGISTRY_POLL);
+                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+                let timings = countersign::executor::Timings {
+                    stale_after: std::time::Duration::from_secs(stale_after),
+                    ..countersign::executor::Timings::default()
+                };
+                let tasks = countersign::spawn_background(&state, count, timings, stop_rx);
+                println!("countersign worker: {count} executor worker(s) and the reconciler running");
+                shutdown_signal().await;
+                let _ = stop_tx.send(true);
+                for task in tasks {
+                    let _ = task.await;
+                }
+                watcher.abort();
+                state.store.close().await;
+                Ok(())
+            }
+            Command::Stop { reason, lift } => {
+                let state = countersign::headless_state(config, clock).await?;
+                let who = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "operator".into()));
+                let result = if lift {
+                    state
+                        .store
+                        .clear_switch(countersign::executor::EMERGENCY_STOP)
+                        .await
+                        .map(|was| {
+                            println!("emergency stop {}", if was { "lifted" } else { "was not on" });
+                        })
+                } else {
+                    countersign::executor::emergency_stop(&state, &who, &reason)
+                        .await
+                        .map(|n| println!("emergency stop on: {n} active run(s) stopped, their agent credentials revoked"))
+                };
+                state.store.close().await;
+                result.map_err(|e| StartError::Database(e).into())
             }
             Command::Migrate => {
                 let store = countersign::connect_and_migrate(&config, clock)

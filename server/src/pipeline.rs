@@ -61,6 +61,8 @@ pub struct Caller {
     pub credential: AgentCredential,
     /// The MCP session id, when the transport has one.
     pub session: Option<String>,
+    /// The executor worker running a planned step on the credential's behalf, if any.
+    pub executor: Option<String>,
 }
 
 /// One proposed call.
@@ -128,7 +130,13 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn actor(&self) -> String {
         let c = &self.caller.credential;
-        format!("agent:{} role:{} tenant:{}", c.id, c.role, c.tenant)
+        match &self.caller.executor {
+            Some(w) => format!(
+                "executor:{w} agent:{} role:{} tenant:{}",
+                c.id, c.role, c.tenant
+            ),
+            None => format!("agent:{} role:{} tenant:{}", c.id, c.role, c.tenant),
+        }
     }
 
     fn record(
@@ -365,6 +373,7 @@ async fn resolve_run(ctx: &Ctx<'_>, requested: Option<&str>) -> Result<Run, Inte
                 agent_id: Some(credential.id.clone()),
                 task,
                 origin: "user".into(),
+                planned: false,
             },
         )
         .await?)
@@ -722,13 +731,12 @@ async fn execute(
     };
 
     // 9. The adapter, under the key, with the approval reference.
-    let Some(adapter) = ctx.loaded.adapters.get(ctx.tool.handler.provider.as_str()) else {
-        let failure = AdapterError::Refused(format!(
-            "provider {} is not served",
-            ctx.tool.handler.provider
-        ));
+    let provider = ctx.tool.handler.provider.as_str();
+    let adapter = ctx.loaded.adapters.get(provider);
+    if adapter.is_none() && provider != crate::runs::PROVIDER {
+        let failure = AdapterError::Refused(format!("provider {provider} is not served"));
         return finish(ctx, &step, Err(failure), Duration::ZERO).await;
-    };
+    }
     let invocation = Invocation {
         tool: ctx.tool.name.as_str().to_string(),
         operation: ctx.tool.handler.operation.clone(),
@@ -738,12 +746,92 @@ async fn execute(
         trace_id: ctx.trace_id.clone(),
         tenant: run.tenant.clone(),
     };
+    failpoint("before_call");
     let began = Instant::now();
-    let outcome = match tokio::time::timeout(ADAPTER_TIMEOUT, adapter.invoke(&invocation)).await {
-        Ok(result) => result,
-        Err(_) => Err(AdapterError::Timeout),
+    let outcome = match adapter {
+        Some(adapter) => {
+            match tokio::time::timeout(ADAPTER_TIMEOUT, adapter.invoke(&invocation)).await {
+                Ok(result) => result,
+                Err(_) => Err(AdapterError::Timeout),
+            }
+        }
+        None => crate::runs::invoke(ctx.state, ctx.caller, &invocation).await,
     };
+    failpoint("after_call");
     finish(ctx, &step, outcome, began.elapsed()).await
+}
+
+/// Crash-test hook (debug builds only): when `COUNTERSIGN_TEST_CRASH_AT` names this point,
+/// the process aborts there, as a SIGKILL would stop it.
+fn failpoint(name: &str) {
+    #[cfg(debug_assertions)]
+    if std::env::var("COUNTERSIGN_TEST_CRASH_AT").is_ok_and(|v| v == name) {
+        eprintln!("failpoint {name}: aborting");
+        std::process::abort();
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = name;
+}
+
+/// Executes a step an executor worker claimed from a planned run: the same policy, gate,
+/// key and adapter path as an agent's call, acting for the run's agent in the step's role.
+pub async fn execute_claimed(
+    state: &AppState,
+    step: Step,
+    worker: &str,
+) -> Result<Answer, Internal> {
+    let store = &state.store;
+    let run = store.get_run(&step.run_id).await?;
+    let Some(loaded) = state.registry.current() else {
+        return Err(Internal("no registry in force".into()));
+    };
+    let agent_id = run
+        .agent_id
+        .clone()
+        .ok_or_else(|| Internal(format!("planned run {} has no agent", run.id)))?;
+    let mut credential = store.get_agent(&agent_id).await?;
+    credential.role = step.role.clone();
+    let caller = Caller {
+        credential,
+        session: None,
+        executor: Some(worker.to_string()),
+    };
+    let role = RoleName::parse(&step.role).map_err(|e| Internal(e.to_string()))?;
+    let Some(tool) = loaded.bundle.registry.tool_for_role(&role, &step.tool) else {
+        // The registry changed since planning: the tool no longer exists for this role.
+        let record = NewAuditRecord {
+            event: Some(AuditEvent::Refused),
+            run_id: Some(step.run_id.clone()),
+            step_id: Some(step.id.clone()),
+            tool: Some(step.tool.clone()),
+            actor: Some(format!("executor:{worker}")),
+            rule: Some(Rule::TOOL_NOT_LISTED.as_str().into()),
+            detail: Map::new(),
+        };
+        store
+            .transition(&Transition {
+                step_id: step.id.clone(),
+                from: vec![StepStatus::Pending],
+                to: Some(StepStatus::Refused),
+                rule: Some(Rule::TOOL_NOT_LISTED.as_str().into()),
+                records: vec![(AuditEvent::Refused, record)],
+                ..Transition::default()
+            })
+            .await?;
+        return Ok(err(
+            json!({"status": "refused", "rule": Rule::TOOL_NOT_LISTED.as_str()}),
+        ));
+    };
+    let ctx = Ctx {
+        state,
+        caller: &caller,
+        loaded: &loaded,
+        tool,
+        trace_id: uuid::Uuid::new_v4().to_string(),
+    };
+    let canonical = CanonicalJson::from_canonical_text(&step.inputs)
+        .map_err(|e| Internal(format!("stored inputs: {e}")))?;
+    execute(&ctx, &run, step, &canonical).await
 }
 
 /// Another caller moved the step first: report where it ends up.

@@ -59,6 +59,8 @@ pub struct NewRun {
     pub task: String,
     /// Where the task came from (`user`, `schedule`, `monitor`, `external`).
     pub origin: String,
+    /// A plan the executor runs step by step (`plan.submit`), not an agent's direct calls.
+    pub planned: bool,
 }
 
 /// A stored run.
@@ -80,6 +82,10 @@ pub struct Run {
     pub replan: bool,
     /// Where the task came from (`user`, `schedule`, `monitor`, `external`).
     pub origin: String,
+    /// Executed by the executor workers, step by step.
+    pub planned: bool,
+    /// Why it stopped, if it did.
+    pub reason: String,
     /// Unix ms.
     pub created_at: i64,
     /// Unix ms.
@@ -96,6 +102,8 @@ struct RunRow {
     status: String,
     replan: bool,
     origin: String,
+    planned: bool,
+    reason: String,
     created_at: i64,
     updated_at: i64,
 }
@@ -114,14 +122,15 @@ impl TryFrom<RunRow> for Run {
             status,
             replan: r.replan,
             origin: r.origin,
+            planned: r.planned,
+            reason: r.reason,
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
     }
 }
 
-const RUN_COLUMNS: &str =
-    "id, tenant, principal, agent_id, task, status, replan, origin, created_at, updated_at";
+const RUN_COLUMNS: &str = "id, tenant, principal, agent_id, task, status, replan, origin, planned, reason, created_at, updated_at";
 
 impl Store {
     /// Opens a new active run.
@@ -130,8 +139,8 @@ impl Store {
         let now = self.clock.now_ms();
         on_pool!(self, |p| {
             sqlx::query(
-                "INSERT INTO runs (id, tenant, principal, agent_id, task, status, replan, origin, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7, $8, $8)",
+                "INSERT INTO runs (id, tenant, principal, agent_id, task, status, replan, origin, created_at, updated_at, planned)
+                 VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7, $8, $8, $9)",
             )
             .bind(&id)
             .bind(&new.tenant)
@@ -141,6 +150,7 @@ impl Store {
             .bind(RunStatus::Active.as_str())
             .bind(&new.origin)
             .bind(now)
+            .bind(new.planned)
             .execute(p)
             .await?
             .rows_affected()
@@ -197,6 +207,99 @@ impl Store {
             sqlx::query_as(&sql)
                 .bind(tenant)
                 .bind(limit)
+                .fetch_all(p)
+                .await?
+        });
+        rows.into_iter().map(Run::try_from).collect()
+    }
+
+    /// Moves an active run to `status` with `reason`; `false` if it was not active.
+    pub async fn finish_run(
+        &self,
+        id: &str,
+        status: RunStatus,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now_ms();
+        let n = on_pool!(self, |p| {
+            sqlx::query(
+                "UPDATE runs SET status = $1, reason = $2, updated_at = $3
+                 WHERE id = $4 AND status = 'active'",
+            )
+            .bind(status.as_str())
+            .bind(reason)
+            .bind(now)
+            .bind(id)
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        Ok(n == 1)
+    }
+
+    /// Sets a process-wide switch (the emergency stop) to `value`, recording who set it.
+    pub async fn set_switch(&self, name: &str, value: &str, by: &str) -> Result<(), StoreError> {
+        let now = self.clock.now_ms();
+        on_pool!(self, |p| {
+            sqlx::query(
+                "INSERT INTO switches (name, value, set_by, set_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value,
+                     set_by = excluded.set_by, set_at = excluded.set_at",
+            )
+            .bind(name)
+            .bind(value)
+            .bind(by)
+            .bind(now)
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        Ok(())
+    }
+
+    /// Clears a switch.
+    pub async fn clear_switch(&self, name: &str) -> Result<bool, StoreError> {
+        let n = on_pool!(self, |p| {
+            sqlx::query("DELETE FROM switches WHERE name = $1")
+                .bind(name)
+                .execute(p)
+                .await?
+                .rows_affected()
+        });
+        Ok(n == 1)
+    }
+
+    /// A switch's value, if set.
+    pub async fn switch(&self, name: &str) -> Result<Option<String>, StoreError> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT value FROM switches WHERE name = $1")
+                .bind(name)
+                .fetch_optional(p)
+                .await?
+        }))
+    }
+
+    /// Flags a run for re-planning (a step failed closed on changed state or was rejected).
+    pub async fn mark_replan(&self, id: &str) -> Result<(), StoreError> {
+        let now = self.clock.now_ms();
+        on_pool!(self, |p| {
+            sqlx::query("UPDATE runs SET replan = TRUE, updated_at = $1 WHERE id = $2")
+                .bind(now)
+                .bind(id)
+                .execute(p)
+                .await?
+                .rows_affected()
+        });
+        Ok(())
+    }
+
+    /// Runs in `status`, oldest first.
+    pub async fn runs_in_status(&self, status: RunStatus) -> Result<Vec<Run>, StoreError> {
+        let sql =
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE status = $1 ORDER BY created_at, id");
+        let rows: Vec<RunRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(status.as_str())
                 .fetch_all(p)
                 .await?
         });

@@ -292,6 +292,8 @@ pub struct Transition {
     pub approval: Option<String>,
     /// Count one more execution attempt.
     pub bump_attempts: bool,
+    /// New earliest execution time (kept when `None`).
+    pub not_before: Option<i64>,
     /// Also set the step's key to this state and result.
     pub key: Option<(KeyState, Option<String>)>,
     /// Audit records appended in the same transaction.
@@ -418,6 +420,83 @@ impl Store {
         rows.into_iter().map(Step::try_from).collect()
     }
 
+    /// Claims the next executable step of a planned, active run for `worker` until
+    /// `lease_until`: pending, due, not leased by a live worker, and every earlier step of its
+    /// run done (an unknown or failed step blocks the rest). Postgres claims with
+    /// `FOR UPDATE SKIP LOCKED`, so workers never wait on each other; SQLite's single writer
+    /// serialises the one statement.
+    pub async fn claim_step(
+        &self,
+        worker: &str,
+        lease_until: i64,
+    ) -> Result<Option<Step>, StoreError> {
+        let now = self.clock.now_ms();
+        let lock = match self.pool {
+            Pool::Sqlite(_) => "",
+            Pool::Postgres(_) => "FOR UPDATE OF s SKIP LOCKED",
+        };
+        let sql = format!(
+            "UPDATE steps SET claimed_by = $1, lease_until = $2 WHERE id = (
+               SELECT s.id FROM steps s JOIN runs r ON r.id = s.run_id
+               WHERE s.status = 'pending' AND r.planned AND r.status = 'active'
+                 AND s.not_before <= $3 AND (s.lease_until IS NULL OR s.lease_until < $3)
+                 AND NOT EXISTS (SELECT 1 FROM steps e WHERE e.run_id = s.run_id
+                                 AND e.seq < s.seq AND e.status <> 'done')
+               ORDER BY s.not_before, s.created_at, s.seq LIMIT 1 {lock})
+             RETURNING id"
+        );
+        let id: Option<String> = on_pool!(self, |p| {
+            sqlx::query_scalar(&sql)
+                .bind(worker)
+                .bind(lease_until)
+                .bind(now)
+                .fetch_optional(p)
+                .await?
+        });
+        match id {
+            Some(id) => Ok(Some(self.get_step(&id).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Ends `worker`'s lease on a step (after executing it, whatever the outcome).
+    pub async fn release_step(&self, id: &str, worker: &str) -> Result<(), StoreError> {
+        on_pool!(self, |p| {
+            sqlx::query(
+                "UPDATE steps SET claimed_by = NULL, lease_until = NULL
+                 WHERE id = $1 AND claimed_by = $2",
+            )
+            .bind(id)
+            .bind(worker)
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        Ok(())
+    }
+
+    /// Steps whose outcome must be asked of the target: `unknown` ones, and `running` ones
+    /// untouched since before `stale_before` (their worker or server died mid-call).
+    pub async fn steps_to_reconcile(
+        &self,
+        stale_before: i64,
+        limit: i64,
+    ) -> Result<Vec<Step>, StoreError> {
+        let sql = format!(
+            "SELECT {STEP_COLUMNS} FROM steps
+             WHERE status = 'unknown' OR (status = 'running' AND updated_at < $1)
+             ORDER BY updated_at, id LIMIT $2"
+        );
+        let rows: Vec<StepRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(stale_before)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        });
+        rows.into_iter().map(Step::try_from).collect()
+    }
+
     /// How many steps are in `status`.
     pub async fn count_steps(&self, status: StepStatus) -> Result<i64, StoreError> {
         Ok(on_pool!(self, |p| {
@@ -529,12 +608,13 @@ impl Store {
     ) -> Result<Option<(Step, Vec<AuditRecord>)>, StoreError> {
         let now = self.clock.now_ms();
         let from: Vec<&str> = t.from.iter().map(|s| s.as_str()).collect();
-        let placeholders: Vec<String> = (0..from.len()).map(|i| format!("${}", i + 10)).collect();
+        let placeholders: Vec<String> = (0..from.len()).map(|i| format!("${}", i + 11)).collect();
         let sql = format!(
             "UPDATE steps SET status = COALESCE($1, status), decision = COALESCE($2, decision),
                 rule = COALESCE($3, rule), outcome = COALESCE($4, outcome),
                 expires_at = COALESCE($5, expires_at), approval = COALESCE($6, approval),
-                attempts = attempts + $7, updated_at = $8
+                attempts = attempts + $7, updated_at = $8,
+                not_before = COALESCE($10, not_before)
              WHERE id = $9 AND status IN ({})",
             if placeholders.is_empty() {
                 "NULL".to_string()
@@ -554,7 +634,8 @@ impl Store {
                     .bind(&t.approval)
                     .bind(i64::from(t.bump_attempts))
                     .bind(now)
-                    .bind(&t.step_id);
+                    .bind(&t.step_id)
+                    .bind(t.not_before);
                 for f in &from {
                     q = q.bind(*f);
                 }

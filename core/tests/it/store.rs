@@ -16,6 +16,7 @@ fn new_run(tenant: &str) -> NewRun {
         agent_id: None,
         task: "Process invoice INV-20260611".into(),
         origin: "user".into(),
+        planned: false,
     }
 }
 

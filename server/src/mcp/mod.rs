@@ -243,6 +243,7 @@ impl ServerHandler for Gateway {
         let caller = crate::pipeline::Caller {
             credential,
             session,
+            executor: None,
         };
         call::call(&self.state, &caller, request, &context.meta.0.0)
             .await

@@ -25,6 +25,15 @@ impl TestApp {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// The database URL (for CLI processes on the same database).
+    #[allow(dead_code)]
+    pub fn db_url(&self) -> String {
+        self.db
+            .as_ref()
+            .map(|d| d.url.expose().clone())
+            .unwrap_or_default()
+    }
+
     /// Stops the server and drops its database.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {

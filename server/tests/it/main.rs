@@ -10,3 +10,4 @@ mod helpers;
 mod interop;
 mod mcp;
 mod registry;
+mod runs;

@@ -93,7 +93,11 @@ impl<'a> Client<'a> {
     }
 
     /// Sends a request; returns the HTTP status and, on 200, the JSON-RPC response.
-    async fn try_request(&mut self, method: &str, params: Value) -> (StatusCode, Option<Value>) {
+    pub async fn try_request(
+        &mut self,
+        method: &str,
+        params: Value,
+    ) -> (StatusCode, Option<Value>) {
         let id = self.next_id;
         self.next_id += 1;
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});

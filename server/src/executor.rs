@@ -1,0 +1,321 @@
+//! Executor workers and the reconciler: the durable half of the gateway.
+//!
+//! Invariants:
+//! * A worker executes only steps it claimed (a lease in the database, taken with
+//!   `FOR UPDATE SKIP LOCKED` on Postgres, by SQLite's single writer otherwise), and only
+//!   through [`pipeline::execute_claimed`] — the same policy, gate and key path as an agent's
+//!   call. Two workers holding the same step (an expired lease) still call the target at
+//!   most once: the key reservation decides.
+//! * Steps of a run execute in `seq` order; a step that is not `done` blocks the later ones.
+//! * Only retryable failures are retried (attempts < 4, with backoff); a denial, a business
+//!   refusal or an irreversible timeout never is.
+//! * The reconciler never calls a mutating tool: for an `unknown` step, or a `running` one
+//!   whose worker vanished, it asks the target by key. Found → `done` with the target's
+//!   result; the target confirms it never happened → `pending` (it may run again under the
+//!   same key); cannot tell → left as it is.
+
+use std::time::Duration;
+
+use countersign_core::audit::{AuditEvent, NewAuditRecord};
+use countersign_core::store::{KeyState, RunStatus, Step, Transition};
+use countersign_core::{RoleName, StepStatus, StoreError};
+use serde_json::{Map, json};
+use tokio::sync::watch;
+
+use crate::AppState;
+use crate::pipeline::{self, Answer};
+
+/// Executor timings.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// How long a claim holds a step.
+    pub lease: Duration,
+    /// Pause when no step is ready.
+    pub idle: Duration,
+    /// A `running` step untouched for this long is reconciled.
+    pub stale_after: Duration,
+    /// Pause between reconciliation passes.
+    pub reconcile_every: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(60),
+            idle: Duration::from_millis(200),
+            stale_after: Duration::from_secs(120),
+            reconcile_every: Duration::from_secs(5),
+        }
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+/// Runs one worker until `stop` turns true: claim, execute, settle the run, repeat.
+pub async fn worker(
+    state: AppState,
+    id: String,
+    timings: Timings,
+    mut stop: watch::Receiver<bool>,
+) {
+    tracing::info!(worker = %id, "executor worker started");
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        match work_once(&state, &id, timings).await {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(worker = %id, error = %e, "executor: step failed inside Countersign")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(timings.idle) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    tracing::info!(worker = %id, "executor worker stopped");
+}
+
+/// Claims and executes one step; `false` when none was ready.
+pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Result<bool, String> {
+    if stopped(state).await.map_err(|e| e.to_string())? {
+        return Ok(false);
+    }
+    let store = &state.store;
+    let lease_until = store.clock().now_ms() + ms(timings.lease);
+    let Some(step) = store
+        .claim_step(worker, lease_until)
+        .await
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(false);
+    };
+    let step_id = step.id.clone();
+    let run_id = step.run_id.clone();
+    let answer = pipeline::execute_claimed(state, step, worker).await;
+    let _ = store.release_step(&step_id, worker).await;
+    let answer = answer.map_err(|e| e.to_string())?;
+    settle(state, &run_id, &step_id, &answer)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(true)
+}
+
+/// After a step: schedule a retry, finish the run, or leave it waiting.
+async fn settle(
+    state: &AppState,
+    run_id: &str,
+    step_id: &str,
+    answer: &Answer,
+) -> Result<(), StoreError> {
+    let store = &state.store;
+    let step = store.get_step(step_id).await?;
+    match step.status {
+        StepStatus::Failed => {
+            let key = store.get_key(&step.idem_key).await?;
+            let retryable = key.is_none_or(|k| k.state == KeyState::Failed)
+                && step.attempts < pipeline::MAX_ATTEMPTS;
+            if retryable {
+                let backoff = 500_i64.saturating_mul(1 << step.attempts.clamp(0, 10));
+                store
+                    .transition(&Transition {
+                        step_id: step.id.clone(),
+                        from: vec![StepStatus::Failed],
+                        to: Some(StepStatus::Pending),
+                        not_before: Some(store.clock().now_ms() + backoff),
+                        ..Transition::default()
+                    })
+                    .await?;
+            } else {
+                fail_run(state, run_id, &step, answer).await?;
+            }
+        }
+        StepStatus::Refused | StepStatus::Expired | StepStatus::Cancelled => {
+            fail_run(state, run_id, &step, answer).await?;
+        }
+        StepStatus::Done => {
+            let steps = store.steps_for_run(run_id).await?;
+            if steps.iter().all(|s| s.status == StepStatus::Done) {
+                store.finish_run(run_id, RunStatus::Done, "").await?;
+            }
+        }
+        StepStatus::Pending
+        | StepStatus::Running
+        | StepStatus::NeedsApproval
+        | StepStatus::Unknown => {}
+    }
+    Ok(())
+}
+
+/// A step ended without success: the run fails, and the steps after it are cancelled.
+async fn fail_run(
+    state: &AppState,
+    run_id: &str,
+    step: &Step,
+    _answer: &Answer,
+) -> Result<(), StoreError> {
+    let reason = format!(
+        "step {} ({}) ended {}{}",
+        step.seq,
+        step.tool,
+        step.status.as_str(),
+        step.rule
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    );
+    crate::runs::cancel_run(state, run_id, "executor", &reason, RunStatus::Failed).await?;
+    Ok(())
+}
+
+/// Whether the emergency stop is on.
+pub async fn stopped(state: &AppState) -> Result<bool, StoreError> {
+    Ok(state.store.switch(EMERGENCY_STOP).await?.is_some())
+}
+
+/// The switch the emergency stop sets.
+pub const EMERGENCY_STOP: &str = "emergency_stop";
+
+/// Runs the reconciler until `stop` turns true.
+pub async fn reconciler(state: AppState, timings: Timings, mut stop: watch::Receiver<bool>) {
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        if let Err(e) = reconcile_once(&state, timings).await {
+            tracing::warn!(error = %e, "reconciler pass failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(timings.reconcile_every) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// One pass: asks the target about every unknown or stale running step. Returns how many
+/// steps it settled.
+pub async fn reconcile_once(state: &AppState, timings: Timings) -> Result<usize, StoreError> {
+    let store = &state.store;
+    let stale_before = store.clock().now_ms() - ms(timings.stale_after);
+    let mut settled = 0;
+    for step in store.steps_to_reconcile(stale_before, 100).await? {
+        if reconcile_step(state, &step).await? {
+            settled += 1;
+        }
+    }
+    Ok(settled)
+}
+
+async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreError> {
+    let store = &state.store;
+    let Some(loaded) = state.registry.current() else {
+        return Ok(false);
+    };
+    let Ok(role) = RoleName::parse(&step.role) else {
+        return Ok(false);
+    };
+    let tool = match loaded.bundle.registry.tool_for_role(&role, &step.tool) {
+        Some(t) => t,
+        None => match countersign_core::ToolName::parse(&step.tool)
+            .ok()
+            .and_then(|n| loaded.bundle.registry.tool(&n))
+        {
+            Some(t) => t,
+            None => return Ok(false),
+        },
+    };
+    let Some(adapter) = loaded.adapters.get(tool.handler.provider.as_str()) else {
+        return Ok(false);
+    };
+    let run = store.get_run(&step.run_id).await?;
+    let found = match adapter.lookup(&run.tenant, &step.idem_key).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::info!(step = %step.id, error = %e, "reconciler: the target cannot tell yet");
+            return Ok(false);
+        }
+    };
+    let mut detail = Map::new();
+    detail.insert("idem_key".into(), json!(step.idem_key));
+    detail.insert("was".into(), json!(step.status.as_str()));
+    detail.insert("found".into(), json!(found.is_some()));
+    let (to, key, outcome) = match &found {
+        Some(result) => {
+            let shown = pipeline::redacted(tool, result);
+            let stored = json!({"error": false, "answer": shown}).to_string();
+            detail.insert(
+                "reference".into(),
+                result
+                    .get("ref")
+                    .cloned()
+                    .unwrap_or(serde_json::Value::Null),
+            );
+            (StepStatus::Done, KeyState::Done, Some(stored))
+        }
+        None => (StepStatus::Pending, KeyState::Failed, None),
+    };
+    let record = NewAuditRecord {
+        event: Some(AuditEvent::Reconciled),
+        run_id: Some(step.run_id.clone()),
+        step_id: Some(step.id.clone()),
+        tool: Some(step.tool.clone()),
+        actor: Some("reconciler".into()),
+        rule: tool.reconcile.as_ref().map(|r| format!("reconcile:{r}")),
+        detail,
+    };
+    let moved = store
+        .transition(&Transition {
+            step_id: step.id.clone(),
+            from: vec![step.status],
+            to: Some(to),
+            outcome: outcome.clone(),
+            key: Some((key, outcome)),
+            records: vec![(AuditEvent::Reconciled, record)],
+            ..Transition::default()
+        })
+        .await?;
+    if moved.is_some() && to == StepStatus::Done && run.planned {
+        let steps = store.steps_for_run(&run.id).await?;
+        if steps.iter().all(|s| s.status == StepStatus::Done) {
+            store.finish_run(&run.id, RunStatus::Done, "").await?;
+        }
+    }
+    Ok(moved.is_some())
+}
+
+/// Turns the emergency stop on: no step that has not started will start; every active run
+/// stops (its pending and waiting steps cancelled) and its agent's credential is revoked.
+/// In-flight calls finish or are reconciled. Returns the number of runs stopped.
+pub async fn emergency_stop(state: &AppState, by: &str, reason: &str) -> Result<usize, StoreError> {
+    let store = &state.store;
+    store.set_switch(EMERGENCY_STOP, reason, by).await?;
+    let mut detail = Map::new();
+    detail.insert("kind".into(), json!("emergency_stop"));
+    detail.insert("reason".into(), json!(reason));
+    store
+        .append_audit(&NewAuditRecord {
+            event: Some(AuditEvent::Operational),
+            run_id: None,
+            step_id: None,
+            tool: None,
+            actor: Some(by.to_string()),
+            rule: Some("emergency.stop".into()),
+            detail,
+        })
+        .await?;
+    let runs = store.runs_in_status(RunStatus::Active).await?;
+    for run in &runs {
+        crate::runs::cancel_run(state, &run.id, by, reason, RunStatus::Stopped).await?;
+        if let Some(agent) = &run.agent_id {
+            match store.revoke_agent(agent).await {
+                Ok(_) | Err(StoreError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(runs.len())
+}

@@ -1,0 +1,377 @@
+//! Durable runs: plans as data, the executor, the gate in a plan, cancellation, review, the
+//! emergency stop, and crash recovery with real worker processes — on both backends.
+
+use std::time::{Duration, Instant};
+
+use countersign::adapters::builtin::ERP;
+use countersign_core::StepStatus;
+use countersign_core::approvals::{Approver, Verdict};
+use countersign_core::store::RunStatus;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, countersign_on};
+use crate::mcp::{Client, INV, REASON, agent, each_finance_app, each_finance_app_with, payment};
+
+fn content(reply: &Value) -> &Value {
+    &reply["result"]["structuredContent"]
+}
+
+fn note_step() -> Value {
+    json!({"tool": "note.draft", "arguments": {"invoice_id": INV, "text": "Paying after the three-way match."},
+           "reason": "Record why the invoice is being paid now", "evidence": ["INV-20260611", "PO-77812"]})
+}
+
+fn payment_step(amount: Value) -> Value {
+    json!({"tool": "payment.schedule", "arguments": payment(amount),
+           "reason": "Three-way match complete against PO-77812 line 2", "evidence": ["PO-77812"]})
+}
+
+/// Submits a plan as `planner` and returns (run id, step ids).
+async fn submit(client: &mut Client<'_>, steps: Vec<Value>) -> (String, Vec<String>) {
+    let reply = client
+        .call(
+            "plan.submit",
+            json!({"task": "Process invoice INV-20260611", "steps": steps}),
+        )
+        .await;
+    assert_eq!(reply["result"]["isError"], false, "{reply}");
+    let run = content(&reply)["run_id"].as_str().unwrap().to_string();
+    let ids = content(&reply)["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step_id"].as_str().unwrap().to_string())
+        .collect();
+    (run, ids)
+}
+
+/// Waits (real time, at most 20 s) until `step` reaches `status`.
+async fn wait_for(app: &TestApp, step: &str, status: StepStatus) {
+    let began = Instant::now();
+    loop {
+        let now = app.store.get_step(step).await.unwrap();
+        if now.status == status {
+            return;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "step {step} stuck at {:?}, wanted {status:?}: {now:?}",
+            now.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn effects(app: &TestApp, operation: &str) -> usize {
+    app.store.demo_effects(ERP, operation).await.unwrap().len()
+}
+
+#[tokio::test]
+async fn runs_a_plan_executes_in_order_and_waits_at_the_gate_for_a_person() {
+    each_finance_app(|app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let (run, steps) =
+            submit(&mut client, vec![note_step(), payment_step(json!(4180.00))]).await;
+        assert_eq!(steps.len(), 2);
+        wait_for(&app, &steps[0], StepStatus::Done).await;
+        wait_for(&app, &steps[1], StepStatus::NeedsApproval).await;
+        assert_eq!(effects(&app, "notes.draft").await, 1);
+        assert_eq!(effects(&app, "payments.schedule").await, 0);
+        let status = client.call("run.status", json!({"run_id": run})).await;
+        assert_eq!(content(&status)["status"], "active", "{status}");
+        assert_eq!(
+            content(&status)["steps"][1]["status"],
+            "needs_approval",
+            "{status}"
+        );
+
+        app.store
+            .decide_step(
+                &steps[1],
+                &Approver {
+                    iss: "https://idp.example".into(),
+                    sub: "ana".into(),
+                },
+                Verdict::Approved,
+                "matches the PO",
+            )
+            .await
+            .unwrap();
+        wait_for(&app, &steps[1], StepStatus::Done).await;
+        assert_eq!(effects(&app, "payments.schedule").await, 1);
+        let began = Instant::now();
+        while app.store.get_run(&run).await.unwrap().status != RunStatus::Done {
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "run never finished"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let status = client.call("run.status", json!({"run_id": run})).await;
+        assert_eq!(
+            content(&status)["steps"][1]["outcome"]["status"],
+            "scheduled",
+            "{status}"
+        );
+        // The step's audit: proposed by the planner, decided, gated, approved, started, succeeded.
+        let events: Vec<String> = app
+            .store
+            .audit_for_run(&run)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.step_id.as_deref() == Some(steps[1].as_str()))
+            .map(|r| r.event)
+            .collect();
+        assert_eq!(
+            events,
+            [
+                "proposed",
+                "decided",
+                "waiting_approval",
+                "approved",
+                "decided",
+                "started",
+                "succeeded"
+            ],
+        );
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
+        // Another agent cannot read the run.
+        let (_, other) = agent(&app, "planner-2", "planner").await;
+        let mut stranger = Client::new(&app, &other);
+        stranger.connect().await;
+        let denied = stranger.call("run.status", json!({"run_id": run})).await;
+        assert_eq!(denied["result"]["isError"], true, "{denied}");
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_an_invalid_plan_is_refused_as_a_whole_with_reasons_per_step() {
+    each_finance_app(|app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let cross_tenant = json!({"tool": "payment.schedule",
+            "arguments": {"invoice_id": "INV-20269001", "amount": 2500, "currency": "EUR",
+                          "value_date": "2026-06-15", "reason": REASON},
+            "reason": "Pay the consulting invoice that arrived today"});
+        let too_much = payment_step(json!(60000));
+        let no_tool = json!({"tool": "bank.transfer", "arguments": {}, "reason": "Move the money directly instead"});
+        let reply = client
+            .call(
+                "plan.submit",
+                json!({"task": "t", "steps": [note_step(), cross_tenant, too_much, no_tool]}),
+            )
+            .await;
+        assert_eq!(reply["result"]["isError"], true, "{reply}");
+        assert_eq!(content(&reply)["code"], "plan.invalid", "{reply}");
+        let message = content(&reply)["message"].as_str().unwrap();
+        for needle in ["step 2 (payment.schedule): tenant.mismatch", "step 3 (payment.schedule): /amount", "step 4: no tool"] {
+            assert!(message.contains(needle), "{needle} in {message}");
+        }
+        assert!(!message.contains("step 1"), "{message}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(effects(&app, "notes.draft").await, 0, "nothing of a refused plan runs");
+        let planned = app
+            .store
+            .list_runs("acme", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.planned)
+            .count();
+        assert_eq!(planned, 0);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_cancel_and_review_stop_steps_that_have_not_started() {
+    each_finance_app(|app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        // The payment gates first, so the note behind it cannot start.
+        let (run, steps) =
+            submit(&mut client, vec![payment_step(json!(4180.00)), note_step()]).await;
+        wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        let reply = client
+            .call(
+                "run.cancel",
+                json!({"run_id": run, "reason": "The supplier sent a corrected invoice"}),
+            )
+            .await;
+        assert_eq!(content(&reply)["cancelled_steps"], 2, "{reply}");
+        assert_eq!(
+            app.store.get_run(&run).await.unwrap().status,
+            RunStatus::Cancelled
+        );
+        for s in &steps {
+            assert_eq!(
+                app.store.get_step(s).await.unwrap().status,
+                StepStatus::Cancelled
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            effects(&app, "notes.draft").await + effects(&app, "payments.schedule").await,
+            0
+        );
+
+        // A model reviewer's rejection refuses the step and flags the run for re-planning.
+        let (run, steps) = submit(&mut client, vec![payment_step(json!(4100.00))]).await;
+        wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        let (_, reviewer) = agent(&app, "reviewer-1", "reviewer").await;
+        let mut rev = Client::new(&app, &reviewer);
+        rev.connect().await;
+        let listed = rev.call("step.list", json!({})).await;
+        assert!(
+            content(&listed)["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["step_id"] == steps[0].as_str()),
+            "{listed}"
+        );
+        let rejected = rev
+            .call(
+                "step.reject",
+                json!({"step_id": steps[0], "reason": "Amount differs from the invoice total"}),
+            )
+            .await;
+        assert_eq!(content(&rejected)["status"], "refused", "{rejected}");
+        assert!(app.store.get_run(&run).await.unwrap().replan);
+        assert_eq!(
+            app.store.get_step(&steps[0]).await.unwrap().status,
+            StepStatus::Refused
+        );
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_emergency_stop_halts_runs_and_revokes_their_agents() {
+    each_finance_app(|app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let (run, steps) =
+            submit(&mut client, vec![payment_step(json!(4180.00)), note_step()]).await;
+        wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        let out = countersign_on(&app.db_url())
+            .args(["stop", "--reason", "suspected prompt injection campaign"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            app.store.get_run(&run).await.unwrap().status,
+            RunStatus::Stopped
+        );
+        assert_eq!(
+            app.store.get_step(&steps[1]).await.unwrap().status,
+            StepStatus::Cancelled
+        );
+        // The run's agent is refused on its next request.
+        let (status, _) = client.try_request("tools/list", json!({})).await;
+        assert_eq!(status, reqwest::StatusCode::UNAUTHORIZED);
+        // While the stop is on, no planned step starts, even a new run's.
+        let (_, planner2) = agent(&app, "planner-2", "planner").await;
+        let mut second = Client::new(&app, &planner2);
+        second.connect().await;
+        let (_, steps2) = submit(&mut second, vec![note_step()]).await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(
+            app.store.get_step(&steps2[0]).await.unwrap().status,
+            StepStatus::Pending
+        );
+        assert_eq!(effects(&app, "notes.draft").await, 0);
+        let out = countersign_on(&app.db_url())
+            .args(["stop", "--lift", "--reason", "all clear"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        wait_for(&app, &steps2[0], StepStatus::Done).await;
+        assert_eq!(effects(&app, "notes.draft").await, 1);
+        app
+    })
+    .await;
+}
+
+/// A worker process killed at `point` of the execute sequence; after a restart the step ends
+/// `done` with exactly one effect at the target.
+async fn crash_at(point: &str) {
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let (_, steps) = submit(&mut client, vec![note_step()]).await;
+        let crashed = countersign_on(&app.db_url())
+            .args(["worker", "--count", "1"])
+            .env("COUNTERSIGN_TEST_CRASH_AT", point)
+            .output()
+            .unwrap();
+        assert!(!crashed.status.success(), "the worker died at {point}");
+        assert!(String::from_utf8_lossy(&crashed.stderr).contains(&format!("failpoint {point}")));
+        let step = app.store.get_step(&steps[0]).await.unwrap();
+        assert_eq!(step.status, StepStatus::Running, "left mid-call at {point}");
+        let expected_before = usize::from(point == "after_call");
+        assert_eq!(effects(&app, "notes.draft").await, expected_before);
+
+        // Restart: the reconciler asks the ERP by key, then (if needed) the step runs again.
+        let mut worker = countersign_on(&app.db_url())
+            .args(["worker", "--count", "1", "--stale-after", "0"])
+            .spawn()
+            .unwrap();
+        let began = Instant::now();
+        loop {
+            let s = app.store.get_step(&steps[0]).await.unwrap();
+            if s.status == StepStatus::Done {
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "{point}: stuck at {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        worker.kill().unwrap();
+        worker.wait().unwrap();
+        assert_eq!(
+            effects(&app, "notes.draft").await,
+            1,
+            "exactly one effect after {point}"
+        );
+        let reconciled = app
+            .store
+            .audit_records(1, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "reconciled")
+            .count();
+        assert_eq!(reconciled, 1);
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_worker_killed_after_the_target_applied_the_effect_reconciles_to_one_effect() {
+    crash_at("after_call").await;
+}
+
+#[tokio::test]
+async fn runs_worker_killed_before_calling_the_target_runs_the_step_once_after_restart() {
+    crash_at("before_call").await;
+}
