@@ -129,7 +129,8 @@ impl LiveRegistry {
         };
         match Bundle::load(sources) {
             Ok(bundle) => {
-                let (adapters, unserved) = Adapters::for_registry(&bundle.registry, store, &self.adapter_settings);
+                let (adapters, unserved) =
+                    Adapters::for_registry(&bundle.registry, store, &self.adapter_settings);
                 for u in &unserved {
                     tracing::warn!(%u, "provider not served: its tools fail closed");
                 }

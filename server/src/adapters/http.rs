@@ -352,7 +352,11 @@ mod tests {
     fn the_allow_list_is_by_host_and_scheme() {
         let allow = AllowList(["bank.example".to_string(), "::1".to_string()].into());
         assert!(allow.check(&base()).is_ok());
-        assert!(allow.check(&Url::parse("http://BANK.example:8080/x").unwrap()).is_ok());
+        assert!(
+            allow
+                .check(&Url::parse("http://BANK.example:8080/x").unwrap())
+                .is_ok()
+        );
         assert!(allow.check(&Url::parse("http://[::1]:9/").unwrap()).is_ok());
         for bad in [
             "https://evil.example/",

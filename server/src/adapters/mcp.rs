@@ -128,14 +128,16 @@ impl McpAdapter {
             return Ok((status, sid, None));
         };
         if !status.is_success() {
-            return Err(if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-                AdapterError::Unavailable(format!("upstream MCP server answered {status}"))
-            } else {
-                AdapterError::Rejected {
-                    code: format!("upstream.http.{}", status.as_u16()),
-                    message: format!("the upstream MCP server answered {status}"),
-                }
-            });
+            return Err(
+                if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+                    AdapterError::Unavailable(format!("upstream MCP server answered {status}"))
+                } else {
+                    AdapterError::Rejected {
+                        code: format!("upstream.http.{}", status.as_u16()),
+                        message: format!("the upstream MCP server answered {status}"),
+                    }
+                },
+            );
         }
         let sse = resp
             .headers()
@@ -201,14 +203,9 @@ impl McpAdapter {
             .unwrap_or(PROTOCOL)
             .to_string();
         let session = Session { id: sid, protocol };
-        self.post(
-            Some(&session),
-            "notifications/initialized",
-            json!({}),
-            None,
-        )
-        .await
-        .map_err(unavailable)?;
+        self.post(Some(&session), "notifications/initialized", json!({}), None)
+            .await
+            .map_err(unavailable)?;
         Ok(session)
     }
 
@@ -310,7 +307,12 @@ impl Adapter for McpAdapter {
             loop {
                 let session = self.session(fresh).await?;
                 let (_, _, reply) = self
-                    .post(Some(&session), "tools/call", params.clone(), Some(self.id()))
+                    .post(
+                        Some(&session),
+                        "tools/call",
+                        params.clone(),
+                        Some(self.id()),
+                    )
                     .await?;
                 return match reply {
                     Some(Reply::Result(result)) => call_outcome(&result),
