@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use countersign_core::{Backend, Secret};
 use url::Url;
@@ -90,6 +91,12 @@ pub const KEYS: &[KeySpec] = &[
         default: Some("target/site"),
         help: "folder with the built dashboard assets (pkg/*.js, *.wasm, *.css)",
     },
+    KeySpec {
+        name: "adapter_timeout",
+        secret: false,
+        default: Some("15s"),
+        help: "how long an http/mcp provider call may take (e.g. 15s, 800ms); longer = unknown",
+    },
 ];
 
 /// Log output format.
@@ -123,6 +130,8 @@ pub struct Config {
     pub site_root: PathBuf,
     /// Executor workers inside `serve`.
     pub workers: usize,
+    /// Total time an outbound `http`/`mcp` adapter call may take (connecting included).
+    pub adapter_timeout: Duration,
 }
 
 /// Where a value came from, for error messages.
@@ -428,6 +437,20 @@ impl Config {
 
         let site_root = PathBuf::from(get("site_root").unwrap_or_default());
 
+        let adapter_timeout = get("adapter_timeout")
+            .as_deref()
+            .and_then(parse_duration)
+            .filter(|d| !d.is_zero() && *d <= crate::pipeline::ADAPTER_TIMEOUT)
+            .ok_or_else(|| {
+                invalid(
+                    "adapter_timeout",
+                    format!(
+                        "expected a duration such as 15s or 800ms, above zero and at most {}s",
+                        crate::pipeline::ADAPTER_TIMEOUT.as_secs()
+                    ),
+                )
+            })?;
+
         Ok(Self {
             database_url: Secret::new(database_url),
             listen,
@@ -438,6 +461,24 @@ impl Config {
             log_level,
             site_root,
             workers,
+            adapter_timeout,
         })
     }
+}
+
+/// `800ms` or `15s`: a whole number of milliseconds or seconds.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let (digits, ms) = match text.strip_suffix("ms") {
+        Some(d) => (d, true),
+        None => (text.strip_suffix('s')?, false),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(if ms {
+        Duration::from_millis(n)
+    } else {
+        Duration::from_secs(n)
+    })
 }

@@ -111,7 +111,12 @@ impl Application {
     /// Connects, migrates and binds. Nothing is served until [`Application::run`].
     pub async fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
         let store = connect_and_migrate(&config, clock).await?;
-        let registry = LiveRegistry::bootstrap(&store, config.registry.as_deref()).await?;
+        let registry = LiveRegistry::bootstrap(
+            &store,
+            config.registry.as_deref(),
+            crate::adapters::AdapterSettings::with_timeout(config.adapter_timeout),
+        )
+        .await?;
         let listener =
             TcpListener::bind(config.listen)
                 .await

@@ -16,7 +16,7 @@ use countersign_core::Store;
 use countersign_core::bundle::{Bundle, BundleError, BundleSources};
 use countersign_core::store::ImportError;
 
-use crate::adapters::{Adapters, builtin};
+use crate::adapters::{AdapterSettings, Adapters, builtin};
 
 /// Who the start-up import is recorded as.
 pub const CONFIG_IMPORTER: &str = "config:COUNTERSIGN_REGISTRY";
@@ -56,6 +56,7 @@ pub enum RegistryStartError {
 #[derive(Debug, Default)]
 pub struct LiveRegistry {
     current: RwLock<Option<Arc<Loaded>>>,
+    adapter_settings: AdapterSettings,
 }
 
 impl LiveRegistry {
@@ -63,6 +64,7 @@ impl LiveRegistry {
     pub async fn bootstrap(
         store: &Store,
         seed: Option<&Path>,
+        adapter_settings: AdapterSettings,
     ) -> Result<Arc<Self>, RegistryStartError> {
         let stored = store
             .registry_version()
@@ -83,7 +85,10 @@ impl LiveRegistry {
                 .map_err(|e| invalid(import_problem_lines(&e)))?;
             tracing::info!(version, path = %path.display(), "registry imported from configuration");
         }
-        let live = Arc::new(Self::default());
+        let live = Arc::new(Self {
+            current: RwLock::default(),
+            adapter_settings,
+        });
         live.refresh(store).await;
         Ok(live)
     }
@@ -124,7 +129,8 @@ impl LiveRegistry {
         };
         match Bundle::load(sources) {
             Ok(bundle) => {
-                let (adapters, unserved) = Adapters::for_registry(&bundle.registry, store);
+                let (adapters, unserved) =
+                    Adapters::for_registry(&bundle.registry, store, &self.adapter_settings);
                 for u in &unserved {
                     tracing::warn!(%u, "provider not served: its tools fail closed");
                 }

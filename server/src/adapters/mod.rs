@@ -12,12 +12,15 @@
 //! * A provider the registry names but no adapter serves fails the call closed.
 
 pub mod builtin;
+pub mod http;
+pub mod mcp;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use countersign_core::Store;
 use countersign_core::policy::ResourceFact;
@@ -92,6 +95,35 @@ pub trait Adapter: Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, Result<Option<ResourceFact>, AdapterError>>;
 }
 
+/// How outbound adapters (`http`, `mcp`) behave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdapterSettings {
+    /// Total time one outbound call may take, connecting included; past it the call counts
+    /// as [`AdapterError::Timeout`] (or [`AdapterError::Unavailable`] if it never connected).
+    pub timeout: Duration,
+    /// Time to establish the connection (never more than `timeout`).
+    pub connect_timeout: Duration,
+}
+
+/// How long connecting may take at most.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl AdapterSettings {
+    /// Settings with a total timeout of `timeout`.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            connect_timeout: timeout.min(CONNECT_TIMEOUT),
+        }
+    }
+}
+
+impl Default for AdapterSettings {
+    fn default() -> Self {
+        Self::with_timeout(Duration::from_secs(15))
+    }
+}
+
 /// The adapters for every provider in a registry.
 #[derive(Clone, Default)]
 pub struct Adapters {
@@ -117,7 +149,11 @@ pub struct UnservedProvider {
 impl Adapters {
     /// Builds an adapter for each provider of `registry`. Providers that cannot be served are
     /// returned alongside: their tools fail closed when called.
-    pub fn for_registry(registry: &Registry, store: &Store) -> (Self, Vec<UnservedProvider>) {
+    pub fn for_registry(
+        registry: &Registry,
+        store: &Store,
+        settings: &AdapterSettings,
+    ) -> (Self, Vec<UnservedProvider>) {
         let mut by_provider: BTreeMap<String, Arc<dyn Adapter>> = BTreeMap::new();
         let mut unserved = Vec::new();
         for provider in registry.providers() {
@@ -132,10 +168,24 @@ impl Adapters {
                         reason: "no built-in system has this name".into(),
                     }),
                 },
-                other => unserved.push(UnservedProvider {
-                    provider: name,
-                    reason: format!("{} providers are not served yet", other.as_str()),
-                }),
+                ProviderKind::Http => match http::HttpAdapter::new(provider, settings) {
+                    Ok(adapter) => {
+                        by_provider.insert(name, Arc::new(adapter));
+                    }
+                    Err(e) => unserved.push(UnservedProvider {
+                        provider: name,
+                        reason: e.to_string(),
+                    }),
+                },
+                ProviderKind::Mcp => match mcp::McpAdapter::new(provider, settings) {
+                    Ok(adapter) => {
+                        by_provider.insert(name, Arc::new(adapter));
+                    }
+                    Err(e) => unserved.push(UnservedProvider {
+                        provider: name,
+                        reason: e.to_string(),
+                    }),
+                },
             }
         }
         (Self { by_provider }, unserved)

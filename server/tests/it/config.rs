@@ -225,3 +225,22 @@ fn allowed_origins_default_to_the_public_urls_origin_and_are_normalised() {
         );
     }
 }
+
+#[test]
+fn adapter_timeout_is_a_bounded_duration() {
+    let c = Config::load(Some(&temp_file("")), env(&[])).unwrap();
+    assert_eq!(c.adapter_timeout, std::time::Duration::from_secs(15));
+    let c = Config::load(Some(&temp_file("adapter_timeout = \"800ms\"\n")), env(&[])).unwrap();
+    assert_eq!(c.adapter_timeout, std::time::Duration::from_millis(800));
+    for bad in ["0s", "21s", "fast", "10", "-1s", "1.5s"] {
+        let err = Config::load(
+            Some(&temp_file("")),
+            env(&[("COUNTERSIGN_ADAPTER_TIMEOUT", bad)]),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { key, .. } if key == "COUNTERSIGN_ADAPTER_TIMEOUT"),
+            "{bad}: {err}"
+        );
+    }
+}
