@@ -4,6 +4,7 @@
 //! [`Application::build`] does everything that can fail at start (connect, migrate, bind)
 //! so that a bad deployment stops with one clear line before serving anything.
 
+pub mod auth;
 pub mod config;
 pub mod http;
 pub mod mcp;
@@ -41,6 +42,9 @@ pub enum StartError {
     /// The registry could not be made ready.
     #[error(transparent)]
     Registry(#[from] registry::RegistryStartError),
+    /// Sign-in could not be set up.
+    #[error("COUNTERSIGN_OIDC_*: {0}")]
+    Auth(#[from] auth::oidc::SignInError),
     /// Serving failed.
     #[error("server error: {0}")]
     Serve(#[source] std::io::Error),
@@ -57,6 +61,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The registry and policies in force.
     pub registry: Arc<LiveRegistry>,
+    /// Dashboard sign-in and sessions.
+    pub auth: Arc<auth::Auth>,
 }
 
 impl axum::extract::FromRef<AppState> for LeptosOptions {
@@ -84,7 +90,7 @@ pub struct Application {
 
 impl Application {
     /// Connects, migrates and binds. Nothing is served until [`Application::run`].
-    pub async fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
+    pub async fn build(mut config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
         let store = connect_and_migrate(&config, clock).await?;
         let registry = LiveRegistry::bootstrap(&store, config.registry.as_deref()).await?;
         let listener =
@@ -95,6 +101,15 @@ impl Application {
                     source,
                 })?;
         let addr = listener.local_addr().map_err(StartError::Serve)?;
+        // A public URL with port 0 (the default when listening on port 0) means the port
+        // actually bound: redirect URIs and the CSRF origin must name a reachable address.
+        if config.public_url.port() == Some(0) {
+            let _ = config.public_url.set_port(Some(addr.port()));
+        }
+        let auth = Arc::new(auth::Auth::new(&config, store.clone())?);
+        if let auth::Mode::Oidc(oidc) = &auth.mode {
+            oidc.warm_up().await;
+        }
         let leptos = LeptosOptions::builder()
             .output_name("countersign")
             .site_root(config.site_root.display().to_string())
@@ -106,6 +121,7 @@ impl Application {
             leptos,
             config: Arc::new(config),
             registry,
+            auth,
         };
         let router = http::router(state.clone());
         Ok(Self {
