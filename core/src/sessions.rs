@@ -67,7 +67,12 @@ impl Store {
     }
 
     /// Writes session `id` (insert or replace).
-    pub async fn session_save(&self, id: &str, data: &[u8], expiry_s: i64) -> Result<(), StoreError> {
+    pub async fn session_save(
+        &self,
+        id: &str,
+        data: &[u8],
+        expiry_s: i64,
+    ) -> Result<(), StoreError> {
         let sql_sqlite = "INSERT INTO tower_sessions (id, data, expiry_date) VALUES ($1, $2, $3)
                           ON CONFLICT (id) DO UPDATE SET data = excluded.data,
                           expiry_date = excluded.expiry_date";
@@ -101,7 +106,9 @@ impl Store {
         on_pool!(self, |p| {
             let sql = match self.backend() {
                 crate::store::Backend::Sqlite => "DELETE FROM tower_sessions WHERE id = $1",
-                crate::store::Backend::Postgres => "DELETE FROM tower_sessions.session WHERE id = $1",
+                crate::store::Backend::Postgres => {
+                    "DELETE FROM tower_sessions.session WHERE id = $1"
+                }
             };
             sqlx::query(sql).bind(id).execute(p).await?;
         });
@@ -113,7 +120,9 @@ impl Store {
     pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
         let n: i64 = on_pool!(self, |p| {
             let sql = match self.backend() {
-                crate::store::Backend::Sqlite => "SELECT COUNT(*) FROM tower_sessions WHERE id = $1",
+                crate::store::Backend::Sqlite => {
+                    "SELECT COUNT(*) FROM tower_sessions WHERE id = $1"
+                }
                 crate::store::Backend::Postgres => {
                     "SELECT COUNT(*) FROM tower_sessions.session WHERE id = $1"
                 }

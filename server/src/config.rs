@@ -507,7 +507,10 @@ impl Config {
                     ));
                 }
                 let client_id = nonempty("oidc_client_id").ok_or_else(|| {
-                    invalid("oidc_client_id", "required when COUNTERSIGN_OIDC_ISSUER is set".into())
+                    invalid(
+                        "oidc_client_id",
+                        "required when COUNTERSIGN_OIDC_ISSUER is set".into(),
+                    )
                 })?;
                 let client_secret = nonempty("oidc_client_secret").ok_or_else(|| {
                     invalid(

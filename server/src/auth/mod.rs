@@ -54,7 +54,7 @@ const SEEN_GRANULARITY_MS: i64 = 60 * 1000;
 #[derive(Debug)]
 pub enum Mode {
     /// Through the configured OpenID Connect provider.
-    Oidc(Oidc),
+    Oidc(Box<Oidc>),
     /// Loopback only, no issuer configured: pick a seeded demo user.
     Demo,
     /// No issuer and not on loopback: nobody can sign in.
@@ -82,11 +82,11 @@ pub fn mode_for(config: &Config, store: &Store) -> Result<Mode, oidc::SignInErro
                 .public_url
                 .join("/auth/callback")
                 .map_err(|e| oidc::SignInError::Discovery(format!("redirect URI: {e}")))?;
-            Ok(Mode::Oidc(Oidc::new(
+            Ok(Mode::Oidc(Box::new(Oidc::new(
                 oidc.clone(),
                 redirect.as_str(),
                 store.clock().clone(),
-            )?))
+            )?)))
         }
         None if config.listen.ip().is_loopback() => Ok(Mode::Demo),
         None => Ok(Mode::Off),
@@ -194,9 +194,9 @@ impl<S: Send + Sync> FromRequestParts<S> for CurrentUser {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        person_from_parts(parts).map(CurrentUser).ok_or_else(|| {
-            (StatusCode::UNAUTHORIZED, "sign in first").into_response()
-        })
+        person_from_parts(parts)
+            .map(CurrentUser)
+            .ok_or_else(|| (StatusCode::UNAUTHORIZED, "sign in first").into_response())
     }
 }
 
@@ -271,7 +271,15 @@ fn exempt(path: &str) -> bool {
     // Static files copied from public/ (favicon and the like).
     let last = path.rsplit('/').next().unwrap_or_default();
     [
-        ".svg", ".png", ".ico", ".css", ".js", ".wasm", ".txt", ".webmanifest", ".woff2",
+        ".svg",
+        ".png",
+        ".ico",
+        ".css",
+        ".js",
+        ".wasm",
+        ".txt",
+        ".webmanifest",
+        ".woff2",
     ]
     .iter()
     .any(|ext| last.ends_with(ext))

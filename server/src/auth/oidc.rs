@@ -24,8 +24,8 @@ use openidconnect::core::{
 };
 use openidconnect::{
     AdditionalClaims, AuthorizationCode, ClaimsVerificationError, Client, ClientId, ClientSecret,
-    CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet,
-    IdTokenFields, IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
+    CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, IdTokenFields,
+    IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
     StandardErrorResponse, StandardTokenResponse, TokenResponse as _,
 };
 use serde::{Deserialize, Serialize};
@@ -110,7 +110,9 @@ pub enum SignInError {
     #[error("the sign-in response came from another issuer")]
     WrongResponseIssuer,
     /// The code exchange failed (unknown, replayed or expired code, PKCE mismatch).
-    #[error("the identity provider did not accept the authorization code (used before, expired, or not ours): {0}")]
+    #[error(
+        "the identity provider did not accept the authorization code (used before, expired, or not ours): {0}"
+    )]
     Exchange(String),
     /// No ID token in the token response.
     #[error("the identity provider sent no ID token")]
@@ -265,10 +267,7 @@ impl Oidc {
             sub: claims.subject().as_str().to_string(),
             name,
             email: claims.email().map(|e| e.as_str().to_string()),
-            roles: map_roles(
-                extra.get(&self.config.role_claim),
-                &self.config.role_map,
-            ),
+            roles: map_roles(extra.get(&self.config.role_claim), &self.config.role_map),
             tenant: extra
                 .get(&self.config.tenant_claim)
                 .and_then(serde_json::Value::as_str)
@@ -302,7 +301,9 @@ fn describe(e: &ClaimsVerificationError) -> String {
         ClaimsVerificationError::InvalidAudience(m) => {
             format!("it was issued for another audience (client) ({m})")
         }
-        ClaimsVerificationError::InvalidIssuer(m) => format!("it was issued by another issuer ({m})"),
+        ClaimsVerificationError::InvalidIssuer(m) => {
+            format!("it was issued by another issuer ({m})")
+        }
         ClaimsVerificationError::Expired(m) => format!("it has expired ({m})"),
         ClaimsVerificationError::InvalidNonce(m) => {
             format!("its nonce does not match this browser's sign-in ({m})")

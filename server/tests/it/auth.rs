@@ -46,7 +46,9 @@ fn start_provider() -> Option<Provider> {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    let package_ok = root.join("node_modules/oidc-provider/package.json").is_file();
+    let package_ok = root
+        .join("node_modules/oidc-provider/package.json")
+        .is_file();
     if !(node_ok && package_ok) {
         let why = if node_ok {
             "node_modules/oidc-provider is missing (run `npm ci`)"
@@ -70,7 +72,9 @@ fn start_provider() -> Option<Provider> {
     let stdin = child.stdin.take();
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
-    stdout.read_line(&mut line).expect("provider prints its issuers");
+    stdout
+        .read_line(&mut line)
+        .expect("provider prints its issuers");
     let info: Value = serde_json::from_str(&line).expect("provider JSON");
     Some(Provider {
         child,
@@ -159,7 +163,12 @@ impl Browser {
     }
 
     /// Posts a form the way a page of `app` would (same-origin `Origin`).
-    async fn post_form(&self, app: &TestApp, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
+    async fn post_form(
+        &self,
+        app: &TestApp,
+        path: &str,
+        form: &[(&str, &str)],
+    ) -> reqwest::Response {
         self.client
             .post(app.url(path))
             .header("origin", format!("http://{}", app.addr))
@@ -201,7 +210,11 @@ fn with_param(url: &str, name: &str, value: &str) -> String {
     let pairs: Vec<(String, String)> = u
         .query_pairs()
         .map(|(k, v)| {
-            let v = if k == name { value.to_string() } else { v.into_owned() };
+            let v = if k == name {
+                value.to_string()
+            } else {
+                v.into_owned()
+            };
             (k.into_owned(), v)
         })
         .collect();
@@ -218,7 +231,12 @@ async fn begin(browser: &Browser, app: &TestApp) -> String {
 
 /// Follows the provider's redirects from `authorize_url`, logging in as `user`, up to the
 /// redirect to `redirect_uri`; returns that URL (code, state, iss).
-async fn authorize(browser: &Browser, authorize_url: &str, user: &str, redirect_uri: &str) -> String {
+async fn authorize(
+    browser: &Browser,
+    authorize_url: &str,
+    user: &str,
+    redirect_uri: &str,
+) -> String {
     let base = {
         let u = reqwest::Url::parse(authorize_url).unwrap();
         format!("{}://{}", u.scheme(), u.host_str().unwrap()) + &format!(":{}", u.port().unwrap())
@@ -226,7 +244,12 @@ async fn authorize(browser: &Browser, authorize_url: &str, user: &str, redirect_
     let mut url = authorize_url.to_string();
     for _ in 0..8 {
         let resp = browser.get(&url).await;
-        assert_eq!(resp.status(), StatusCode::SEE_OTHER, "{url}: {:?}", resp.text().await);
+        assert_eq!(
+            resp.status(),
+            StatusCode::SEE_OTHER,
+            "{url}: {:?}",
+            resp.text().await
+        );
         let mut next = location(&resp);
         if next.starts_with(redirect_uri) {
             return next;
@@ -313,10 +336,18 @@ async fn oidc_sign_in_maps_roles_rotates_the_session_and_logout_deletes_it() {
         let url = begin(&browser, &app).await;
         assert!(url.starts_with(&provider.main), "{url}");
         for p in ["state", "nonce", "code_challenge"] {
-            assert!(query_param(&url, p).is_some_and(|v| v.len() >= 16), "{p} in {url}");
+            assert!(
+                query_param(&url, p).is_some_and(|v| v.len() >= 16),
+                "{p} in {url}"
+            );
         }
-        assert_eq!(query_param(&url, "code_challenge_method").as_deref(), Some("S256"));
-        let pending_cookie = browser.cookie(&app, "countersign").expect("pending session");
+        assert_eq!(
+            query_param(&url, "code_challenge_method").as_deref(),
+            Some("S256")
+        );
+        let pending_cookie = browser
+            .cookie(&app, "countersign")
+            .expect("pending session");
         let callback = authorize(&browser, &url, "ana", &app.url("/auth/callback")).await;
         let resp = browser.get(&callback).await;
         assert_eq!(resp.status(), StatusCode::SEE_OTHER);
@@ -355,10 +386,16 @@ async fn oidc_sign_in_maps_roles_rotates_the_session_and_logout_deletes_it() {
         // The role map: managers → manager; a user in no mapped group has no role and
         // sees nothing.
         let max = Browser::new();
-        assert_eq!(sign_in(&max, &app, "max").await.status(), StatusCode::SEE_OTHER);
+        assert_eq!(
+            sign_in(&max, &app, "max").await.status(),
+            StatusCode::SEE_OTHER
+        );
         assert_eq!(max.me(&app).await.unwrap()["roles"], json!(["manager"]));
         let eve = Browser::new();
-        assert_eq!(sign_in(&eve, &app, "eve").await.status(), StatusCode::SEE_OTHER);
+        assert_eq!(
+            sign_in(&eve, &app, "eve").await.status(),
+            StatusCode::SEE_OTHER
+        );
         assert_eq!(eve.me(&app).await.unwrap()["roles"], json!([]));
         let resp = eve.get(&app.url("/inbox")).await;
         assert_eq!(resp.status(), StatusCode::FORBIDDEN);
@@ -399,8 +436,11 @@ async fn oidc_refuses_bad_responses_and_tokens_with_a_clear_page_and_no_session(
         let attacker = Browser::new();
         let url = begin(&attacker, &app).await;
         let replayed = with_param(&callback, "state", &query_param(&url, "state").unwrap());
-        assert_refused(attacker.get(&replayed).await, "did not accept the authorization code")
-            .await;
+        assert_refused(
+            attacker.get(&replayed).await,
+            "did not accept the authorization code",
+        )
+        .await;
         assert!(attacker.me(&app).await.is_none());
 
         // Wrong nonce: the provider is asked for a token with a nonce this browser never got.
@@ -486,9 +526,17 @@ async fn demo_sign_in_lists_people_shows_the_banner_and_sets_a_strict_cookie() {
         assert_eq!(location(&resp), "/auth/login?next=%2Faudit");
         let resp = b.get(&app.url("/auth/login?next=/audit")).await;
         assert_eq!(location(&resp), "/auth/demo?next=%2Faudit");
-        let page = b.get(&app.url("/auth/demo?next=/audit")).await.text().await.unwrap();
+        let page = b
+            .get(&app.url("/auth/demo?next=/audit"))
+            .await
+            .text()
+            .await
+            .unwrap();
         for user in ["ana", "pat", "max", "ada", "bob", "aud"] {
-            assert!(page.contains(&format!("value=\"{user}\"")), "{user}: {page}");
+            assert!(
+                page.contains(&format!("value=\"{user}\"")),
+                "{user}: {page}"
+            );
         }
         assert!(page.contains("Demo sign-in: not for production"));
 
@@ -518,14 +566,24 @@ async fn demo_sign_in_lists_people_shows_the_banner_and_sets_a_strict_cookie() {
         assert!(html.contains("Demo sign-in: not for production"), "{html}");
 
         // Unknown demo users and foreign `next` targets are refused.
-        let resp = b.post_form(&app, "/auth/demo", &[("user", "mallory")]).await;
+        let resp = b
+            .post_form(&app, "/auth/demo", &[("user", "mallory")])
+            .await;
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         let resp = b
-            .post_form(&app, "/auth/demo", &[("user", "ana"), ("next", "https://evil.example/")])
+            .post_form(
+                &app,
+                "/auth/demo",
+                &[("user", "ana"), ("next", "https://evil.example/")],
+            )
             .await;
         assert_eq!(location(&resp), "/");
         let resp = b
-            .post_form(&app, "/auth/demo", &[("user", "ana"), ("next", "//evil.example/")])
+            .post_form(
+                &app,
+                "/auth/demo",
+                &[("user", "ana"), ("next", "//evil.example/")],
+            )
             .await;
         assert_eq!(location(&resp), "/");
         app.stop().await;
@@ -542,12 +600,18 @@ async fn demo_sign_in_is_refused_off_loopback_and_when_an_issuer_is_configured()
     let resp = b.get(&format!("{base}/auth/demo")).await;
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     let body = resp.text().await.unwrap();
-    assert!(body.contains("only available when the server listens on a loopback"), "{body}");
+    assert!(
+        body.contains("only available when the server listens on a loopback"),
+        "{body}"
+    );
     assert!(!body.contains("not for production"));
     let resp = b
         .client
         .post(format!("{base}/auth/demo"))
-        .header("origin", "http://0.0.0.0:".to_string() + &app.addr.port().to_string())
+        .header(
+            "origin",
+            "http://0.0.0.0:".to_string() + &app.addr.port().to_string(),
+        )
         .form(&[("user", "ada")])
         .send()
         .await
@@ -594,11 +658,17 @@ async fn sessions_end_after_the_idle_and_the_absolute_timeout() {
         app.clock.advance(minutes(29));
         assert!(b.me(&app).await.is_some(), "29 min idle: alive");
         app.clock.advance(minutes(29));
-        assert!(b.me(&app).await.is_some(), "activity refreshed the idle timer");
+        assert!(
+            b.me(&app).await.is_some(),
+            "activity refreshed the idle timer"
+        );
         let session = b.cookie(&app, "countersign").unwrap();
         app.clock.advance(minutes(31));
         assert!(b.me(&app).await.is_none(), "31 min idle: ended");
-        assert!(!app.store.session_exists(&session).await.unwrap(), "deleted");
+        assert!(
+            !app.store.session_exists(&session).await.unwrap(),
+            "deleted"
+        );
 
         // Absolute: active every 25 minutes, still ended 12 h after sign-in.
         let b = Browser::new();
@@ -642,11 +712,23 @@ async fn cross_origin_state_changes_are_refused() {
                     req = req.header("referer", r);
                 }
                 let resp = req.send().await.unwrap();
-                assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{path} {origin:?} {referer:?}");
-                assert!(resp.text().await.unwrap().contains("Cross-origin request refused"));
+                assert_eq!(
+                    resp.status(),
+                    StatusCode::FORBIDDEN,
+                    "{path} {origin:?} {referer:?}"
+                );
+                assert!(
+                    resp.text()
+                        .await
+                        .unwrap()
+                        .contains("Cross-origin request refused")
+                );
             }
         }
-        assert!(b.me(&app).await.is_some(), "still signed in: logout was refused");
+        assert!(
+            b.me(&app).await.is_some(),
+            "still signed in: logout was refused"
+        );
 
         // A same-origin Referer (no Origin) is accepted.
         let resp = b
@@ -712,7 +794,13 @@ async fn a_secure_public_url_gets_a_host_prefixed_secure_cookie() {
 fn only_local_paths_are_accepted_as_next() {
     use countersign::auth::local_next;
     assert_eq!(local_next(Some("/inbox?x=1")), "/inbox?x=1");
-    for bad in ["https://evil.example/", "//evil.example", "/\\evil", "evil", "/auth/logout"] {
+    for bad in [
+        "https://evil.example/",
+        "//evil.example",
+        "/\\evil",
+        "evil",
+        "/auth/logout",
+    ] {
         assert_eq!(local_next(Some(bad)), "/", "{bad}");
     }
     assert_eq!(local_next(None), "/");
@@ -725,9 +813,15 @@ fn the_role_map_reads_strings_and_lists_and_ignores_unknown_groups() {
     use countersign_core::AppRole;
     let map = parse_role_map("ap-clerks=approver,managers=manager,admins=admin,auditors=auditor")
         .unwrap();
-    assert_eq!(map_roles(Some(&json!("ap-clerks")), &map), vec![AppRole::Approver]);
     assert_eq!(
-        map_roles(Some(&json!(["admins", "staff", "auditors", "admins"])), &map),
+        map_roles(Some(&json!("ap-clerks")), &map),
+        vec![AppRole::Approver]
+    );
+    assert_eq!(
+        map_roles(
+            Some(&json!(["admins", "staff", "auditors", "admins"])),
+            &map
+        ),
         vec![AppRole::Admin, AppRole::Auditor]
     );
     assert!(map_roles(Some(&json!(["staff"])), &map).is_empty());

@@ -39,7 +39,11 @@ impl TestApp {
             .send()
             .await
             .unwrap();
-        assert_eq!(resp.status(), reqwest::StatusCode::SEE_OTHER, "demo sign-in");
+        assert_eq!(
+            resp.status(),
+            reqwest::StatusCode::SEE_OTHER,
+            "demo sign-in"
+        );
         client
     }
 
