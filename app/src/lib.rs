@@ -12,8 +12,48 @@ use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{A, Route, Router, Routes};
 use leptos_router::path;
 
+/// Request marker the server sets while the demo sign-in is on; the shell then shows
+/// [`DEMO_BANNER`] on every page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DemoSignIn;
+
+/// The banner shown on every page while the demo sign-in is on.
+pub const DEMO_BANNER: &str = "Demo sign-in: not for production";
+
+/// The signed-in person of the current request (server rendering and server functions),
+/// as the server's session gate put it on the request. `None` when signed out: callers
+/// must then show and do nothing.
+#[cfg(feature = "ssr")]
+pub fn signed_in() -> Option<countersign_core::Person> {
+    use_context::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<countersign_core::Person>().cloned())
+}
+
+#[cfg(feature = "ssr")]
+fn demo_sign_in() -> bool {
+    use_context::<http::request::Parts>()
+        .is_some_and(|parts| parts.extensions.get::<DemoSignIn>().is_some())
+}
+
+#[cfg(not(feature = "ssr"))]
+fn demo_sign_in() -> bool {
+    false
+}
+
 /// The HTML document around [`App`], rendered by the server.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    // After <App/>: hydration walks the body from its first child through App's nodes only.
+    let banner = demo_sign_in().then(|| {
+        view! {
+            <p
+                role="note"
+                data-testid="demo-banner"
+                class="fixed inset-x-0 bottom-0 bg-amber-300 px-4 py-2 text-center text-sm font-semibold text-slate-900"
+            >
+                {DEMO_BANNER}
+            </p>
+        }
+    });
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -27,6 +67,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
             </head>
             <body class="min-h-screen bg-slate-50 text-slate-900 antialiased">
                 <App/>
+                {banner}
             </body>
         </html>
     }

@@ -4,6 +4,13 @@ import { join } from 'node:path';
 
 const shots = join(__dirname, '..', 'test-results', 'screenshots');
 
+// The e2e server has no OIDC issuer and listens on loopback: sign in through the demo page.
+test.beforeEach(async ({ page }) => {
+  await page.goto('/auth/demo');
+  await page.getByRole('button', { name: /Sign in as Ana/ }).click();
+  await expect(page).toHaveURL(/\/$/);
+});
+
 test('the dashboard shell renders, is styled, and hydrates', async ({ page }) => {
   const errors: string[] = [];
   page.on('pageerror', (e) => errors.push(String(e)));
@@ -12,6 +19,7 @@ test('the dashboard shell renders, is styled, and hydrates', async ({ page }) =>
 
   await page.goto('/');
   await expect(page.getByRole('link', { name: 'Countersign' })).toBeVisible();
+  await expect(page.getByTestId('demo-banner')).toHaveText('Demo sign-in: not for production');
   for (const label of ['Inbox', 'Runs', 'Audit', 'Metrics', 'Admin']) {
     await expect(page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: label })).toBeVisible();
   }

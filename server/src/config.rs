@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use countersign_core::{Backend, Secret};
+use countersign_core::{AppRole, Backend, Secret};
 use url::Url;
 
 /// Environment variable naming the config file.
@@ -97,7 +97,72 @@ pub const KEYS: &[KeySpec] = &[
         default: Some("15s"),
         help: "how long an http/mcp provider call may take (e.g. 15s, 800ms); longer = unknown",
     },
+    KeySpec {
+        name: "oidc_issuer",
+        secret: false,
+        default: None,
+        help: "OpenID Connect issuer URL for dashboard sign-in (unset: demo sign-in on loopback only)",
+    },
+    KeySpec {
+        name: "oidc_client_id",
+        secret: false,
+        default: None,
+        help: "client id registered at the issuer; redirect URI is PUBLIC_URL/auth/callback",
+    },
+    KeySpec {
+        name: "oidc_client_secret",
+        secret: true,
+        default: None,
+        help: "client secret registered at the issuer",
+    },
+    KeySpec {
+        name: "oidc_role_claim",
+        secret: false,
+        default: Some("groups"),
+        help: "ID-token claim (string or list of strings) that the role map reads",
+    },
+    KeySpec {
+        name: "oidc_role_map",
+        secret: false,
+        default: Some("ap-clerks=approver,managers=manager,admins=admin,auditors=auditor"),
+        help: "comma-separated GROUP=ROLE pairs; roles: approver, manager, admin, auditor",
+    },
+    KeySpec {
+        name: "oidc_tenant_claim",
+        secret: false,
+        default: Some("tenant"),
+        help: "ID-token claim naming the person's tenant",
+    },
+    KeySpec {
+        name: "session_idle_minutes",
+        secret: false,
+        default: Some("30"),
+        help: "a dashboard session ends after this many minutes without a request",
+    },
+    KeySpec {
+        name: "session_max_hours",
+        secret: false,
+        default: Some("12"),
+        help: "a dashboard session ends this many hours after sign-in, active or not",
+    },
 ];
+
+/// Sign-in through an OpenID Connect provider.
+#[derive(Debug, Clone)]
+pub struct OidcConfig {
+    /// Issuer URL, exactly as the provider's discovery document states it.
+    pub issuer: String,
+    /// Client id.
+    pub client_id: String,
+    /// Client secret.
+    pub client_secret: Secret<String>,
+    /// Claim holding the groups the role map reads.
+    pub role_claim: String,
+    /// Group → role.
+    pub role_map: Vec<(String, AppRole)>,
+    /// Claim holding the tenant.
+    pub tenant_claim: String,
+}
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +197,12 @@ pub struct Config {
     pub workers: usize,
     /// Total time an outbound `http`/`mcp` adapter call may take (connecting included).
     pub adapter_timeout: Duration,
+    /// OIDC sign-in; `None` when no issuer is configured.
+    pub oidc: Option<OidcConfig>,
+    /// Idle session lifetime.
+    pub session_idle_minutes: u32,
+    /// Absolute session lifetime.
+    pub session_max_hours: u32,
 }
 
 /// Where a value came from, for error messages.
@@ -450,6 +521,64 @@ impl Config {
                     ),
                 )
             })?;
+        let nonempty = |name: &str| get(name).filter(|s| !s.is_empty());
+        let oidc = match nonempty("oidc_issuer") {
+            None => {
+                for name in ["oidc_client_id", "oidc_client_secret"] {
+                    if nonempty(name).is_some() {
+                        return Err(invalid(
+                            name,
+                            "set without COUNTERSIGN_OIDC_ISSUER; set the issuer too".into(),
+                        ));
+                    }
+                }
+                None
+            }
+            Some(issuer) => {
+                let url = Url::parse(&issuer)
+                    .map_err(|e| invalid("oidc_issuer", format!("not an absolute URL ({e})")))?;
+                if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                    return Err(invalid(
+                        "oidc_issuer",
+                        "expected an https:// URL (http:// only for a local test provider)".into(),
+                    ));
+                }
+                let client_id = nonempty("oidc_client_id").ok_or_else(|| {
+                    invalid(
+                        "oidc_client_id",
+                        "required when COUNTERSIGN_OIDC_ISSUER is set".into(),
+                    )
+                })?;
+                let client_secret = nonempty("oidc_client_secret").ok_or_else(|| {
+                    invalid(
+                        "oidc_client_secret",
+                        "required when COUNTERSIGN_OIDC_ISSUER is set".into(),
+                    )
+                })?;
+                let role_claim = nonempty("oidc_role_claim")
+                    .ok_or_else(|| invalid("oidc_role_claim", "must name a claim".into()))?;
+                let tenant_claim = nonempty("oidc_tenant_claim")
+                    .ok_or_else(|| invalid("oidc_tenant_claim", "must name a claim".into()))?;
+                let role_map = parse_role_map(&get("oidc_role_map").unwrap_or_default())
+                    .map_err(|m| invalid("oidc_role_map", m))?;
+                Some(OidcConfig {
+                    issuer,
+                    client_id,
+                    client_secret: Secret::new(client_secret),
+                    role_claim,
+                    role_map,
+                    tenant_claim,
+                })
+            }
+        };
+        let positive = |name: &'static str| -> Result<u32, ConfigError> {
+            get(name)
+                .and_then(|t| t.parse::<u32>().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| invalid(name, "expected a whole number above 0".into()))
+        };
+        let session_idle_minutes = positive("session_idle_minutes")?;
+        let session_max_hours = positive("session_max_hours")?;
 
         Ok(Self {
             database_url: Secret::new(database_url),
@@ -462,6 +591,9 @@ impl Config {
             site_root,
             workers,
             adapter_timeout,
+            oidc,
+            session_idle_minutes,
+            session_max_hours,
         })
     }
 }
@@ -481,4 +613,25 @@ fn parse_duration(text: &str) -> Option<Duration> {
     } else {
         Duration::from_secs(n)
     })
+}
+
+/// Parses `GROUP=ROLE,GROUP=ROLE`; a group may map to several roles by repeating it.
+pub fn parse_role_map(text: &str) -> Result<Vec<(String, AppRole)>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|pair| {
+            let (group, role) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not GROUP=ROLE"))?;
+            let role = AppRole::parse(role.trim()).ok_or_else(|| {
+                format!("{pair:?}: unknown role; expected approver, manager, admin or auditor")
+            })?;
+            let group = group.trim();
+            if group.is_empty() {
+                return Err(format!("{pair:?} names no group"));
+            }
+            Ok((group.to_string(), role))
+        })
+        .collect()
 }

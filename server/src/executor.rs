@@ -278,6 +278,10 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
             ..Transition::default()
         })
         .await?;
+    if moved.is_some() {
+        // Its worker is gone: nobody holds the step any more.
+        store.clear_lease(&step.id).await?;
+    }
     if moved.is_some() && to == StepStatus::Done && run.planned {
         let steps = store.steps_for_run(&run.id).await?;
         if steps.iter().all(|s| s.status == StepStatus::Done) {

@@ -5,6 +5,7 @@
 //! so that a bad deployment stops with one clear line before serving anything.
 
 pub mod adapters;
+pub mod auth;
 pub mod config;
 pub mod executor;
 pub mod http;
@@ -46,6 +47,9 @@ pub enum StartError {
     /// The registry could not be made ready.
     #[error(transparent)]
     Registry(#[from] registry::RegistryStartError),
+    /// Sign-in could not be set up.
+    #[error("COUNTERSIGN_OIDC_*: {0}")]
+    Auth(#[from] auth::oidc::SignInError),
     /// Serving failed.
     #[error("server error: {0}")]
     Serve(#[source] std::io::Error),
@@ -64,6 +68,8 @@ pub struct AppState {
     pub registry: Arc<LiveRegistry>,
     /// Gateway counters for `/metrics`.
     pub metrics: Arc<metrics::Metrics>,
+    /// Dashboard sign-in and sessions.
+    pub auth: Arc<auth::Auth>,
 }
 
 impl axum::extract::FromRef<AppState> for LeptosOptions {
@@ -93,7 +99,13 @@ pub struct Application {
 /// connected, migrated, with the registry in force.
 pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<AppState, StartError> {
     let store = connect_and_migrate(&config, clock).await?;
-    let registry = LiveRegistry::bootstrap(&store, config.registry.as_deref()).await?;
+    let registry = LiveRegistry::bootstrap(
+        &store,
+        config.registry.as_deref(),
+        crate::adapters::AdapterSettings::with_timeout(config.adapter_timeout),
+    )
+    .await?;
+    let auth = Arc::new(auth::Auth::new(&config, store.clone())?);
     let leptos = LeptosOptions::builder()
         .output_name("countersign")
         .site_root(config.site_root.display().to_string())
@@ -104,12 +116,13 @@ pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<App
         config: Arc::new(config),
         registry,
         metrics: Arc::default(),
+        auth,
     })
 }
 
 impl Application {
     /// Connects, migrates and binds. Nothing is served until [`Application::run`].
-    pub async fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
+    pub async fn build(mut config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
         let store = connect_and_migrate(&config, clock).await?;
         let registry = LiveRegistry::bootstrap(
             &store,
@@ -125,6 +138,15 @@ impl Application {
                     source,
                 })?;
         let addr = listener.local_addr().map_err(StartError::Serve)?;
+        // A public URL with port 0 (the default when listening on port 0) means the port
+        // actually bound: redirect URIs and the CSRF origin must name a reachable address.
+        if config.public_url.port() == Some(0) {
+            let _ = config.public_url.set_port(Some(addr.port()));
+        }
+        let auth = Arc::new(auth::Auth::new(&config, store.clone())?);
+        if let auth::Mode::Oidc(oidc) = &auth.mode {
+            oidc.warm_up().await;
+        }
         let leptos = LeptosOptions::builder()
             .output_name("countersign")
             .site_root(config.site_root.display().to_string())
@@ -137,6 +159,7 @@ impl Application {
             config: Arc::new(config),
             registry,
             metrics: Arc::default(),
+            auth,
         };
         let router = http::router(state.clone());
         Ok(Self {

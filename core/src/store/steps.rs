@@ -475,6 +475,18 @@ impl Store {
         Ok(())
     }
 
+    /// Drops any worker's lease on a step (the reconciler, after its worker vanished).
+    pub async fn clear_lease(&self, id: &str) -> Result<(), StoreError> {
+        on_pool!(self, |p| {
+            sqlx::query("UPDATE steps SET claimed_by = NULL, lease_until = NULL WHERE id = $1")
+                .bind(id)
+                .execute(p)
+                .await?
+                .rows_affected()
+        });
+        Ok(())
+    }
+
     /// Steps whose outcome must be asked of the target: `unknown` ones, and `running` ones
     /// untouched since before `stale_before` (their worker or server died mid-call).
     pub async fn steps_to_reconcile(

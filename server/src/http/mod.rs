@@ -4,23 +4,30 @@
 mod health;
 
 use axum::Router;
+use axum::middleware::from_fn_with_state;
 use axum::routing::get;
 use countersign_app::{App, shell};
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use tower_http::trace::TraceLayer;
 
-use crate::AppState;
+use crate::{AppState, auth};
 
 /// Builds the router over `state`.
 pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let options = state.leptos.clone();
+    let sessions = state.auth.session_layer();
+    // Layers run outside-in: trace, session, CSRF origin check, session gate.
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/metrics", get(crate::metrics::metrics))
         .merge(crate::mcp::routes(state.clone()))
+        .merge(auth::routes())
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(from_fn_with_state(state.clone(), auth::gate))
+        .layer(from_fn_with_state(state.clone(), auth::csrf))
+        .layer(sessions)
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

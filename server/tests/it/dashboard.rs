@@ -5,6 +5,7 @@ use crate::helpers::each_app;
 #[tokio::test]
 async fn every_page_renders_on_the_server_with_navigation_and_hydration_scripts() {
     each_app(|app| async move {
+        let client = app.demo_client("ana").await;
         for (path, heading) in [
             ("/", "Countersign"),
             ("/inbox", "Approval inbox"),
@@ -13,7 +14,7 @@ async fn every_page_renders_on_the_server_with_navigation_and_hydration_scripts(
             ("/gates", "Metrics"),
             ("/admin", "Admin"),
         ] {
-            let resp = app.client.get(app.url(path)).send().await.unwrap();
+            let resp = client.get(app.url(path)).send().await.unwrap();
             assert_eq!(resp.status(), StatusCode::OK, "{path}");
             let html = resp.text().await.unwrap();
             assert!(html.contains(&format!(">{heading}</h1>")), "{path}: {html}");
@@ -41,7 +42,8 @@ async fn every_page_renders_on_the_server_with_navigation_and_hydration_scripts(
 async fn unknown_pages_are_404() {
     each_app(|app| async move {
         let resp = app
-            .client
+            .demo_client("ana")
+            .await
             .get(app.url("/no/such/page"))
             .send()
             .await

@@ -32,6 +32,26 @@ impl TestApp {
             .as_ref()
             .map(|d| d.url.expose().clone())
             .unwrap_or_default()
+    /// A client with a cookie jar, signed in through the demo sign-in as `user`.
+    pub async fn demo_client(&self, user: &str) -> reqwest::Client {
+        let client = reqwest::Client::builder()
+            .cookie_store(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let resp = client
+            .post(self.url("/auth/demo"))
+            .header("origin", format!("http://{}", self.addr))
+            .form(&[("user", user)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            reqwest::StatusCode::SEE_OTHER,
+            "demo sign-in"
+        );
+        client
     }
 
     /// Stops the server and drops its database.

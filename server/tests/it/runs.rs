@@ -307,6 +307,33 @@ async fn runs_emergency_stop_halts_runs_and_revokes_their_agents() {
     .await;
 }
 
+/// Kills a child process when dropped (also when a test fails half-way).
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    /// Exit status and stderr of a child that has exited.
+    fn wait_with_output_ref(&mut self) -> std::process::Output {
+        use std::io::Read;
+        let status = self.0.wait().unwrap();
+        let mut stderr = Vec::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            e.read_to_end(&mut stderr).unwrap();
+        }
+        std::process::Output {
+            status,
+            stdout: Vec::new(),
+            stderr,
+        }
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A worker process killed at `point` of the execute sequence; after a restart the step ends
 /// `done` with exactly one effect at the target.
 async fn crash_at(point: &str) {
@@ -315,11 +342,20 @@ async fn crash_at(point: &str) {
         let mut client = Client::new(&app, &planner);
         client.connect().await;
         let (_, steps) = submit(&mut client, vec![note_step()]).await;
-        let crashed = countersign_on(&app.db_url())
+        let child = countersign_on(&app.db_url())
             .args(["worker", "--count", "1"])
             .env("COUNTERSIGN_TEST_CRASH_AT", point)
-            .output()
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
+        let mut child = KillOnDrop(child);
+        let began = Instant::now();
+        while child.0.try_wait().unwrap().is_none() {
+            assert!(began.elapsed() < Duration::from_secs(30), "the worker never reached {point}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let crashed = child.wait_with_output_ref();
         assert!(!crashed.status.success(), "the worker died at {point}");
         assert!(String::from_utf8_lossy(&crashed.stderr).contains(&format!("failpoint {point}")));
         let step = app.store.get_step(&steps[0]).await.unwrap();
@@ -328,10 +364,12 @@ async fn crash_at(point: &str) {
         assert_eq!(effects(&app, "notes.draft").await, expected_before);
 
         // Restart: the reconciler asks the ERP by key, then (if needed) the step runs again.
-        let mut worker = countersign_on(&app.db_url())
+        let worker = countersign_on(&app.db_url())
             .args(["worker", "--count", "1", "--stale-after", "0"])
+            .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        let _worker = KillOnDrop(worker);
         let began = Instant::now();
         loop {
             let s = app.store.get_step(&steps[0]).await.unwrap();
@@ -344,8 +382,7 @@ async fn crash_at(point: &str) {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        worker.kill().unwrap();
-        worker.wait().unwrap();
+        drop(_worker);
         assert_eq!(
             effects(&app, "notes.draft").await,
             1,

@@ -1,0 +1,145 @@
+//! Browser session records in the `tower_sessions` table (migration 0001), for the server's
+//! session store.
+//!
+//! Invariants:
+//! * A record whose expiry is not after the store clock's now is never returned.
+//! * [`Store::session_insert`] never overwrites: a colliding id is reported, not replaced.
+//! * Expiry is stored in the layout of migration 0001: unix seconds (SQLite `INTEGER`),
+//!   `TIMESTAMPTZ` (Postgres).
+
+use crate::store::{Store, StoreError, on_pool};
+
+impl Store {
+    /// The data of session `id` if it exists and has not expired.
+    pub async fn session_load(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let now = self.clock.now_ms() / 1000;
+        Ok(match &self.pool {
+            crate::store::Pool::Sqlite(p) => {
+                sqlx::query_scalar(
+                    "SELECT data FROM tower_sessions WHERE id = $1 AND expiry_date > $2",
+                )
+                .bind(id)
+                .bind(now)
+                .fetch_optional(p)
+                .await?
+            }
+            crate::store::Pool::Postgres(p) => {
+                sqlx::query_scalar(
+                    "SELECT data FROM tower_sessions.session
+                      WHERE id = $1 AND expiry_date > to_timestamp($2::double precision)",
+                )
+                .bind(id)
+                .bind(now)
+                .fetch_optional(p)
+                .await?
+            }
+        })
+    }
+
+    /// Inserts a new session; `false` (and nothing written) if the id is taken.
+    pub async fn session_insert(
+        &self,
+        id: &str,
+        data: &[u8],
+        expiry_s: i64,
+    ) -> Result<bool, StoreError> {
+        let sql_sqlite = "INSERT INTO tower_sessions (id, data, expiry_date) VALUES ($1, $2, $3)
+                          ON CONFLICT (id) DO NOTHING";
+        let sql_pg = "INSERT INTO tower_sessions.session (id, data, expiry_date)
+                      VALUES ($1, $2, to_timestamp($3::double precision)) ON CONFLICT (id) DO NOTHING";
+        let n = match &self.pool {
+            crate::store::Pool::Sqlite(p) => sqlx::query(sql_sqlite)
+                .bind(id)
+                .bind(data)
+                .bind(expiry_s)
+                .execute(p)
+                .await?
+                .rows_affected(),
+            crate::store::Pool::Postgres(p) => sqlx::query(sql_pg)
+                .bind(id)
+                .bind(data)
+                .bind(expiry_s)
+                .execute(p)
+                .await?
+                .rows_affected(),
+        };
+        Ok(n == 1)
+    }
+
+    /// Writes session `id` (insert or replace).
+    pub async fn session_save(
+        &self,
+        id: &str,
+        data: &[u8],
+        expiry_s: i64,
+    ) -> Result<(), StoreError> {
+        let sql_sqlite = "INSERT INTO tower_sessions (id, data, expiry_date) VALUES ($1, $2, $3)
+                          ON CONFLICT (id) DO UPDATE SET data = excluded.data,
+                          expiry_date = excluded.expiry_date";
+        let sql_pg = "INSERT INTO tower_sessions.session (id, data, expiry_date)
+                      VALUES ($1, $2, to_timestamp($3::double precision))
+                      ON CONFLICT (id) DO UPDATE SET data = excluded.data,
+                      expiry_date = excluded.expiry_date";
+        match &self.pool {
+            crate::store::Pool::Sqlite(p) => {
+                sqlx::query(sql_sqlite)
+                    .bind(id)
+                    .bind(data)
+                    .bind(expiry_s)
+                    .execute(p)
+                    .await?;
+            }
+            crate::store::Pool::Postgres(p) => {
+                sqlx::query(sql_pg)
+                    .bind(id)
+                    .bind(data)
+                    .bind(expiry_s)
+                    .execute(p)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes session `id` (no error if it does not exist).
+    pub async fn session_delete(&self, id: &str) -> Result<(), StoreError> {
+        on_pool!(self, |p| {
+            let sql = match self.backend() {
+                crate::store::Backend::Sqlite => "DELETE FROM tower_sessions WHERE id = $1",
+                crate::store::Backend::Postgres => {
+                    "DELETE FROM tower_sessions.session WHERE id = $1"
+                }
+            };
+            sqlx::query(sql).bind(id).execute(p).await?;
+        });
+        Ok(())
+    }
+
+    /// Whether a session row with `id` exists at all, expired or not (tests check that
+    /// sign-out deleted it server-side).
+    pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
+        let n: i64 = on_pool!(self, |p| {
+            let sql = match self.backend() {
+                crate::store::Backend::Sqlite => {
+                    "SELECT COUNT(*) FROM tower_sessions WHERE id = $1"
+                }
+                crate::store::Backend::Postgres => {
+                    "SELECT COUNT(*) FROM tower_sessions.session WHERE id = $1"
+                }
+            };
+            sqlx::query_scalar(sql).bind(id).fetch_one(p).await?
+        });
+        Ok(n > 0)
+    }
+
+    /// Number of session rows (tests: "no session was created").
+    pub async fn session_count(&self) -> Result<i64, StoreError> {
+        Ok(on_pool!(self, |p| {
+            let sql = match self.backend() {
+                crate::store::Backend::Sqlite => "SELECT COUNT(*) FROM tower_sessions",
+                crate::store::Backend::Postgres => "SELECT COUNT(*) FROM tower_sessions.session",
+            };
+            sqlx::query_scalar(sql).fetch_one(p).await?
+        }))
+    }
+}

@@ -1,0 +1,164 @@
+// A real OpenID Connect provider (npm `oidc-provider`) for Countersign's sign-in tests.
+//
+//   node end2end/oidc/provider.mjs
+//
+// Starts two issuers on ephemeral loopback ports, sharing one freshly generated RSA signing key:
+// `main` (the one Countersign is configured with) and `other` (a second, distinct issuer, for the
+// wrong-issuer case), and prints one JSON line: {"main": URL, "other": URL}. It then reads one
+// JSON line from stdin, {"redirect_uri": "http://127.0.0.1:PORT/auth/callback"} (the server
+// under test is started once the issuer URL is known), registers the clients, prints
+// {"ready": true, "now": ms} and serves until stdin closes (the test holds the pipe, so the
+// provider dies with it). Until then every request is answered 503.
+//
+// Both know two confidential clients, `countersign` and `other-client` (secret = id + "-secret"),
+// PKCE required. Interactions are real provider interactions, answered without a form: the
+// test follows the redirect to /interaction/UID and adds `?login=USER`; consent is pre-granted
+// for these first-party clients. Users and their `groups` / `tenant` claims are in USERS.
+//
+// Test hook (on `main` only): POST /__test__/tamper with {"mode":"alg_none"} or
+// {"mode":"replace","id_token":"..."} changes the id_token of the NEXT token response — to
+// the same claims unsigned (alg none), or to a token the test obtained elsewhere (for another
+// client, or from the other issuer). This is how a misbehaving or compromised token endpoint
+// is simulated; everything else is the provider as shipped.
+
+import http from 'node:http';
+import { generateKeyPairSync } from 'node:crypto';
+import Provider from 'oidc-provider';
+
+import readline from 'node:readline';
+
+const USERS = {
+  ana: { name: 'Ana Clerk', email: 'ana@acme.test', groups: ['ap-clerks'], tenant: 'acme' },
+  max: { name: 'Max Manager', email: 'max@acme.test', groups: ['managers', 'staff'], tenant: 'acme' },
+  ada: { name: 'Ada Admin', email: 'ada@acme.test', groups: ['admins'], tenant: 'acme' },
+  aud: { name: 'Aud Itor', email: 'aud@acme.test', groups: ['auditors'], tenant: 'acme' },
+  eve: { name: 'Eve Nobody', email: 'eve@acme.test', groups: ['staff'], tenant: 'acme' },
+};
+
+const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+const jwk = { ...privateKey.export({ format: 'jwk' }), kid: 'test-key-1', use: 'sig', alg: 'RS256' };
+
+const clientsFor = (redirectUri) => ['countersign', 'other-client'].map((id) => ({
+  client_id: id,
+  client_secret: `${id}-secret`,
+  redirect_uris: [redirectUri],
+  grant_types: ['authorization_code'],
+  response_types: ['code'],
+  token_endpoint_auth_method: 'client_secret_basic',
+}));
+
+function configuration(redirectUri) {
+  return {
+    clients: clientsFor(redirectUri),
+    jwks: { keys: [jwk] },
+    pkce: { required: () => true },
+    // Short enough that the expired-token test can pass it without outliving the sign-in.
+    ttl: { IdToken: 300 },
+    conformIdTokenClaims: false,
+    claims: { openid: ['sub'], profile: ['name', 'groups', 'tenant'], email: ['email'] },
+    features: { devInteractions: { enabled: false } },
+    interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
+    cookies: { keys: ['countersign-test-cookie-key'] },
+    findAccount: async (ctx, id) => {
+      const user = USERS[id];
+      if (!user) return undefined;
+      return { accountId: id, claims: async () => ({ sub: id, ...user }) };
+    },
+    async loadExistingGrant(ctx) {
+      const grant = new ctx.oidc.provider.Grant({
+        clientId: ctx.oidc.client.clientId,
+        accountId: ctx.oidc.session.accountId,
+      });
+      grant.addOIDCScope('openid profile email');
+      await grant.save();
+      return grant;
+    },
+  };
+}
+
+let tamper = null;
+
+function b64url(text) {
+  return Buffer.from(text).toString('base64url');
+}
+
+async function readBody(req) {
+  const chunks = [];
+  for await (const chunk of req) chunks.push(chunk);
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+async function listen() {
+  const server = http.createServer((req, res) => res.writeHead(503).end('not ready'));
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { server, issuer: `http://127.0.0.1:${server.address().port}` };
+}
+
+function serve({ server, issuer }, redirectUri, withHooks) {
+  server.removeAllListeners('request');
+  const provider = new Provider(issuer, configuration(redirectUri));
+  provider.on('server_error', (ctx, err) => console.error('provider error', err));
+
+  if (withHooks) {
+    provider.use(async (ctx, next) => {
+      await next();
+      if (ctx.oidc?.route === 'token' && ctx.status === 200 && tamper && ctx.body?.id_token) {
+        const mode = tamper;
+        tamper = null;
+        if (mode.mode === 'alg_none') {
+          const [, payload] = ctx.body.id_token.split('.');
+          ctx.body = { ...ctx.body, id_token: `${b64url('{"alg":"none"}')}.${payload}.` };
+        } else if (mode.mode === 'replace') {
+          ctx.body = { ...ctx.body, id_token: mode.id_token };
+        }
+      }
+    });
+  }
+
+  const callback = provider.callback();
+  server.on('request', async (req, res) => {
+    try {
+      const url = new URL(req.url, issuer);
+      if (withHooks && url.pathname === '/__test__/tamper' && req.method === 'POST') {
+        tamper = JSON.parse(await readBody(req));
+        res.writeHead(204).end();
+        return;
+      }
+      if (url.pathname.startsWith('/interaction/')) {
+        const details = await provider.interactionDetails(req, res);
+        let result;
+        if (details.prompt.name === 'login') {
+          const login = url.searchParams.get('login');
+          if (!login || !USERS[login]) {
+            res.writeHead(400, { 'content-type': 'text/plain' }).end('add ?login=USER');
+            return;
+          }
+          result = { login: { accountId: login } };
+        } else {
+          result = { consent: {} };
+        }
+        await provider.interactionFinished(req, res, result, { mergeWithLastSubmission: false });
+        return;
+      }
+      callback(req, res);
+    } catch (err) {
+      console.error('provider.mjs', err);
+      res.writeHead(500).end(String(err));
+    }
+  });
+}
+
+const main = await listen();
+const other = await listen();
+console.log(JSON.stringify({ main: main.issuer, other: other.issuer }));
+const lines = readline.createInterface({ input: process.stdin });
+let configured = false;
+lines.on('line', (line) => {
+  if (configured) return;
+  const { redirect_uri: redirectUri } = JSON.parse(line);
+  serve(main, redirectUri, true);
+  serve(other, redirectUri, false);
+  configured = true;
+  console.log(JSON.stringify({ ready: true, now: Date.now() }));
+});
+lines.on('close', () => process.exit(0));

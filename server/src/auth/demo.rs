@@ -1,0 +1,124 @@
+//! The demo sign-in: loopback only, no issuer configured. Pick a seeded person.
+
+use axum::Form;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use countersign_core::{AppRole, Person};
+use serde::Deserialize;
+use tower_sessions::Session;
+
+use super::pages::{escape, page};
+use super::{Mode, local_next};
+use crate::AppState;
+
+/// The issuer recorded for demo people.
+pub const DEMO_ISSUER: &str = "urn:countersign:demo";
+
+/// The seeded demo people: (sub, name, roles, tenant).
+pub const DEMO_USERS: [(&str, &str, AppRole, &str); 6] = [
+    ("ana", "Ana (AP clerk)", AppRole::Approver, "acme"),
+    ("pat", "Pat (AP clerk)", AppRole::Approver, "acme"),
+    ("max", "Max (manager)", AppRole::Manager, "acme"),
+    ("ada", "Ada (admin)", AppRole::Admin, "acme"),
+    ("bob", "Bob (admin)", AppRole::Admin, "acme"),
+    ("aud", "Aud (auditor)", AppRole::Auditor, "acme"),
+];
+
+/// The page shown when nobody can sign in.
+pub fn off_page() -> Response {
+    page(
+        StatusCode::FORBIDDEN,
+        "Sign-in is not configured",
+        "No OpenID Connect issuer is configured (COUNTERSIGN_OIDC_ISSUER, \
+         COUNTERSIGN_OIDC_CLIENT_ID, COUNTERSIGN_OIDC_CLIENT_SECRET), and the demo sign-in is \
+         only available when the server listens on a loopback address.",
+        false,
+    )
+}
+
+fn refuse(mode: &Mode) -> Option<Response> {
+    match mode {
+        Mode::Demo => None,
+        Mode::Off => Some(off_page()),
+        Mode::Oidc(_) => Some(page(
+            StatusCode::NOT_FOUND,
+            "Demo sign-in is off",
+            "This server signs in through its OpenID Connect provider. \
+             <a href=\"/auth/login\">Sign in</a>.",
+            false,
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct ListQuery {
+    next: Option<String>,
+}
+
+pub(super) async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>) -> Response {
+    if let Some(resp) = refuse(&state.auth.mode) {
+        return resp;
+    }
+    let next = escape(&local_next(q.next.as_deref()));
+    let buttons: String = DEMO_USERS
+        .iter()
+        .map(|(sub, name, role, tenant)| {
+            format!(
+                "<li><form method=\"post\" action=\"/auth/demo\">\
+                 <input type=\"hidden\" name=\"user\" value=\"{sub}\">\
+                 <input type=\"hidden\" name=\"next\" value=\"{next}\">\
+                 <button type=\"submit\" class=\"rounded border border-slate-300 bg-white px-4 py-2\">\
+                 Sign in as {name}</button> <span>{role}, tenant {tenant}</span></form></li>",
+                name = escape(name),
+                role = role.as_str(),
+            )
+        })
+        .collect();
+    page(
+        StatusCode::OK,
+        "Demo sign-in",
+        &format!(
+            "<p>No identity provider is configured, so this loopback-only server offers seeded \
+             demo people. Pick one.</p><ul class=\"space-y-2\">{buttons}</ul>"
+        ),
+        true,
+    )
+}
+
+#[derive(Deserialize)]
+pub(super) struct SignInForm {
+    user: String,
+    next: Option<String>,
+}
+
+pub(super) async fn sign_in(
+    State(state): State<AppState>,
+    session: Session,
+    Form(form): Form<SignInForm>,
+) -> Response {
+    if let Some(resp) = refuse(&state.auth.mode) {
+        return resp;
+    }
+    let Some((sub, name, role, tenant)) = DEMO_USERS.iter().find(|u| u.0 == form.user) else {
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Unknown demo user",
+            "Pick one of the listed people. <a href=\"/auth/demo\">Back</a>.",
+            true,
+        );
+    };
+    let person = Person {
+        iss: DEMO_ISSUER.into(),
+        sub: (*sub).into(),
+        name: (*name).into(),
+        email: Some(format!("{sub}@demo.invalid")),
+        roles: vec![*role],
+        tenant: Some((*tenant).into()),
+        auth_time: state.store.clock().now_ms(),
+    };
+    if let Err(resp) = state.auth.sign_in(&session, &person).await {
+        return resp;
+    }
+    Redirect::to(&local_next(form.next.as_deref())).into_response()
+}

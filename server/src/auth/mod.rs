@@ -1,0 +1,525 @@
+//! Dashboard sign-in, sessions and the request guards in front of the dashboard.
+//!
+//! Invariants (each fails closed):
+//! * A person is signed in only through a verified OIDC ID token ([`oidc`]) or, when no issuer
+//!   is configured AND the server listens on a loopback address, the demo sign-in. On any
+//!   other bind without an issuer nobody can sign in.
+//! * Sign-in state (`state`, `nonce`, PKCE verifier) is bound to the browser's session and
+//!   used once: the callback removes it before checking anything.
+//! * A successful sign-in replaces the session id (no fixation). Sessions live in the
+//!   database; they end after `session_idle_minutes` without a request or
+//!   `session_max_hours` after sign-in, by the injected clock; sign-out deletes the record.
+//! * The session cookie is `HttpOnly`, `SameSite=Lax`, `Path=/`, has no `Max-Age`, and is
+//!   `Secure` with the `__Host-` prefix unless `public_url` is plain http on a loopback host.
+//! * Every dashboard request (all paths except `/auth/*`, `/healthz`, `/metrics`, `/mcp`,
+//!   `/pkg/*` and static files) needs a live session: pages redirect to sign-in, anything
+//!   else gets 401. A person without a role gets 403 and no data.
+//! * Every state-changing request (POST, PUT, PATCH, DELETE, …) except to `/mcp` (which has
+//!   its own guard) must carry an `Origin`, or failing that a `Referer`, whose origin equals
+//!   `public_url`'s; otherwise 403.
+
+mod demo;
+pub mod oidc;
+mod pages;
+pub mod store;
+
+use std::marker::PhantomData;
+
+use axum::Router;
+use axum::extract::{FromRequestParts, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use countersign_core::{AppRole, Person, Store};
+use serde::Deserialize;
+use tower_sessions::cookie::SameSite;
+use tower_sessions::{Expiry, Session, SessionManagerLayer};
+
+use crate::AppState;
+use crate::config::Config;
+pub use countersign_app::DemoSignIn;
+use oidc::{Oidc, PendingLogin};
+use pages::page;
+use store::{DbSessionStore, EXPIRES_AT};
+
+const PERSON: &str = "person";
+const SEEN: &str = "seen";
+const PENDING: &str = "pending";
+/// How stale the last-seen mark may get before a request rewrites it.
+const SEEN_GRANULARITY_MS: i64 = 60 * 1000;
+
+/// How people sign in on this server.
+#[derive(Debug)]
+pub enum Mode {
+    /// Through the configured OpenID Connect provider.
+    Oidc(Box<Oidc>),
+    /// Loopback only, no issuer configured: pick a seeded demo user.
+    Demo,
+    /// No issuer and not on loopback: nobody can sign in.
+    Off,
+}
+
+/// Sign-in settings and state shared by the handlers.
+#[derive(Debug)]
+pub struct Auth {
+    /// The sign-in mode.
+    pub mode: Mode,
+    store: Store,
+    origin: String,
+    idle_ms: i64,
+    max_ms: i64,
+    cookie_secure: bool,
+}
+
+/// The sign-in mode `config` allows: OIDC if an issuer is set; otherwise the demo sign-in
+/// only on a loopback listen address.
+pub fn mode_for(config: &Config, store: &Store) -> Result<Mode, oidc::SignInError> {
+    match &config.oidc {
+        Some(oidc) => {
+            let redirect = config
+                .public_url
+                .join("/auth/callback")
+                .map_err(|e| oidc::SignInError::Discovery(format!("redirect URI: {e}")))?;
+            Ok(Mode::Oidc(Box::new(Oidc::new(
+                oidc.clone(),
+                redirect.as_str(),
+                store.clock().clone(),
+            )?)))
+        }
+        None if config.listen.ip().is_loopback() => Ok(Mode::Demo),
+        None => Ok(Mode::Off),
+    }
+}
+
+/// Whether cookies must be `Secure`: always, except for plain http on a loopback host.
+pub fn cookie_secure(public_url: &url::Url) -> bool {
+    let loopback = match public_url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    };
+    !(public_url.scheme() == "http" && loopback)
+}
+
+impl Auth {
+    /// Builds the sign-in state for `config` over `store`.
+    pub fn new(config: &Config, store: Store) -> Result<Self, oidc::SignInError> {
+        let mode = mode_for(config, &store)?;
+        Ok(Self {
+            mode,
+            origin: config.public_url.origin().ascii_serialization(),
+            idle_ms: i64::from(config.session_idle_minutes) * 60 * 1000,
+            max_ms: i64::from(config.session_max_hours) * 3600 * 1000,
+            cookie_secure: cookie_secure(&config.public_url),
+            store,
+        })
+    }
+
+    /// The session cookie's name.
+    pub fn cookie_name(&self) -> &'static str {
+        if self.cookie_secure {
+            "__Host-countersign"
+        } else {
+            "countersign"
+        }
+    }
+
+    /// The session layer (database store, cookie attributes as in the module invariants).
+    pub fn session_layer(&self) -> SessionManagerLayer<DbSessionStore> {
+        SessionManagerLayer::new(DbSessionStore::new(self.store.clone()))
+            .with_name(self.cookie_name())
+            .with_http_only(true)
+            .with_same_site(SameSite::Lax)
+            .with_secure(self.cookie_secure)
+            .with_path("/")
+            .with_expiry(Expiry::OnSessionEnd)
+    }
+
+    /// The person signed in on `session`, if the session is live. An expired session is
+    /// deleted; a live one has its last-seen mark refreshed.
+    pub async fn current(&self, session: &Session) -> Option<Person> {
+        let person: Person = session.get(PERSON).await.ok().flatten()?;
+        let seen: i64 = session.get(SEEN).await.ok().flatten().unwrap_or(0);
+        let now = self.store.clock().now_ms();
+        if now >= person.auth_time.saturating_add(self.max_ms)
+            || now >= seen.saturating_add(self.idle_ms)
+        {
+            if let Err(e) = session.flush().await {
+                tracing::warn!(error = %e, "could not delete an expired session");
+            }
+            return None;
+        }
+        if now - seen >= SEEN_GRANULARITY_MS && session.insert(SEEN, now).await.is_err() {
+            return None;
+        }
+        Some(person)
+    }
+
+    async fn sign_in(&self, session: &Session, person: &Person) -> Result<(), Response> {
+        let now = self.store.clock().now_ms();
+        let result = async {
+            session.cycle_id().await?;
+            session.clear().await;
+            session.insert(PERSON, person).await?;
+            session.insert(SEEN, now).await?;
+            session
+                .insert(EXPIRES_AT, person.auth_time.saturating_add(self.max_ms))
+                .await
+        }
+        .await;
+        result.map_err(|e| {
+            tracing::error!(error = %e, "could not store a session");
+            page(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Sign-in failed",
+                "The session could not be stored. Try again.",
+                self.demo(),
+            )
+        })
+    }
+
+    fn demo(&self) -> bool {
+        matches!(self.mode, Mode::Demo)
+    }
+}
+
+/// The signed-in person, for handlers behind [`gate`] (401 otherwise).
+#[derive(Debug, Clone)]
+pub struct CurrentUser(pub Person);
+
+impl<S: Send + Sync> FromRequestParts<S> for CurrentUser {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        person_from_parts(parts)
+            .map(CurrentUser)
+            .ok_or_else(|| (StatusCode::UNAUTHORIZED, "sign in first").into_response())
+    }
+}
+
+/// The person [`gate`] put on the request, if any. Leptos server functions reach the same
+/// value through `countersign_app::signed_in()`.
+pub fn person_from_parts(parts: &Parts) -> Option<Person> {
+    parts.extensions.get::<Person>().cloned()
+}
+
+/// A role marker for [`RequireRole`].
+pub trait RoleMarker: Send + Sync {
+    /// The role required.
+    const ROLE: AppRole;
+}
+
+macro_rules! role_marker {
+    ($name:ident, $role:expr) => {
+        #[doc = concat!("Requires the `", stringify!($name), "` role.")]
+        #[derive(Debug)]
+        pub struct $name;
+        impl RoleMarker for $name {
+            const ROLE: AppRole = $role;
+        }
+    };
+}
+role_marker!(Approver, AppRole::Approver);
+role_marker!(Manager, AppRole::Manager);
+role_marker!(Admin, AppRole::Admin);
+role_marker!(Auditor, AppRole::Auditor);
+
+/// The signed-in person, who must hold `R::ROLE` (403 otherwise, 401 when signed out).
+#[derive(Debug)]
+pub struct RequireRole<R: RoleMarker>(pub Person, PhantomData<R>);
+
+impl<S: Send + Sync, R: RoleMarker> FromRequestParts<S> for RequireRole<R> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let CurrentUser(person) = CurrentUser::from_request_parts(parts, state).await?;
+        if person.has_role(R::ROLE) {
+            Ok(Self(person, PhantomData))
+        } else {
+            Err((
+                StatusCode::FORBIDDEN,
+                format!("this needs the {} role", R::ROLE.as_str()),
+            )
+                .into_response())
+        }
+    }
+}
+
+/// `/auth/*` routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/auth/login", get(login))
+        .route("/auth/callback", get(callback))
+        .route("/auth/logout", post(logout))
+        .route("/auth/signed-out", get(signed_out))
+        .route("/auth/me", get(me))
+        .route("/auth/demo", get(demo::list).post(demo::sign_in))
+}
+
+/// Paths that need no session.
+fn exempt(path: &str) -> bool {
+    let prefixed = |p: &str| path == p || path.starts_with(&format!("{p}/"));
+    if ["/auth", "/healthz", "/metrics", "/mcp", "/pkg"]
+        .iter()
+        .any(|p| prefixed(p))
+    {
+        return true;
+    }
+    // Static files copied from public/ (favicon and the like).
+    let last = path.rsplit('/').next().unwrap_or_default();
+    [
+        ".svg",
+        ".png",
+        ".ico",
+        ".css",
+        ".js",
+        ".wasm",
+        ".txt",
+        ".webmanifest",
+        ".woff2",
+    ]
+    .iter()
+    .any(|ext| last.ends_with(ext))
+}
+
+/// Only local paths are accepted as `next`; anything else becomes `/`.
+pub fn local_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && !n.chars().any(char::is_control)
+                && !n.starts_with("/auth/") =>
+        {
+            n.to_string()
+        }
+        _ => "/".to_string(),
+    }
+}
+
+fn login_redirect(next: &str) -> Response {
+    let mut target = url::form_urlencoded::Serializer::new(String::new());
+    target.append_pair("next", next);
+    Redirect::to(&format!("/auth/login?{}", target.finish())).into_response()
+}
+
+/// Middleware: dashboard requests need a live session and a role.
+pub async fn gate(
+    State(state): State<AppState>,
+    session: Session,
+    mut request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let auth = &state.auth;
+    if auth.demo() {
+        request.extensions_mut().insert(DemoSignIn);
+    }
+    let path = request.uri().path().to_string();
+    if exempt(&path) {
+        return next.run(request).await;
+    }
+    let Some(person) = auth.current(&session).await else {
+        return if matches!(*request.method(), Method::GET | Method::HEAD) {
+            let next = request
+                .uri()
+                .path_and_query()
+                .map_or("/".to_string(), |pq| pq.as_str().to_string());
+            login_redirect(&local_next(Some(&next)))
+        } else {
+            (StatusCode::UNAUTHORIZED, "sign in first").into_response()
+        };
+    };
+    if person.roles.is_empty() {
+        return page(
+            StatusCode::FORBIDDEN,
+            "No access",
+            &format!(
+                "You are signed in as {} but your account has no Countersign role. Ask an \
+                 administrator to add you to a group the role map knows.",
+                pages::escape(&person.name)
+            ),
+            auth.demo(),
+        );
+    }
+    request.extensions_mut().insert(person);
+    next.run(request).await
+}
+
+/// Middleware: state-changing requests must come from `public_url`'s origin.
+pub async fn csrf(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let safe = matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    );
+    let path = request.uri().path();
+    let mcp = path == "/mcp" || path.starts_with("/mcp/");
+    if safe || mcp || same_origin(request.headers(), &state.auth.origin) {
+        return next.run(request).await;
+    }
+    page(
+        StatusCode::FORBIDDEN,
+        "Cross-origin request refused",
+        "This request did not come from a Countersign page (its Origin or Referer is missing \
+         or names another site), so it was not carried out.",
+        state.auth.demo(),
+    )
+}
+
+/// Whether `Origin` (or, without it, `Referer`) names exactly `origin`.
+pub fn same_origin(headers: &HeaderMap, origin: &str) -> bool {
+    if let Some(value) = headers.get(header::ORIGIN) {
+        return value.to_str().is_ok_and(|v| v == origin);
+    }
+    headers
+        .get(header::REFERER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| url::Url::parse(v).ok())
+        .is_some_and(|u| u.origin().ascii_serialization() == origin)
+}
+
+#[derive(Deserialize)]
+struct LoginQuery {
+    next: Option<String>,
+}
+
+async fn login(
+    State(state): State<AppState>,
+    session: Session,
+    Query(q): Query<LoginQuery>,
+) -> Response {
+    let auth = &state.auth;
+    let next = local_next(q.next.as_deref());
+    match &auth.mode {
+        Mode::Demo => {
+            let mut target = url::form_urlencoded::Serializer::new(String::new());
+            target.append_pair("next", &next);
+            Redirect::to(&format!("/auth/demo?{}", target.finish())).into_response()
+        }
+        Mode::Off => demo::off_page(),
+        Mode::Oidc(oidc) => match oidc.begin(next).await {
+            Ok((url, pending)) => match session.insert(PENDING, pending).await {
+                Ok(()) => Redirect::to(&url).into_response(),
+                Err(e) => {
+                    tracing::error!(error = %e, "could not store a pending sign-in");
+                    page(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "Sign-in failed",
+                        "The sign-in could not be started. Try again.",
+                        false,
+                    )
+                }
+            },
+            Err(e) => page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Sign-in unavailable",
+                &pages::escape(&e.to_string()),
+                false,
+            ),
+        },
+    }
+}
+
+#[derive(Deserialize)]
+struct CallbackQuery {
+    code: Option<String>,
+    state: Option<String>,
+    iss: Option<String>,
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+fn refused(reason: &str) -> Response {
+    page(
+        StatusCode::BAD_REQUEST,
+        "Sign-in refused",
+        &format!(
+            "{}. Nothing was signed in. <a href=\"/auth/login\">Start again</a>.",
+            pages::escape(reason)
+        ),
+        false,
+    )
+}
+
+async fn callback(
+    State(state): State<AppState>,
+    session: Session,
+    Query(q): Query<CallbackQuery>,
+) -> Response {
+    let Mode::Oidc(oidc) = &state.auth.mode else {
+        return page(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            "This server does not sign in with OpenID Connect.",
+            state.auth.demo(),
+        );
+    };
+    // Single use: the pending sign-in is gone whatever happens next.
+    let pending: Option<PendingLogin> = session.remove(PENDING).await.ok().flatten();
+    let Some(pending) = pending else {
+        return refused(
+            "No sign-in is in progress in this browser (it expired, was already completed, or \
+             cookies are blocked)",
+        );
+    };
+    if let Some(error) = q.error {
+        let detail = q.error_description.unwrap_or_default();
+        return refused(&format!("The identity provider said: {error} {detail}"));
+    }
+    let (Some(code), Some(returned_state)) = (q.code, q.state) else {
+        return refused("The response has no code or no state");
+    };
+    if !constant_time_eq(returned_state.as_bytes(), pending.state.as_bytes()) {
+        return refused("The response's state does not match this browser's sign-in");
+    }
+    let next = pending.next.clone();
+    match oidc.finish(pending, code, q.iss.as_deref()).await {
+        Ok(person) => {
+            if let Err(resp) = state.auth.sign_in(&session, &person).await {
+                return resp;
+            }
+            tracing::info!(iss = %person.iss, sub = %person.sub, roles = ?person.roles, "signed in");
+            Redirect::to(&next).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "sign-in refused");
+            refused(&e.to_string())
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn logout(session: Session) -> Response {
+    if let Err(e) = session.flush().await {
+        tracing::error!(error = %e, "could not delete a session");
+        return (StatusCode::INTERNAL_SERVER_ERROR, "sign-out failed").into_response();
+    }
+    Redirect::to("/auth/signed-out").into_response()
+}
+
+async fn signed_out(State(state): State<AppState>) -> Response {
+    page(
+        StatusCode::OK,
+        "Signed out",
+        "You are signed out of Countersign. <a href=\"/auth/login\">Sign in again</a>.",
+        state.auth.demo(),
+    )
+}
+
+/// The signed-in person as JSON (401 when signed out).
+async fn me(State(state): State<AppState>, session: Session) -> Response {
+    match state.auth.current(&session).await {
+        Some(person) => axum::Json(person).into_response(),
+        None => (StatusCode::UNAUTHORIZED, "not signed in").into_response(),
+    }
+}

@@ -1,0 +1,328 @@
+//! The OpenID Connect relying party: discovery, the authorization request and the checks
+//! on the ID token.
+//!
+//! Invariants:
+//! * Discovery is lazy and retried on the next sign-in until it succeeds; the issuer in the
+//!   discovery document must equal the configured one (openidconnect checks this).
+//! * Every authorization request carries PKCE (S256), a random `state` and a random `nonce`.
+//! * An ID token is accepted only if its signature verifies against the provider's published
+//!   keys with an asymmetric algorithm (never `none`, never a MAC keyed by the client secret),
+//!   and its `iss`, `aud` (this client), `exp` (against the injected clock) and `nonce` (the
+//!   one stored for this browser's sign-in) match. Anything else is refused with a reason.
+//! * The provider's HTTP client follows no redirects.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_core::{AppRole, Clock, Person};
+use openidconnect::core::{
+    CoreAuthDisplay, CoreAuthPrompt, CoreAuthenticationFlow, CoreErrorResponseType,
+    CoreGenderClaim, CoreJsonWebKey, CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm,
+    CoreProviderMetadata, CoreRevocableToken, CoreRevocationErrorResponse,
+    CoreTokenIntrospectionResponse, CoreTokenType,
+};
+use openidconnect::{
+    AdditionalClaims, AuthorizationCode, ClaimsVerificationError, Client, ClientId, ClientSecret,
+    CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, IdTokenFields,
+    IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
+    StandardErrorResponse, StandardTokenResponse, TokenResponse as _,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::config::OidcConfig;
+
+/// Claims beyond the standard ones (groups, tenant, …), kept as JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExtraClaims {
+    #[serde(flatten)]
+    rest: BTreeMap<String, serde_json::Value>,
+}
+
+impl AdditionalClaims for ExtraClaims {}
+
+type IdFields = IdTokenFields<
+    ExtraClaims,
+    EmptyExtraTokenFields,
+    CoreGenderClaim,
+    CoreJweContentEncryptionAlgorithm,
+    CoreJwsSigningAlgorithm,
+>;
+type Tokens = StandardTokenResponse<IdFields, CoreTokenType>;
+type OidcClient = Client<
+    ExtraClaims,
+    CoreAuthDisplay,
+    CoreGenderClaim,
+    CoreJweContentEncryptionAlgorithm,
+    CoreJsonWebKey,
+    CoreAuthPrompt,
+    StandardErrorResponse<CoreErrorResponseType>,
+    Tokens,
+    CoreTokenIntrospectionResponse,
+    CoreRevocableToken,
+    CoreRevocationErrorResponse,
+    EndpointSet,
+    EndpointNotSet,
+    EndpointNotSet,
+    EndpointNotSet,
+    EndpointMaybeSet,
+    EndpointMaybeSet,
+>;
+
+/// The only signature algorithms accepted on ID tokens.
+const ALLOWED_ALGS: [CoreJwsSigningAlgorithm; 9] = [
+    CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256,
+    CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha384,
+    CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha512,
+    CoreJwsSigningAlgorithm::RsaSsaPssSha256,
+    CoreJwsSigningAlgorithm::RsaSsaPssSha384,
+    CoreJwsSigningAlgorithm::RsaSsaPssSha512,
+    CoreJwsSigningAlgorithm::EcdsaP256Sha256,
+    CoreJwsSigningAlgorithm::EcdsaP384Sha384,
+    CoreJwsSigningAlgorithm::EdDsa,
+];
+
+/// What the browser's session remembers between the redirect to the provider and the
+/// callback. Single use.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingLogin {
+    /// The `state` sent.
+    pub state: String,
+    /// The `nonce` sent.
+    pub nonce: String,
+    /// The PKCE verifier.
+    pub pkce_verifier: String,
+    /// Where to go after sign-in (a local path).
+    pub next: String,
+}
+
+/// Why a sign-in was refused. `Display` is shown to the person.
+#[derive(Debug, thiserror::Error)]
+pub enum SignInError {
+    /// Discovery failed.
+    #[error("the identity provider could not be reached or its discovery document is invalid: {0}")]
+    Discovery(String),
+    /// The provider sent an error to the callback.
+    #[error("the identity provider refused the sign-in: {0}")]
+    Provider(String),
+    /// The callback came from a different issuer than configured (RFC 9207 `iss`).
+    #[error("the sign-in response came from another issuer")]
+    WrongResponseIssuer,
+    /// The code exchange failed (unknown, replayed or expired code, PKCE mismatch).
+    #[error(
+        "the identity provider did not accept the authorization code (used before, expired, or not ours): {0}"
+    )]
+    Exchange(String),
+    /// No ID token in the token response.
+    #[error("the identity provider sent no ID token")]
+    NoIdToken,
+    /// The ID token failed verification.
+    #[error("the ID token was refused: {0}")]
+    IdToken(String),
+}
+
+/// The relying party for one configured issuer.
+pub struct Oidc {
+    config: OidcConfig,
+    redirect: RedirectUrl,
+    http: openidconnect::reqwest::Client,
+    client: Mutex<Option<Arc<OidcClient>>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Oidc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Oidc")
+            .field("issuer", &self.config.issuer)
+            .field("client_id", &self.config.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Oidc {
+    /// A relying party for `config`, redirecting back to `redirect`.
+    pub fn new(
+        config: OidcConfig,
+        redirect: &str,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, SignInError> {
+        let redirect = RedirectUrl::new(redirect.to_string())
+            .map_err(|e| SignInError::Discovery(format!("redirect URI: {e}")))?;
+        let http = openidconnect::reqwest::ClientBuilder::new()
+            .redirect(openidconnect::reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| SignInError::Discovery(e.to_string()))?;
+        Ok(Self {
+            config,
+            redirect,
+            http,
+            client: Mutex::new(None),
+            clock,
+        })
+    }
+
+    /// The configured issuer.
+    pub fn issuer(&self) -> &str {
+        &self.config.issuer
+    }
+
+    async fn client(&self) -> Result<Arc<OidcClient>, SignInError> {
+        let mut cached = self.client.lock().await;
+        if let Some(client) = cached.as_ref() {
+            return Ok(client.clone());
+        }
+        let issuer = IssuerUrl::new(self.config.issuer.clone())
+            .map_err(|e| SignInError::Discovery(e.to_string()))?;
+        let metadata = CoreProviderMetadata::discover_async(issuer, &self.http)
+            .await
+            .map_err(|e| SignInError::Discovery(error_chain(&e)))?;
+        let client = OidcClient::from_provider_metadata(
+            metadata,
+            ClientId::new(self.config.client_id.clone()),
+            Some(ClientSecret::new(
+                self.config.client_secret.expose().clone(),
+            )),
+        )
+        .set_redirect_uri(self.redirect.clone());
+        let client = Arc::new(client);
+        *cached = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Discovers now (at start-up); failures are logged and retried at the next sign-in.
+    pub async fn warm_up(&self) {
+        if let Err(e) = self.client().await {
+            tracing::warn!(issuer = %self.config.issuer, error = %e, "OIDC discovery failed; will retry at the next sign-in");
+        }
+    }
+
+    /// The provider URL to send the browser to, and what to remember until the callback.
+    pub async fn begin(&self, next: String) -> Result<(String, PendingLogin), SignInError> {
+        let client = self.client().await?;
+        let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
+        let (url, state, nonce) = client
+            .authorize_url(
+                CoreAuthenticationFlow::AuthorizationCode,
+                CsrfToken::new_random,
+                Nonce::new_random,
+            )
+            .add_scope(Scope::new("openid".into()))
+            .add_scope(Scope::new("profile".into()))
+            .add_scope(Scope::new("email".into()))
+            .set_pkce_challenge(challenge)
+            .url();
+        Ok((
+            url.to_string(),
+            PendingLogin {
+                state: state.secret().clone(),
+                nonce: nonce.secret().clone(),
+                pkce_verifier: verifier.secret().clone(),
+                next,
+            },
+        ))
+    }
+
+    /// Checks the callback's `iss` parameter (when the provider sends one), exchanges the
+    /// code and verifies the ID token. `state` has been checked by the caller.
+    pub async fn finish(
+        &self,
+        pending: PendingLogin,
+        code: String,
+        response_iss: Option<&str>,
+    ) -> Result<Person, SignInError> {
+        if let Some(iss) = response_iss
+            && iss != self.config.issuer
+        {
+            return Err(SignInError::WrongResponseIssuer);
+        }
+        let client = self.client().await?;
+        let tokens = client
+            .exchange_code(AuthorizationCode::new(code))
+            .map_err(|e| SignInError::Exchange(e.to_string()))?
+            .set_pkce_verifier(PkceCodeVerifier::new(pending.pkce_verifier))
+            .request_async(&self.http)
+            .await
+            .map_err(|e| SignInError::Exchange(error_chain(&e)))?;
+        let id_token = tokens.id_token().ok_or(SignInError::NoIdToken)?;
+        let clock = self.clock.clone();
+        let verifier = client
+            .id_token_verifier()
+            .set_allowed_algs(ALLOWED_ALGS)
+            .set_time_fn(move || clock.now());
+        let claims = id_token
+            .claims(&verifier, &Nonce::new(pending.nonce))
+            .map_err(|e| SignInError::IdToken(describe(&e)))?;
+
+        let extra = &claims.additional_claims().rest;
+        let name = claims
+            .name()
+            .and_then(|n| n.get(None))
+            .map(|n| n.as_str().to_string())
+            .or_else(|| claims.preferred_username().map(|u| u.as_str().to_string()))
+            .unwrap_or_else(|| claims.subject().as_str().to_string());
+        Ok(Person {
+            iss: claims.issuer().as_str().to_string(),
+            sub: claims.subject().as_str().to_string(),
+            name,
+            email: claims.email().map(|e| e.as_str().to_string()),
+            roles: map_roles(extra.get(&self.config.role_claim), &self.config.role_map),
+            tenant: extra
+                .get(&self.config.tenant_claim)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string),
+            auth_time: self.clock.now_ms(),
+        })
+    }
+}
+
+/// The roles `groups` (a string or a list of strings) map to, sorted, no duplicates.
+pub fn map_roles(groups: Option<&serde_json::Value>, map: &[(String, AppRole)]) -> Vec<AppRole> {
+    let names: Vec<&str> = match groups {
+        Some(serde_json::Value::String(s)) => vec![s.as_str()],
+        Some(serde_json::Value::Array(items)) => {
+            items.iter().filter_map(serde_json::Value::as_str).collect()
+        }
+        _ => Vec::new(),
+    };
+    let mut roles: Vec<AppRole> = map
+        .iter()
+        .filter(|(group, _)| names.contains(&group.as_str()))
+        .map(|(_, role)| *role)
+        .collect();
+    roles.sort();
+    roles.dedup();
+    roles
+}
+
+fn describe(e: &ClaimsVerificationError) -> String {
+    match e {
+        ClaimsVerificationError::InvalidAudience(m) => {
+            format!("it was issued for another audience (client) ({m})")
+        }
+        ClaimsVerificationError::InvalidIssuer(m) => {
+            format!("it was issued by another issuer ({m})")
+        }
+        ClaimsVerificationError::Expired(m) => format!("it has expired ({m})"),
+        ClaimsVerificationError::InvalidNonce(m) => {
+            format!("its nonce does not match this browser's sign-in ({m})")
+        }
+        ClaimsVerificationError::SignatureVerification(m) => {
+            format!("its signature is missing or invalid ({m})")
+        }
+        ClaimsVerificationError::Unsupported(m) => format!("unsupported token ({m})"),
+        other => other.to_string(),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

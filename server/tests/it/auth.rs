@@ -1,0 +1,833 @@
+//! Dashboard sign-in against a real OpenID Connect provider (npm `oidc-provider`, run by
+//! end2end/oidc/provider.mjs), the demo sign-in, sessions and the CSRF origin check.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+
+use countersign_core::Backend;
+use reqwest::StatusCode;
+use reqwest::cookie::{CookieStore, Jar};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, spawn_app_with};
+
+const CLIENT_ID: &str = "countersign";
+const CLIENT_SECRET: &str = "countersign-secret";
+
+// ---------------------------------------------------------------------------------------
+// The provider process.
+
+struct Provider {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    main: String,
+    other: String,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Starts the provider; `None` (after a loud warning) when node or the npm packages are
+/// missing outside CI. Under CI=true that is a failure.
+fn start_provider() -> Option<Provider> {
+    let root = repo_root();
+    let node_ok = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let package_ok = root
+        .join("node_modules/oidc-provider/package.json")
+        .is_file();
+    if !(node_ok && package_ok) {
+        let why = if node_ok {
+            "node_modules/oidc-provider is missing (run `npm ci`)"
+        } else {
+            "node is not installed"
+        };
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("OIDC tests need a real provider: {why}");
+        }
+        eprintln!("\n!!! SKIPPING OIDC provider tests: {why} !!!\n");
+        return None;
+    }
+    let mut child = Command::new("node")
+        .arg(root.join("end2end/oidc/provider.mjs"))
+        .current_dir(&root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("node starts");
+    let stdin = child.stdin.take();
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout
+        .read_line(&mut line)
+        .expect("provider prints its issuers");
+    let info: Value = serde_json::from_str(&line).expect("provider JSON");
+    Some(Provider {
+        child,
+        stdin,
+        stdout,
+        main: info["main"].as_str().unwrap().to_string(),
+        other: info["other"].as_str().unwrap().to_string(),
+    })
+}
+
+impl Provider {
+    /// Registers the clients with `redirect_uri`; returns the provider's clock (ms).
+    fn configure(&mut self, redirect_uri: &str) -> i64 {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{}", json!({ "redirect_uri": redirect_uri })).unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("provider ready");
+        let ready: Value = serde_json::from_str(&line).expect("ready JSON");
+        assert_eq!(ready["ready"], true, "{line}");
+        ready["now"].as_i64().unwrap()
+    }
+
+    async fn tamper(&self, mode: Value) {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/__test__/tamper", self.main))
+            .json(&mode)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    }
+}
+
+/// A server configured for the provider's `main` issuer, with its clock set to the
+/// provider's.
+async fn oidc_app(backend: Backend) -> Option<(TestApp, Provider)> {
+    let mut provider = start_provider()?;
+    let issuer = provider.main.clone();
+    let app = spawn_app_with(
+        backend,
+        &[
+            ("COUNTERSIGN_OIDC_ISSUER", issuer.as_str()),
+            ("COUNTERSIGN_OIDC_CLIENT_ID", CLIENT_ID),
+            ("COUNTERSIGN_OIDC_CLIENT_SECRET", CLIENT_SECRET),
+        ],
+    )
+    .await?;
+    let now = provider.configure(&app.url("/auth/callback"));
+    app.clock
+        .set(chrono::DateTime::from_timestamp_millis(now).unwrap());
+    Some((app, provider))
+}
+
+// ---------------------------------------------------------------------------------------
+// A browser: a cookie jar, no automatic redirects.
+
+struct Browser {
+    client: reqwest::Client,
+    jar: Arc<Jar>,
+}
+
+impl Browser {
+    fn new() -> Self {
+        let jar = Arc::new(Jar::default());
+        let client = reqwest::Client::builder()
+            .cookie_provider(jar.clone())
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        Self { client, jar }
+    }
+
+    fn cookie(&self, app: &TestApp, name: &str) -> Option<String> {
+        let url = reqwest::Url::parse(&app.url("/")).unwrap();
+        let header = self.jar.cookies(&url)?;
+        header
+            .to_str()
+            .unwrap()
+            .split("; ")
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")).map(str::to_string))
+    }
+
+    async fn get(&self, url: &str) -> reqwest::Response {
+        self.client.get(url).send().await.unwrap()
+    }
+
+    /// Posts a form the way a page of `app` would (same-origin `Origin`).
+    async fn post_form(
+        &self,
+        app: &TestApp,
+        path: &str,
+        form: &[(&str, &str)],
+    ) -> reqwest::Response {
+        self.client
+            .post(app.url(path))
+            .header("origin", format!("http://{}", app.addr))
+            .form(form)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn me(&self, app: &TestApp) -> Option<Value> {
+        let resp = self.get(&app.url("/auth/me")).await;
+        match resp.status() {
+            StatusCode::OK => Some(resp.json().await.unwrap()),
+            StatusCode::UNAUTHORIZED => None,
+            other => panic!("/auth/me: {other}"),
+        }
+    }
+}
+
+fn location(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get("location")
+        .unwrap_or_else(|| panic!("no Location on {}", resp.status()))
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+fn query_param(url: &str, name: &str) -> Option<String> {
+    reqwest::Url::parse(url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+fn with_param(url: &str, name: &str, value: &str) -> String {
+    let mut u = reqwest::Url::parse(url).unwrap();
+    let pairs: Vec<(String, String)> = u
+        .query_pairs()
+        .map(|(k, v)| {
+            let v = if k == name {
+                value.to_string()
+            } else {
+                v.into_owned()
+            };
+            (k.into_owned(), v)
+        })
+        .collect();
+    u.query_pairs_mut().clear().extend_pairs(pairs);
+    u.to_string()
+}
+
+/// GET /auth/login?next=/inbox: the provider's authorization URL.
+async fn begin(browser: &Browser, app: &TestApp) -> String {
+    let resp = browser.get(&app.url("/auth/login?next=/inbox")).await;
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    location(&resp)
+}
+
+/// Follows the provider's redirects from `authorize_url`, logging in as `user`, up to the
+/// redirect to `redirect_uri`; returns that URL (code, state, iss).
+async fn authorize(
+    browser: &Browser,
+    authorize_url: &str,
+    user: &str,
+    redirect_uri: &str,
+) -> String {
+    let base = {
+        let u = reqwest::Url::parse(authorize_url).unwrap();
+        format!("{}://{}", u.scheme(), u.host_str().unwrap()) + &format!(":{}", u.port().unwrap())
+    };
+    let mut url = authorize_url.to_string();
+    for _ in 0..8 {
+        let resp = browser.get(&url).await;
+        assert_eq!(
+            resp.status(),
+            StatusCode::SEE_OTHER,
+            "{url}: {:?}",
+            resp.text().await
+        );
+        let mut next = location(&resp);
+        if next.starts_with(redirect_uri) {
+            return next;
+        }
+        if next.starts_with("/interaction/") {
+            next = format!("{next}?login={user}");
+        }
+        url = if next.starts_with('/') {
+            format!("{base}{next}")
+        } else {
+            next
+        };
+    }
+    panic!("the provider never redirected back");
+}
+
+/// A full sign-in as `user`; returns the callback response.
+async fn sign_in(browser: &Browser, app: &TestApp, user: &str) -> reqwest::Response {
+    let url = begin(browser, app).await;
+    let callback = authorize(browser, &url, user, &app.url("/auth/callback")).await;
+    browser.get(&callback).await
+}
+
+/// The test, as a second relying party, obtains a genuine ID token from `issuer` for
+/// `client_id`, carrying `nonce`.
+async fn direct_id_token(issuer: &str, client_id: &str, nonce: &str, redirect_uri: &str) -> String {
+    let browser = Browser::new();
+    let (challenge, verifier) = openidconnect::PkceCodeChallenge::new_random_sha256();
+    let mut url = reqwest::Url::parse(&format!("{issuer}/auth")).unwrap();
+    url.query_pairs_mut()
+        .append_pair("client_id", client_id)
+        .append_pair("redirect_uri", redirect_uri)
+        .append_pair("response_type", "code")
+        .append_pair("scope", "openid profile email")
+        .append_pair("state", "direct")
+        .append_pair("nonce", nonce)
+        .append_pair("code_challenge", challenge.as_str())
+        .append_pair("code_challenge_method", "S256");
+    let callback = authorize(&browser, url.as_str(), "ana", redirect_uri).await;
+    let code = query_param(&callback, "code").unwrap();
+    let tokens: Value = reqwest::Client::new()
+        .post(format!("{issuer}/token"))
+        .basic_auth(client_id, Some(format!("{client_id}-secret")))
+        .form(&[
+            ("grant_type", "authorization_code"),
+            ("code", code.as_str()),
+            ("redirect_uri", redirect_uri),
+            ("code_verifier", verifier.secret().as_str()),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    tokens["id_token"].as_str().expect("id_token").to_string()
+}
+
+async fn assert_refused(resp: reqwest::Response, expected: &str) {
+    let status = resp.status();
+    let body = resp.text().await.unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("Sign-in refused"), "{body}");
+    assert!(body.contains(expected), "expected {expected:?} in {body}");
+}
+
+// ---------------------------------------------------------------------------------------
+// OIDC: the happy path, roles, logout.
+
+#[tokio::test]
+async fn oidc_sign_in_maps_roles_rotates_the_session_and_logout_deletes_it() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some((app, provider)) = oidc_app(backend).await else {
+            continue;
+        };
+        // Signed out: pages redirect to sign-in and render nothing.
+        let anon = Browser::new();
+        let resp = anon.get(&app.url("/inbox")).await;
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        assert_eq!(location(&resp), "/auth/login?next=%2Finbox");
+        assert!(!resp.text().await.unwrap().contains("Approval inbox"));
+
+        let browser = Browser::new();
+        let url = begin(&browser, &app).await;
+        assert!(url.starts_with(&provider.main), "{url}");
+        for p in ["state", "nonce", "code_challenge"] {
+            assert!(
+                query_param(&url, p).is_some_and(|v| v.len() >= 16),
+                "{p} in {url}"
+            );
+        }
+        assert_eq!(
+            query_param(&url, "code_challenge_method").as_deref(),
+            Some("S256")
+        );
+        let pending_cookie = browser
+            .cookie(&app, "countersign")
+            .expect("pending session");
+        let callback = authorize(&browser, &url, "ana", &app.url("/auth/callback")).await;
+        let resp = browser.get(&callback).await;
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        assert_eq!(location(&resp), "/inbox");
+        let session = browser.cookie(&app, "countersign").expect("session");
+        assert_ne!(session, pending_cookie, "the session id changes at sign-in");
+        assert!(!app.store.session_exists(&pending_cookie).await.unwrap());
+
+        let me = browser.me(&app).await.expect("signed in");
+        assert_eq!(me["iss"], provider.main.as_str());
+        assert_eq!(me["sub"], "ana");
+        assert_eq!(me["name"], "Ana Clerk");
+        assert_eq!(me["email"], "ana@acme.test");
+        assert_eq!(me["roles"], json!(["approver"]));
+        assert_eq!(me["tenant"], "acme");
+        let resp = browser.get(&app.url("/inbox")).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.text().await.unwrap().contains("Approval inbox"));
+
+        // Logout deletes the session server-side: the old cookie is refused afterwards.
+        let resp = browser.post_form(&app, "/auth/logout", &[]).await;
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        assert!(!app.store.session_exists(&session).await.unwrap());
+        let replay = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let resp = replay
+            .get(app.url("/inbox"))
+            .header("cookie", format!("countersign={session}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER, "old cookie refused");
+
+        // The role map: managers → manager; a user in no mapped group has no role and
+        // sees nothing.
+        let max = Browser::new();
+        assert_eq!(
+            sign_in(&max, &app, "max").await.status(),
+            StatusCode::SEE_OTHER
+        );
+        assert_eq!(max.me(&app).await.unwrap()["roles"], json!(["manager"]));
+        let eve = Browser::new();
+        assert_eq!(
+            sign_in(&eve, &app, "eve").await.status(),
+            StatusCode::SEE_OTHER
+        );
+        assert_eq!(eve.me(&app).await.unwrap()["roles"], json!([]));
+        let resp = eve.get(&app.url("/inbox")).await;
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        let body = resp.text().await.unwrap();
+        assert!(body.contains("no Countersign role"), "{body}");
+        assert!(!body.contains("Approval inbox"));
+        app.stop().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// OIDC: every refusal leaves no session.
+
+#[tokio::test]
+async fn oidc_refuses_bad_responses_and_tokens_with_a_clear_page_and_no_session() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some((app, provider)) = oidc_app(backend).await else {
+            continue;
+        };
+        let redirect = app.url("/auth/callback");
+
+        // Wrong state.
+        let b = Browser::new();
+        let url = begin(&b, &app).await;
+        let callback = authorize(&b, &url, "ana", &redirect).await;
+        let forged = with_param(&callback, "state", "forged-state-value");
+        assert_refused(b.get(&forged).await, "state does not match").await;
+        assert!(b.me(&app).await.is_none());
+        // The pending sign-in was used up: even the genuine response is refused now.
+        assert_refused(b.get(&callback).await, "No sign-in is in progress").await;
+        assert!(b.me(&app).await.is_none());
+
+        // Replayed code: a code already exchanged, sent with a fresh sign-in's valid state.
+        let first = Browser::new();
+        let url = begin(&first, &app).await;
+        let callback = authorize(&first, &url, "ana", &redirect).await;
+        assert_eq!(first.get(&callback).await.status(), StatusCode::SEE_OTHER);
+        let attacker = Browser::new();
+        let url = begin(&attacker, &app).await;
+        let replayed = with_param(&callback, "state", &query_param(&url, "state").unwrap());
+        assert_refused(
+            attacker.get(&replayed).await,
+            "did not accept the authorization code",
+        )
+        .await;
+        assert!(attacker.me(&app).await.is_none());
+
+        // Wrong nonce: the provider is asked for a token with a nonce this browser never got.
+        let b = Browser::new();
+        let url = begin(&b, &app).await;
+        let tampered = with_param(&url, "nonce", "a-nonce-from-somewhere-else");
+        let callback = authorize(&b, &tampered, "ana", &redirect).await;
+        assert_refused(b.get(&callback).await, "nonce does not match").await;
+        assert!(b.me(&app).await.is_none());
+
+        // ID token for another audience: a genuine token the provider issued to
+        // `other-client`, with this browser's nonce, swapped into the token response.
+        let b = Browser::new();
+        let url = begin(&b, &app).await;
+        let nonce = query_param(&url, "nonce").unwrap();
+        let token = direct_id_token(&provider.main, "other-client", &nonce, &redirect).await;
+        let callback = authorize(&b, &url, "ana", &redirect).await;
+        provider
+            .tamper(json!({ "mode": "replace", "id_token": token }))
+            .await;
+        assert_refused(b.get(&callback).await, "another audience").await;
+        assert!(b.me(&app).await.is_none());
+
+        // Wrong issuer: a genuine token from a second provider (same signing key, same
+        // client, same nonce).
+        let b = Browser::new();
+        let url = begin(&b, &app).await;
+        let nonce = query_param(&url, "nonce").unwrap();
+        let token = direct_id_token(&provider.other, CLIENT_ID, &nonce, &redirect).await;
+        let callback = authorize(&b, &url, "ana", &redirect).await;
+        provider
+            .tamper(json!({ "mode": "replace", "id_token": token }))
+            .await;
+        assert_refused(b.get(&callback).await, "another issuer").await;
+        assert!(b.me(&app).await.is_none());
+
+        // The callback's `iss` parameter names another issuer (mix-up defence).
+        let b = Browser::new();
+        let url = begin(&b, &app).await;
+        let callback = authorize(&b, &url, "ana", &redirect).await;
+        let mixed = with_param(&callback, "iss", &provider.other);
+        assert_refused(b.get(&mixed).await, "another issuer").await;
+        assert!(b.me(&app).await.is_none());
+
+        // Unsigned token (alg none) with otherwise valid claims.
+        let b = Browser::new();
+        let url = begin(&b, &app).await;
+        let callback = authorize(&b, &url, "ana", &redirect).await;
+        provider.tamper(json!({ "mode": "alg_none" })).await;
+        assert_refused(b.get(&callback).await, "ID token was refused").await;
+        assert!(b.me(&app).await.is_none());
+
+        // Expired token: the server's clock is past the token's exp (provider TTL 5 min;
+        // the pending sign-in itself lives 10 min).
+        let b = Browser::new();
+        let url = begin(&b, &app).await;
+        let callback = authorize(&b, &url, "ana", &redirect).await;
+        app.clock.advance(chrono::Duration::minutes(9));
+        assert_refused(b.get(&callback).await, "expired").await;
+        assert!(b.me(&app).await.is_none());
+
+        app.stop().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Demo sign-in, sessions, CSRF.
+
+async fn demo_app(backend: Backend, extra: &[(&str, &str)]) -> Option<TestApp> {
+    spawn_app_with(backend, extra).await
+}
+
+#[tokio::test]
+async fn demo_sign_in_lists_people_shows_the_banner_and_sets_a_strict_cookie() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(app) = demo_app(backend, &[]).await else {
+            continue;
+        };
+        let b = Browser::new();
+        // Without a session a page redirects to sign-in, which (no issuer, loopback) is the
+        // demo page.
+        let resp = b.get(&app.url("/audit")).await;
+        assert_eq!(location(&resp), "/auth/login?next=%2Faudit");
+        let resp = b.get(&app.url("/auth/login?next=/audit")).await;
+        assert_eq!(location(&resp), "/auth/demo?next=%2Faudit");
+        let page = b
+            .get(&app.url("/auth/demo?next=/audit"))
+            .await
+            .text()
+            .await
+            .unwrap();
+        for user in ["ana", "pat", "max", "ada", "bob", "aud"] {
+            assert!(
+                page.contains(&format!("value=\"{user}\"")),
+                "{user}: {page}"
+            );
+        }
+        assert!(page.contains("Demo sign-in: not for production"));
+
+        let resp = b
+            .post_form(&app, "/auth/demo", &[("user", "ana"), ("next", "/audit")])
+            .await;
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        assert_eq!(location(&resp), "/audit");
+        let cookie = resp
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .find(|c| c.starts_with("countersign="))
+            .expect("session cookie");
+        for attr in ["HttpOnly", "SameSite=Lax", "Path=/"] {
+            assert!(cookie.contains(attr), "{attr} in {cookie}");
+        }
+        assert!(!cookie.contains("Secure"), "plain-http loopback: {cookie}");
+        assert!(!cookie.contains("Max-Age"), "session cookie: {cookie}");
+        let me = b.me(&app).await.unwrap();
+        assert_eq!(me["sub"], "ana");
+        assert_eq!(me["roles"], json!(["approver"]));
+        assert_eq!(me["tenant"], "acme");
+        let html = b.get(&app.url("/audit")).await.text().await.unwrap();
+        assert!(html.contains(">Audit</h1>"), "{html}");
+        assert!(html.contains("Demo sign-in: not for production"), "{html}");
+
+        // Unknown demo users and foreign `next` targets are refused.
+        let resp = b
+            .post_form(&app, "/auth/demo", &[("user", "mallory")])
+            .await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let resp = b
+            .post_form(
+                &app,
+                "/auth/demo",
+                &[("user", "ana"), ("next", "https://evil.example/")],
+            )
+            .await;
+        assert_eq!(location(&resp), "/");
+        let resp = b
+            .post_form(
+                &app,
+                "/auth/demo",
+                &[("user", "ana"), ("next", "//evil.example/")],
+            )
+            .await;
+        assert_eq!(location(&resp), "/");
+        app.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn demo_sign_in_is_refused_off_loopback_and_when_an_issuer_is_configured() {
+    let Some(app) = demo_app(Backend::Sqlite, &[("COUNTERSIGN_LISTEN", "0.0.0.0:0")]).await else {
+        return;
+    };
+    let base = format!("http://127.0.0.1:{}", app.addr.port());
+    let b = Browser::new();
+    let resp = b.get(&format!("{base}/auth/demo")).await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let body = resp.text().await.unwrap();
+    assert!(
+        body.contains("only available when the server listens on a loopback"),
+        "{body}"
+    );
+    assert!(!body.contains("not for production"));
+    let resp = b
+        .client
+        .post(format!("{base}/auth/demo"))
+        .header(
+            "origin",
+            "http://0.0.0.0:".to_string() + &app.addr.port().to_string(),
+        )
+        .form(&[("user", "ada")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let resp = b.get(&format!("{base}/auth/login")).await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    app.stop().await;
+
+    // An issuer configured (unreachable here): the demo page does not exist.
+    let Some(app) = demo_app(
+        Backend::Sqlite,
+        &[
+            ("COUNTERSIGN_OIDC_ISSUER", "http://127.0.0.1:9"),
+            ("COUNTERSIGN_OIDC_CLIENT_ID", "x"),
+            ("COUNTERSIGN_OIDC_CLIENT_SECRET", "y"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let b = Browser::new();
+    let resp = b.get(&app.url("/auth/demo")).await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let resp = b.post_form(&app, "/auth/demo", &[("user", "ada")]).await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(b.me(&app).await.is_none());
+    // The provider is unreachable: sign-in says so instead of failing open.
+    let resp = b.get(&app.url("/auth/login")).await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn sessions_end_after_the_idle_and_the_absolute_timeout() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(app) = demo_app(backend, &[]).await else {
+            continue;
+        };
+        let b = Browser::new();
+        b.post_form(&app, "/auth/demo", &[("user", "max")]).await;
+        let minutes = |m| chrono::Duration::minutes(m);
+        app.clock.advance(minutes(29));
+        assert!(b.me(&app).await.is_some(), "29 min idle: alive");
+        app.clock.advance(minutes(29));
+        assert!(
+            b.me(&app).await.is_some(),
+            "activity refreshed the idle timer"
+        );
+        let session = b.cookie(&app, "countersign").unwrap();
+        app.clock.advance(minutes(31));
+        assert!(b.me(&app).await.is_none(), "31 min idle: ended");
+        assert!(
+            !app.store.session_exists(&session).await.unwrap(),
+            "deleted"
+        );
+
+        // Absolute: active every 25 minutes, still ended 12 h after sign-in.
+        let b = Browser::new();
+        b.post_form(&app, "/auth/demo", &[("user", "max")]).await;
+        for _ in 0..28 {
+            app.clock.advance(minutes(25));
+            assert!(b.me(&app).await.is_some());
+        }
+        app.clock.advance(minutes(25)); // 12 h 5 min after sign-in
+        assert!(b.me(&app).await.is_none(), "absolute timeout");
+        let resp = b.get(&app.url("/inbox")).await;
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        app.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn cross_origin_state_changes_are_refused() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(app) = demo_app(backend, &[]).await else {
+            continue;
+        };
+        let b = Browser::new();
+        b.post_form(&app, "/auth/demo", &[("user", "ana")]).await;
+        let own = format!("http://{}", app.addr);
+
+        // Another site's Origin, a missing Origin and Referer, a foreign Referer, "null".
+        for (origin, referer) in [
+            (Some("https://evil.example"), None),
+            (None, None),
+            (None, Some("https://evil.example/page")),
+            (Some("null"), None),
+            (Some("http://localhost:1"), Some(own.as_str())),
+        ] {
+            for path in ["/auth/logout", "/api/anything", "/inbox"] {
+                let mut req = b.client.post(app.url(path));
+                if let Some(o) = origin {
+                    req = req.header("origin", o);
+                }
+                if let Some(r) = referer {
+                    req = req.header("referer", r);
+                }
+                let resp = req.send().await.unwrap();
+                assert_eq!(
+                    resp.status(),
+                    StatusCode::FORBIDDEN,
+                    "{path} {origin:?} {referer:?}"
+                );
+                assert!(
+                    resp.text()
+                        .await
+                        .unwrap()
+                        .contains("Cross-origin request refused")
+                );
+            }
+        }
+        assert!(
+            b.me(&app).await.is_some(),
+            "still signed in: logout was refused"
+        );
+
+        // A same-origin Referer (no Origin) is accepted.
+        let resp = b
+            .client
+            .post(app.url("/auth/logout"))
+            .header("referer", format!("{own}/inbox"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        assert!(b.me(&app).await.is_none());
+
+        // /mcp has its own guard and is not subject to this check.
+        let resp = app
+            .client
+            .post(app.url("/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(resp.status(), StatusCode::FORBIDDEN);
+        app.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_secure_public_url_gets_a_host_prefixed_secure_cookie() {
+    let Some(app) = demo_app(
+        Backend::Sqlite,
+        &[("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com")],
+    )
+    .await
+    else {
+        return;
+    };
+    let resp = app
+        .client
+        .post(app.url("/auth/demo"))
+        .header("origin", "https://countersign.example.com")
+        .form(&[("user", "ana")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    let cookie = resp
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(cookie.starts_with("__Host-countersign="), "{cookie}");
+    for attr in ["Secure", "HttpOnly", "SameSite=Lax", "Path=/"] {
+        assert!(cookie.contains(attr), "{attr} in {cookie}");
+    }
+    assert!(!cookie.contains("Domain"), "{cookie}");
+    app.stop().await;
+}
+
+#[test]
+fn only_local_paths_are_accepted_as_next() {
+    use countersign::auth::local_next;
+    assert_eq!(local_next(Some("/inbox?x=1")), "/inbox?x=1");
+    for bad in [
+        "https://evil.example/",
+        "//evil.example",
+        "/\\evil",
+        "evil",
+        "/auth/logout",
+    ] {
+        assert_eq!(local_next(Some(bad)), "/", "{bad}");
+    }
+    assert_eq!(local_next(None), "/");
+}
+
+#[test]
+fn the_role_map_reads_strings_and_lists_and_ignores_unknown_groups() {
+    use countersign::auth::oidc::map_roles;
+    use countersign::config::parse_role_map;
+    use countersign_core::AppRole;
+    let map = parse_role_map("ap-clerks=approver,managers=manager,admins=admin,auditors=auditor")
+        .unwrap();
+    assert_eq!(
+        map_roles(Some(&json!("ap-clerks")), &map),
+        vec![AppRole::Approver]
+    );
+    assert_eq!(
+        map_roles(
+            Some(&json!(["admins", "staff", "auditors", "admins"])),
+            &map
+        ),
+        vec![AppRole::Admin, AppRole::Auditor]
+    );
+    assert!(map_roles(Some(&json!(["staff"])), &map).is_empty());
+    assert!(map_roles(Some(&json!(42)), &map).is_empty());
+    assert!(map_roles(None, &map).is_empty());
+    assert!(parse_role_map("clerks=superuser").is_err());
+    assert!(parse_role_map("=admin").is_err());
+    assert!(parse_role_map("clerks").is_err());
+}
