@@ -32,6 +32,8 @@ impl TestApp {
             .as_ref()
             .map(|d| d.url.expose().clone())
             .unwrap_or_default()
+    }
+
     /// A client with a cookie jar, signed in through the demo sign-in as `user`.
     pub async fn demo_client(&self, user: &str) -> reqwest::Client {
         let client = reqwest::Client::builder()

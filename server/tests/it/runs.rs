@@ -352,7 +352,10 @@ async fn crash_at(point: &str) {
         let mut child = KillOnDrop(child);
         let began = Instant::now();
         while child.0.try_wait().unwrap().is_none() {
-            assert!(began.elapsed() < Duration::from_secs(30), "the worker never reached {point}");
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "the worker never reached {point}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let crashed = child.wait_with_output_ref();
