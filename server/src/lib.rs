@@ -4,6 +4,7 @@
 //! [`Application::build`] does everything that can fail at start (connect, migrate, bind)
 //! so that a bad deployment stops with one clear line before serving anything.
 
+pub mod audit;
 pub mod config;
 pub mod http;
 pub mod mcp;
@@ -13,6 +14,8 @@ pub mod telemetry;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use countersign_core::audit::checkpoint::CheckpointPolicy;
+use countersign_core::redact::RedactionKey;
 use countersign_core::store::ConnectOptions;
 use countersign_core::{Clock, Store, StoreError};
 use leptos::config::LeptosOptions;
@@ -57,6 +60,10 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The registry and policies in force.
     pub registry: Arc<LiveRegistry>,
+    /// The HMAC key redacted values are hashed with (config `redaction_key`). `None`: the
+    /// gateway hashes redacted values with plain SHA-256 only (fine on loopback for trying
+    /// things out; anyone holding the audit can test guesses of low-entropy values).
+    pub redaction: Option<Arc<RedactionKey>>,
 }
 
 impl axum::extract::FromRef<AppState> for LeptosOptions {
@@ -87,6 +94,14 @@ impl Application {
     pub async fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
         let store = connect_and_migrate(&config, clock).await?;
         let registry = LiveRegistry::bootstrap(&store, config.registry.as_deref()).await?;
+        match &config.redaction_key {
+            Some(key) => audit::record_redaction_key(&store, key).await?,
+            None if !config.listen.ip().is_loopback() => tracing::warn!(
+                "redaction_key is not set: redacted values are plain SHA-256 digests, which \
+                 anyone holding the audit trail can test guesses against"
+            ),
+            None => {}
+        }
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -101,11 +116,13 @@ impl Application {
             .site_pkg_dir("pkg")
             .site_addr(addr)
             .build();
+        let redaction = config.redaction_key.clone();
         let state = AppState {
             store,
             leptos,
             config: Arc::new(config),
             registry,
+            redaction,
         };
         let router = http::router(state.clone());
         Ok(Self {
@@ -140,10 +157,31 @@ impl Application {
             .state
             .registry
             .spawn_watcher(self.state.store.clone(), REGISTRY_POLL);
+        let checkpointer = match &self.state.config.audit_signing_key {
+            Some(signer) => Some(audit::spawn_checkpointer(
+                self.state.store.clone(),
+                signer.clone(),
+                CheckpointPolicy {
+                    every: self.state.config.audit_checkpoint_every,
+                    max_age_ms: self.state.config.audit_checkpoint_minutes * 60_000,
+                },
+                audit::CHECKPOINT_POLL,
+            )),
+            None => {
+                tracing::warn!(
+                    "audit_signing_key is not set: no signed audit checkpoints are written, so a \
+                     rewritten-and-rehashed or truncated audit tail cannot be detected"
+                );
+                None
+            }
+        };
         let served = axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)
             .await;
         watcher.abort();
+        if let Some(c) = checkpointer {
+            c.abort();
+        }
         served.map_err(StartError::Serve)?;
         self.state.store.close().await;
         Ok(())
