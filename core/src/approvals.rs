@@ -121,7 +121,8 @@ impl Store {
             return Err(DecideError::Expired);
         }
         let run = self.get_run(&step.run_id).await?;
-        if run.principal == approver.sub || run.principal == format!("{}#{}", approver.iss, approver.sub)
+        if run.principal == approver.sub
+            || run.principal == format!("{}#{}", approver.iss, approver.sub)
         {
             return Err(DecideError::SelfApproval);
         }

@@ -149,7 +149,11 @@ async fn with_store(
         } => {
             let trusted = trusted_keys(config, &public_key)?;
             let external = read_checkpoints(&from_checkpoint)?;
-            match store.verify_audit_full(&trusted, &external).await.map_err(db)? {
+            match store
+                .verify_audit_full(&trusted, &external)
+                .await
+                .map_err(db)?
+            {
                 Ok(report) => {
                     println!(
                         "audit chain intact: {} record(s), {} signed checkpoint(s) verified",
@@ -213,8 +217,8 @@ fn read_checkpoints(files: &[PathBuf]) -> Result<Vec<(Checkpoint, String)>, Audi
     files
         .iter()
         .map(|f| {
-            let text = std::fs::read_to_string(f)
-                .map_err(|e| refused(format!("{}: {e}", f.display())))?;
+            let text =
+                std::fs::read_to_string(f).map_err(|e| refused(format!("{}: {e}", f.display())))?;
             let cp: Checkpoint = serde_json::from_str(&text)
                 .map_err(|e| refused(format!("{}: not a checkpoint: {e}", f.display())))?;
             Ok((cp, format!("the checkpoint in {}", f.display())))
@@ -328,12 +332,17 @@ fn verify_file(
         v = v.sparse();
     }
     let failure = |f: VerifyFailure| refused(f.to_string());
-    let checkpoints =
-        expect_checkpoints(&mut v, external.iter().map(|(c, s)| (c, s.clone())), trusted)
-            .map_err(failure)?;
+    let checkpoints = expect_checkpoints(
+        &mut v,
+        external.iter().map(|(c, s)| (c, s.clone())),
+        trusted,
+    )
+    .map_err(failure)?;
     let gap_hint = |b: ChainBreak| -> AuditCliError {
         if !sparse && b.reason.starts_with("expected record") {
-            refused(format!("{b} (an export --run is sparse: verify it with --sparse)"))
+            refused(format!(
+                "{b} (an export --run is sparse: verify it with --sparse)"
+            ))
         } else {
             refused(b.to_string())
         }

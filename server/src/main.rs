@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use countersign::config::Config;
 use countersign::audit::{AuditCliError, AuditCommand};
+use countersign::config::Config;
 use countersign::{Application, StartError, telemetry};
 use countersign_core::bundle::{Bundle, BundleSources};
 use countersign_core::registry::{RoleName, Span};

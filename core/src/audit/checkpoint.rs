@@ -58,7 +58,9 @@ pub fn parse_key_bytes(text: &str) -> Result<[u8; 32], KeyTextError> {
         engines
             .iter()
             .find_map(|e| e.decode(text).ok())
-            .ok_or_else(|| KeyTextError(format!("{} characters, neither hex nor base64", text.len())))?
+            .ok_or_else(|| {
+                KeyTextError(format!("{} characters, neither hex nor base64", text.len()))
+            })?
     };
     <[u8; 32]>::try_from(bytes.as_slice())
         .map_err(|_| KeyTextError(format!("decodes to {} bytes", bytes.len())))
@@ -211,10 +213,9 @@ impl Checkpoint {
     /// # Errors
     /// [`CheckpointError`].
     pub fn check(&self, trusted: &[PublicKey]) -> Result<(), CheckpointError> {
-        let well_formed_hash = self
-            .hash
-            .strip_prefix("sha256:")
-            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+        let well_formed_hash = self.hash.strip_prefix("sha256:").is_some_and(|h| {
+            h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        });
         if !well_formed_hash || self.seq < 1 {
             return Err(CheckpointError::Malformed("seq or hash".into()));
         }
@@ -225,7 +226,9 @@ impl Checkpoint {
         }
         let sig_bytes = decode_hex(&self.signature)
             .and_then(|b| <[u8; 64]>::try_from(b.as_slice()).ok())
-            .ok_or_else(|| CheckpointError::Malformed("signature: expected 128 hex digits".into()))?;
+            .ok_or_else(|| {
+                CheckpointError::Malformed("signature: expected 128 hex digits".into())
+            })?;
         let message = Self::message(self.seq, &self.hash, self.at)
             .map_err(|e| CheckpointError::Malformed(e.to_string()))?;
         key.0
@@ -263,11 +266,12 @@ pub fn expect_checkpoints<'a>(
 ) -> Result<usize, VerifyFailure> {
     let mut n = 0;
     for (cp, source) in checkpoints {
-        cp.check(trusted).map_err(|error| VerifyFailure::Checkpoint {
-            seq: cp.seq,
-            origin: source.clone(),
-            error,
-        })?;
+        cp.check(trusted)
+            .map_err(|error| VerifyFailure::Checkpoint {
+                seq: cp.seq,
+                origin: source.clone(),
+                error,
+            })?;
         v.expect(cp.seq, &cp.hash, source)?;
         n += 1;
     }
@@ -322,9 +326,8 @@ impl Store {
     /// Every stored checkpoint, by `seq`.
     pub async fn audit_checkpoints(&self) -> Result<Vec<Checkpoint>, StoreError> {
         let sql = format!("SELECT {CP_COLUMNS} FROM audit_checkpoints ORDER BY seq");
-        let rows: Vec<Checkpoint> = crate::store::on_pool!(self, |p| {
-            sqlx::query_as(&sql).fetch_all(p).await?
-        });
+        let rows: Vec<Checkpoint> =
+            crate::store::on_pool!(self, |p| { sqlx::query_as(&sql).fetch_all(p).await? });
         Ok(rows)
     }
 

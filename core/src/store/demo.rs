@@ -172,8 +172,9 @@ impl Store {
         system: &str,
         idem_key: &str,
     ) -> Result<Option<DemoEffect>, StoreError> {
-        let sql =
-            format!("SELECT {EFFECT_COLUMNS} FROM demo_effects WHERE system = $1 AND idem_key = $2");
+        let sql = format!(
+            "SELECT {EFFECT_COLUMNS} FROM demo_effects WHERE system = $1 AND idem_key = $2"
+        );
         Ok(on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(system)

@@ -36,8 +36,8 @@ use crate::clock::Clock;
 use crate::secret::Secret;
 
 pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
-pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
+pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
 pub use steps::{KeyRecord, KeyState, NewStep, Reservation, Step, Transition};
 

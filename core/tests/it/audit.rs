@@ -160,16 +160,31 @@ fn mem_chain(n: usize) -> Vec<AuditRecord> {
     (0..n)
         .map(|i| {
             let new = record(i);
-            let r = seal(&new, new.event.unwrap(), i as i64 + 1, 1_000 + i as i64, &prev).unwrap();
+            let r = seal(
+                &new,
+                new.event.unwrap(),
+                i as i64 + 1,
+                1_000 + i as i64,
+                &prev,
+            )
+            .unwrap();
             prev.clone_from(&r.hash);
             r
         })
         .collect()
 }
 
-fn verify_pinned(records: &[AuditRecord], cps: &[Checkpoint], trusted: &[PublicKey]) -> Result<i64, VerifyFailure> {
+fn verify_pinned(
+    records: &[AuditRecord],
+    cps: &[Checkpoint],
+    trusted: &[PublicKey],
+) -> Result<i64, VerifyFailure> {
     let mut v = ChainVerifier::new(1, GENESIS);
-    expect_checkpoints(&mut v, cps.iter().map(|c| (c, "test checkpoint".to_string())), trusted)?;
+    expect_checkpoints(
+        &mut v,
+        cps.iter().map(|c| (c, "test checkpoint".to_string())),
+        trusted,
+    )?;
     for r in records {
         v.push(r)?;
     }
@@ -259,12 +274,18 @@ fn a_forged_or_foreign_checkpoint_is_refused() {
     let good = a.sign(5, &chain[4].hash, 42).unwrap();
     assert_eq!(good.check(&[a.public_key()]), Ok(()));
     assert_eq!(good.check(&[]), Ok(()));
-    assert_eq!(verify_pinned(&chain, std::slice::from_ref(&good), &[a.public_key()]), Ok(5));
+    assert_eq!(
+        verify_pinned(&chain, std::slice::from_ref(&good), &[a.public_key()]),
+        Ok(5)
+    );
 
     // A changed signature, or the same signature over another head or time.
     let mut forged = good.clone();
     forged.signature = flip_hex(&forged.signature, 10);
-    assert_eq!(forged.check(&[a.public_key()]), Err(CheckpointError::BadSignature));
+    assert_eq!(
+        forged.check(&[a.public_key()]),
+        Err(CheckpointError::BadSignature)
+    );
     let mut moved = good.clone();
     moved.seq = 4;
     moved.hash.clone_from(&chain[3].hash);
@@ -274,7 +295,10 @@ fn a_forged_or_foreign_checkpoint_is_refused() {
     assert_eq!(retimed.check(&[]), Err(CheckpointError::BadSignature));
     let mut garbled = good.clone();
     garbled.signature.truncate(20);
-    assert!(matches!(garbled.check(&[]), Err(CheckpointError::Malformed(_))));
+    assert!(matches!(
+        garbled.check(&[]),
+        Err(CheckpointError::Malformed(_))
+    ));
 
     // Signed by another key: refused when a trusted key is given.
     let foreign = b.sign(5, &chain[4].hash, 42).unwrap();
@@ -285,14 +309,24 @@ fn a_forged_or_foreign_checkpoint_is_refused() {
     // Another key's signature under the trusted key's name.
     let mut impostor = foreign.clone();
     impostor.public_key = a.public_key().to_string();
-    assert_eq!(impostor.check(&[a.public_key()]), Err(CheckpointError::BadSignature));
+    assert_eq!(
+        impostor.check(&[a.public_key()]),
+        Err(CheckpointError::BadSignature)
+    );
     // Through the verifier, a refused checkpoint fails the whole verification.
     match verify_pinned(&chain, &[foreign], &[a.public_key()]) {
-        Err(VerifyFailure::Checkpoint { seq: 5, error: CheckpointError::UntrustedKey(_), .. }) => {}
+        Err(VerifyFailure::Checkpoint {
+            seq: 5,
+            error: CheckpointError::UntrustedKey(_),
+            ..
+        }) => {}
         other => panic!("{other:?}"),
     }
     match verify_pinned(&chain, &[forged], &[]) {
-        Err(VerifyFailure::Checkpoint { error: CheckpointError::BadSignature, .. }) => {}
+        Err(VerifyFailure::Checkpoint {
+            error: CheckpointError::BadSignature,
+            ..
+        }) => {}
         other => panic!("{other:?}"),
     }
 }
@@ -303,8 +337,14 @@ fn keys_read_as_hex_or_base64_and_seeds_never_show() {
     let a = CheckpointSigner::from_seed(&SEED_A);
     let hex: String = SEED_A.iter().map(|b| format!("{b:02x}")).collect();
     let b64 = base64::engine::general_purpose::STANDARD.encode(SEED_A);
-    assert_eq!(CheckpointSigner::parse(&hex).unwrap().public_key(), a.public_key());
-    assert_eq!(CheckpointSigner::parse(&b64).unwrap().public_key(), a.public_key());
+    assert_eq!(
+        CheckpointSigner::parse(&hex).unwrap().public_key(),
+        a.public_key()
+    );
+    assert_eq!(
+        CheckpointSigner::parse(&b64).unwrap().public_key(),
+        a.public_key()
+    );
     assert!(CheckpointSigner::parse("abcd").is_err());
     assert!(CheckpointSigner::parse(&hex[..62]).is_err());
     let shown = a.public_key().to_string();
@@ -318,7 +358,8 @@ async fn rewrite_and_rehash(store: &countersign_core::Store, chain: &[AuditRecor
     let mut prev = chain[from - 2].hash.clone();
     for r in &chain[from - 1..] {
         let mut new = record(r.seq as usize - 1);
-        new.detail.insert("inputs".into(), json!({"amount": 1, "iban": "attacker"}));
+        new.detail
+            .insert("inputs".into(), json!({"amount": 1, "iban": "attacker"}));
         let forged = seal(&new, new.event.unwrap(), r.seq, r.at, &prev).unwrap();
         store
             .execute_sql(&format!(
@@ -333,7 +374,10 @@ async fn rewrite_and_rehash(store: &countersign_core::Store, chain: &[AuditRecor
 
 async fn drop_audit_guards(store: &countersign_core::Store) {
     let sql: &[&str] = match store.backend() {
-        Backend::Sqlite => &["DROP TRIGGER audit_no_update", "DROP TRIGGER audit_no_delete"],
+        Backend::Sqlite => &[
+            "DROP TRIGGER audit_no_update",
+            "DROP TRIGGER audit_no_delete",
+        ],
         Backend::Postgres => &["ALTER TABLE audit DISABLE TRIGGER audit_no_update"],
     };
     for s in sql {
@@ -348,46 +392,98 @@ async fn checkpoints_are_signed_when_due_and_pin_the_stored_chain() {
         let manual = manual.clone();
         async move {
             let a = CheckpointSigner::from_seed(&SEED_A);
-            let policy = Some(CheckpointPolicy { every: 3, max_age_ms: 600_000 });
-            assert_eq!(store.checkpoint_audit(&a, None).await.unwrap(), None, "empty chain");
+            let policy = Some(CheckpointPolicy {
+                every: 3,
+                max_age_ms: 600_000,
+            });
+            assert_eq!(
+                store.checkpoint_audit(&a, None).await.unwrap(),
+                None,
+                "empty chain"
+            );
             let mut chain = Vec::new();
             for i in 0..2 {
                 chain.push(store.append_audit(&record(i)).await.unwrap());
             }
-            assert_eq!(store.checkpoint_audit(&a, policy).await.unwrap(), None, "not due");
+            assert_eq!(
+                store.checkpoint_audit(&a, policy).await.unwrap(),
+                None,
+                "not due"
+            );
             chain.push(store.append_audit(&record(2)).await.unwrap());
-            let first = store.checkpoint_audit(&a, policy).await.unwrap().expect("due by count");
-            assert_eq!((first.seq, first.hash.as_str()), (3, chain[2].hash.as_str()));
+            let first = store
+                .checkpoint_audit(&a, policy)
+                .await
+                .unwrap()
+                .expect("due by count");
+            assert_eq!(
+                (first.seq, first.hash.as_str()),
+                (3, chain[2].hash.as_str())
+            );
             assert_eq!(first.check(&[a.public_key()]), Ok(()));
-            assert_eq!(store.checkpoint_audit(&a, policy).await.unwrap(), None, "head signed");
+            assert_eq!(
+                store.checkpoint_audit(&a, policy).await.unwrap(),
+                None,
+                "head signed"
+            );
 
             chain.push(store.append_audit(&record(3)).await.unwrap());
             manual.advance(chrono::Duration::milliseconds(599_999));
-            assert_eq!(store.checkpoint_audit(&a, policy).await.unwrap(), None, "not old enough");
+            assert_eq!(
+                store.checkpoint_audit(&a, policy).await.unwrap(),
+                None,
+                "not old enough"
+            );
             manual.advance(chrono::Duration::milliseconds(1));
-            let second = store.checkpoint_audit(&a, policy).await.unwrap().expect("due by age");
+            let second = store
+                .checkpoint_audit(&a, policy)
+                .await
+                .unwrap()
+                .expect("due by age");
             assert_eq!(second.seq, 4);
             // On demand, with the head already signed: that checkpoint.
-            assert_eq!(store.checkpoint_audit(&a, None).await.unwrap(), Some(second.clone()));
-            assert_eq!(store.audit_checkpoints().await.unwrap(), vec![first.clone(), second.clone()]);
-            assert_eq!(store.audit_checkpoint_at_or_before(Some(3)).await.unwrap(), Some(first.clone()));
+            assert_eq!(
+                store.checkpoint_audit(&a, None).await.unwrap(),
+                Some(second.clone())
+            );
+            assert_eq!(
+                store.audit_checkpoints().await.unwrap(),
+                vec![first.clone(), second.clone()]
+            );
+            assert_eq!(
+                store.audit_checkpoint_at_or_before(Some(3)).await.unwrap(),
+                Some(first.clone())
+            );
 
             let trusted = [a.public_key()];
-            let report = store.verify_audit_full(&trusted, &[]).await.unwrap().unwrap();
+            let report = store
+                .verify_audit_full(&trusted, &[])
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!((report.records, report.checkpoints), (4, 2));
             let other = CheckpointSigner::from_seed(&SEED_B).public_key();
             assert!(matches!(
                 store.verify_audit_full(&[other], &[]).await.unwrap(),
-                Err(VerifyFailure::Checkpoint { error: CheckpointError::UntrustedKey(_), .. })
+                Err(VerifyFailure::Checkpoint {
+                    error: CheckpointError::UntrustedKey(_),
+                    ..
+                })
             ));
 
             // The checkpoint table is append-only too.
-            for sql in ["UPDATE audit_checkpoints SET at = 0", "DELETE FROM audit_checkpoints"] {
+            for sql in [
+                "UPDATE audit_checkpoints SET at = 0",
+                "DELETE FROM audit_checkpoints",
+            ] {
                 let err = store.execute_sql(sql).await.unwrap_err();
                 assert!(err.to_string().contains("append-only"), "{sql}: {err}");
             }
             if store.backend() == Backend::Postgres {
-                let err = store.execute_sql("TRUNCATE audit_checkpoints").await.unwrap_err();
+                let err = store
+                    .execute_sql("TRUNCATE audit_checkpoints")
+                    .await
+                    .unwrap_err();
                 assert!(err.to_string().contains("append-only"), "{err}");
                 // And nobody holds UPDATE/DELETE/TRUNCATE through PUBLIC.
                 let n = store
@@ -404,7 +500,10 @@ async fn checkpoints_are_signed_when_due_and_pin_the_stored_chain() {
             // Someone with DDL rights cuts the tail: the chain alone still verifies, the
             // stored checkpoint for record 4 names the first missing record.
             drop_audit_guards(&store).await;
-            store.execute_sql("DELETE FROM audit WHERE seq = 4").await.unwrap();
+            store
+                .execute_sql("DELETE FROM audit WHERE seq = 4")
+                .await
+                .unwrap();
             assert_eq!(store.verify_audit().await.unwrap(), Ok(3));
             match store.verify_audit_full(&trusted, &[]).await.unwrap() {
                 Err(VerifyFailure::Chain(b)) => {
@@ -419,7 +518,10 @@ async fn checkpoints_are_signed_when_due_and_pin_the_stored_chain() {
             match store.verify_audit_full(&trusted, &[]).await.unwrap() {
                 Err(VerifyFailure::Chain(b)) => {
                     assert_eq!(b.seq, 1, "{b}");
-                    assert!(b.reason.contains("record 3") && b.reason.contains("rewritten"), "{b}");
+                    assert!(
+                        b.reason.contains("record 3") && b.reason.contains("rewritten"),
+                        "{b}"
+                    );
                 }
                 other => panic!("{other:?}"),
             }
@@ -431,17 +533,22 @@ async fn checkpoints_are_signed_when_due_and_pin_the_stored_chain() {
 #[tokio::test]
 async fn the_redaction_key_fingerprint_is_recorded_on_first_use_and_rotation() {
     use countersign_core::redact::RedactionKey;
-    let key = |text: &str| RedactionKey::from_secret(Secret::new(text.as_bytes().to_vec())).unwrap();
+    let key =
+        |text: &str| RedactionKey::from_secret(Secret::new(text.as_bytes().to_vec())).unwrap();
     let a = key("an operator's redaction key, 32+ bytes long");
     let b = key("another operator's redaction key, 32+ bytes");
-    assert_eq!(a.fingerprint(), key("an operator's redaction key, 32+ bytes long").fingerprint());
+    assert_eq!(
+        a.fingerprint(),
+        key("an operator's redaction key, 32+ bytes long").fingerprint()
+    );
     assert_ne!(a.fingerprint(), b.fingerprint());
     assert!(a.fingerprint().starts_with("hmac-sha256:"));
     assert!(a.id().as_str().starts_with("rk-"));
     assert!(RedactionKey::from_secret(Secret::new(b"short".to_vec())).is_err());
     // The fingerprint is not the digest of any value (a value's canonical form is quoted).
     assert_ne!(
-        a.digest(&json!("countersign.redaction-key.fingerprint.v1")).unwrap(),
+        a.digest(&json!("countersign.redaction-key.fingerprint.v1"))
+            .unwrap(),
         a.fingerprint()
     );
 
@@ -461,8 +568,15 @@ async fn the_redaction_key_fingerprint_is_recorded_on_first_use_and_rotation() {
             assert!(record(&a).await.is_none(), "same key: nothing new");
             store.append_audit(&record_n(7)).await.unwrap();
             let rotated = record(&b).await.expect("rotation recorded");
-            assert!(rotated.record.contains(&format!(r#""previous":"{}""#, a.fingerprint())));
-            assert!(record(&a).await.is_some(), "rotating back is a rotation too");
+            assert!(
+                rotated
+                    .record
+                    .contains(&format!(r#""previous":"{}""#, a.fingerprint()))
+            );
+            assert!(
+                record(&a).await.is_some(),
+                "rotating back is a rotation too"
+            );
             assert_eq!(
                 store.last_redaction_key_fingerprint().await.unwrap(),
                 Some(a.fingerprint())
