@@ -256,14 +256,14 @@ async fn export(
 ) -> Result<(), AuditCliError> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let mut write = |r: &AuditRecord| -> Result<(), AuditCliError> {
+    let write = |out: &mut std::io::BufWriter<_>, r: &AuditRecord| -> Result<(), AuditCliError> {
         let line = serde_json::to_string(r)
             .map_err(|e| refused(format!("cannot serialise record {}: {e}", r.seq)))?;
         writeln!(out, "{line}").map_err(|e| refused(format!("stdout: {e}")))
     };
     if let Some(run) = run {
         for r in store.audit_for_run(&run).await.map_err(db)? {
-            write(&r)?;
+            write(&mut out, &r)?;
         }
     } else {
         let first = match since {
@@ -281,12 +281,11 @@ async fn export(
                 }
                 next += page.len() as i64;
                 for r in &page {
-                    write(r)?;
+                    write(&mut out, r)?;
                 }
             }
         }
     }
-    drop(write);
     out.flush().map_err(|e| refused(format!("stdout: {e}")))
 }
 
