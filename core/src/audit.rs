@@ -9,16 +9,27 @@
 //!   On Postgres appenders also take a transaction-scoped advisory lock to avoid the retry.
 //! * The database refuses UPDATE, DELETE (and TRUNCATE on Postgres) on the table (migration
 //!   0001 triggers); this module only ever INSERTs.
-//! * [`verify`] fails closed: the first record that does not parse, is not canonical, does
-//!   not match its stored hash, skips a `seq` or does not link to its predecessor is named.
+//! * [`verify`] / [`ChainVerifier`] fail closed: the first record that does not parse, is not
+//!   canonical, does not match its stored hash, skips a `seq`, does not link to its
+//!   predecessor or whose columns disagree with its hashed text is named. Canonical form and
+//!   columns are checked in one allocation-free pass ([`scan_canonical_object`]), equivalent
+//!   to re-canonicalising the parsed text.
+//! * A signed checkpoint ([`checkpoint`]) pins the hash at its `seq`: a chain that no longer
+//!   has it there, or ends before it, is broken even if it links perfectly.
+//! * The record format (what [`seal`] builds) is written in one place, used by the
+//!   `append_in_tx!` macro that every append goes through.
 //! * Callers pass values already redacted ([`crate::redact`]); nothing here sees secrets.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::canonical::canonicalize;
+use std::collections::BTreeMap;
+
+use crate::canonical::{CanonicalError, canonicalize, decode_raw_string, scan_canonical_object};
 use crate::store::{Pool, Store, StoreError};
+
+pub mod checkpoint;
 
 /// `prev` of the first record.
 pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
@@ -111,8 +122,9 @@ pub struct NewAuditRecord {
     pub detail: Map<String, Value>,
 }
 
-/// A stored record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+/// A stored record (and one line of `audit export`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(deny_unknown_fields)]
 pub struct AuditRecord {
     /// Position in the chain, from 1.
     pub seq: i64,
@@ -153,10 +165,19 @@ pub fn hash_text(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
     let mut out = String::with_capacity(7 + 64);
     out.push_str("sha256:");
-    for b in digest.iter() {
-        out.push_str(&format!("{b:02x}"));
-    }
+    out.push_str(&crate::keys::hex(&digest));
     out
+}
+
+/// Whether `stored` is `sha256:` + the lower-case hex of `digest` (no allocation).
+fn hash_matches(stored: &str, digest: &[u8]) -> bool {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 64];
+    for (pair, b) in hex.chunks_exact_mut(2).zip(digest) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
+    }
+    digest.len() == 32 && stored.strip_prefix("sha256:").map(str::as_bytes) == Some(&hex[..])
 }
 
 pub(crate) fn body(
@@ -180,6 +201,36 @@ pub(crate) fn body(
     })
 }
 
+/// Builds the record that appending `new` as `event` at `seq`, time `at`, after a record
+/// hashed `prev` stores: its canonical text and hash. Pure (no database); the append path
+/// and tools that build chains offline (the benchmark) share it.
+///
+/// # Errors
+/// `detail` holds a value with no canonical form.
+pub fn seal(
+    new: &NewAuditRecord,
+    event: AuditEvent,
+    seq: i64,
+    at: i64,
+    prev: &str,
+) -> Result<AuditRecord, CanonicalError> {
+    let record = canonicalize(&body(new, event, seq, at, prev))?;
+    let hash = hash_text(&record);
+    Ok(AuditRecord {
+        seq,
+        at,
+        event: event.as_str().to_string(),
+        run_id: new.run_id.clone(),
+        step_id: new.step_id.clone(),
+        tool: new.tool.clone(),
+        actor: new.actor.clone(),
+        rule: new.rule.clone(),
+        record,
+        prev: prev.to_string(),
+        hash,
+    })
+}
+
 /// Checks a chain given in `seq` order, starting at `expected_prev` (use [`GENESIS`] for a
 /// whole chain) and `first_seq`. Returns how many records were verified.
 pub fn verify<'a>(
@@ -187,41 +238,293 @@ pub fn verify<'a>(
     first_seq: i64,
     expected_prev: &str,
 ) -> Result<i64, ChainBreak> {
-    let mut prev = expected_prev.to_string();
-    let mut count = 0;
-    for (seq, r) in (first_seq..).zip(records) {
-        let fail = |reason: String| ChainBreak { seq, reason };
-        if r.seq != seq {
-            return Err(fail(format!("expected record {seq}, found {}", r.seq)));
+    let mut v = ChainVerifier::new(first_seq, expected_prev);
+    let mut records = records.into_iter().peekable();
+    while let Some(r) = records.next() {
+        if let Some(next) = records.peek() {
+            touch(next);
         }
-        let parsed: Value = serde_json::from_str(&r.record)
-            .map_err(|e| fail(format!("record is not JSON: {e}")))?;
-        let canonical = canonicalize(&parsed).map_err(|e| fail(e.to_string()))?;
-        if canonical != r.record {
-            return Err(fail("record text is not canonical".into()));
-        }
-        if hash_text(&r.record) != r.hash {
-            return Err(fail("stored hash does not match the record".into()));
-        }
-        if r.prev != prev || parsed.get("prev").and_then(Value::as_str) != Some(prev.as_str()) {
-            return Err(fail("does not link to the previous record".into()));
-        }
-        let embedded = |k: &str| parsed.get(k).cloned().unwrap_or(Value::Null);
-        if embedded("seq") != json!(r.seq)
-            || embedded("at") != json!(r.at)
-            || embedded("event") != json!(r.event)
-            || embedded("run_id") != json!(r.run_id)
-            || embedded("step_id") != json!(r.step_id)
-            || embedded("tool") != json!(r.tool)
-            || embedded("actor") != json!(r.actor)
-            || embedded("rule") != json!(r.rule)
-        {
-            return Err(fail("columns disagree with the hashed record".into()));
-        }
-        prev = r.hash.clone();
-        count += 1;
+        v.push(r)?;
     }
-    Ok(count)
+    v.finish()
+}
+
+/// Reads one byte of each of a record's heap strings so their cache misses overlap with the
+/// work on the record before it (verify is otherwise bound by memory latency, not hashing).
+fn touch(r: &AuditRecord) {
+    let first = |s: &str| s.as_bytes().first().copied().unwrap_or(0);
+    let opt = |s: &Option<String>| s.as_deref().map_or(0, first);
+    std::hint::black_box(
+        first(&r.record)
+            ^ first(&r.hash)
+            ^ first(&r.prev)
+            ^ first(&r.event)
+            ^ opt(&r.run_id)
+            ^ opt(&r.step_id)
+            ^ opt(&r.tool)
+            ^ opt(&r.actor)
+            ^ opt(&r.rule),
+    );
+}
+
+/// A hash a signed checkpoint (stored, or read from a file) says the chain has at `seq`.
+#[derive(Debug, Clone)]
+struct Expectation {
+    hash: String,
+    source: String,
+}
+
+/// Verifies a chain record by record, in `seq` order, and checks it against checkpoint
+/// hashes as it passes their `seq`.
+///
+/// INVARIANT (fails closed): the first problem met, in `seq` order, is reported; a checkpoint
+/// whose `seq` lies beyond the last record pushed is a truncation, reported by
+/// [`ChainVerifier::finish`] at the first missing record.
+#[derive(Debug, Clone)]
+pub struct ChainVerifier {
+    next_seq: i64,
+    prev: String,
+    expected: BTreeMap<i64, Vec<Expectation>>,
+    /// Highest `seq` at which a checkpoint matched (or `first_seq - 1`).
+    last_matched: i64,
+    count: i64,
+    sparse: bool,
+    skipped_checkpoints: usize,
+}
+
+impl ChainVerifier {
+    /// Starts at `first_seq`, taking `prev` as the hash of the record before it.
+    pub fn new(first_seq: i64, prev: &str) -> Self {
+        Self {
+            next_seq: first_seq,
+            prev: prev.to_string(),
+            expected: BTreeMap::new(),
+            last_matched: first_seq - 1,
+            count: 0,
+            sparse: false,
+            skipped_checkpoints: 0,
+        }
+    }
+
+    /// Accepts gaps in `seq` (an export of one run's records): across a gap the next
+    /// record's `prev` is taken as given, so a record missing there cannot be detected.
+    pub fn sparse(mut self) -> Self {
+        self.sparse = true;
+        self
+    }
+
+    /// The `seq` the next record must have.
+    pub fn next_seq(&self) -> i64 {
+        self.next_seq
+    }
+
+    /// Checkpoints that could not be checked (before the first record, or in a gap).
+    pub fn skipped_checkpoints(&self) -> usize {
+        self.skipped_checkpoints
+    }
+
+    /// Requires the chain to hold `hash` at `seq` (`source` names the checkpoint in
+    /// messages). Call before pushing records.
+    ///
+    /// # Errors
+    /// The checkpoint is for the record just before the first one and `prev` differs.
+    pub fn expect(
+        &mut self,
+        seq: i64,
+        hash: &str,
+        source: impl Into<String>,
+    ) -> Result<(), ChainBreak> {
+        let source = source.into();
+        if seq == self.next_seq - 1 && self.count == 0 {
+            if hash != self.prev {
+                return Err(ChainBreak {
+                    seq: self.next_seq,
+                    reason: format!(
+                        "its prev {} is not the hash {hash} that {source} signed for record {seq}",
+                        self.prev
+                    ),
+                });
+            }
+            return Ok(());
+        }
+        if seq < self.next_seq {
+            self.skipped_checkpoints += 1;
+            return Ok(());
+        }
+        self.expected.entry(seq).or_default().push(Expectation {
+            hash: hash.to_string(),
+            source,
+        });
+        Ok(())
+    }
+
+    /// Checks the next record.
+    ///
+    /// # Errors
+    /// The first thing wrong with it, named by its `seq`.
+    pub fn push(&mut self, r: &AuditRecord) -> Result<(), ChainBreak> {
+        let seq = self.next_seq;
+        if self.sparse && r.seq > seq {
+            // A gap: checkpoints inside it cannot be checked, except one right before `r`.
+            let gap: Vec<i64> = self.expected.range(..r.seq).map(|(s, _)| *s).collect();
+            for s in gap {
+                let Some(exps) = self.expected.remove(&s) else {
+                    continue;
+                };
+                if s == r.seq - 1 {
+                    for e in exps {
+                        if e.hash != r.prev {
+                            return Err(ChainBreak {
+                                seq: r.seq,
+                                reason: format!(
+                                    "its prev {} is not the hash {} that {} signed for record {s}",
+                                    r.prev, e.hash, e.source
+                                ),
+                            });
+                        }
+                    }
+                } else {
+                    self.skipped_checkpoints += exps.len();
+                }
+            }
+            self.next_seq = r.seq;
+            self.prev.clone_from(&r.prev);
+        }
+        let seq = if self.sparse { self.next_seq } else { seq };
+        check_record(r, seq, &self.prev).map_err(|reason| ChainBreak { seq, reason })?;
+        if let Some(exps) = self.expected.remove(&seq) {
+            for e in exps {
+                if e.hash != r.hash {
+                    return Err(ChainBreak {
+                        seq: self.last_matched + 1,
+                        reason: format!(
+                            "record {seq} hashes to {} but {} signed {}: a record in {}..={seq} \
+                             was rewritten",
+                            r.hash,
+                            e.source,
+                            e.hash,
+                            self.last_matched + 1
+                        ),
+                    });
+                }
+            }
+            self.last_matched = seq;
+        }
+        self.prev.clone_from(&r.hash);
+        self.next_seq = seq + 1;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Ends the chain; returns how many records were verified.
+    ///
+    /// # Errors
+    /// A checkpoint lies beyond the last record: the chain was truncated (except for a
+    /// sparse export, which may end anywhere).
+    pub fn finish(self) -> Result<i64, ChainBreak> {
+        if let Some((seq, exps)) = self.expected.iter().next()
+            && !self.sparse
+        {
+            let source = exps
+                .first()
+                .map(|e| e.source.as_str())
+                .unwrap_or("a checkpoint");
+            return Err(ChainBreak {
+                seq: self.next_seq,
+                reason: format!(
+                    "missing: the chain ends at record {} but {source} signed record {seq}; \
+                     the tail was truncated",
+                    self.next_seq - 1
+                ),
+            });
+        }
+        Ok(self.count)
+    }
+}
+
+/// Everything one record must satisfy at position `seq` after a record hashed `prev`.
+fn check_record(r: &AuditRecord, seq: i64, prev: &str) -> Result<(), String> {
+    if r.seq != seq {
+        return Err(format!("expected record {seq}, found {}", r.seq));
+    }
+    let digest = Sha256::digest(r.record.as_bytes());
+    if !hash_matches(&r.hash, &digest) {
+        return Err("stored hash does not match the record".into());
+    }
+    if r.prev != prev {
+        return Err("does not link to the previous record".into());
+    }
+    // One pass over the text: canonical form, and the embedded columns.
+    let mut seen = 0u16;
+    let mut bad: Option<&'static str> = None;
+    let scanned = scan_canonical_object(&r.record, |name, raw| {
+        let (bit, ok) = match name {
+            "seq" => (1, raw.parse::<i64>() == Ok(r.seq)),
+            "at" => (2, raw.parse::<i64>() == Ok(r.at)),
+            "event" => (4, raw_is(raw, Some(&r.event))),
+            "run_id" => (8, raw_is(raw, r.run_id.as_deref())),
+            "step_id" => (16, raw_is(raw, r.step_id.as_deref())),
+            "tool" => (32, raw_is(raw, r.tool.as_deref())),
+            "actor" => (64, raw_is(raw, r.actor.as_deref())),
+            "rule" => (128, raw_is(raw, r.rule.as_deref())),
+            "prev" => (256, raw_is(raw, Some(prev))),
+            _ => (0, true),
+        };
+        seen |= bit;
+        if !ok && bad.is_none() {
+            bad = Some(if bit == 256 {
+                "does not link to the previous record"
+            } else {
+                "columns disagree with the hashed record"
+            });
+        }
+    });
+    match scanned {
+        Err(CanonicalError::NotJson(e)) => return Err(format!("record is not JSON: {e}")),
+        Err(CanonicalError::NotCanonical) => return Err("record text is not canonical".into()),
+        Err(e) => return Err(e.to_string()),
+        Ok(()) => {}
+    }
+    if let Some(reason) = bad {
+        return Err(reason.into());
+    }
+    // seq, at, event and prev are never null, so they must be present; an absent optional
+    // column reads as null.
+    let optional_absent_ok = [
+        (8, r.run_id.is_none()),
+        (16, r.step_id.is_none()),
+        (32, r.tool.is_none()),
+        (64, r.actor.is_none()),
+        (128, r.rule.is_none()),
+    ]
+    .iter()
+    .all(|(bit, none)| seen & bit != 0 || *none);
+    if seen & 256 == 0 {
+        return Err("does not link to the previous record".into());
+    }
+    if seen & 7 != 7 || !optional_absent_ok {
+        return Err("columns disagree with the hashed record".into());
+    }
+    Ok(())
+}
+
+/// Whether a raw value token from canonical text is the string `want` (or null for `None`).
+fn raw_is(raw: &str, want: Option<&str>) -> bool {
+    match want {
+        None => raw == "null",
+        Some(want) => {
+            let Some(inner) = raw
+                .strip_prefix('"')
+                .and_then(|r| r.strip_suffix('"'))
+                .filter(|_| raw.len() >= 2)
+            else {
+                return false;
+            };
+            // Common case: written as itself. Otherwise it can only match through escapes.
+            inner == want
+                || (inner.contains('\\') && decode_raw_string(inner).is_ok_and(|s| s == want))
+        }
+    }
 }
 
 /// Appends one record inside an open transaction `$tx` (`&mut *tx`); `$lock` = take the
@@ -247,39 +550,26 @@ macro_rules! append_in_tx {
             Some((s, h)) => (s + 1, h),
             None => (1, $crate::audit::GENESIS.to_string()),
         };
-        let record = $crate::canonical::canonicalize(&$crate::audit::body(new, event, seq, at, &prev))
+        let sealed = $crate::audit::seal(new, event, seq, at, &prev)
             .map_err(|e| $crate::store::StoreError::Conflict(format!("audit record: {e}")))?;
-        let hash = $crate::audit::hash_text(&record);
         sqlx::query(
             "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
-        .bind(seq)
-        .bind(at)
-        .bind(event.as_str())
-        .bind(&new.run_id)
-        .bind(&new.step_id)
-        .bind(&new.tool)
-        .bind(&new.actor)
-        .bind(&new.rule)
-        .bind(&record)
-        .bind(&prev)
-        .bind(&hash)
+        .bind(sealed.seq)
+        .bind(sealed.at)
+        .bind(&sealed.event)
+        .bind(&sealed.run_id)
+        .bind(&sealed.step_id)
+        .bind(&sealed.tool)
+        .bind(&sealed.actor)
+        .bind(&sealed.rule)
+        .bind(&sealed.record)
+        .bind(&sealed.prev)
+        .bind(&sealed.hash)
         .execute(&mut *$tx)
         .await?;
-        $crate::audit::AuditRecord {
-            seq,
-            at,
-            event: event.as_str().to_string(),
-            run_id: new.run_id.clone(),
-            step_id: new.step_id.clone(),
-            tool: new.tool.clone(),
-            actor: new.actor.clone(),
-            rule: new.rule.clone(),
-            record,
-            prev,
-            hash,
-        }
+        sealed
     }};
 }
 pub(crate) use append_in_tx;
@@ -358,23 +648,81 @@ impl Store {
 
     /// Verifies the whole stored chain in pages; returns the number of records.
     pub async fn verify_audit(&self) -> Result<Result<i64, ChainBreak>, StoreError> {
+        self.verify_audit_with(ChainVerifier::new(1, GENESIS)).await
+    }
+
+    /// Feeds the stored records from `v`'s next `seq` on, in pages, through `v`.
+    pub async fn verify_audit_with(
+        &self,
+        mut v: ChainVerifier,
+    ) -> Result<Result<i64, ChainBreak>, StoreError> {
         const PAGE: i64 = 10_000;
-        let mut prev = GENESIS.to_string();
-        let mut next = 1;
-        let mut total = 0;
         loop {
-            let page = self.audit_records(next, PAGE).await?;
-            let Some(last) = page.last() else {
-                return Ok(Ok(total));
-            };
-            let last_hash = last.hash.clone();
-            match verify(&page, next, &prev) {
-                Ok(n) => total += n,
-                Err(b) => return Ok(Err(b)),
+            let page = self.audit_records(v.next_seq(), PAGE).await?;
+            if page.is_empty() {
+                return Ok(v.finish());
             }
-            next += page.len() as i64;
-            prev = last_hash;
+            for (i, r) in page.iter().enumerate() {
+                if let Some(next) = page.get(i + 1) {
+                    touch(next);
+                }
+                if let Err(b) = v.push(r) {
+                    return Ok(Err(b));
+                }
+            }
         }
+    }
+}
+
+impl Store {
+    /// The redaction key fingerprint recorded last (by [`Store::record_redaction_key`]).
+    pub async fn last_redaction_key_fingerprint(&self) -> Result<Option<String>, StoreError> {
+        // Records are canonical JSON, so the member is spelled exactly so.
+        let rows: Vec<(String,)> = crate::store::on_pool!(self, |p| {
+            sqlx::query_as(
+                "SELECT record FROM audit WHERE event = 'operational' \
+                 AND record LIKE '%\"kind\":\"redaction_key\"%' ORDER BY seq DESC LIMIT 1",
+            )
+            .fetch_all(p)
+            .await?
+        });
+        let Some((text,)) = rows.into_iter().next() else {
+            return Ok(None);
+        };
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| StoreError::Conflict(format!("stored audit record: {e}")))?;
+        Ok(value
+            .pointer("/detail/fingerprint")
+            .and_then(Value::as_str)
+            .map(str::to_string))
+    }
+
+    /// Records `fingerprint` as an `operational` event `{kind: "redaction_key", fingerprint}`
+    /// when it differs from the last one recorded (a first key, or a rotation). Returns the
+    /// record appended, if any.
+    pub async fn record_redaction_key(
+        &self,
+        fingerprint: &str,
+        key_id: &str,
+        actor: &str,
+    ) -> Result<Option<AuditRecord>, StoreError> {
+        let last = self.last_redaction_key_fingerprint().await?;
+        if last.as_deref() == Some(fingerprint) {
+            return Ok(None);
+        }
+        let mut detail = Map::new();
+        detail.insert("kind".into(), json!("redaction_key"));
+        detail.insert("fingerprint".into(), json!(fingerprint));
+        detail.insert("key_id".into(), json!(key_id));
+        detail.insert("previous".into(), json!(last));
+        self.append_audit(&NewAuditRecord {
+            event: Some(AuditEvent::Operational),
+            actor: Some(actor.to_string()),
+            detail,
+            ..NewAuditRecord::default()
+        })
+        .await
+        .map(Some)
     }
 }
 

@@ -29,11 +29,15 @@
 //! literals with more precision than a double (rounded when parsed). Both happen before a
 //! [`Value`] exists; the canonical form is that of the parsed value.
 
+mod scan;
+
 use std::cmp::Ordering;
 use std::fmt;
 
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Number, Value};
+
+pub use scan::{MAX_DEPTH, check_canonical, decode_raw_string, scan_canonical_object};
 
 /// The largest integer magnitude a double holds exactly together with its neighbours
 /// (2^53 − 1, ECMAScript's `Number.MAX_SAFE_INTEGER`).

@@ -34,6 +34,10 @@ use crate::keys::hex;
 /// The prefix of a hashed value.
 pub const HASH_PREFIX: &str = "hmac-sha256:";
 
+/// What a key's fingerprint is the HMAC of. No redacted value is this text's canonical JSON
+/// (a string's canonical form starts with a quote), so the fingerprint is never a digest.
+pub const FINGERPRINT_LABEL: &[u8] = b"countersign.redaction-key.fingerprint.v1";
+
 /// The shortest redaction key accepted, in bytes (the digest size of SHA-256).
 pub const MIN_KEY_LEN: usize = 32;
 
@@ -122,6 +126,27 @@ impl RedactionKey {
             id,
             mac: Secret::new(mac),
         })
+    }
+
+    /// A key named after its own [`RedactionKey::fingerprint`] (`rk-` + its first 16 hex
+    /// digits), so a rotation changes the id recorded next to every digest.
+    ///
+    /// # Errors
+    /// [`RedactError::KeyTooShort`].
+    pub fn from_secret(secret: Secret<Vec<u8>>) -> Result<Self, RedactError> {
+        let mut key = Self::new(KeyId(String::from("rk")), secret)?;
+        let fingerprint = key.fingerprint();
+        let hex_part = fingerprint.trim_start_matches(HASH_PREFIX);
+        key.id = KeyId(format!("rk-{}", hex_part.get(..16).unwrap_or(hex_part)));
+        Ok(key)
+    }
+
+    /// `hmac-sha256:<hex>` of the fixed label [`FINGERPRINT_LABEL`] under this key: names the
+    /// key (and shows when it changed) without revealing it or any digest it makes.
+    pub fn fingerprint(&self) -> String {
+        let mut mac = self.mac.expose().clone();
+        mac.update(FINGERPRINT_LABEL);
+        format!("{HASH_PREFIX}{}", hex(&mac.finalize().into_bytes()))
     }
 
     /// The key's id.

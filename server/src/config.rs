@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use countersign_core::{AppRole, Backend, Secret};
+use std::sync::Arc;
+
+use countersign_core::audit::checkpoint::CheckpointSigner;
+use countersign_core::redact::RedactionKey;
 use url::Url;
 
 /// Environment variable naming the config file.
@@ -84,6 +88,30 @@ pub const KEYS: &[KeySpec] = &[
         secret: false,
         default: Some("info,sqlx=warn"),
         help: "tracing filter directives, e.g. info or countersign=debug,info",
+    },
+    KeySpec {
+        name: "audit_signing_key",
+        secret: true,
+        default: None,
+        help: "Ed25519 seed (32 bytes, hex or base64) that signs audit checkpoints; unset: none are written",
+    },
+    KeySpec {
+        name: "audit_checkpoint_every",
+        secret: false,
+        default: Some("1000"),
+        help: "sign an audit checkpoint once this many records are unsigned",
+    },
+    KeySpec {
+        name: "audit_checkpoint_minutes",
+        secret: false,
+        default: Some("10"),
+        help: "sign an audit checkpoint once the oldest unsigned record is this many minutes old",
+    },
+    KeySpec {
+        name: "redaction_key",
+        secret: true,
+        default: None,
+        help: "HMAC key (at least 32 bytes of text) for redacted values; its fingerprint is audited",
     },
     KeySpec {
         name: "site_root",
@@ -203,6 +231,14 @@ pub struct Config {
     pub session_idle_minutes: u32,
     /// Absolute session lifetime.
     pub session_max_hours: u32,
+    /// Signs audit checkpoints; `None`: no checkpoints are written.
+    pub audit_signing_key: Option<CheckpointSigner>,
+    /// Sign once this many records are unsigned (≥ 1).
+    pub audit_checkpoint_every: i64,
+    /// Sign once the oldest unsigned record is this many minutes old (≥ 1).
+    pub audit_checkpoint_minutes: i64,
+    /// The HMAC key redacted values are hashed with; `None`: plain SHA-256 only.
+    pub redaction_key: Option<Arc<RedactionKey>>,
 }
 
 /// Where a value came from, for error messages.
@@ -579,6 +615,42 @@ impl Config {
         };
         let session_idle_minutes = positive("session_idle_minutes")?;
         let session_max_hours = positive("session_max_hours")?;
+        let audit_signing_key = match raw.get("audit_signing_key").map(|r| r.value.as_str()) {
+            None | Some("") => None,
+            Some(text) => Some(
+                CheckpointSigner::parse(text)
+                    .map_err(|e| invalid("audit_signing_key", e.to_string()))?,
+            ),
+        };
+        let positive = |name: &'static str| -> Result<i64, ConfigError> {
+            get(name)
+                .and_then(|t| t.parse::<i64>().ok())
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| invalid(name, "expected a whole number of at least 1".into()))
+        };
+        let audit_checkpoint_every = positive("audit_checkpoint_every")?;
+        let audit_checkpoint_minutes = positive("audit_checkpoint_minutes")?;
+        if audit_checkpoint_minutes > 60 * 24 * 365 {
+            return Err(invalid(
+                "audit_checkpoint_minutes",
+                "at most 525600 (one year)".into(),
+            ));
+        }
+
+        let redaction_key = match get("redaction_key").as_deref() {
+            None | Some("") => None,
+            Some(text) => Some(Arc::new(
+                RedactionKey::from_secret(Secret::new(text.as_bytes().to_vec())).map_err(|_| {
+                    invalid(
+                        "redaction_key",
+                        format!(
+                            "must be at least {} bytes",
+                            countersign_core::redact::MIN_KEY_LEN
+                        ),
+                    )
+                })?,
+            )),
+        };
 
         Ok(Self {
             database_url: Secret::new(database_url),
@@ -594,6 +666,10 @@ impl Config {
             oidc,
             session_idle_minutes,
             session_max_hours,
+            audit_signing_key,
+            audit_checkpoint_every,
+            audit_checkpoint_minutes,
+            redaction_key,
         })
     }
 }

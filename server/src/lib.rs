@@ -5,6 +5,7 @@
 //! so that a bad deployment stops with one clear line before serving anything.
 
 pub mod adapters;
+pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod executor;
@@ -19,6 +20,8 @@ pub mod telemetry;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use countersign_core::audit::checkpoint::CheckpointPolicy;
+use countersign_core::redact::RedactionKey;
 use countersign_core::store::ConnectOptions;
 use countersign_core::{Clock, Store, StoreError};
 use leptos::config::LeptosOptions;
@@ -70,6 +73,10 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Dashboard sign-in and sessions.
     pub auth: Arc<auth::Auth>,
+    /// The HMAC key redacted values are hashed with (config `redaction_key`). `None`: the
+    /// gateway hashes redacted values with plain SHA-256 only (fine on loopback for trying
+    /// things out; anyone holding the audit can test guesses of low-entropy values).
+    pub redaction: Option<Arc<RedactionKey>>,
 }
 
 impl axum::extract::FromRef<AppState> for LeptosOptions {
@@ -110,6 +117,7 @@ pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<App
         .output_name("countersign")
         .site_root(config.site_root.display().to_string())
         .build();
+    let redaction = config.redaction_key.clone();
     Ok(AppState {
         store,
         leptos,
@@ -117,6 +125,7 @@ pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<App
         registry,
         metrics: Arc::default(),
         auth,
+        redaction,
     })
 }
 
@@ -130,6 +139,14 @@ impl Application {
             crate::adapters::AdapterSettings::with_timeout(config.adapter_timeout),
         )
         .await?;
+        match &config.redaction_key {
+            Some(key) => audit::record_redaction_key(&store, key).await?,
+            None if !config.listen.ip().is_loopback() => tracing::warn!(
+                "redaction_key is not set: redacted values are plain SHA-256 digests, which \
+                 anyone holding the audit trail can test guesses against"
+            ),
+            None => {}
+        }
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -153,6 +170,7 @@ impl Application {
             .site_pkg_dir("pkg")
             .site_addr(addr)
             .build();
+        let redaction = config.redaction_key.clone();
         let state = AppState {
             store,
             leptos,
@@ -160,6 +178,7 @@ impl Application {
             registry,
             metrics: Arc::default(),
             auth,
+            redaction,
         };
         let router = http::router(state.clone());
         Ok(Self {
@@ -201,6 +220,24 @@ impl Application {
             executor::Timings::default(),
             stop_rx,
         );
+        let checkpointer = match &self.state.config.audit_signing_key {
+            Some(signer) => Some(audit::spawn_checkpointer(
+                self.state.store.clone(),
+                signer.clone(),
+                CheckpointPolicy {
+                    every: self.state.config.audit_checkpoint_every,
+                    max_age_ms: self.state.config.audit_checkpoint_minutes * 60_000,
+                },
+                audit::CHECKPOINT_POLL,
+            )),
+            None => {
+                tracing::warn!(
+                    "audit_signing_key is not set: no signed audit checkpoints are written, so a \
+                     rewritten-and-rehashed or truncated audit tail cannot be detected"
+                );
+                None
+            }
+        };
         let served = axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)
             .await;
@@ -208,6 +245,9 @@ impl Application {
         let _ = stop_tx.send(true);
         for task in background {
             let _ = task.await;
+        }
+        if let Some(c) = checkpointer {
+            c.abort();
         }
         served.map_err(StartError::Serve)?;
         self.state.store.close().await;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use countersign::audit::{AuditCliError, AuditCommand};
 use countersign::config::Config;
 use countersign::{Application, StartError, telemetry};
 use countersign_core::bundle::{Bundle, BundleSources};
@@ -58,7 +59,7 @@ enum Command {
         #[command(subcommand)]
         command: AgentTokenCommand,
     },
-    /// Verify and export the hash-chained audit trail.
+    /// Verify, export and checkpoint the hash-chained audit trail.
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
@@ -67,18 +68,6 @@ enum Command {
     Registry {
         #[command(subcommand)]
         command: RegistryCommand,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum AuditCommand {
-    /// Recompute the whole chain; exit 1 naming the first broken record.
-    Verify,
-    /// Write records as JSON lines (one stored record per line) to stdout.
-    Export {
-        /// Only this run's records.
-        #[arg(long)]
-        run: Option<String>,
     },
 }
 
@@ -234,14 +223,12 @@ fn main() -> ExitCode {
                 store.close().await;
                 Ok(())
             }
-            Command::Audit { command } => {
-                let store = countersign::connect_and_migrate(&config, clock)
-                    .await
-                    .map_err(StartError::Database)?;
-                let result = audit_command(&store, command).await;
-                store.close().await;
-                result
-            }
+            Command::Audit { command } => countersign::audit::run_command(&config, clock, command)
+                .await
+                .map_err(|e| match e {
+                    AuditCliError::Start(s) => CliError::Start(s),
+                    AuditCliError::Refused(r) => CliError::Refused(r),
+                }),
             Command::AgentToken { command } => {
                 let store = countersign::connect_and_migrate(&config, clock)
                     .await
@@ -360,47 +347,6 @@ async fn registry_command(store: &Store, command: RegistryCommand) -> Result<(),
                 for line in v.diff.lines() {
                     println!("    {line}");
                 }
-            }
-            Ok(())
-        }
-    }
-}
-
-async fn audit_command(store: &Store, command: AuditCommand) -> Result<(), CliError> {
-    match command {
-        AuditCommand::Verify => match store.verify_audit().await.map_err(StartError::Database)? {
-            Ok(n) => {
-                println!("audit chain intact: {n} record(s)");
-                Ok(())
-            }
-            Err(brk) => Err(CliError::Refused(brk.to_string())),
-        },
-        AuditCommand::Export { run } => {
-            let records = match run {
-                Some(run) => store.audit_for_run(&run).await,
-                None => {
-                    let mut all = Vec::new();
-                    let mut next = 1;
-                    loop {
-                        let page = store
-                            .audit_records(next, 10_000)
-                            .await
-                            .map_err(StartError::Database)?;
-                        if page.is_empty() {
-                            break;
-                        }
-                        next += page.len() as i64;
-                        all.extend(page);
-                    }
-                    Ok(all)
-                }
-            }
-            .map_err(StartError::Database)?;
-            for r in records {
-                let line = serde_json::to_string(&r).map_err(|e| {
-                    CliError::Refused(format!("cannot serialise record {}: {e}", r.seq))
-                })?;
-                println!("{line}");
             }
             Ok(())
         }

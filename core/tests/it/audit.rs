@@ -1,7 +1,14 @@
 //! The audit chain: appends link, concurrent appenders never fork it, tampering is named.
 
-use countersign_core::audit::{AuditEvent, AuditRecord, GENESIS, NewAuditRecord, verify};
+use countersign_core::audit::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointPolicy, CheckpointSigner, PublicKey, VerifyFailure,
+    expect_checkpoints,
+};
+use countersign_core::audit::{
+    AuditEvent, AuditRecord, ChainVerifier, GENESIS, NewAuditRecord, seal, verify,
+};
 use countersign_core::store::testing::each_backend;
+use countersign_core::{Backend, Secret};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -142,4 +149,444 @@ async fn local_chain() -> Vec<AuditRecord> {
     store.close().await;
     db.drop_db().await;
     out
+}
+
+const SEED_A: [u8; 32] = [7; 32];
+const SEED_B: [u8; 32] = [9; 32];
+
+/// A valid chain of `n` records built without a database, exactly as appends build it.
+fn mem_chain(n: usize) -> Vec<AuditRecord> {
+    let mut prev = GENESIS.to_string();
+    (0..n)
+        .map(|i| {
+            let new = record(i);
+            let r = seal(
+                &new,
+                new.event.unwrap(),
+                i as i64 + 1,
+                1_000 + i as i64,
+                &prev,
+            )
+            .unwrap();
+            prev.clone_from(&r.hash);
+            r
+        })
+        .collect()
+}
+
+fn verify_pinned(
+    records: &[AuditRecord],
+    cps: &[Checkpoint],
+    trusted: &[PublicKey],
+) -> Result<i64, VerifyFailure> {
+    let mut v = ChainVerifier::new(1, GENESIS);
+    expect_checkpoints(
+        &mut v,
+        cps.iter().map(|c| (c, "test checkpoint".to_string())),
+        trusted,
+    )?;
+    for r in records {
+        v.push(r)?;
+    }
+    Ok(v.finish()?)
+}
+
+#[derive(Debug, Clone)]
+enum Tamper {
+    Byte { record: usize, at: usize },
+    Delete(usize),
+    Swap(usize, usize),
+    Truncate(usize),
+}
+
+const N: usize = 12;
+
+fn arb_tamper() -> impl Strategy<Value = Tamper> {
+    prop_oneof![
+        (0..N, 0usize..1000).prop_map(|(record, at)| Tamper::Byte { record, at }),
+        (0..N).prop_map(Tamper::Delete),
+        (0..N, 0..N)
+            .prop_filter("two positions", |(a, b)| a != b)
+            .prop_map(|(a, b)| Tamper::Swap(a.min(b), a.max(b))),
+        (0..N).prop_map(Tamper::Truncate),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+    /// Change one byte, delete one, swap two, truncate the tail: verify against the signed
+    /// head names the first broken record. Truncation (and deleting the last record) leaves
+    /// a valid shorter chain, caught only through the checkpoint.
+    #[test]
+    fn every_tamper_is_named_at_its_first_broken_record(t in arb_tamper()) {
+        let chain = mem_chain(N);
+        let signer = CheckpointSigner::from_seed(&SEED_A);
+        let cp = signer.sign(N as i64, &chain[N - 1].hash, 99).unwrap();
+        let trusted = [signer.public_key()];
+        prop_assert_eq!(verify_pinned(&chain, std::slice::from_ref(&cp), &trusted), Ok(N as i64));
+
+        let mut tampered = chain.clone();
+        let (first_broken, only_via_checkpoint) = match t {
+            Tamper::Byte { record, at } => {
+                let mut bytes = tampered[record].record.clone().into_bytes();
+                let i = at % bytes.len();
+                bytes[i] ^= 0x01;
+                tampered[record].record = String::from_utf8_lossy(&bytes).into_owned();
+                (record + 1, false)
+            }
+            Tamper::Delete(i) => {
+                tampered.remove(i);
+                (i + 1, i == N - 1)
+            }
+            Tamper::Swap(a, b) => {
+                tampered.swap(a, b);
+                (a + 1, false)
+            }
+            Tamper::Truncate(keep) => {
+                tampered.truncate(keep);
+                (keep + 1, true)
+            }
+        };
+        let plain = verify(&tampered, 1, GENESIS);
+        if only_via_checkpoint {
+            prop_assert_eq!(plain, Ok(tampered.len() as i64));
+        } else {
+            prop_assert_eq!(plain.unwrap_err().seq, first_broken as i64);
+        }
+        match verify_pinned(&tampered, &[cp], &trusted) {
+            Err(VerifyFailure::Chain(b)) => prop_assert_eq!(b.seq, first_broken as i64, "{}", b),
+            other => prop_assert!(false, "expected a break, got {:?}", other),
+        }
+    }
+}
+
+fn flip_hex(text: &str, i: usize) -> String {
+    let mut b = text.as_bytes().to_vec();
+    b[i] = if b[i] == b'0' { b'1' } else { b'0' };
+    String::from_utf8(b).unwrap()
+}
+
+#[test]
+fn a_forged_or_foreign_checkpoint_is_refused() {
+    let chain = mem_chain(5);
+    let a = CheckpointSigner::from_seed(&SEED_A);
+    let b = CheckpointSigner::from_seed(&SEED_B);
+    let good = a.sign(5, &chain[4].hash, 42).unwrap();
+    assert_eq!(good.check(&[a.public_key()]), Ok(()));
+    assert_eq!(good.check(&[]), Ok(()));
+    assert_eq!(
+        verify_pinned(&chain, std::slice::from_ref(&good), &[a.public_key()]),
+        Ok(5)
+    );
+
+    // A changed signature, or the same signature over another head or time.
+    let mut forged = good.clone();
+    forged.signature = flip_hex(&forged.signature, 10);
+    assert_eq!(
+        forged.check(&[a.public_key()]),
+        Err(CheckpointError::BadSignature)
+    );
+    let mut moved = good.clone();
+    moved.seq = 4;
+    moved.hash.clone_from(&chain[3].hash);
+    assert_eq!(moved.check(&[]), Err(CheckpointError::BadSignature));
+    let mut retimed = good.clone();
+    retimed.at += 1;
+    assert_eq!(retimed.check(&[]), Err(CheckpointError::BadSignature));
+    let mut garbled = good.clone();
+    garbled.signature.truncate(20);
+    assert!(matches!(
+        garbled.check(&[]),
+        Err(CheckpointError::Malformed(_))
+    ));
+
+    // Signed by another key: refused when a trusted key is given.
+    let foreign = b.sign(5, &chain[4].hash, 42).unwrap();
+    assert_eq!(
+        foreign.check(&[a.public_key()]),
+        Err(CheckpointError::UntrustedKey(b.public_key().to_string()))
+    );
+    // Another key's signature under the trusted key's name.
+    let mut impostor = foreign.clone();
+    impostor.public_key = a.public_key().to_string();
+    assert_eq!(
+        impostor.check(&[a.public_key()]),
+        Err(CheckpointError::BadSignature)
+    );
+    // Through the verifier, a refused checkpoint fails the whole verification.
+    match verify_pinned(&chain, &[foreign], &[a.public_key()]) {
+        Err(VerifyFailure::Checkpoint {
+            seq: 5,
+            error: CheckpointError::UntrustedKey(_),
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    match verify_pinned(&chain, &[forged], &[]) {
+        Err(VerifyFailure::Checkpoint {
+            error: CheckpointError::BadSignature,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn keys_read_as_hex_or_base64_and_seeds_never_show() {
+    use base64::Engine;
+    let a = CheckpointSigner::from_seed(&SEED_A);
+    let hex: String = SEED_A.iter().map(|b| format!("{b:02x}")).collect();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(SEED_A);
+    assert_eq!(
+        CheckpointSigner::parse(&hex).unwrap().public_key(),
+        a.public_key()
+    );
+    assert_eq!(
+        CheckpointSigner::parse(&b64).unwrap().public_key(),
+        a.public_key()
+    );
+    assert!(CheckpointSigner::parse("abcd").is_err());
+    assert!(CheckpointSigner::parse(&hex[..62]).is_err());
+    let shown = a.public_key().to_string();
+    assert_eq!(PublicKey::parse(&shown).unwrap(), a.public_key());
+    assert!(!format!("{a:?}").contains(&hex), "{a:?}");
+    assert!(format!("{a:?}").contains(&shown));
+}
+
+/// Rewrites records `from..=to` in place (guards dropped) so that the chain still links.
+async fn rewrite_and_rehash(store: &countersign_core::Store, chain: &[AuditRecord], from: usize) {
+    let mut prev = chain[from - 2].hash.clone();
+    for r in &chain[from - 1..] {
+        let mut new = record(r.seq as usize - 1);
+        new.detail
+            .insert("inputs".into(), json!({"amount": 1, "iban": "attacker"}));
+        let forged = seal(&new, new.event.unwrap(), r.seq, r.at, &prev).unwrap();
+        store
+            .execute_sql(&format!(
+                "UPDATE audit SET record = '{}', prev = '{}', hash = '{}' WHERE seq = {}",
+                forged.record, forged.prev, forged.hash, r.seq
+            ))
+            .await
+            .unwrap();
+        prev = forged.hash;
+    }
+}
+
+async fn drop_audit_guards(store: &countersign_core::Store) {
+    let sql: &[&str] = match store.backend() {
+        Backend::Sqlite => &[
+            "DROP TRIGGER audit_no_update",
+            "DROP TRIGGER audit_no_delete",
+        ],
+        Backend::Postgres => &["ALTER TABLE audit DISABLE TRIGGER audit_no_update"],
+    };
+    for s in sql {
+        store.execute_sql(s).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn checkpoints_are_signed_when_due_and_pin_the_stored_chain() {
+    let (manual, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            let a = CheckpointSigner::from_seed(&SEED_A);
+            let policy = Some(CheckpointPolicy {
+                every: 3,
+                max_age_ms: 600_000,
+            });
+            assert_eq!(
+                store.checkpoint_audit(&a, None).await.unwrap(),
+                None,
+                "empty chain"
+            );
+            let mut chain = Vec::new();
+            for i in 0..2 {
+                chain.push(store.append_audit(&record(i)).await.unwrap());
+            }
+            assert_eq!(
+                store.checkpoint_audit(&a, policy).await.unwrap(),
+                None,
+                "not due"
+            );
+            chain.push(store.append_audit(&record(2)).await.unwrap());
+            let first = store
+                .checkpoint_audit(&a, policy)
+                .await
+                .unwrap()
+                .expect("due by count");
+            assert_eq!(
+                (first.seq, first.hash.as_str()),
+                (3, chain[2].hash.as_str())
+            );
+            assert_eq!(first.check(&[a.public_key()]), Ok(()));
+            assert_eq!(
+                store.checkpoint_audit(&a, policy).await.unwrap(),
+                None,
+                "head signed"
+            );
+
+            chain.push(store.append_audit(&record(3)).await.unwrap());
+            manual.advance(chrono::Duration::milliseconds(599_999));
+            assert_eq!(
+                store.checkpoint_audit(&a, policy).await.unwrap(),
+                None,
+                "not old enough"
+            );
+            manual.advance(chrono::Duration::milliseconds(1));
+            let second = store
+                .checkpoint_audit(&a, policy)
+                .await
+                .unwrap()
+                .expect("due by age");
+            assert_eq!(second.seq, 4);
+            // On demand, with the head already signed: that checkpoint.
+            assert_eq!(
+                store.checkpoint_audit(&a, None).await.unwrap(),
+                Some(second.clone())
+            );
+            assert_eq!(
+                store.audit_checkpoints().await.unwrap(),
+                vec![first.clone(), second.clone()]
+            );
+            assert_eq!(
+                store.audit_checkpoint_at_or_before(Some(3)).await.unwrap(),
+                Some(first.clone())
+            );
+
+            let trusted = [a.public_key()];
+            let report = store
+                .verify_audit_full(&trusted, &[])
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!((report.records, report.checkpoints), (4, 2));
+            let other = CheckpointSigner::from_seed(&SEED_B).public_key();
+            assert!(matches!(
+                store.verify_audit_full(&[other], &[]).await.unwrap(),
+                Err(VerifyFailure::Checkpoint {
+                    error: CheckpointError::UntrustedKey(_),
+                    ..
+                })
+            ));
+
+            // The checkpoint table is append-only too.
+            for sql in [
+                "UPDATE audit_checkpoints SET at = 0",
+                "DELETE FROM audit_checkpoints",
+            ] {
+                let err = store.execute_sql(sql).await.unwrap_err();
+                assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+            }
+            if store.backend() == Backend::Postgres {
+                let err = store
+                    .execute_sql("TRUNCATE audit_checkpoints")
+                    .await
+                    .unwrap_err();
+                assert!(err.to_string().contains("append-only"), "{err}");
+                // And nobody holds UPDATE/DELETE/TRUNCATE through PUBLIC.
+                let n = store
+                    .execute_sql(
+                        "SELECT 1 FROM information_schema.role_table_grants \
+                         WHERE grantee = 'PUBLIC' AND table_name IN ('audit', 'audit_checkpoints') \
+                         AND privilege_type IN ('UPDATE', 'DELETE', 'TRUNCATE')",
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(n, 0);
+            }
+
+            // Someone with DDL rights cuts the tail: the chain alone still verifies, the
+            // stored checkpoint for record 4 names the first missing record.
+            drop_audit_guards(&store).await;
+            store
+                .execute_sql("DELETE FROM audit WHERE seq = 4")
+                .await
+                .unwrap();
+            assert_eq!(store.verify_audit().await.unwrap(), Ok(3));
+            match store.verify_audit_full(&trusted, &[]).await.unwrap() {
+                Err(VerifyFailure::Chain(b)) => {
+                    assert_eq!(b.seq, 4, "{b}");
+                    assert!(b.reason.contains("truncated"), "{b}");
+                }
+                other => panic!("{other:?}"),
+            }
+            // …then rewrites record 2 and re-hashes record 3: caught at the checkpoint for 3.
+            rewrite_and_rehash(&store, &chain[..3], 2).await;
+            assert_eq!(store.verify_audit().await.unwrap(), Ok(3));
+            match store.verify_audit_full(&trusted, &[]).await.unwrap() {
+                Err(VerifyFailure::Chain(b)) => {
+                    assert_eq!(b.seq, 1, "{b}");
+                    assert!(
+                        b.reason.contains("record 3") && b.reason.contains("rewritten"),
+                        "{b}"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_redaction_key_fingerprint_is_recorded_on_first_use_and_rotation() {
+    use countersign_core::redact::RedactionKey;
+    let key =
+        |text: &str| RedactionKey::from_secret(Secret::new(text.as_bytes().to_vec())).unwrap();
+    let a = key("an operator's redaction key, 32+ bytes long");
+    let b = key("another operator's redaction key, 32+ bytes");
+    assert_eq!(
+        a.fingerprint(),
+        key("an operator's redaction key, 32+ bytes long").fingerprint()
+    );
+    assert_ne!(a.fingerprint(), b.fingerprint());
+    assert!(a.fingerprint().starts_with("hmac-sha256:"));
+    assert!(a.id().as_str().starts_with("rk-"));
+    assert!(RedactionKey::from_secret(Secret::new(b"short".to_vec())).is_err());
+    // The fingerprint is not the digest of any value (a value's canonical form is quoted).
+    assert_ne!(
+        a.digest(&json!("countersign.redaction-key.fingerprint.v1"))
+            .unwrap(),
+        a.fingerprint()
+    );
+
+    let (_, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let (a, b) = (a.clone(), b.clone());
+        async move {
+            let record = |k: &RedactionKey| {
+                let store = store.clone();
+                let (fp, id) = (k.fingerprint(), k.id().to_string());
+                async move { store.record_redaction_key(&fp, &id, "test").await.unwrap() }
+            };
+            let first = record(&a).await.expect("first key recorded");
+            assert_eq!(first.event, "operational");
+            assert!(first.record.contains(&a.fingerprint()));
+            assert!(first.record.contains(r#""kind":"redaction_key""#));
+            assert!(record(&a).await.is_none(), "same key: nothing new");
+            store.append_audit(&record_n(7)).await.unwrap();
+            let rotated = record(&b).await.expect("rotation recorded");
+            assert!(
+                rotated
+                    .record
+                    .contains(&format!(r#""previous":"{}""#, a.fingerprint()))
+            );
+            assert!(
+                record(&a).await.is_some(),
+                "rotating back is a rotation too"
+            );
+            assert_eq!(
+                store.last_redaction_key_fingerprint().await.unwrap(),
+                Some(a.fingerprint())
+            );
+            assert_eq!(store.verify_audit().await.unwrap(), Ok(4));
+        }
+    })
+    .await;
+}
+
+fn record_n(i: usize) -> NewAuditRecord {
+    record(i)
 }

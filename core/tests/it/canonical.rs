@@ -204,3 +204,91 @@ proptest! {
         prop_assert_eq!(&a, &canon_text(&format!("[{exp}]")));
     }
 }
+
+/// The slow definition the fast check must agree with.
+fn is_canonical_slow(text: &str) -> bool {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| canonicalize(&v).ok())
+        .is_some_and(|c| c == text)
+}
+
+/// Spellings the one-pass check must tell apart exactly as the slow definition does.
+#[test]
+fn check_canonical_agrees_on_known_spellings() {
+    use countersign_core::canonical::check_canonical;
+    for text in [
+        r#"{"a":1,"b":2}"#,
+        r#"{"b":1,"a":2}"#,
+        r#"{"a":1,"a":2}"#,
+        r#"{"a": 1}"#,
+        r#"{"a":1.0}"#,
+        r#"{"a":1.5}"#,
+        r#"{"a":-0}"#,
+        r#"{"a":0}"#,
+        r#"{"a":01}"#,
+        r#"{"a":1e21}"#,
+        r#"{"a":1e+21}"#,
+        r#"{"a":9007199254740993}"#,
+        r#"{"a":9007199254740992}"#,
+        r#"{"a":"\u001f"}"#,
+        r#"{"a":"\u001F"}"#,
+        r#"{"a":"\u000a"}"#,
+        r#"{"a":"\n"}"#,
+        r#"{"a":"\/"}"#,
+        r#"{"a":"\u0041"}"#,
+        "{\"a\":\"\u{7f}\"}",
+        "{\"\u{20ac}\":1,\"\u{1f600}\":2}",
+        "{\"\u{1f600}\":1,\"\u{20ac}\":2}",
+        "{\"\u{fb33}\":1,\"\u{1f600}\":2}",
+        "{\"\u{1f600}\":1,\"\u{fb33}\":2}",
+        r#"[1,2,]"#,
+        r#"[true,false,null]"#,
+        r#"{}x"#,
+        r#""#,
+        r#"nul"#,
+        r#"{"a":[{"b":[]}]}"#,
+    ] {
+        assert_eq!(
+            check_canonical(text).is_ok(),
+            is_canonical_slow(text),
+            "{text}"
+        );
+    }
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    assert!(check_canonical(&deep).is_err());
+}
+
+proptest! {
+    #[test]
+    fn check_canonical_accepts_every_canonical_text(value in arb_value()) {
+        let text = canonicalize(&value).unwrap();
+        prop_assert!(countersign_core::canonical::check_canonical(&text).is_ok(), "{}", text);
+    }
+
+    /// One byte changed, removed or inserted anywhere: the fast check and the slow definition
+    /// still agree.
+    #[test]
+    fn check_canonical_agrees_with_the_slow_definition(
+        value in arb_value(),
+        pos in any::<prop::sample::Index>(),
+        byte in prop::sample::select(b" \t\",:{}[]0123456789-+.eEabfnrtu\\\x01\x7f".to_vec()),
+        op in 0u8..3,
+    ) {
+        let text = canonicalize(&value).unwrap();
+        let mut bytes = text.into_bytes();
+        let i = pos.index(bytes.len() + 1);
+        match op {
+            0 if i < bytes.len() => bytes[i] = byte,
+            1 if i < bytes.len() => { bytes.remove(i); }
+            _ => bytes.insert(i, byte),
+        }
+        if let Ok(mutated) = String::from_utf8(bytes) {
+            prop_assert_eq!(
+                countersign_core::canonical::check_canonical(&mutated).is_ok(),
+                is_canonical_slow(&mutated),
+                "{}", mutated
+            );
+        }
+    }
+}

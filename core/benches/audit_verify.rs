@@ -1,0 +1,151 @@
+//! `audit verify` throughput: [`verify`] over 1,000,000 in-memory records (built with the
+//! append path's own [`seal`], so the canonical bytes are exactly what is stored), next to
+//! raw SHA-256 over the same record bytes in the same run: the physical floor, since verify
+//! must at least hash every record. Target: verify ≥ 50 % of raw SHA-256 throughput.
+//!
+//! Run with `cargo bench -p countersign-core --bench audit_verify`; prints records/s for both
+//! and the ratio (median of 5 passes each). Criterion also times both over 100,000 records.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use countersign_core::audit::{AuditEvent, AuditRecord, GENESIS, NewAuditRecord, seal, verify};
+use criterion::{Criterion, criterion_group};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+const RECORDS: usize = 1_000_000;
+
+/// A realistic record: a payment step's redacted inputs, decision and outcome.
+fn new_record(i: usize) -> (NewAuditRecord, AuditEvent) {
+    let events = [
+        AuditEvent::Proposed,
+        AuditEvent::Decided,
+        AuditEvent::Started,
+        AuditEvent::Succeeded,
+    ];
+    let event = events[i % events.len()];
+    let mut detail = serde_json::Map::new();
+    detail.insert(
+        "inputs".into(),
+        json!({
+            "invoice_id": format!("INV-{:08}", i / 4),
+            "amount": 4180.25 + (i / 4) as f64,
+            "currency": "EUR",
+            "iban": "hmac-sha256:9f2c1a7be0d44c05a8e1f3b6c2d9e7a41b5c8d0e2f3a4b5c6d7e8f9a0b1c2d3e",
+            "value_date": "2026-06-15"
+        }),
+    );
+    detail.insert("idem_key".into(), json!(format!("idem:{:064x}", i / 4)));
+    detail.insert(
+        "outcome".into(),
+        json!({"status": "ok", "latency_ms": 41 + i % 17}),
+    );
+    let new = NewAuditRecord {
+        event: Some(event),
+        run_id: Some(format!("run-{:06}", i / 40)),
+        step_id: Some(format!("step-{:08}", i / 4)),
+        tool: Some("payment.schedule".into()),
+        actor: Some("worker.finance/agent-fin-1".into()),
+        rule: Some("payment.over_limit_needs_approval".into()),
+        detail,
+    };
+    (new, event)
+}
+
+fn chain(n: usize) -> Vec<AuditRecord> {
+    let mut prev = GENESIS.to_string();
+    (0..n)
+        .map(|i| {
+            let (new, event) = new_record(i);
+            let r = seal(
+                &new,
+                event,
+                i as i64 + 1,
+                1_781_170_937_000 + i as i64,
+                &prev,
+            )
+            .unwrap();
+            prev.clone_from(&r.hash);
+            r
+        })
+        .collect()
+}
+
+fn raw_sha256(records: &[AuditRecord]) -> u8 {
+    let mut acc = 0u8;
+    for r in records {
+        acc ^= Sha256::digest(r.record.as_bytes())[0];
+    }
+    acc
+}
+
+fn bench(c: &mut Criterion) {
+    let records = chain(100_000);
+    let mut group = c.benchmark_group("audit 100k records");
+    group.sample_size(10);
+    group.bench_function("verify", |b| {
+        b.iter(|| black_box(verify(black_box(&records), 1, GENESIS).unwrap()));
+    });
+    group.bench_function("raw sha256", |b| {
+        b.iter(|| black_box(raw_sha256(black_box(&records))));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+
+fn median(mut f: impl FnMut() -> Duration) -> Duration {
+    let mut times: Vec<Duration> = (0..5).map(|_| f()).collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+
+    // In cache: 2,000 records, 500 passes.
+    let small = chain(2_000);
+    let sha_c = median(|| {
+        let t = Instant::now();
+        for _ in 0..500 {
+            black_box(raw_sha256(black_box(&small)));
+        }
+        t.elapsed()
+    });
+    let ver_c = median(|| {
+        let t = Instant::now();
+        for _ in 0..500 {
+            assert_eq!(verify(black_box(&small), 1, GENESIS), Ok(2_000));
+        }
+        t.elapsed()
+    });
+    println!(
+        "in cache (2,000 records x 500): verify at {:.0} % of raw SHA-256",
+        100.0 * sha_c.as_secs_f64() / ver_c.as_secs_f64()
+    );
+
+    let records = chain(RECORDS);
+    let bytes: usize = records.iter().map(|r| r.record.len()).sum();
+    let sha = median(|| {
+        let t = Instant::now();
+        black_box(raw_sha256(black_box(&records)));
+        t.elapsed()
+    });
+    let ver = median(|| {
+        let t = Instant::now();
+        assert_eq!(verify(black_box(&records), 1, GENESIS), Ok(RECORDS as i64));
+        t.elapsed()
+    });
+    let per_s = |d: Duration| RECORDS as f64 / d.as_secs_f64();
+    println!(
+        "audit verify over {RECORDS} records ({:.0} bytes/record): verify {:.0} records/s ({ver:?}), \
+         raw SHA-256 {:.0} records/s ({sha:?}), verify at {:.0} % of raw SHA-256",
+        bytes as f64 / RECORDS as f64,
+        per_s(ver),
+        per_s(sha),
+        100.0 * per_s(ver) / per_s(sha)
+    );
+}
