@@ -552,7 +552,8 @@ async fn execute(
             ctx.tool.name
         )));
     };
-    let approval = store.valid_approval(&step).await?;
+    let rules = gate_rules(ctx.tool, &arguments);
+    let approval = store.valid_approval(&step, rules.approvals_needed).await?;
     let origin = match run.origin.as_str() {
         "schedule" => TaskOrigin::Schedule,
         "monitor" => TaskOrigin::Monitor,
@@ -759,6 +760,38 @@ async fn execute(
     };
     failpoint("after_call");
     finish(ctx, &step, outcome, began.elapsed()).await
+}
+
+/// What `tool`'s gate asks of approvers for a call with `arguments`: its approver roles,
+/// four eyes, step-up, and two distinct approvals when `amount` is above the tool's
+/// `second_approval_above`.
+pub fn gate_rules(tool: &Tool, arguments: &Value) -> countersign_core::approvals::GateRules {
+    let Some(approval) = &tool.approval else {
+        return countersign_core::approvals::GateRules {
+            approver_roles: vec!["approver".into()],
+            four_eyes: false,
+            approvals_needed: 1,
+            step_up_max_age_ms: None,
+        };
+    };
+    let amount = arguments.get("amount").and_then(Value::as_f64);
+    let threshold = approval
+        .second_approval_above
+        .as_ref()
+        .and_then(serde_json::Number::as_f64);
+    let two = matches!((amount, threshold), (Some(a), Some(t)) if a > t);
+    countersign_core::approvals::GateRules {
+        approver_roles: approval
+            .approver_roles
+            .iter()
+            .map(|r| r.as_str().to_string())
+            .collect(),
+        four_eyes: approval.four_eyes,
+        approvals_needed: if two { 2 } else { 1 },
+        step_up_max_age_ms: approval
+            .step_up_max_age
+            .map(|s| i64::try_from(s.as_secs()).unwrap_or(i64::MAX / 1000) * 1000),
+    }
 }
 
 /// Crash-test hook (debug builds only): when `COUNTERSIGN_TEST_CRASH_AT` names this point,

@@ -567,6 +567,19 @@ pub async fn seed_erp(store: &Store) -> Result<(), countersign_core::StoreError>
         ),
         (
             "invoice",
+            "INV-20260615",
+            "acme",
+            invoice(
+                "INV-20260615",
+                "SUP-000502",
+                "PO-77816",
+                12400.00,
+                "approved",
+                "Invoice 20260615 · Warehouse racking · 12,400.00 EUR",
+            ),
+        ),
+        (
+            "invoice",
             "INV-20269001",
             "globex",
             invoice(

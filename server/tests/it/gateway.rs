@@ -3,16 +3,32 @@
 
 use countersign::adapters::builtin::{ERP, Fault, FaultMode, inject_fault};
 use countersign_core::StepStatus;
-use countersign_core::approvals::{Approver, DecideError, Verdict};
+use countersign_core::approvals::{Approver, DecideError, Decider, GateRules, Verdict};
 use serde_json::{Value, json};
 
 use crate::helpers::TestApp;
 use crate::mcp::{Client, INV, agent, each_finance_app, hold, payment, payment_for};
 
-fn ana() -> Approver {
-    Approver {
-        iss: "https://idp.example".into(),
-        sub: "ana".into(),
+/// Ana, an approver who signed in just now (by the test clock's epoch: long ago is fine for
+/// tools without step-up).
+pub fn ana() -> Decider {
+    Decider {
+        approver: Approver {
+            iss: "https://idp.example".into(),
+            sub: "ana".into(),
+        },
+        roles: vec!["approver".into()],
+        auth_time: 1_781_170_937_000,
+    }
+}
+
+/// One approval by an `approver`, no four eyes, no step-up.
+pub fn one() -> GateRules {
+    GateRules {
+        approver_roles: vec!["approver".into()],
+        four_eyes: false,
+        approvals_needed: 1,
+        step_up_max_age_ms: None,
     }
 }
 
@@ -55,6 +71,7 @@ async fn gateway_gated_payment_waits_for_a_person_then_pays_exactly_once() {
             .decide_step(
                 &step_id,
                 &ana(),
+                &crate::gateway::one(),
                 Verdict::Approved,
                 "matches PO-77812 line 2",
             )
@@ -127,6 +144,7 @@ async fn gateway_500_concurrent_identical_payments_make_one_payment() {
             .decide_step(
                 &step_id,
                 &ana(),
+                &crate::gateway::one(),
                 Verdict::Approved,
                 "checked against the PO",
             )
@@ -316,7 +334,13 @@ async fn gateway_a_changed_cent_needs_a_new_approval_and_a_mismatched_step_is_re
         client.connect().await;
         let approved = waiting_payment(&mut client, json!(4180.00)).await;
         app.store
-            .decide_step(&approved, &ana(), Verdict::Approved, "checked")
+            .decide_step(
+                &approved,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "checked",
+            )
             .await
             .unwrap();
         // One cent more is another call: a new step, back through the gate, nothing paid.
@@ -358,7 +382,13 @@ async fn gateway_expired_gates_fail_closed() {
         app.clock.advance(chrono::Duration::seconds(72 * 3600 + 1));
         let late = app
             .store
-            .decide_step(&stale, &ana(), Verdict::Approved, "late")
+            .decide_step(
+                &stale,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "late",
+            )
             .await;
         assert!(matches!(late, Err(DecideError::Expired)), "{late:?}");
         let reply = client
@@ -377,7 +407,13 @@ async fn gateway_expired_gates_fail_closed() {
             content(&reply)["step_id"].as_str().unwrap().to_string()
         };
         app.store
-            .decide_step(&hold_step, &ana(), Verdict::Approved, "dispute is real")
+            .decide_step(
+                &hold_step,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "dispute is real",
+            )
             .await
             .unwrap();
         app.clock.advance(chrono::Duration::seconds(72 * 3600 + 1));
@@ -417,6 +453,7 @@ async fn gateway_rejected_steps_never_run() {
             .decide_step(
                 &step,
                 &ana(),
+                &crate::gateway::one(),
                 Verdict::Rejected,
                 "supplier disputes the amount",
             )
@@ -435,7 +472,13 @@ async fn gateway_rejected_steps_never_run() {
         // A decided step cannot be decided again.
         let again = app
             .store
-            .decide_step(&step, &ana(), Verdict::Approved, "changed my mind")
+            .decide_step(
+                &step,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "changed my mind",
+            )
             .await;
         assert!(
             matches!(again, Err(DecideError::NotWaiting(_))),
@@ -454,7 +497,13 @@ async fn gateway_timeout_after_the_effect_leaves_an_irreversible_step_unknown_no
         client.connect().await;
         let step = waiting_payment(&mut client, json!(4180.00)).await;
         app.store
-            .decide_step(&step, &ana(), Verdict::Approved, "checked")
+            .decide_step(
+                &step,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "checked",
+            )
             .await
             .unwrap();
         let fault = Fault {

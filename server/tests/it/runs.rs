@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use countersign::adapters::builtin::ERP;
 use countersign_core::StepStatus;
-use countersign_core::approvals::{Approver, Verdict};
+use countersign_core::approvals::Verdict;
 use countersign_core::store::RunStatus;
 use serde_json::{Value, json};
 
@@ -90,10 +90,8 @@ async fn runs_a_plan_executes_in_order_and_waits_at_the_gate_for_a_person() {
         app.store
             .decide_step(
                 &steps[1],
-                &Approver {
-                    iss: "https://idp.example".into(),
-                    sub: "ana".into(),
-                },
+                &crate::gateway::ana(),
+                &crate::gateway::one(),
                 Verdict::Approved,
                 "matches the PO",
             )
