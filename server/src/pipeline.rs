@@ -591,6 +591,7 @@ async fn execute(
         Some(&rule),
         detail(&[
             ("decision", json!(decision)),
+            ("inputs", audit_inputs(ctx.state, ctx.tool, &arguments)),
             ("inputs_hash", json!(step.inputs_hash)),
             ("idem_key", json!(step.idem_key)),
             ("effect", json!(ctx.tool.effect.as_str())),
@@ -968,6 +969,37 @@ async fn finish(
         )));
     }
     Ok(answer)
+}
+
+/// The inputs as the audit records them: the tool's `redact` fields replaced by keyed HMAC
+/// digests (config `redaction_key`; equal values still compare equal) or dropped. Without a
+/// key, hashed fields fall back to plain SHA-256 digests ([`redacted`]). Never the clear value.
+pub fn audit_inputs(state: &AppState, tool: &Tool, arguments: &Value) -> Value {
+    use countersign_core::redact::{FieldSelector, How, RedactRule, redact};
+    let Some(key) = &state.redaction else {
+        return redacted(tool, arguments);
+    };
+    let rules: Vec<RedactRule> = tool
+        .redact
+        .iter()
+        .filter_map(|r| {
+            Some(RedactRule {
+                field: FieldSelector::parse(&r.field).ok()?,
+                how: match r.how {
+                    countersign_core::registry::RedactHow::Hash => How::Hash,
+                    countersign_core::registry::RedactHow::Drop => How::Drop,
+                },
+            })
+        })
+        .collect();
+    if rules.len() != tool.redact.len() {
+        // A rule that does not parse: record nothing rather than something in clear.
+        return json!({"withheld": "redaction rule did not parse"});
+    }
+    match redact(arguments, &rules, key) {
+        Ok(r) => r.value,
+        Err(_) => json!({"withheld": "value could not be redacted"}),
+    }
 }
 
 /// `result` with the tool's `redact` fields hidden from the agent (hashed with SHA-256 when

@@ -324,8 +324,8 @@ pub async fn gate(
     }
     let Some(person) = auth.current(&session).await else {
         // Pages redirect to sign-in; the JSON API answers 401 (a client, not a person).
-        let page_request = matches!(*request.method(), Method::GET | Method::HEAD)
-            && !path.starts_with("/api/");
+        let page_request =
+            matches!(*request.method(), Method::GET | Method::HEAD) && !path.starts_with("/api/");
         return if page_request {
             let next = request
                 .uri()

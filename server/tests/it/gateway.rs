@@ -601,3 +601,55 @@ async fn gateway_metrics_count_calls_and_the_gate_queue() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn gateway_audit_records_inputs_with_the_iban_hashed_by_the_configured_key() {
+    let key = [(
+        "COUNTERSIGN_REDACTION_KEY",
+        "a-test-redaction-key-of-at-least-32-bytes!",
+    )];
+    crate::mcp::each_finance_app_with(&key, |app| async move {
+        let (_, vm) = agent(&app, "vm-1", "worker.vendor_master").await;
+        let mut vendor = Client::new(&app, &vm);
+        vendor.connect().await;
+        let iban = "DE89370400440532013000";
+        let args = json!({"supplier_id": "SUP-000417", "iban": iban, "reason": crate::mcp::REASON});
+        vendor.call("supplier.update_iban", args.clone()).await;
+        // The same IBAN in another call hashes the same (equal values compare equal).
+        let other =
+            json!({"supplier_id": "SUP-000502", "iban": iban, "reason": crate::mcp::REASON});
+        vendor.call("supplier.update_iban", other).await;
+        let decided: Vec<Value> = app
+            .store
+            .audit_records(1, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "decided")
+            .map(|r| serde_json::from_str::<Value>(&r.record).unwrap())
+            .collect();
+        assert_eq!(decided.len(), 2);
+        let a = &decided[0]["detail"]["inputs"];
+        let b = &decided[1]["detail"]["inputs"];
+        assert_eq!(
+            a["supplier_id"], "SUP-000417",
+            "unclassified fields stay readable"
+        );
+        let digest = a["iban"].as_str().unwrap();
+        assert!(!digest.contains(iban) && digest != iban, "{a}");
+        assert!(
+            !digest.starts_with("redacted:sha256:"),
+            "keyed HMAC, not the plain fallback: {a}"
+        );
+        assert_eq!(a["iban"], b["iban"]);
+        for r in app.store.audit_records(1, 100).await.unwrap() {
+            assert!(
+                !r.record.contains(iban),
+                "IBAN in clear in record {}",
+                r.seq
+            );
+        }
+        app
+    })
+    .await;
+}
