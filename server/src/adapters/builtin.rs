@@ -335,12 +335,12 @@ impl Erp {
     }
 
     async fn count(&self, kind: &str) -> Result<usize, AdapterError> {
-        Ok(self
+        let n = self
             .store
-            .demo_list(ERP, kind)
+            .demo_count(ERP, kind)
             .await
-            .map_err(unavailable)?
-            .len())
+            .map_err(unavailable)?;
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 
     async fn write(&self, call: &Invocation) -> Result<Value, AdapterError> {
