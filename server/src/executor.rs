@@ -17,9 +17,9 @@
 use std::time::Duration;
 
 use countersign_core::audit::{AuditEvent, NewAuditRecord};
-use countersign_core::store::{KeyState, RunStatus, Step, Transition};
-use countersign_core::{RoleName, StepStatus, StoreError};
-use serde_json::{Map, json};
+use countersign_core::store::{KeyState, NewStep, RunStatus, Step, Transition};
+use countersign_core::{CanonicalJson, Effect, RoleName, StepStatus, StoreError, ToolName};
+use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 use crate::AppState;
@@ -169,7 +169,143 @@ async fn fail_run(
             .unwrap_or_default()
     );
     crate::runs::cancel_run(state, run_id, "executor", &reason, RunStatus::Failed).await?;
+    compensate(state, run_id, step).await
+}
+
+/// Undoes the writes that succeeded before `failed`, latest first, with each tool's registry
+/// `compensate` tool — a new step of the run, through the same pipeline, under its own key.
+/// An irreversible step, or a write without a compensating tool or whose compensation cannot
+/// be built or fails, is escalated to a person (audited, run flagged for re-planning), never
+/// silently left.
+async fn compensate(state: &AppState, run_id: &str, failed: &Step) -> Result<(), StoreError> {
+    let store = &state.store;
+    let Some(loaded) = state.registry.current() else {
+        return Ok(());
+    };
+    let registry = &loaded.bundle.registry;
+    let mut done: Vec<Step> = store
+        .steps_for_run(run_id)
+        .await?
+        .into_iter()
+        .filter(|s| s.seq < failed.seq && s.status == StepStatus::Done && s.effect != Effect::Read)
+        .collect();
+    done.reverse();
+    for step in done {
+        let tool = ToolName::parse(&step.tool)
+            .ok()
+            .and_then(|n| registry.tool(&n));
+        let compensator = tool
+            .filter(|_| step.effect == Effect::Write)
+            .and_then(|t| t.compensate.as_ref())
+            .and_then(|c| registry.tool(c));
+        let outcome = match compensator {
+            Some(comp) => run_compensation(state, &step, failed, comp).await,
+            None => Err(match step.effect {
+                Effect::Irreversible => "irreversible: a person must decide".to_string(),
+                _ => "no compensate tool in the registry".to_string(),
+            }),
+        };
+        let (rule, detail_value) = match &outcome {
+            Ok(comp_id) => ("compensation.done", json!({"compensation_step": comp_id})),
+            Err(why) => ("compensation.escalated", json!({"escalated": why})),
+        };
+        let mut detail = Map::new();
+        detail.insert("after_failed_step".into(), json!(failed.id));
+        detail.insert("outcome".into(), detail_value);
+        store
+            .append_audit(&NewAuditRecord {
+                event: Some(AuditEvent::Compensated),
+                run_id: Some(run_id.to_string()),
+                step_id: Some(step.id.clone()),
+                tool: Some(step.tool.clone()),
+                actor: Some("executor".into()),
+                rule: Some(rule.into()),
+                detail,
+            })
+            .await?;
+        if outcome.is_err() {
+            store.mark_replan(run_id).await?;
+        }
+    }
     Ok(())
+}
+
+/// Builds and runs the compensation of `step` with `comp`: each of `comp`'s input properties
+/// taken from `step`'s result, else its inputs; `reason` says why. Returns the new step's id.
+async fn run_compensation(
+    state: &AppState,
+    step: &Step,
+    failed: &Step,
+    comp: &countersign_core::registry::Tool,
+) -> Result<String, String> {
+    let store = &state.store;
+    let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+    let result: Value = step
+        .outcome
+        .as_deref()
+        .and_then(|o| serde_json::from_str::<Value>(o).ok())
+        .and_then(|o| o.get("answer").cloned())
+        .unwrap_or(Value::Null);
+    let mut args = Map::new();
+    if let Some(props) = comp
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+    {
+        for name in props.keys() {
+            if name == "reason" {
+                args.insert(
+                    name.clone(),
+                    json!(format!(
+                        "Compensating step {} because step {} ({}) failed",
+                        step.seq, failed.seq, failed.tool
+                    )),
+                );
+            } else if let Some(v) = result.get(name).or_else(|| inputs.get(name)) {
+                args.insert(name.clone(), v.clone());
+            }
+        }
+    }
+    let args = Value::Object(args);
+    let Some(loaded) = state.registry.current() else {
+        return Err("no registry in force".into());
+    };
+    if let Err(errors) = loaded.bundle.registry.validate(&comp.name, &args) {
+        return Err(format!(
+            "compensation arguments do not fit {}: {}",
+            comp.name,
+            errors
+                .iter()
+                .map(|e| format!("{} {}", e.path, e.message))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    let canonical = CanonicalJson::from_value(&args).map_err(|e| e.to_string())?;
+    let (comp_step, _) = store
+        .open_step(&NewStep {
+            run_id: step.run_id.clone(),
+            role: step.role.clone(),
+            tool: comp.name.as_str().to_string(),
+            effect: comp.effect,
+            inputs: canonical,
+            agent_id: step.agent_id.clone(),
+            reason: format!("compensates step {}", step.seq),
+            evidence: vec![step.id.clone()],
+            observed: None,
+            trace_id: uuid::Uuid::new_v4().to_string(),
+            status: StepStatus::Pending,
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let id = comp_step.id.clone();
+    pipeline::execute_claimed(state, comp_step, "compensator")
+        .await
+        .map_err(|e| e.to_string())?;
+    match store.get_step(&id).await.map_err(|e| e.to_string())?.status {
+        StepStatus::Done => Ok(id),
+        other => Err(format!("compensation step {id} ended {}", other.as_str())),
+    }
 }
 
 /// Whether the emergency stop is on.

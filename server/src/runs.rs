@@ -295,11 +295,7 @@ pub async fn cancel_run(
             .store
             .transition(&Transition {
                 step_id: step.id.clone(),
-                from: vec![
-                    StepStatus::Pending,
-                    StepStatus::NeedsApproval,
-                    StepStatus::Failed,
-                ],
+                from: vec![StepStatus::Pending, StepStatus::NeedsApproval],
                 to: Some(StepStatus::Cancelled),
                 rule: Some(format!("run.{}", to.as_str())),
                 records: vec![(AuditEvent::Cancelled, record)],
