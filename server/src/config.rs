@@ -78,6 +78,12 @@ pub const KEYS: &[KeySpec] = &[
         help: "executor workers `serve` runs for planned steps (0 = none; run `countersign worker`)",
     },
     KeySpec {
+        name: "webhook_urls",
+        secret: false,
+        default: None,
+        help: "comma-separated URLs told (JSON POST, Slack-compatible `text`) when a gate opens",
+    },
+    KeySpec {
         name: "log_format",
         secret: false,
         default: Some("text"),
@@ -223,6 +229,8 @@ pub struct Config {
     pub site_root: PathBuf,
     /// Executor workers inside `serve`.
     pub workers: usize,
+    /// Where gate notifications are posted.
+    pub webhook_urls: Vec<Url>,
     /// Total time an outbound `http`/`mcp` adapter call may take (connecting included).
     pub adapter_timeout: Duration,
     /// OIDC sign-in; `None` when no issuer is configured.
@@ -481,6 +489,22 @@ impl Config {
             .filter(|n| *n <= 64)
             .ok_or_else(|| invalid("workers", "expected a number from 0 to 64".into()))?;
 
+        let mut webhook_urls = Vec::new();
+        for text in get("webhook_urls")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+        {
+            let url = Url::parse(text)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    invalid("webhook_urls", format!("{text:?} is not an http(s) URL"))
+                })?;
+            webhook_urls.push(url);
+        }
+
         let listen_text = get("listen").unwrap_or_default();
         let listen: SocketAddr = listen_text.parse().map_err(|_| {
             invalid(
@@ -662,6 +686,7 @@ impl Config {
             log_level,
             site_root,
             workers,
+            webhook_urls,
             adapter_timeout,
             oidc,
             session_idle_minutes,

@@ -12,6 +12,7 @@ pub mod executor;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
+pub mod notify;
 pub mod pipeline;
 pub mod registry;
 pub mod runs;

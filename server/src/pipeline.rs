@@ -672,7 +672,10 @@ async fn execute(
             })
             .await?;
         return match moved {
-            Some(step) => Ok(waiting(&step)),
+            Some(step) => {
+                crate::notify::gate_opened(ctx.state, &step);
+                Ok(waiting(&step))
+            }
             None => settle(ctx, &step).await,
         };
     }

@@ -653,3 +653,63 @@ async fn gateway_audit_records_inputs_with_the_iban_hashed_by_the_configured_key
     })
     .await;
 }
+
+#[tokio::test]
+async fn gateway_gate_notifications_are_retried_and_never_block_the_call() {
+    use std::sync::{Arc, Mutex};
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let hits = seen.clone();
+    let hook = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let hits = hits.clone();
+            async move {
+                let mut h = hits.lock().unwrap();
+                h.push(body);
+                // The first delivery fails; the retry succeeds.
+                if h.len() == 1 {
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, hook).await.unwrap() });
+    let urls = format!("http://{addr}/hook, http://127.0.0.1:9/unreachable");
+    let env = [("COUNTERSIGN_WEBHOOK_URLS", urls.as_str())];
+    crate::mcp::each_finance_app_with(&env, |app| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().clear();
+            let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+            let mut client = Client::new(&app, &fin);
+            client.connect().await;
+            let step = waiting_payment(&mut client, json!(4180.00)).await;
+            let began = std::time::Instant::now();
+            while seen.lock().unwrap().len() < 2 {
+                assert!(
+                    began.elapsed() < std::time::Duration::from_secs(10),
+                    "no retry"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            let bodies = seen.lock().unwrap().clone();
+            assert_eq!(bodies[0], bodies[1], "the retry repeats the notification");
+            assert_eq!(bodies[1]["step_id"], step.as_str());
+            let text = bodies[1]["text"].as_str().unwrap();
+            assert!(
+                text.contains("payment.schedule") && text.contains("/inbox/"),
+                "{text}"
+            );
+            assert!(
+                !bodies[1].to_string().contains("4180"),
+                "no inputs in notifications"
+            );
+            app
+        }
+    })
+    .await;
+}

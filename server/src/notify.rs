@@ -1,0 +1,73 @@
+//! Gate notifications: when a step starts waiting for a person, each configured webhook gets a
+//! JSON POST with a Slack-compatible `text` field and the step's facts.
+//!
+//! The inbox is the source of truth: a notification is a courtesy. Delivery is retried
+//! (3 attempts, backoff), runs in the background, and a failure is logged — never fatal, never
+//! blocking the call that opened the gate. Notifications carry no inputs (only the tool, rule and
+//! ids), so nothing classified leaves through them.
+
+use std::time::Duration;
+
+use countersign_core::store::Step;
+use serde_json::json;
+
+use crate::AppState;
+
+/// Attempts per URL.
+pub const ATTEMPTS: u32 = 3;
+
+/// Posts the "gate opened" notification for `step` to every configured URL, in the background.
+pub fn gate_opened(state: &AppState, step: &Step) {
+    if state.config.webhook_urls.is_empty() {
+        return;
+    }
+    let inbox = state
+        .config
+        .public_url
+        .join(&format!("inbox/{}", step.id))
+        .map(|u| u.to_string())
+        .unwrap_or_default();
+    let body = json!({
+        "text": format!(
+            "Countersign: {} waits for approval ({}). Review it: {inbox}",
+            step.tool,
+            step.rule.as_deref().unwrap_or("gate")
+        ),
+        "event": "gate_opened",
+        "step_id": step.id,
+        "run_id": step.run_id,
+        "tool": step.tool,
+        "rule": step.rule,
+        "expires_at": step.expires_at,
+        "inbox": inbox,
+    });
+    for url in state.config.webhook_urls.clone() {
+        let body = body.clone();
+        tokio::spawn(async move {
+            let client = match reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "notify: no HTTP client");
+                    return;
+                }
+            };
+            for attempt in 1..=ATTEMPTS {
+                match client.post(url.clone()).json(&body).send().await {
+                    Ok(r) if r.status().is_success() => return,
+                    Ok(r) => {
+                        tracing::warn!(%url, status = %r.status(), attempt, "notify: webhook refused")
+                    }
+                    Err(e) => {
+                        tracing::warn!(%url, error = %e, attempt, "notify: webhook unreachable")
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250 * 2u64.pow(attempt))).await;
+            }
+            tracing::warn!(%url, "notify: gave up; the inbox still shows the gate");
+        });
+    }
+}
