@@ -14,7 +14,9 @@ pub mod mcp;
 pub mod metrics;
 pub mod pipeline;
 pub mod registry;
+pub mod revalidate;
 pub mod runs;
+pub mod standing;
 pub mod telemetry;
 
 use std::net::SocketAddr;

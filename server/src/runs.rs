@@ -134,10 +134,12 @@ async fn submit(state: &AppState, caller: &Caller, args: &Value) -> Result<Value
         // The records the arguments name must be the submitter's tenant's.
         if let Some(adapter) = loaded.adapters.get(tool.handler.provider.as_str()) {
             for (field, kind) in &tool.resources {
-                let Some(id) = arguments.get(field).and_then(Value::as_str) else {
+                // [stillon] integer ids (`reservation_id`) are resource ids too.
+                let Some(id) = arguments.get(field).and_then(crate::pipeline::resource_id)
+                else {
                     continue;
                 };
-                match adapter.facts(kind, id).await {
+                match adapter.facts(kind, &id).await {
                     Ok(Some(fact)) if fact.tenant != tenant => {
                         problems.push(format!("step {seq} ({name}): tenant.mismatch on {field}"));
                     }

@@ -14,3 +14,4 @@ mod interop;
 mod mcp;
 mod registry;
 mod runs;
+mod stillon;
