@@ -801,9 +801,11 @@ async fn fail_closed(
     failure: crate::revalidate::Failure,
     result: Option<&Value>,
 ) -> Result<Answer, Internal> {
-    let answer = err(json!({"status": "failed", "step_id": step.id, "rule": failure.rule,
+    let answer = err(
+        json!({"status": "failed", "step_id": step.id, "rule": failure.rule,
                             "message": failure.message, "fields": failure.fields,
-                            "retryable": false, "replan": true}));
+                            "retryable": false, "replan": true}),
+    );
     let mut d = detail(&[
         ("idem_key", json!(step.idem_key)),
         ("status", json!(StepStatus::Failed.as_str())),

@@ -5,12 +5,14 @@
 //! * Before the call ([`before`]): a step that carries `observed` state (`[{field, value}]`,
 //!   from `plan.submit`) is re-read through its tool's `verify` read tool — the same provider
 //!   path, with the step's arguments that the verify tool's input schema names (the resource
-//!   ids) — and each observed `field`, a dotted path into the read result (`slots.2000`), must
+//!   ids; after the call, a verify tool taking an `idempotency_key` gets the call's key) — and
+//!   each observed `field`, a dotted path into the read result (`slots.2000`), must
 //!   still hold `value` (strings compare as text; numbers and booleans by their JSON text).
 //! * After a successful call ([`after`]): for tools with a `verify` tool, the state is read back
 //!   and must reflect the call's intent. The comparison rule: every argument whose name is a
-//!   top-level field of the read result (or that the adapter maps to one with
-//!   [`crate::adapters::Adapter::readback_aliases`], `requested_time` ↔ `time`), and every
+//!   top-level field of the read result (or that the adapter maps to a dotted path of it with
+//!   [`crate::adapters::Adapter::readback_aliases`]: `requested_time` ↔ `time`, an invoice
+//!   hold's `amount` ↔ `hold.amount`), and every
 //!   top-level field of the target's own answer that the read result also has (`status:
 //!   cancelled`), must be equal in the read (`8472` equals `"8472"`).
 //!
@@ -40,6 +42,10 @@ pub const STATE_UNVERIFIED: &str = "state.unverified";
 pub const READBACK_MISMATCH: &str = "readback.mismatch";
 /// The read-back could not be made: the effect happened, success is not reported.
 pub const READBACK_UNCONFIRMED: &str = "readback.unconfirmed";
+
+/// A verify tool argument that finds an effect by the key it was sent under (`payment.lookup`):
+/// filled with the call's key when reading back.
+pub const LOOKUP_KEY_ARGUMENT: &str = "idempotency_key";
 
 /// Why a step fails closed.
 #[derive(Debug, Clone, PartialEq)]
@@ -122,7 +128,7 @@ pub async fn after(
                 .iter()
                 .find(|(arg, _)| arg == name)
                 .map_or(name.as_str(), |(_, f)| f);
-            if current.get(field).is_some() {
+            if path(&current, field).is_some() {
                 expected.push((field.to_string(), value.clone()));
             }
         }
@@ -136,7 +142,7 @@ pub async fn after(
     }
     let mut fields = Vec::new();
     for (field, want) in &expected {
-        let now = current.get(field);
+        let now = path(&current, field);
         if !now.is_some_and(|v| equal(v, want)) {
             fields.push(json!({"field": field, "expected": want, "current": now}));
         }
@@ -164,9 +170,17 @@ fn parse_observed(text: &str) -> Result<Vec<(String, String)>, Failure> {
 }
 
 /// The current state through the verify tool.
-async fn read(loaded: &Loaded, tool: &Tool, call: &Invocation, phase: &str) -> Result<Value, String> {
+async fn read(
+    loaded: &Loaded,
+    tool: &Tool,
+    call: &Invocation,
+    phase: &str,
+) -> Result<Value, String> {
     let Some(name) = &tool.verify else {
-        return Err(format!("{} has no verify tool to re-read state with", tool.name));
+        return Err(format!(
+            "{} has no verify tool to re-read state with",
+            tool.name
+        ));
     };
     let Some(verify) = loaded.bundle.registry.tool(name) else {
         return Err(format!("verify tool {name} is not in the registry"));
@@ -180,7 +194,7 @@ async fn read(loaded: &Loaded, tool: &Tool, call: &Invocation, phase: &str) -> R
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    let arguments: Map<String, Value> = call
+    let mut arguments: Map<String, Value> = call
         .arguments
         .as_object()
         .map(|args| {
@@ -190,6 +204,13 @@ async fn read(loaded: &Loaded, tool: &Tool, call: &Invocation, phase: &str) -> R
                 .collect()
         })
         .unwrap_or_default();
+    // After the call, a verify tool that looks effects up by key gets the call's key.
+    if phase == "after"
+        && names.contains_key(LOOKUP_KEY_ARGUMENT)
+        && !arguments.contains_key(LOOKUP_KEY_ARGUMENT)
+    {
+        arguments.insert(LOOKUP_KEY_ARGUMENT.into(), json!(call.idem_key));
+    }
     let invocation = Invocation {
         tool: verify.name.as_str().to_string(),
         operation: verify.handler.operation.clone(),
@@ -257,8 +278,17 @@ mod tests {
     #[test]
     fn observed_state_that_does_not_parse_fails_closed() {
         assert!(parse_observed("[{\"field\":\"time\",\"value\":\"19:30\"}]").is_ok());
-        for bad in ["{}", "[{\"field\":\"time\"}]", "[{\"field\":1,\"value\":\"x\"}]", "nope"] {
-            assert_eq!(parse_observed(bad).map_err(|f| f.rule), Err(STATE_CHANGED), "{bad}");
+        for bad in [
+            "{}",
+            "[{\"field\":\"time\"}]",
+            "[{\"field\":1,\"value\":\"x\"}]",
+            "nope",
+        ] {
+            assert_eq!(
+                parse_observed(bad).map_err(|f| f.rule),
+                Err(STATE_CHANGED),
+                "{bad}"
+            );
         }
     }
 }

@@ -436,6 +436,14 @@ impl Adapter for Erp {
         })
     }
 
+    fn readback_aliases(&self, operation: &str) -> &'static [(&'static str, &'static str)] {
+        match operation {
+            // A hold's amount is the hold's, not the invoice's.
+            "invoices.hold" => &[("amount", "hold.amount"), ("currency", "hold.currency")],
+            _ => &[],
+        }
+    }
+
     fn facts<'a>(
         &'a self,
         kind: &'a str,

@@ -99,8 +99,9 @@ pub trait Adapter: Send + Sync + fmt::Debug {
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<ResourceFact>, AdapterError>>;
 
-    /// Read-back aliases for `operation`: (argument name, field of the verify tool's result)
-    /// pairs whose values must be equal after the call succeeded (`requested_time` ↔ `time`).
+    /// Read-back aliases for `operation`: (argument name, dotted path into the verify tool's
+    /// result) pairs whose values must be equal after the call succeeded (`requested_time` ↔
+    /// `time`).
     /// Arguments with the same name as a result field are compared without an alias (see
     /// `crate::revalidate`). Default: none.
     fn readback_aliases(&self, operation: &str) -> &'static [(&'static str, &'static str)] {

@@ -71,13 +71,7 @@ fn slot_key(time: &str) -> String {
     time.replace(':', "")
 }
 
-fn write(
-    kind: &str,
-    id: &str,
-    tenant: &str,
-    data: &Value,
-    expected: Option<i64>,
-) -> ObjectWrite {
+fn write(kind: &str, id: &str, tenant: &str, data: &Value, expected: Option<i64>) -> ObjectWrite {
     ObjectWrite {
         kind: kind.into(),
         id: id.into(),
@@ -165,7 +159,9 @@ impl StillOn {
                         continue;
                     }
                     let r = parse(&obj)?;
-                    if !r["city"].as_str().is_some_and(|c| c.eq_ignore_ascii_case(city))
+                    if !r["city"]
+                        .as_str()
+                        .is_some_and(|c| c.eq_ignore_ascii_case(city))
                         || r["max_party"].as_i64().unwrap_or(0) < party
                         || cuisine.is_some_and(|c| c != "any" && r["cuisine"] != json!(c))
                     {
@@ -178,8 +174,10 @@ impl StillOn {
                     if free.is_empty() {
                         continue;
                     }
-                    found.push(json!({"restaurant_id": r["restaurant_id"], "name": r["name"],
-                                      "cuisine": r["cuisine"], "free": free}));
+                    found.push(
+                        json!({"restaurant_id": r["restaurant_id"], "name": r["name"],
+                                      "cuisine": r["cuisine"], "free": free}),
+                    );
                 }
                 Ok(json!({ "restaurants": found }))
             }
@@ -199,7 +197,10 @@ impl StillOn {
                 let id = id_arg(args, "reservation_id")?;
                 let (_, mut res) = self.owned(call, "reservation", &id).await?;
                 let date = res["date"].as_str().unwrap_or_default().to_string();
-                let restaurant = res["restaurant_id"].as_str().unwrap_or_default().to_string();
+                let restaurant = res["restaurant_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 let mut slots = Map::new();
                 if let Some((_, r)) = self.get("restaurant", &restaurant, tenant).await?
                     && let Some(day) = r["slots"][&date].as_object()
@@ -295,7 +296,10 @@ impl StillOn {
         let id = id_arg(args, "reservation_id")?;
         let time = arg(args, "requested_time")?.to_string();
         let (_, res) = self.owned(call, "reservation", &id).await?;
-        let restaurant = res["restaurant_id"].as_str().unwrap_or_default().to_string();
+        let restaurant = res["restaurant_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let date = res["date"].as_str().unwrap_or_default().to_string();
         let hold = self.hold(call, &restaurant, &date, &time, &id).await?;
         for _ in 0..8 {
@@ -333,7 +337,10 @@ impl StillOn {
                 format!("reservation {id} is {}", res["status"]),
             ));
         }
-        let restaurant = res["restaurant_id"].as_str().unwrap_or_default().to_string();
+        let restaurant = res["restaurant_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let date = res["date"].as_str().unwrap_or_default().to_string();
         let (r_obj, mut r) = self.must_get("restaurant", &restaurant, tenant).await?;
         let party = call
@@ -406,7 +413,10 @@ impl StillOn {
                         format!("reservation {id} is {}", res["status"]),
                     ));
                 }
-                let restaurant = res["restaurant_id"].as_str().unwrap_or_default().to_string();
+                let restaurant = res["restaurant_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 let date = res["date"].as_str().unwrap_or_default().to_string();
                 let time = res["time"].as_str().unwrap_or_default().to_string();
                 let mut writes = Vec::new();
@@ -605,10 +615,7 @@ impl Adapter for StillOn {
             let fault = take_fault(&self.store, STILLON, &call.operation).await?;
             match fault {
                 Some(FaultMode::Fail) => {
-                    return Err(rejected(
-                        "injected",
-                        "the partner refused (injected fault)",
-                    ));
+                    return Err(rejected("injected", "the partner refused (injected fault)"));
                 }
                 Some(FaultMode::Unavailable) => {
                     return Err(AdapterError::Unavailable("injected fault".into()));
