@@ -89,7 +89,7 @@ pub async fn before(
     let mut fields = Vec::new();
     for (field, value) in &observed {
         let now = path(&current, field);
-        if !now.is_some_and(|v| scalar_text(v).as_deref() == Some(value.as_str())) {
+        if now.is_none_or(|v| scalar_text(v).as_deref() != Some(value.as_str())) {
             fields.push(json!({"field": field, "expected": value, "current": now}));
         }
     }
@@ -143,7 +143,7 @@ pub async fn after(
     let mut fields = Vec::new();
     for (field, want) in &expected {
         let now = path(&current, field);
-        if !now.is_some_and(|v| equal(v, want)) {
+        if now.is_none_or(|v| !equal(v, want)) {
             fields.push(json!({"field": field, "expected": want, "current": now}));
         }
     }
