@@ -4,7 +4,12 @@
 //! * An approval binds step id, inputs hash, approver (`iss` + `sub`), decision time and
 //!   expiry. It authorises the step only while the step's current inputs hash equals the
 //!   bound one and the clock is before the expiry; anything else is no approval (fail closed).
-//! * The approver is never the principal the run acts for.
+//! * The approver is never the principal the run acts for, holds one of the tool's approver
+//!   roles, is not the person who created the proposing agent's credential when the tool asks
+//!   for four eyes, and signed in recently enough when the tool asks for step-up.
+//! * Above the tool's threshold two distinct people must approve: the step stays at
+//!   `needs_approval` after the first, and the gate counts only approvals bound to the current
+//!   inputs hash.
 //! * A step leaves `needs_approval` only through [`Store::decide_step`]: approved → `pending`
 //!   (the gate lets it through on its next execution), rejected → `refused`, never to run.
 //! * The token is shown once to the caller; only its SHA-256 is stored.
@@ -36,6 +41,30 @@ impl Verdict {
             Self::Rejected => "rejected",
         }
     }
+}
+
+/// What a tool's gate asks of its approvers (from the registry, and the call's amount).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GateRules {
+    /// Roles that may decide; empty = nobody can (fail closed).
+    pub approver_roles: Vec<String>,
+    /// The person who created the proposing credential may not approve.
+    pub four_eyes: bool,
+    /// Distinct approvals needed (1, or 2 above the tool's threshold).
+    pub approvals_needed: u32,
+    /// The approver must have signed in within this many ms.
+    pub step_up_max_age_ms: Option<i64>,
+}
+
+/// The person deciding, as the session knows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decider {
+    /// Their identity.
+    pub approver: Approver,
+    /// Their application roles (`approver`, `manager`, …).
+    pub roles: Vec<String>,
+    /// When they signed in (Unix ms).
+    pub auth_time: i64,
 }
 
 /// Who decides: an authenticated person.
@@ -87,6 +116,21 @@ pub enum DecideError {
     /// A reason is required.
     #[error("a reason is required")]
     NoReason,
+    /// The person holds none of the tool's approver roles.
+    #[error("you hold none of this tool's approver roles")]
+    NotAnApprover,
+    /// The person created the credential of the agent that proposed the step.
+    #[error("four eyes: the creator of the proposing agent's credential cannot approve")]
+    FourEyes,
+    /// The same person already decided this step.
+    #[error("you already decided this step; a second approval must come from someone else")]
+    AlreadyDecided,
+    /// The tool wants a recent sign-in.
+    #[error("sign in again: this tool needs a sign-in within the last {max_age_minutes} minutes")]
+    StepUpRequired {
+        /// The tool's step-up window.
+        max_age_minutes: i64,
+    },
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -102,12 +146,21 @@ impl Store {
     pub async fn decide_step(
         &self,
         step_id: &str,
-        approver: &Approver,
+        decider: &Decider,
+        rules: &GateRules,
         verdict: Verdict,
         reason: &str,
     ) -> Result<(Approval, Option<Secret<String>>), DecideError> {
+        let approver = &decider.approver;
         if reason.trim().is_empty() {
             return Err(DecideError::NoReason);
+        }
+        if !rules
+            .approver_roles
+            .iter()
+            .any(|r| decider.roles.iter().any(|have| have == r))
+        {
+            return Err(DecideError::NotAnApprover);
         }
         let step = self.get_step(step_id).await?;
         if step.status != StepStatus::NeedsApproval {
@@ -120,11 +173,35 @@ impl Store {
         if now >= expires_at {
             return Err(DecideError::Expired);
         }
+        if let Some(max_age) = rules.step_up_max_age_ms
+            && now - decider.auth_time > max_age
+        {
+            return Err(DecideError::StepUpRequired {
+                max_age_minutes: max_age / 60_000,
+            });
+        }
         let run = self.get_run(&step.run_id).await?;
+        let person = format!("person:{}#{}", approver.iss, approver.sub);
         if run.principal == approver.sub
+            || run.principal == person
             || run.principal == format!("{}#{}", approver.iss, approver.sub)
         {
             return Err(DecideError::SelfApproval);
+        }
+        if rules.four_eyes
+            && let Some(agent_id) = &step.agent_id
+        {
+            let agent = self.get_agent(agent_id).await?;
+            if agent.created_by == person || agent.created_by == approver.sub {
+                return Err(DecideError::FourEyes);
+            }
+        }
+        let earlier = self.approvals_for_step(&step.id).await?;
+        if earlier
+            .iter()
+            .any(|a| a.approver_iss == approver.iss && a.approver_sub == approver.sub)
+        {
+            return Err(DecideError::AlreadyDecided);
         }
         let mut raw = [0u8; 32];
         getrandom::fill(&mut raw)
@@ -162,7 +239,16 @@ impl Store {
             .map_err(StoreError::from)?
             .rows_affected()
         });
+        let approvals = 1 + earlier
+            .iter()
+            .filter(|a| a.decision == "approved" && a.inputs_hash == step.inputs_hash)
+            .count();
+        let needed = usize::try_from(rules.approvals_needed.max(1)).unwrap_or(usize::MAX);
         let (to, event) = match verdict {
+            // Not enough distinct approvals yet: the gate stays closed.
+            Verdict::Approved if approvals < needed => {
+                (StepStatus::NeedsApproval, AuditEvent::Approved)
+            }
             Verdict::Approved => (StepStatus::Pending, AuditEvent::Approved),
             Verdict::Rejected => (StepStatus::Refused, AuditEvent::Rejected),
         };
@@ -172,6 +258,8 @@ impl Store {
         detail.insert("reason".into(), json!(approval.reason));
         detail.insert("token_hash".into(), json!(approval.token_hash));
         detail.insert("approval_id".into(), json!(approval.id));
+        detail.insert("approvals".into(), json!(approvals));
+        detail.insert("approvals_needed".into(), json!(needed));
         let moved = self
             .transition(&Transition {
                 step_id: step.id.clone(),
@@ -186,7 +274,7 @@ impl Store {
                         run_id: Some(step.run_id.clone()),
                         step_id: Some(step.id.clone()),
                         tool: Some(step.tool.clone()),
-                        actor: Some(format!("person:{}", approval.approver_sub)),
+                        actor: Some(person.clone()),
                         rule: step.rule.clone(),
                         detail,
                     },
@@ -202,22 +290,29 @@ impl Store {
         Ok((approval, token))
     }
 
-    /// The approval that lets `step` through the gate now: approved, bound to the step's
-    /// current inputs hash, not expired. `None` otherwise.
-    pub async fn valid_approval(&self, step: &Step) -> Result<Option<Approval>, StoreError> {
+    /// The approval that lets `step` through the gate now: `needed` distinct approvals, each
+    /// bound to the step's current inputs hash and not expired, and no rejection. Returns the
+    /// latest of them; `None` otherwise.
+    pub async fn valid_approval(
+        &self,
+        step: &Step,
+        needed: u32,
+    ) -> Result<Option<Approval>, StoreError> {
         let now = self.clock.now_ms();
-        let sql = format!(
-            "SELECT {COLUMNS} FROM approvals WHERE step_id = $1 AND decision = 'approved'
-               AND inputs_hash = $2 AND expires_at > $3 ORDER BY decided_at LIMIT 1"
-        );
-        Ok(on_pool!(self, |p| {
-            sqlx::query_as(&sql)
-                .bind(&step.id)
-                .bind(&step.inputs_hash)
-                .bind(now)
-                .fetch_optional(p)
-                .await?
-        }))
+        let all = self.approvals_for_step(&step.id).await?;
+        if all.iter().any(|a| a.decision == "rejected") {
+            return Ok(None);
+        }
+        let valid: Vec<&Approval> = all
+            .iter()
+            .filter(|a| {
+                a.decision == "approved" && a.inputs_hash == step.inputs_hash && a.expires_at > now
+            })
+            .collect();
+        let needed = usize::try_from(needed.max(1)).unwrap_or(usize::MAX);
+        Ok((valid.len() >= needed)
+            .then(|| valid.last().map(|a| (*a).clone()))
+            .flatten())
     }
 
     /// Every decision on a step, oldest first.

@@ -563,7 +563,8 @@ async fn execute(
             ctx.tool.name
         )));
     };
-    let approval = store.valid_approval(&step).await?;
+    let rules = gate_rules(ctx.tool, &arguments);
+    let approval = store.valid_approval(&step, rules.approvals_needed).await?;
     let origin = match run.origin.as_str() {
         "schedule" => TaskOrigin::Schedule,
         "monitor" => TaskOrigin::Monitor,
@@ -604,6 +605,7 @@ async fn execute(
         Some(&rule),
         detail(&[
             ("decision", json!(decision)),
+            ("inputs", audit_inputs(ctx.state, ctx.tool, &arguments)),
             ("inputs_hash", json!(step.inputs_hash)),
             ("idem_key", json!(step.idem_key)),
             ("effect", json!(ctx.tool.effect.as_str())),
@@ -841,6 +843,38 @@ async fn fail_closed(
     Ok(answer)
 }
 
+/// What `tool`'s gate asks of approvers for a call with `arguments`: its approver roles,
+/// four eyes, step-up, and two distinct approvals when `amount` is above the tool's
+/// `second_approval_above`.
+pub fn gate_rules(tool: &Tool, arguments: &Value) -> countersign_core::approvals::GateRules {
+    let Some(approval) = &tool.approval else {
+        return countersign_core::approvals::GateRules {
+            approver_roles: vec!["approver".into()],
+            four_eyes: false,
+            approvals_needed: 1,
+            step_up_max_age_ms: None,
+        };
+    };
+    let amount = arguments.get("amount").and_then(Value::as_f64);
+    let threshold = approval
+        .second_approval_above
+        .as_ref()
+        .and_then(serde_json::Number::as_f64);
+    let two = matches!((amount, threshold), (Some(a), Some(t)) if a > t);
+    countersign_core::approvals::GateRules {
+        approver_roles: approval
+            .approver_roles
+            .iter()
+            .map(|r| r.as_str().to_string())
+            .collect(),
+        four_eyes: approval.four_eyes,
+        approvals_needed: if two { 2 } else { 1 },
+        step_up_max_age_ms: approval
+            .step_up_max_age
+            .map(|s| i64::try_from(s.as_secs()).unwrap_or(i64::MAX / 1000) * 1000),
+    }
+}
+
 /// Crash-test hook (debug builds only): when `COUNTERSIGN_TEST_CRASH_AT` names this point,
 /// the process aborts there, as a SIGKILL would stop it.
 fn failpoint(name: &str) {
@@ -1015,6 +1049,37 @@ async fn finish(
         )));
     }
     Ok(answer)
+}
+
+/// The inputs as the audit records them: the tool's `redact` fields replaced by keyed HMAC
+/// digests (config `redaction_key`; equal values still compare equal) or dropped. Without a
+/// key, hashed fields fall back to plain SHA-256 digests ([`redacted`]). Never the clear value.
+pub fn audit_inputs(state: &AppState, tool: &Tool, arguments: &Value) -> Value {
+    use countersign_core::redact::{FieldSelector, How, RedactRule, redact};
+    let Some(key) = &state.redaction else {
+        return redacted(tool, arguments);
+    };
+    let rules: Vec<RedactRule> = tool
+        .redact
+        .iter()
+        .filter_map(|r| {
+            Some(RedactRule {
+                field: FieldSelector::parse(&r.field).ok()?,
+                how: match r.how {
+                    countersign_core::registry::RedactHow::Hash => How::Hash,
+                    countersign_core::registry::RedactHow::Drop => How::Drop,
+                },
+            })
+        })
+        .collect();
+    if rules.len() != tool.redact.len() {
+        // A rule that does not parse: record nothing rather than something in clear.
+        return json!({"withheld": "redaction rule did not parse"});
+    }
+    match redact(arguments, &rules, key) {
+        Ok(r) => r.value,
+        Err(_) => json!({"withheld": "value could not be redacted"}),
+    }
 }
 
 /// `result` with the tool's `redact` fields hidden from the agent (hashed with SHA-256 when

@@ -166,6 +166,17 @@ impl Store {
         }))
     }
 
+    /// How many objects of a kind exist.
+    pub async fn demo_count(&self, system: &str, kind: &str) -> Result<i64, StoreError> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT COUNT(*) FROM demo_objects WHERE system = $1 AND kind = $2")
+                .bind(system)
+                .bind(kind)
+                .fetch_one(p)
+                .await?
+        }))
+    }
+
     /// The effect applied under `idem_key`, if any.
     pub async fn demo_effect(
         &self,

@@ -337,12 +337,12 @@ impl Erp {
     }
 
     async fn count(&self, kind: &str) -> Result<usize, AdapterError> {
-        Ok(self
+        let n = self
             .store
-            .demo_list(ERP, kind)
+            .demo_count(ERP, kind)
             .await
-            .map_err(unavailable)?
-            .len())
+            .map_err(unavailable)?;
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 
     async fn write(&self, call: &Invocation) -> Result<Value, AdapterError> {
@@ -573,6 +573,19 @@ pub async fn seed_erp(store: &Store) -> Result<(), countersign_core::StoreError>
                 980.00,
                 "received",
                 "Invoice 20260614 · Bearings · 980.00 EUR",
+            ),
+        ),
+        (
+            "invoice",
+            "INV-20260615",
+            "acme",
+            invoice(
+                "INV-20260615",
+                "SUP-000502",
+                "PO-77816",
+                12400.00,
+                "approved",
+                "Invoice 20260615 · Warehouse racking · 12,400.00 EUR",
             ),
         ),
         (

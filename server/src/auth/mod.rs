@@ -323,7 +323,10 @@ pub async fn gate(
         return next.run(request).await;
     }
     let Some(person) = auth.current(&session).await else {
-        return if matches!(*request.method(), Method::GET | Method::HEAD) {
+        // Pages redirect to sign-in; the JSON API answers 401 (a client, not a person).
+        let page_request =
+            matches!(*request.method(), Method::GET | Method::HEAD) && !path.starts_with("/api/");
+        return if page_request {
             let next = request
                 .uri()
                 .path_and_query()

@@ -1,6 +1,7 @@
 //! The HTTP surface: the dashboard (Leptos SSR), static assets, `/mcp` and operational
 //! endpoints.
 
+mod approvals;
 mod health;
 
 use axum::Router;
@@ -21,6 +22,11 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/metrics", get(crate::metrics::metrics))
+        .route("/api/gates", get(approvals::pending))
+        .route(
+            "/api/steps/{id}/decision",
+            axum::routing::post(approvals::decide),
+        )
         .merge(crate::mcp::routes(state.clone()))
         .merge(auth::routes())
         .leptos_routes(&state, routes, move || shell(options.clone()))

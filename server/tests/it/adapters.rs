@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use countersign::adapters::http::HttpAdapter;
 use countersign::adapters::mcp::McpAdapter;
 use countersign::adapters::{Adapter, AdapterError, AdapterSettings};
-use countersign_core::approvals::{Approver, Verdict};
+use countersign_core::approvals::Verdict;
 use countersign_core::registry::{Provider, ProviderKind, ProviderName};
 use countersign_core::{Backend, StepStatus};
 use rmcp::model::{
@@ -438,13 +438,6 @@ async fn started(app: &TestApp, tool: &str) -> (String, Value) {
     )
 }
 
-fn ana() -> Approver {
-    Approver {
-        iss: "https://idp.example".into(),
-        sub: "ana".into(),
-    }
-}
-
 // ------------------------------------------------------------------ tests
 
 #[tokio::test]
@@ -534,7 +527,13 @@ async fn an_irreversible_call_past_the_timeout_is_unknown_and_reconciles_by_key(
         let (approval, _) = env
             .app
             .store
-            .decide_step(&step_id, &ana(), Verdict::Approved, "rent for June")
+            .decide_step(
+                &step_id,
+                &crate::gateway::ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "rent for June",
+            )
             .await
             .unwrap();
 

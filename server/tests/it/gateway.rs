@@ -3,16 +3,32 @@
 
 use countersign::adapters::builtin::{ERP, Fault, FaultMode, inject_fault};
 use countersign_core::StepStatus;
-use countersign_core::approvals::{Approver, DecideError, Verdict};
+use countersign_core::approvals::{Approver, DecideError, Decider, GateRules, Verdict};
 use serde_json::{Value, json};
 
 use crate::helpers::TestApp;
 use crate::mcp::{Client, INV, agent, each_finance_app, hold, payment, payment_for};
 
-fn ana() -> Approver {
-    Approver {
-        iss: "https://idp.example".into(),
-        sub: "ana".into(),
+/// Ana, an approver who signed in just now (by the test clock's epoch: long ago is fine for
+/// tools without step-up).
+pub fn ana() -> Decider {
+    Decider {
+        approver: Approver {
+            iss: "https://idp.example".into(),
+            sub: "ana".into(),
+        },
+        roles: vec!["approver".into()],
+        auth_time: 1_781_170_937_000,
+    }
+}
+
+/// One approval by an `approver`, no four eyes, no step-up.
+pub fn one() -> GateRules {
+    GateRules {
+        approver_roles: vec!["approver".into()],
+        four_eyes: false,
+        approvals_needed: 1,
+        step_up_max_age_ms: None,
     }
 }
 
@@ -55,6 +71,7 @@ async fn gateway_gated_payment_waits_for_a_person_then_pays_exactly_once() {
             .decide_step(
                 &step_id,
                 &ana(),
+                &crate::gateway::one(),
                 Verdict::Approved,
                 "matches PO-77812 line 2",
             )
@@ -127,6 +144,7 @@ async fn gateway_500_concurrent_identical_payments_make_one_payment() {
             .decide_step(
                 &step_id,
                 &ana(),
+                &crate::gateway::one(),
                 Verdict::Approved,
                 "checked against the PO",
             )
@@ -316,7 +334,13 @@ async fn gateway_a_changed_cent_needs_a_new_approval_and_a_mismatched_step_is_re
         client.connect().await;
         let approved = waiting_payment(&mut client, json!(4180.00)).await;
         app.store
-            .decide_step(&approved, &ana(), Verdict::Approved, "checked")
+            .decide_step(
+                &approved,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "checked",
+            )
             .await
             .unwrap();
         // One cent more is another call: a new step, back through the gate, nothing paid.
@@ -358,7 +382,13 @@ async fn gateway_expired_gates_fail_closed() {
         app.clock.advance(chrono::Duration::seconds(72 * 3600 + 1));
         let late = app
             .store
-            .decide_step(&stale, &ana(), Verdict::Approved, "late")
+            .decide_step(
+                &stale,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "late",
+            )
             .await;
         assert!(matches!(late, Err(DecideError::Expired)), "{late:?}");
         let reply = client
@@ -377,7 +407,13 @@ async fn gateway_expired_gates_fail_closed() {
             content(&reply)["step_id"].as_str().unwrap().to_string()
         };
         app.store
-            .decide_step(&hold_step, &ana(), Verdict::Approved, "dispute is real")
+            .decide_step(
+                &hold_step,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "dispute is real",
+            )
             .await
             .unwrap();
         app.clock.advance(chrono::Duration::seconds(72 * 3600 + 1));
@@ -417,6 +453,7 @@ async fn gateway_rejected_steps_never_run() {
             .decide_step(
                 &step,
                 &ana(),
+                &crate::gateway::one(),
                 Verdict::Rejected,
                 "supplier disputes the amount",
             )
@@ -435,7 +472,13 @@ async fn gateway_rejected_steps_never_run() {
         // A decided step cannot be decided again.
         let again = app
             .store
-            .decide_step(&step, &ana(), Verdict::Approved, "changed my mind")
+            .decide_step(
+                &step,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "changed my mind",
+            )
             .await;
         assert!(
             matches!(again, Err(DecideError::NotWaiting(_))),
@@ -454,7 +497,13 @@ async fn gateway_timeout_after_the_effect_leaves_an_irreversible_step_unknown_no
         client.connect().await;
         let step = waiting_payment(&mut client, json!(4180.00)).await;
         app.store
-            .decide_step(&step, &ana(), Verdict::Approved, "checked")
+            .decide_step(
+                &step,
+                &ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "checked",
+            )
             .await
             .unwrap();
         let fault = Fault {
@@ -547,6 +596,58 @@ async fn gateway_metrics_count_calls_and_the_gate_queue() {
             "countersign_steps_unknown 0",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
+        }
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_audit_records_inputs_with_the_iban_hashed_by_the_configured_key() {
+    let key = [(
+        "COUNTERSIGN_REDACTION_KEY",
+        "a-test-redaction-key-of-at-least-32-bytes!",
+    )];
+    crate::mcp::each_finance_app_with(&key, |app| async move {
+        let (_, vm) = agent(&app, "vm-1", "worker.vendor_master").await;
+        let mut vendor = Client::new(&app, &vm);
+        vendor.connect().await;
+        let iban = "DE89370400440532013000";
+        let args = json!({"supplier_id": "SUP-000417", "iban": iban, "reason": crate::mcp::REASON});
+        vendor.call("supplier.update_iban", args.clone()).await;
+        // The same IBAN in another call hashes the same (equal values compare equal).
+        let other =
+            json!({"supplier_id": "SUP-000502", "iban": iban, "reason": crate::mcp::REASON});
+        vendor.call("supplier.update_iban", other).await;
+        let decided: Vec<Value> = app
+            .store
+            .audit_records(1, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "decided")
+            .map(|r| serde_json::from_str::<Value>(&r.record).unwrap())
+            .collect();
+        assert_eq!(decided.len(), 2);
+        let a = &decided[0]["detail"]["inputs"];
+        let b = &decided[1]["detail"]["inputs"];
+        assert_eq!(
+            a["supplier_id"], "SUP-000417",
+            "unclassified fields stay readable"
+        );
+        let digest = a["iban"].as_str().unwrap();
+        assert!(!digest.contains(iban) && digest != iban, "{a}");
+        assert!(
+            !digest.starts_with("redacted:sha256:"),
+            "keyed HMAC, not the plain fallback: {a}"
+        );
+        assert_eq!(a["iban"], b["iban"]);
+        for r in app.store.audit_records(1, 100).await.unwrap() {
+            assert!(
+                !r.record.contains(iban),
+                "IBAN in clear in record {}",
+                r.seq
+            );
         }
         app
     })

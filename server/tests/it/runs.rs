@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use countersign::adapters::builtin::ERP;
 use countersign_core::StepStatus;
-use countersign_core::approvals::{Approver, Verdict};
+use countersign_core::approvals::Verdict;
 use countersign_core::store::RunStatus;
 use serde_json::{Value, json};
 
@@ -90,10 +90,8 @@ async fn runs_a_plan_executes_in_order_and_waits_at_the_gate_for_a_person() {
         app.store
             .decide_step(
                 &steps[1],
-                &Approver {
-                    iss: "https://idp.example".into(),
-                    sub: "ana".into(),
-                },
+                &crate::gateway::ana(),
+                &crate::gateway::one(),
                 Verdict::Approved,
                 "matches the PO",
             )
@@ -414,4 +412,121 @@ async fn runs_worker_killed_after_the_target_applied_the_effect_reconciles_to_on
 #[tokio::test]
 async fn runs_worker_killed_before_calling_the_target_runs_the_step_once_after_restart() {
     crash_at("before_call").await;
+}
+
+/// `steps` planned note.draft steps in runs of ten, executed by `workers` real worker
+/// processes: every step done exactly once (one start, one effect), none left running after the
+/// workers stop cleanly (SIGTERM).
+async fn many_workers(app: &TestApp, workers: usize, steps: usize) {
+    use countersign_core::store::{NewRun, NewStep};
+    use countersign_core::{CanonicalJson, Effect};
+    let (planner, _) = agent(app, "planner-load", "planner").await;
+    let mut ids = Vec::new();
+    for r in 0..steps.div_ceil(10) {
+        let run = app
+            .store
+            .create_run(&NewRun {
+                tenant: "acme".into(),
+                principal: format!("agent:{planner}"),
+                agent_id: Some(planner.clone()),
+                task: format!("load run {r}"),
+                origin: "user".into(),
+                planned: true,
+            })
+            .await
+            .unwrap();
+        for s in 0..10.min(steps - r * 10) {
+            let inputs = CanonicalJson::from_value(
+                &json!({"invoice_id": INV, "text": format!("note {r}/{s}")}),
+            )
+            .unwrap();
+            let (step, _) = app
+                .store
+                .open_step(&NewStep {
+                    run_id: run.id.clone(),
+                    role: "worker.comms".into(),
+                    tool: "note.draft".into(),
+                    effect: Effect::Write,
+                    inputs,
+                    agent_id: Some(planner.clone()),
+                    reason: String::new(),
+                    evidence: vec![],
+                    observed: None,
+                    trace_id: "load".into(),
+                    status: StepStatus::Pending,
+                })
+                .await
+                .unwrap();
+            ids.push(step.id);
+        }
+    }
+    let procs: Vec<KillOnDrop> = (0..workers)
+        .map(|_| {
+            KillOnDrop(
+                countersign_on(&app.db_url())
+                    .args(["worker", "--count", "1"])
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let began = Instant::now();
+    loop {
+        let done = app.store.count_steps(StepStatus::Done).await.unwrap();
+        if done as usize == steps {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(240),
+            "only {done} of {steps} steps done"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for p in &procs {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &p.0.id().to_string()])
+            .status();
+    }
+    for mut p in procs {
+        let status = p.0.wait().unwrap();
+        assert!(status.success(), "a worker did not stop cleanly: {status}");
+    }
+    assert_eq!(app.store.count_steps(StepStatus::Running).await.unwrap(), 0);
+    assert_eq!(effects(app, "notes.draft").await, steps);
+    let started = app
+        .store
+        .audit_records(1, 100_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.event == "started")
+        .count();
+    assert_eq!(started, steps, "each step started exactly once");
+    for id in ids.iter().step_by(97) {
+        assert_eq!(app.store.get_step(id).await.unwrap().attempts, 1);
+    }
+}
+
+#[tokio::test]
+async fn runs_many_workers_execute_each_step_exactly_once() {
+    for backend in [
+        countersign_core::Backend::Sqlite,
+        countersign_core::Backend::Postgres,
+    ] {
+        let registry = crate::helpers::example("finance");
+        let env = [
+            ("COUNTERSIGN_REGISTRY", registry.as_str()),
+            ("COUNTERSIGN_WORKERS", "0"),
+        ];
+        let Some(app) = crate::helpers::spawn_app_with(backend, &env).await else {
+            continue;
+        };
+        // Postgres: 4 workers x 2,000 steps. SQLite: one writer, 500 steps.
+        match backend {
+            countersign_core::Backend::Postgres => many_workers(&app, 4, 2000).await,
+            countersign_core::Backend::Sqlite => many_workers(&app, 1, 500).await,
+        }
+        app.stop().await;
+    }
 }

@@ -9,7 +9,7 @@ use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
 use countersign::adapters::stillon::{HOLD_OPERATION, STILLON, TENANT, TRAVELLER};
 use countersign::revalidate::STATE_CHANGED;
 use countersign::standing::bind_party;
-use countersign_core::approvals::{Approver, Verdict};
+use countersign_core::approvals::{Approver, Decider, GateRules, Verdict};
 use countersign_core::store::RunStatus;
 use countersign_core::{Backend, StepStatus};
 use serde_json::{Value, json};
@@ -45,6 +45,27 @@ async fn for_traveller(app: &TestApp, name: &str, role: &str) -> String {
         .await
         .unwrap();
     token
+}
+
+/// The traveller, deciding in the app (StillOn's gated tools are approved by `traveller`).
+fn traveller() -> Decider {
+    Decider {
+        approver: Approver {
+            iss: "https://idp.example".into(),
+            sub: "traveller-123".into(),
+        },
+        roles: vec!["traveller".into()],
+        auth_time: 1_781_170_937_000,
+    }
+}
+
+fn traveller_gate() -> GateRules {
+    GateRules {
+        approver_roles: vec!["traveller".into()],
+        four_eyes: false,
+        approvals_needed: 1,
+        step_up_max_age_ms: None,
+    }
 }
 
 fn content(reply: &Value) -> &Value {
@@ -340,10 +361,8 @@ async fn stillon_cancel_waits_for_the_traveller() {
         app.store
             .decide_step(
                 &steps[0],
-                &Approver {
-                    iss: "https://idp.example".into(),
-                    sub: "traveller-123".into(),
-                },
+                &traveller(),
+                &traveller_gate(),
                 Verdict::Approved,
                 "yes, cancel it",
             )
@@ -386,10 +405,8 @@ async fn stillon_notify_failing_after_the_move_is_recorded() {
         app.store
             .decide_step(
                 &steps[1],
-                &Approver {
-                    iss: "https://idp.example".into(),
-                    sub: "traveller-123".into(),
-                },
+                &traveller(),
+                &traveller_gate(),
                 Verdict::Approved,
                 "send it",
             )

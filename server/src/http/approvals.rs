@@ -1,0 +1,192 @@
+//! The approval API the inbox calls: pending gates a signed-in approver may decide, and the
+//! decision itself.
+//!
+//! Invariants:
+//! * Only a signed-in person with the `approver` role reaches these handlers
+//!   ([`RequireRole`]); state-changing requests also pass the CSRF origin check in front.
+//! * A person sees and decides only steps of their own tenant whose tool lists one of their
+//!   roles as approver; any other step answers 404, as if it did not exist.
+//! * The rules (approver roles, four eyes, second approver, step-up) come from the registry in
+//!   force and the step's own inputs, never from the request.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use countersign_core::approvals::{DecideError, Decider, Verdict};
+use countersign_core::store::Step;
+use countersign_core::{Person, StepStatus, StoreError, ToolName};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::auth::{Approver, RequireRole};
+use crate::pipeline::gate_rules;
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+fn decider(person: &Person) -> Decider {
+    Decider {
+        approver: person.approver(),
+        roles: person
+            .roles
+            .iter()
+            .map(|r| r.as_str().to_string())
+            .collect(),
+        auth_time: person.auth_time,
+    }
+}
+
+/// The step if `person` may see it: their tenant, a tool they approve.
+async fn visible(state: &AppState, person: &Person, step: &Step) -> Result<bool, StoreError> {
+    let Some(loaded) = state.registry.current() else {
+        return Ok(false);
+    };
+    let Some(tool) = ToolName::parse(&step.tool)
+        .ok()
+        .and_then(|n| loaded.bundle.registry.tool(&n))
+    else {
+        return Ok(false);
+    };
+    let run = state.store.get_run(&step.run_id).await?;
+    let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+    let rules = gate_rules(tool, &inputs);
+    Ok(person.tenant.as_deref() == Some(run.tenant.as_str())
+        && rules
+            .approver_roles
+            .iter()
+            .any(|r| person.roles.iter().any(|have| have.as_str() == r)))
+}
+
+/// `GET /api/gates`: steps waiting for a person, oldest first.
+pub async fn pending(State(state): State<AppState>, approver: RequireRole<Approver>) -> Response {
+    let person = approver.0;
+    let steps = match state
+        .store
+        .steps_in_status(StepStatus::NeedsApproval, 500)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "gates: listing failed");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database did not answer",
+            );
+        }
+    };
+    let mut out = Vec::new();
+    for step in steps {
+        match visible(&state, &person, &step).await {
+            Ok(true) => out.push(json!({
+                "step_id": step.id, "run_id": step.run_id, "tool": step.tool,
+                "inputs": serde_json::from_str::<Value>(&step.inputs).unwrap_or(Value::Null),
+                "inputs_hash": step.inputs_hash, "rule": step.rule, "reason": step.reason,
+                "expires_at": step.expires_at, "created_at": step.created_at,
+            })),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "gates: visibility check failed");
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database did not answer",
+                );
+            }
+        }
+    }
+    Json(json!({"gates": out})).into_response()
+}
+
+/// The body of a decision.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// `approved` or `rejected`.
+    pub verdict: String,
+    /// Why; required.
+    pub reason: String,
+}
+
+/// `POST /api/steps/{id}/decision`: approve or reject a waiting step.
+pub async fn decide(
+    State(state): State<AppState>,
+    approver: RequireRole<Approver>,
+    Path(step_id): Path<String>,
+    Json(body): Json<DecisionBody>,
+) -> Response {
+    let person = approver.0;
+    let verdict = match body.verdict.as_str() {
+        "approved" => Verdict::Approved,
+        "rejected" => Verdict::Rejected,
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "verdict must be approved or rejected",
+            );
+        }
+    };
+    let step = match state.store.get_step(&step_id).await {
+        Ok(s) => s,
+        Err(StoreError::NotFound) => return error(StatusCode::NOT_FOUND, "no such step"),
+        Err(e) => {
+            tracing::error!(error = %e, "decision: reading the step failed");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database did not answer",
+            );
+        }
+    };
+    match visible(&state, &person, &step).await {
+        Ok(true) => {}
+        Ok(false) => return error(StatusCode::NOT_FOUND, "no such step"),
+        Err(e) => {
+            tracing::error!(error = %e, "decision: visibility check failed");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database did not answer",
+            );
+        }
+    }
+    let Some(loaded) = state.registry.current() else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "no registry in force");
+    };
+    let Some(tool) = ToolName::parse(&step.tool)
+        .ok()
+        .and_then(|n| loaded.bundle.registry.tool(&n))
+    else {
+        return error(StatusCode::NOT_FOUND, "no such step");
+    };
+    let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+    let rules = gate_rules(tool, &inputs);
+    match state
+        .store
+        .decide_step(&step.id, &decider(&person), &rules, verdict, &body.reason)
+        .await
+    {
+        Ok((approval, _token)) => {
+            let now = state.store.get_step(&step.id).await.map(|s| s.status);
+            Json(json!({
+                "step_id": step.id, "decision": approval.decision,
+                "status": now.map(|s| s.as_str()).unwrap_or("unknown"),
+                "approval_id": approval.id,
+            }))
+            .into_response()
+        }
+        Err(DecideError::Store(e)) => {
+            tracing::error!(error = %e, "decision: store failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database did not answer",
+            )
+        }
+        Err(e @ DecideError::StepUpRequired { .. }) => {
+            error(StatusCode::UNAUTHORIZED, e.to_string())
+        }
+        Err(
+            e @ (DecideError::NotAnApprover | DecideError::SelfApproval | DecideError::FourEyes),
+        ) => error(StatusCode::FORBIDDEN, e.to_string()),
+        Err(e) => error(StatusCode::CONFLICT, e.to_string()),
+    }
+}

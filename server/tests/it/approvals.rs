@@ -1,0 +1,282 @@
+//! Approvals: who may decide, two approvers above a threshold, four eyes, step-up, and the
+//! HTTP API the inbox calls (signed in through the demo sign-in) — on both backends.
+
+use countersign::adapters::builtin::ERP;
+use countersign_core::StepStatus;
+use countersign_core::approvals::{Approver, DecideError, Decider, Verdict};
+use countersign_core::store::{NewAgent, NewRun, NewStep, Transition};
+use countersign_core::{CanonicalJson, Effect, Registry, ToolName};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::gateway::{ana, one};
+use crate::helpers::{TestApp, example};
+use crate::mcp::{Client, REASON, agent, each_finance_app, payment_for};
+
+fn person(sub: &str, roles: &[&str], auth_time: i64) -> Decider {
+    Decider {
+        approver: Approver {
+            iss: "https://idp.example".into(),
+            sub: sub.into(),
+        },
+        roles: roles.iter().map(|r| (*r).to_string()).collect(),
+        auth_time,
+    }
+}
+
+fn finance_rules(tool: &str, args: &Value) -> countersign_core::approvals::GateRules {
+    let registry = Registry::from_path(std::path::Path::new(&format!(
+        "{}/registry.yaml",
+        example("finance")
+    )))
+    .unwrap();
+    let tool = registry.tool(&ToolName::parse(tool).unwrap()).unwrap();
+    countersign::pipeline::gate_rules(tool, args)
+}
+
+fn content(reply: &Value) -> &Value {
+    &reply["result"]["structuredContent"]
+}
+
+async fn payments(app: &TestApp) -> usize {
+    app.store
+        .demo_effects(ERP, "payments.schedule")
+        .await
+        .unwrap()
+        .len()
+}
+
+#[tokio::test]
+async fn approvals_above_the_threshold_need_two_distinct_approvers() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let args = payment_for("INV-20260615", json!(12400.00));
+        let reply = client.call("payment.schedule", args.clone()).await;
+        assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");
+        let step = content(&reply)["step_id"].as_str().unwrap().to_string();
+        let rules = finance_rules("payment.schedule", &args);
+        assert_eq!(rules.approvals_needed, 2);
+        let now = app.store.clock().now_ms();
+        let ana = person("ana", &["approver"], now);
+        app.store
+            .decide_step(&step, &ana, &rules, Verdict::Approved, "first look: fine")
+            .await
+            .unwrap();
+        // One approval is not enough: the gate stays closed and nothing is paid.
+        assert_eq!(
+            app.store.get_step(&step).await.unwrap().status,
+            StepStatus::NeedsApproval
+        );
+        let reply = client.call("payment.schedule", args.clone()).await;
+        assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");
+        assert_eq!(payments(&app).await, 0);
+        let again = app
+            .store
+            .decide_step(&step, &ana, &rules, Verdict::Approved, "me again")
+            .await;
+        assert!(
+            matches!(again, Err(DecideError::AlreadyDecided)),
+            "{again:?}"
+        );
+        let pat = person("pat", &["approver"], now);
+        app.store
+            .decide_step(
+                &step,
+                &pat,
+                &rules,
+                Verdict::Approved,
+                "second pair of eyes",
+            )
+            .await
+            .unwrap();
+        let paid = client.call("payment.schedule", args).await;
+        assert_eq!(content(&paid)["status"], "scheduled", "{paid}");
+        assert_eq!(payments(&app).await, 1);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn approvals_refuse_non_approvers_self_approval_four_eyes_and_stale_sign_ins() {
+    each_finance_app(|app| async move {
+        let now = app.store.clock().now_ms();
+        // A run acting for Ana, with a step waiting for a person.
+        let run = app
+            .store
+            .create_run(&NewRun {
+                tenant: "acme".into(),
+                principal: "person:https://idp.example#ana".into(),
+                agent_id: None,
+                task: "Ana's own expense".into(),
+                origin: "user".into(),
+                planned: false,
+            })
+            .await
+            .unwrap();
+        let inputs = CanonicalJson::from_value(&json!({"x": 1})).unwrap();
+        let (step, _) = app
+            .store
+            .open_step(&NewStep {
+                run_id: run.id.clone(),
+                role: "worker.finance".into(),
+                tool: "invoice.hold".into(),
+                effect: Effect::Write,
+                inputs,
+                agent_id: None,
+                reason: String::new(),
+                evidence: vec![],
+                observed: None,
+                trace_id: "t".into(),
+                status: StepStatus::Pending,
+            })
+            .await
+            .unwrap();
+        app.store
+            .transition(&Transition {
+                step_id: step.id.clone(),
+                from: vec![StepStatus::Pending],
+                to: Some(StepStatus::NeedsApproval),
+                expires_at: Some(now + 3_600_000),
+                ..Transition::default()
+            })
+            .await
+            .unwrap();
+        let own = app
+            .store
+            .decide_step(&step.id, &ana(), &one(), Verdict::Approved, "looks fine to me")
+            .await;
+        assert!(matches!(own, Err(DecideError::SelfApproval)), "{own:?}");
+        let manager = person("max", &["manager"], now);
+        let not_approver = app
+            .store
+            .decide_step(&step.id, &manager, &one(), Verdict::Approved, "I'm the boss")
+            .await;
+        assert!(matches!(not_approver, Err(DecideError::NotAnApprover)), "{not_approver:?}");
+        let no_reason = app
+            .store
+            .decide_step(&step.id, &person("pat", &["approver"], now), &one(), Verdict::Approved, " ")
+            .await;
+        assert!(matches!(no_reason, Err(DecideError::NoReason)), "{no_reason:?}");
+
+        // Four eyes: Ana created the vendor-master agent's credential, so she cannot approve
+        // its IBAN change; and the tool wants a sign-in within 5 minutes.
+        let (cred, token) = app
+            .store
+            .create_agent(&NewAgent {
+                name: "vm-1".into(),
+                role: "worker.vendor_master".into(),
+                tenant: "acme".into(),
+                created_by: "person:https://idp.example#ana".into(),
+                expires_at: None,
+            })
+            .await
+            .unwrap();
+        let _ = cred;
+        let mut vendor = Client::new(&app, token.reveal());
+        vendor.connect().await;
+        let args = json!({"supplier_id": "SUP-000417", "iban": "DE89370400440532013000", "reason": REASON});
+        let reply = vendor.call("supplier.update_iban", args.clone()).await;
+        let iban_step = content(&reply)["step_id"].as_str().unwrap().to_string();
+        let rules = finance_rules("supplier.update_iban", &args);
+        assert!(rules.four_eyes);
+        let creator = app
+            .store
+            .decide_step(&iban_step, &person("ana", &["approver"], now), &rules, Verdict::Approved, "ok")
+            .await;
+        assert!(matches!(creator, Err(DecideError::FourEyes)), "{creator:?}");
+        let stale = app
+            .store
+            .decide_step(
+                &iban_step,
+                &person("pat", &["approver"], now - 6 * 60_000),
+                &rules,
+                Verdict::Approved,
+                "ok",
+            )
+            .await;
+        assert!(matches!(stale, Err(DecideError::StepUpRequired { max_age_minutes: 5 })), "{stale:?}");
+        app.store
+            .decide_step(&iban_step, &person("pat", &["approver"], now), &rules, Verdict::Approved, "verified by phone")
+            .await
+            .unwrap();
+        assert_eq!(app.store.get_step(&iban_step).await.unwrap().status, StepStatus::Pending);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn approvals_http_api_lists_and_decides_for_signed_in_approvers_only() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let args = payment_for("INV-20260611", json!(4180.00));
+        let reply = client.call("payment.schedule", args.clone()).await;
+        let step = content(&reply)["step_id"].as_str().unwrap().to_string();
+        let origin = format!("http://{}", app.addr);
+
+        // Not signed in: no data.
+        let anon = app.client.get(app.url("/api/gates")).send().await.unwrap();
+        assert_eq!(anon.status(), StatusCode::UNAUTHORIZED);
+        // A manager is not an approver.
+        let max = app.demo_client("max").await;
+        let resp = max.get(app.url("/api/gates")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+
+        let ana = app.demo_client("ana").await;
+        let gates: Value = ana
+            .get(app.url("/api/gates"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let listed = gates["gates"].as_array().unwrap();
+        assert_eq!(listed.len(), 1, "{gates}");
+        assert_eq!(listed[0]["step_id"], step.as_str());
+        assert_eq!(listed[0]["inputs"]["amount"], 4180);
+
+        // Cross-origin POST: refused by the CSRF check, nothing decided.
+        let forged = ana
+            .post(app.url(&format!("/api/steps/{step}/decision")))
+            .header("origin", "https://evil.example")
+            .json(&json!({"verdict": "approved", "reason": "click here"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            app.store.get_step(&step).await.unwrap().status,
+            StepStatus::NeedsApproval
+        );
+
+        // Payment tools ask for a sign-in within 15 minutes: the demo sign-in is fresh.
+        let ok = ana
+            .post(app.url(&format!("/api/steps/{step}/decision")))
+            .header("origin", &origin)
+            .json(&json!({"verdict": "approved", "reason": "three-way match checked"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), StatusCode::OK, "{}", ok.text().await.unwrap());
+        let paid = client.call("payment.schedule", args).await;
+        assert_eq!(content(&paid)["status"], "scheduled", "{paid}");
+        assert_eq!(payments(&app).await, 1);
+        // Deciding again is a conflict.
+        let again = ana
+            .post(app.url(&format!("/api/steps/{step}/decision")))
+            .header("origin", &origin)
+            .json(&json!({"verdict": "rejected", "reason": "too late"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.status(), StatusCode::CONFLICT);
+        app
+    })
+    .await;
+}
