@@ -15,7 +15,9 @@ pub mod metrics;
 pub mod notify;
 pub mod pipeline;
 pub mod registry;
+pub mod revalidate;
 pub mod runs;
+pub mod standing;
 pub mod telemetry;
 
 use std::net::SocketAddr;

@@ -507,9 +507,11 @@ async fn resource_facts(ctx: &Ctx<'_>, canonical: &Value) -> Result<Vec<Resource
     };
     let mut facts = Vec::new();
     for (field, kind) in &ctx.tool.resources {
-        let Some(id) = canonical.get(field).and_then(Value::as_str) else {
+        // [stillon] ids may be integers (`reservation_id: 8472`), not only strings.
+        let Some(id) = canonical.get(field).and_then(resource_id) else {
             continue;
         };
+        let id = id.as_str();
         match adapter.facts(kind, id).await {
             Ok(Some(fact)) => facts.push(fact),
             Ok(None) => {}
@@ -517,6 +519,15 @@ async fn resource_facts(ctx: &Ctx<'_>, canonical: &Value) -> Result<Vec<Resource
         }
     }
     Ok(facts)
+}
+
+/// A resource id argument as text: a string, or an integer (`8472`).
+pub fn resource_id(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 fn decision_text(d: &Decision) -> (&'static str, String) {
@@ -560,13 +571,16 @@ async fn execute(
         "external" => TaskOrigin::External,
         _ => TaskOrigin::User,
     };
+    // [stillon] The party the credential acts for and the standing authorizations it holds
+    // (seed 004: ownership and the ≤ 30-minute grant are checked against the traveller).
+    let (acts_for, authorizations) = crate::standing::party_of(store, credential).await?;
     let report = ctx.loaded.bundle.policy.decide(&Request {
         principal: Principal {
             kind: PrincipalKind::Agent,
             id: credential.id.clone(),
             role: credential.role.clone(),
             tenant: credential.tenant.clone(),
-            acts_for: None,
+            acts_for: acts_for.clone(),
         },
         tool: facts,
         schema_errors: Vec::new(),
@@ -579,7 +593,7 @@ async fn execute(
             ApprovalState::None
         },
         now: store.clock().now(),
-        authorizations: Vec::new(),
+        authorizations,
     });
     if !report.errors.is_empty() {
         tracing::warn!(tool = %ctx.tool.name, errors = ?report.errors, "policy evaluation errors");
@@ -750,7 +764,16 @@ async fn execute(
         approval_token: approval.as_ref().map(|a| a.id.clone()),
         trace_id: ctx.trace_id.clone(),
         tenant: run.tenant.clone(),
+        acts_for,
     };
+    // [revalidation] The state the step was planned on must still hold (fails closed, the
+    // adapter is not called).
+    if adapter.is_some()
+        && let Err(failure) =
+            crate::revalidate::before(ctx.loaded, ctx.tool, &step, &invocation).await
+    {
+        return fail_closed(ctx, &step, failure, None).await;
+    }
     failpoint("before_call");
     let began = Instant::now();
     let outcome = match adapter {
@@ -763,7 +786,64 @@ async fn execute(
         None => crate::runs::invoke(ctx.state, ctx.caller, &invocation).await,
     };
     failpoint("after_call");
+    // [revalidation] Read back: an accepted call whose effect does not show is not a success.
+    if let Ok(result) = &outcome
+        && adapter.is_some()
+        && let Err(failure) =
+            crate::revalidate::after(ctx.loaded, ctx.tool, &invocation, result).await
+    {
+        return fail_closed(ctx, &step, failure, Some(result)).await;
+    }
     finish(ctx, &step, outcome, began.elapsed()).await
+}
+
+/// [revalidation] Records a step that failed closed on revalidation (`state.changed` before the
+/// call, `readback.*` after it): `failed` with the rule and the fields, its key settled so it is
+/// never retried, and its run flagged for re-planning.
+async fn fail_closed(
+    ctx: &Ctx<'_>,
+    step: &Step,
+    failure: crate::revalidate::Failure,
+    result: Option<&Value>,
+) -> Result<Answer, Internal> {
+    let answer = err(
+        json!({"status": "failed", "step_id": step.id, "rule": failure.rule,
+                            "message": failure.message, "fields": failure.fields,
+                            "retryable": false, "replan": true}),
+    );
+    let mut d = detail(&[
+        ("idem_key", json!(step.idem_key)),
+        ("status", json!(StepStatus::Failed.as_str())),
+        ("fields", json!(failure.fields)),
+        ("effect_applied", json!(result.is_some())),
+        ("replan", json!(true)),
+    ]);
+    if let Some(reference) = result.and_then(|r| r.get("ref")) {
+        d.insert("reference".into(), reference.clone());
+    }
+    let record = ctx.record(AuditEvent::Failed, Some(step), Some(failure.rule), d);
+    let stored = outcome_text(&answer);
+    let dedupe = !matches!(ctx.tool.effect, Effect::Read);
+    let moved = ctx
+        .transition(Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Running],
+            to: Some(StepStatus::Failed),
+            rule: Some(failure.rule.to_string()),
+            outcome: stored.clone(),
+            key: dedupe.then_some((KeyState::Done, stored)),
+            records: vec![record],
+            ..Transition::default()
+        })
+        .await?;
+    if moved.is_none() {
+        return Err(Internal(format!(
+            "step {} left running while it was revalidated",
+            step.id
+        )));
+    }
+    ctx.state.store.mark_replan(&step.run_id).await?;
+    Ok(answer)
 }
 
 /// What `tool`'s gate asks of approvers for a call with `arguments`: its approver roles,

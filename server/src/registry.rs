@@ -16,7 +16,7 @@ use countersign_core::Store;
 use countersign_core::bundle::{Bundle, BundleError, BundleSources};
 use countersign_core::store::ImportError;
 
-use crate::adapters::{AdapterSettings, Adapters, builtin};
+use crate::adapters::{AdapterSettings, Adapters, builtin, stillon};
 
 /// Who the start-up import is recorded as.
 pub const CONFIG_IMPORTER: &str = "config:COUNTERSIGN_REGISTRY";
@@ -138,6 +138,11 @@ impl LiveRegistry {
                     && let Err(e) = builtin::seed_erp(store).await
                 {
                     tracing::warn!(error = %e, "seeding the demo ERP failed");
+                }
+                if adapters.get(stillon::STILLON).is_some()
+                    && let Err(e) = stillon::seed_stillon(store).await
+                {
+                    tracing::warn!(error = %e, "seeding the demo StillOn systems failed");
                 }
                 let loaded = Arc::new(Loaded {
                     version,

@@ -134,10 +134,11 @@ async fn submit(state: &AppState, caller: &Caller, args: &Value) -> Result<Value
         // The records the arguments name must be the submitter's tenant's.
         if let Some(adapter) = loaded.adapters.get(tool.handler.provider.as_str()) {
             for (field, kind) in &tool.resources {
-                let Some(id) = arguments.get(field).and_then(Value::as_str) else {
+                // [stillon] integer ids (`reservation_id`) are resource ids too.
+                let Some(id) = arguments.get(field).and_then(crate::pipeline::resource_id) else {
                     continue;
                 };
-                match adapter.facts(kind, id).await {
+                match adapter.facts(kind, &id).await {
                     Ok(Some(fact)) if fact.tenant != tenant => {
                         problems.push(format!("step {seq} ({name}): tenant.mismatch on {field}"));
                     }
@@ -280,6 +281,11 @@ pub async fn cancel_run(
     state.store.finish_run(run_id, to, reason).await?;
     let mut cancelled = 0;
     for step in state.store.steps_for_run(run_id).await? {
+        // [stillon] A run that failed keeps its failed steps as they ended (status, rule and
+        // outcome: `state.changed`, `target.failed`…); only steps that never ran are cancelled.
+        if to == RunStatus::Failed && step.status == StepStatus::Failed {
+            continue;
+        }
         let mut detail = Map::new();
         detail.insert("reason".into(), json!(reason));
         let record = NewAuditRecord {

@@ -1,5 +1,6 @@
 //! Built-in demo target systems, with their state in Countersign's database: the finance ERP
-//! (`erp`: invoices, purchase orders, suppliers, notes, payments) for the seed-000 example.
+//! (`erp`: invoices, purchase orders, suppliers, notes, payments) for the seed-000 example,
+//! and StillOn's partner systems (`stillon`, in [`super::stillon`]) for seed 004.
 //!
 //! They behave like well-built targets so the gateway's guarantees can be tested against
 //! real state: every effect is applied at most once per idempotency key (a repeated key
@@ -24,6 +25,7 @@ pub fn for_provider(name: &str, store: &Store) -> Option<Arc<dyn Adapter>> {
         ERP => Some(Arc::new(Erp {
             store: store.clone(),
         })),
+        super::stillon::STILLON => Some(Arc::new(super::stillon::StillOn::new(store))),
         _ => None,
     }
 }
@@ -69,7 +71,7 @@ pub async fn inject_fault(
 }
 
 /// Takes one use of the fault on `operation`, if any.
-async fn take_fault(
+pub(super) async fn take_fault(
     store: &Store,
     system: &str,
     operation: &str,
@@ -97,22 +99,22 @@ async fn take_fault(
     Ok(Some(fault.mode))
 }
 
-fn unavailable(e: impl std::fmt::Display) -> AdapterError {
+pub(super) fn unavailable(e: impl std::fmt::Display) -> AdapterError {
     AdapterError::Unavailable(e.to_string())
 }
 
-fn rejected(code: &str, message: impl Into<String>) -> AdapterError {
+pub(super) fn rejected(code: &str, message: impl Into<String>) -> AdapterError {
     AdapterError::Rejected {
         code: code.into(),
         message: message.into(),
     }
 }
 
-fn parse(obj: &DemoObject) -> Result<Value, AdapterError> {
+pub(super) fn parse(obj: &DemoObject) -> Result<Value, AdapterError> {
     serde_json::from_str(&obj.data).map_err(unavailable)
 }
 
-fn arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, AdapterError> {
+pub(super) fn arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, AdapterError> {
     args.get(name)
         .and_then(Value::as_str)
         .ok_or_else(|| rejected("bad_request", format!("missing {name}")))
@@ -432,6 +434,14 @@ impl Adapter for Erp {
                 None => Ok(None),
             }
         })
+    }
+
+    fn readback_aliases(&self, operation: &str) -> &'static [(&'static str, &'static str)] {
+        match operation {
+            // A hold's amount is the hold's, not the invoice's.
+            "invoices.hold" => &[("amount", "hold.amount"), ("currency", "hold.currency")],
+            _ => &[],
+        }
     }
 
     fn facts<'a>(

@@ -14,6 +14,7 @@
 pub mod builtin;
 pub mod http;
 pub mod mcp;
+pub mod stillon;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -47,6 +48,10 @@ pub struct Invocation {
     pub trace_id: String,
     /// The tenant of the run (targets refuse other tenants' records).
     pub tenant: String,
+    /// The party the call is made for (the run's `acts_for`), when known: targets whose
+    /// records have owners refuse anyone else's (the built-in StillOn systems do; a target
+    /// that sees `None` where an owner matters refuses).
+    pub acts_for: Option<String>,
 }
 
 /// What went wrong, and what is known about the effect.
@@ -93,6 +98,16 @@ pub trait Adapter: Send + Sync + fmt::Debug {
         kind: &'a str,
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<ResourceFact>, AdapterError>>;
+
+    /// Read-back aliases for `operation`: (argument name, dotted path into the verify tool's
+    /// result) pairs whose values must be equal after the call succeeded (`requested_time` ↔
+    /// `time`).
+    /// Arguments with the same name as a result field are compared without an alias (see
+    /// `crate::revalidate`). Default: none.
+    fn readback_aliases(&self, operation: &str) -> &'static [(&'static str, &'static str)] {
+        let _ = operation;
+        &[]
+    }
 }
 
 /// How outbound adapters (`http`, `mcp`) behave.

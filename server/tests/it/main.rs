@@ -15,3 +15,4 @@ mod interop;
 mod mcp;
 mod registry;
 mod runs;
+mod stillon;

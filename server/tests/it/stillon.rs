@@ -1,0 +1,435 @@
+//! StillOn (seed 004) against the built-in partner systems, on both backends: a move within
+//! the traveller's standing authorization (hold, mutate once, read back), a cancel that waits
+//! for the traveller, the slot taken in flight (fail closed, no mutation, re-plan flag), and a
+//! notification that fails after the move.
+
+use std::time::{Duration, Instant};
+
+use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
+use countersign::adapters::stillon::{HOLD_OPERATION, STILLON, TENANT, TRAVELLER};
+use countersign::revalidate::STATE_CHANGED;
+use countersign::standing::bind_party;
+use countersign_core::approvals::{Approver, Decider, GateRules, Verdict};
+use countersign_core::store::RunStatus;
+use countersign_core::{Backend, StepStatus};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, example, spawn_app_with};
+use crate::mcp::{Client, agent};
+
+const GRANT: &str = "authorization:SA-user-123-dining-shift-30";
+const MOVE_REASON: &str = "Inbound flight now lands 19:20 instead of 17:45";
+
+/// Runs `test` against a fresh StillOn server on SQLite, then on Postgres.
+pub async fn each_stillon_app<F, Fut>(test: F)
+where
+    F: Fn(TestApp) -> Fut,
+    Fut: std::future::Future<Output = TestApp>,
+{
+    let registry = example("stillon");
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(app) =
+            spawn_app_with(backend, &[("COUNTERSIGN_REGISTRY", registry.as_str())]).await
+        else {
+            continue;
+        };
+        let app = test(app).await;
+        app.stop().await;
+    }
+}
+
+/// An agent in `role` acting for the traveller; returns its token.
+async fn for_traveller(app: &TestApp, name: &str, role: &str) -> String {
+    let (id, token) = agent(app, name, role).await;
+    bind_party(&app.store, &id, TENANT, TRAVELLER)
+        .await
+        .unwrap();
+    token
+}
+
+/// The traveller, deciding in the app (StillOn's gated tools are approved by `traveller`).
+fn traveller() -> Decider {
+    Decider {
+        approver: Approver {
+            iss: "https://idp.example".into(),
+            sub: "traveller-123".into(),
+        },
+        roles: vec!["traveller".into()],
+        auth_time: 1_781_170_937_000,
+    }
+}
+
+fn traveller_gate() -> GateRules {
+    GateRules {
+        approver_roles: vec!["traveller".into()],
+        four_eyes: false,
+        approvals_needed: 1,
+        step_up_max_age_ms: None,
+    }
+}
+
+fn content(reply: &Value) -> &Value {
+    &reply["result"]["structuredContent"]
+}
+
+async fn object(app: &TestApp, kind: &str, id: &str) -> Value {
+    let obj = app
+        .store
+        .demo_get(STILLON, kind, id)
+        .await
+        .unwrap()
+        .unwrap();
+    serde_json::from_str(&obj.data).unwrap()
+}
+
+async fn effects(app: &TestApp, operation: &str) -> usize {
+    app.store
+        .demo_effects(STILLON, operation)
+        .await
+        .unwrap()
+        .len()
+}
+
+fn move_args(time: &str) -> Value {
+    json!({"reservation_id": 8472, "requested_time": time, "reason": MOVE_REASON})
+}
+
+fn observed_free_2000() -> Value {
+    json!([{"field": "time", "value": "19:30"}, {"field": "owner", "value": TRAVELLER},
+           {"field": "status", "value": "confirmed"}, {"field": "slots.2000", "value": "free"}])
+}
+
+fn move_step(observed: Value) -> Value {
+    json!({"tool": "reservation.modify", "arguments": move_args("20:00"),
+           "reason": "Dinner at 19:30 is no longer reachable; 20:00 keeps the party together",
+           "evidence": ["FLIGHT-TP1351"], "observed": observed})
+}
+
+async fn submit(client: &mut Client<'_>, steps: Vec<Value>) -> (String, Vec<String>) {
+    let reply = client
+        .call(
+            "plan.submit",
+            json!({"task": "Recover the evening after the flight delay", "steps": steps}),
+        )
+        .await;
+    assert_eq!(reply["result"]["isError"], false, "{reply}");
+    let run = content(&reply)["run_id"].as_str().unwrap().to_string();
+    let ids = content(&reply)["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step_id"].as_str().unwrap().to_string())
+        .collect();
+    (run, ids)
+}
+
+async fn wait_for(app: &TestApp, step: &str, status: StepStatus) -> countersign_core::store::Step {
+    let began = Instant::now();
+    loop {
+        let now = app.store.get_step(step).await.unwrap();
+        if now.status == status {
+            return now;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "step {step} stuck at {:?}, wanted {status:?}: {now:?}",
+            now.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_run(app: &TestApp, run: &str, status: RunStatus) {
+    let began = Instant::now();
+    while app.store.get_run(run).await.unwrap().status != status {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "run never became {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn step_audit(app: &TestApp, run: &str, step: &str) -> Vec<(String, Option<String>, Value)> {
+    app.store
+        .audit_for_run(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.step_id.as_deref() == Some(step))
+        .map(|r| {
+            (
+                r.event,
+                r.rule,
+                serde_json::from_str::<Value>(&r.record).unwrap()["detail"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn stillon_an_agent_not_acting_for_the_owner_is_denied_and_nothing_moves() {
+    each_stillon_app(|app| async move {
+        let (_, token) = agent(&app, "stranger", "worker.travel").await;
+        let mut client = Client::new(&app, &token);
+        client.connect().await;
+        let reply = client.call("reservation.modify", move_args("20:00")).await;
+        assert_eq!(reply["result"]["isError"], true, "{reply}");
+        assert_eq!(content(&reply)["rule"], "resource.not_owner", "{reply}");
+        // Another traveller's reservation, even for an agent of user-123.
+        let token = for_traveller(&app, "travel-1", "worker.travel").await;
+        let mut client = Client::new(&app, &token);
+        client.connect().await;
+        let reply = client
+            .call(
+                "reservation.modify",
+                json!({"reservation_id": 8473, "requested_time": "20:00", "reason": MOVE_REASON}),
+            )
+            .await;
+        assert_eq!(content(&reply)["rule"], "resource.not_owner", "{reply}");
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 0);
+        assert_eq!(effects(&app, HOLD_OPERATION).await, 0);
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "19:30");
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stillon_a_30_minute_move_runs_within_the_standing_authorization_once() {
+    each_stillon_app(|app| async move {
+        let token = for_traveller(&app, "travel-1", "worker.travel").await;
+        let mut client = Client::new(&app, &token);
+        client.connect().await;
+        // An hour is outside the grant: the traveller is asked.
+        let reply = client.call("reservation.modify", move_args("18:30")).await;
+        assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");
+        assert_eq!(content(&reply)["rule"], "reservation.change", "{reply}");
+
+        let reply = client.call("reservation.modify", move_args("20:00")).await;
+        assert_eq!(reply["result"]["isError"], false, "{reply}");
+        assert_eq!(content(&reply)["time"], "20:00", "{reply}");
+        let again = client.call("reservation.modify", move_args("20:00")).await;
+        assert_eq!(content(&again)["ref"], content(&reply)["ref"], "{again}");
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 1);
+        assert_eq!(effects(&app, HOLD_OPERATION).await, 1, "the slot was held");
+        let res = object(&app, "reservation", "8472").await;
+        assert_eq!(res["time"], "20:00");
+        assert_eq!(res["starts_at"], "2026-06-11T20:00:00+01:00");
+        let rst = object(&app, "restaurant", "RST-1001").await;
+        assert_eq!(rst["slots"]["2026-06-11"]["20:00"], "R:8472");
+        assert_eq!(rst["slots"]["2026-06-11"]["19:30"], "free");
+        // Read back through reservation.get.
+        let read = client
+            .call("reservation.get", json!({"reservation_id": 8472}))
+            .await;
+        assert_eq!(content(&read)["time"], "20:00", "{read}");
+        assert_eq!(content(&read)["slots"]["2000"], "yours", "{read}");
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stillon_a_plan_holds_mutates_once_and_reads_back() {
+    each_stillon_app(|app| async move {
+        let token = for_traveller(&app, "maestro", "planner").await;
+        let mut planner = Client::new(&app, &token);
+        planner.connect().await;
+        let calendar = json!({"tool": "calendar.update",
+            "arguments": {"event_id": "EVT-0000a1b2", "start": "2026-06-11T20:00:00+01:00",
+                          "end": "2026-06-11T22:00:00+01:00"},
+            "reason": "Keep the traveller's calendar in step with the dinner"});
+        let (run, steps) = submit(
+            &mut planner,
+            vec![move_step(observed_free_2000()), calendar],
+        )
+        .await;
+        let done = wait_for(&app, &steps[0], StepStatus::Done).await;
+        assert_eq!(done.decision.as_deref(), Some("allow_within_authorization"));
+        assert_eq!(done.rule.as_deref(), Some(GRANT));
+        wait_for(&app, &steps[1], StepStatus::Done).await;
+        wait_run(&app, &run, RunStatus::Done).await;
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 1);
+        assert_eq!(effects(&app, "calendar.update").await, 1);
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "20:00");
+        let ev = object(&app, "calendar_event", "EVT-0000a1b2").await;
+        assert_eq!(ev["revision"], 2);
+        let events: Vec<String> = step_audit(&app, &run, &steps[0])
+            .await
+            .into_iter()
+            .map(|(e, _, _)| e)
+            .collect();
+        assert_eq!(events, ["proposed", "decided", "started", "succeeded"]);
+        assert!(!app.store.get_run(&run).await.unwrap().replan);
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stillon_the_slot_taken_in_flight_fails_closed_without_a_mutation() {
+    each_stillon_app(|app| async move {
+        let token = for_traveller(&app, "maestro", "planner").await;
+        let mut planner = Client::new(&app, &token);
+        planner.connect().await;
+        let seen = planner
+            .call(
+                "restaurant.availability",
+                json!({"restaurant_id": "RST-1001", "date": "2026-06-11", "party_size": 4}),
+            )
+            .await;
+        assert!(
+            content(&seen)["free"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("20:00")),
+            "{seen}"
+        );
+        // Someone else books 20:00 while the plan is on its way.
+        let mut rst = object(&app, "restaurant", "RST-1001").await;
+        rst["slots"]["2026-06-11"]["20:00"] = json!("taken");
+        app.store
+            .demo_put(STILLON, "restaurant", "RST-1001", TENANT, &rst.to_string())
+            .await
+            .unwrap();
+        let (run, steps) = submit(&mut planner, vec![move_step(observed_free_2000())]).await;
+        let failed = wait_for(&app, &steps[0], StepStatus::Failed).await;
+        assert_eq!(failed.rule.as_deref(), Some(STATE_CHANGED));
+        wait_run(&app, &run, RunStatus::Failed).await;
+        assert!(
+            app.store.get_run(&run).await.unwrap().replan,
+            "re-plan flag"
+        );
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 0);
+        assert_eq!(effects(&app, HOLD_OPERATION).await, 0, "not even held");
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "19:30");
+        let audit = step_audit(&app, &run, &steps[0]).await;
+        let (event, rule, detail) = audit.last().unwrap().clone();
+        assert_eq!(event, "failed");
+        assert_eq!(rule.as_deref(), Some(STATE_CHANGED));
+        assert_eq!(detail["fields"][0]["field"], "slots.2000", "{detail}");
+        assert_eq!(detail["fields"][0]["current"], "taken", "{detail}");
+        assert_eq!(detail["effect_applied"], false, "{detail}");
+        assert!(!audit.iter().any(|(e, _, _)| e == "succeeded"));
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stillon_without_observed_state_the_partner_refuses_a_taken_slot() {
+    each_stillon_app(|app| async move {
+        let token = for_traveller(&app, "travel-1", "worker.travel").await;
+        let mut client = Client::new(&app, &token);
+        client.connect().await;
+        let mut rst = object(&app, "restaurant", "RST-1001").await;
+        rst["slots"]["2026-06-11"]["20:00"] = json!("taken");
+        app.store
+            .demo_put(STILLON, "restaurant", "RST-1001", TENANT, &rst.to_string())
+            .await
+            .unwrap();
+        let reply = client.call("reservation.modify", move_args("20:00")).await;
+        assert_eq!(reply["result"]["isError"], true, "{reply}");
+        assert_eq!(content(&reply)["code"], "slot.unavailable", "{reply}");
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 0);
+        let hold = object(&app, "hold", "RST-1001/2026-06-11/20:00").await;
+        assert_eq!(hold["active"], false, "the refused move released its hold");
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "19:30");
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stillon_cancel_waits_for_the_traveller() {
+    each_stillon_app(|app| async move {
+        let token = for_traveller(&app, "maestro", "planner").await;
+        let mut planner = Client::new(&app, &token);
+        planner.connect().await;
+        let cancel = json!({"tool": "reservation.cancel",
+            "arguments": {"reservation_id": 8472, "reason": "The restaurant cannot seat us at 20:00"},
+            "reason": "No later table keeps the party together; cancel instead"});
+        let (run, steps) = submit(&mut planner, vec![cancel]).await;
+        let waiting = wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        assert_eq!(waiting.rule.as_deref(), Some("irreversible.always"), "{waiting:?}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(effects(&app, "dining.reservation.cancel").await, 0);
+        assert_eq!(object(&app, "reservation", "8472").await["status"], "confirmed");
+
+        app.store
+            .decide_step(
+                &steps[0],
+                &traveller(),
+                &traveller_gate(),
+                Verdict::Approved,
+                "yes, cancel it",
+            )
+            .await
+            .unwrap();
+        wait_for(&app, &steps[0], StepStatus::Done).await;
+        wait_run(&app, &run, RunStatus::Done).await;
+        assert_eq!(effects(&app, "dining.reservation.cancel").await, 1);
+        assert_eq!(object(&app, "reservation", "8472").await["status"], "cancelled");
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stillon_notify_failing_after_the_move_is_recorded() {
+    each_stillon_app(|app| async move {
+        inject_fault(
+            &app.store,
+            STILLON,
+            "messaging.send",
+            &Fault {
+                mode: FaultMode::Fail,
+                times: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let token = for_traveller(&app, "maestro", "planner").await;
+        let mut planner = Client::new(&app, &token);
+        planner.connect().await;
+        let notify = json!({"tool": "notify.send",
+            "arguments": {"contact_id": "CONTACT-0042", "channel": "sms",
+                          "message": "Dinner moved to 20:00 at Osteria Lume"},
+            "reason": "Tell the guest the dinner moved to 20:00"});
+        let (run, steps) =
+            submit(&mut planner, vec![move_step(observed_free_2000()), notify]).await;
+        wait_for(&app, &steps[0], StepStatus::Done).await;
+        wait_for(&app, &steps[1], StepStatus::NeedsApproval).await;
+        app.store
+            .decide_step(
+                &steps[1],
+                &traveller(),
+                &traveller_gate(),
+                Verdict::Approved,
+                "send it",
+            )
+            .await
+            .unwrap();
+        let failed = wait_for(&app, &steps[1], StepStatus::Failed).await;
+        wait_run(&app, &run, RunStatus::Failed).await;
+        assert_eq!(effects(&app, "messaging.send").await, 0);
+        assert_eq!(
+            effects(&app, "dining.reservation.modify").await,
+            1,
+            "the move stands"
+        );
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "20:00");
+        let outcome: Value = serde_json::from_str(failed.outcome.as_deref().unwrap()).unwrap();
+        assert_eq!(outcome["answer"]["code"], "injected", "{outcome}");
+        let audit = step_audit(&app, &run, &steps[1]).await;
+        let (event, rule, _) = audit.last().unwrap().clone();
+        assert_eq!(
+            (event.as_str(), rule.as_deref()),
+            ("failed", Some("target.failed"))
+        );
+        app
+    })
+    .await;
+}
