@@ -78,6 +78,24 @@ pub const KEYS: &[KeySpec] = &[
         help: "executor workers `serve` runs for planned steps (0 = none; run `countersign worker`)",
     },
     KeySpec {
+        name: "run_max_minutes",
+        secret: false,
+        default: Some("1440"),
+        help: "a planned run older than this stops: no further step starts",
+    },
+    KeySpec {
+        name: "run_max_spend",
+        secret: false,
+        default: None,
+        help: "most a planned run may move, in minor units (sum of `amount` of its steps); unset: no cap",
+    },
+    KeySpec {
+        name: "run_max_failures",
+        secret: false,
+        default: Some("3"),
+        help: "failed attempts in a row after which a planned run stops",
+    },
+    KeySpec {
         name: "webhook_urls",
         secret: false,
         default: None,
@@ -231,6 +249,8 @@ pub struct Config {
     pub workers: usize,
     /// Where gate notifications are posted.
     pub webhook_urls: Vec<Url>,
+    /// Per-run limits the executor enforces.
+    pub run_bounds: RunBounds,
     /// Total time an outbound `http`/`mcp` adapter call may take (connecting included).
     pub adapter_timeout: Duration,
     /// OIDC sign-in; `None` when no issuer is configured.
@@ -247,6 +267,17 @@ pub struct Config {
     pub audit_checkpoint_minutes: i64,
     /// The HMAC key redacted values are hashed with; `None`: plain SHA-256 only.
     pub redaction_key: Option<Arc<RedactionKey>>,
+}
+
+/// Limits on one planned run, enforced before each of its steps starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunBounds {
+    /// Wall time from the run's creation, in minutes.
+    pub max_minutes: i64,
+    /// Sum of the steps' `amount`, in minor units (`None`: no cap).
+    pub max_spend_minor: Option<i64>,
+    /// Failed attempts in a row.
+    pub max_failures: usize,
 }
 
 /// Where a value came from, for error messages.
@@ -505,6 +536,23 @@ impl Config {
             webhook_urls.push(url);
         }
 
+        let number = |name: &'static str| -> Result<Option<i64>, ConfigError> {
+            match get(name).filter(|t| !t.is_empty()) {
+                None => Ok(None),
+                Some(t) => t
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .map(Some)
+                    .ok_or_else(|| invalid(name, "expected a whole number above 0".into())),
+            }
+        };
+        let run_bounds = RunBounds {
+            max_minutes: number("run_max_minutes")?.unwrap_or(1440),
+            max_spend_minor: number("run_max_spend")?,
+            max_failures: usize::try_from(number("run_max_failures")?.unwrap_or(3)).unwrap_or(3),
+        };
+
         let listen_text = get("listen").unwrap_or_default();
         let listen: SocketAddr = listen_text.parse().map_err(|_| {
             invalid(
@@ -687,6 +735,7 @@ impl Config {
             site_root,
             workers,
             webhook_urls,
+            run_bounds,
             adapter_timeout,
             oidc,
             session_idle_minutes,

@@ -96,6 +96,16 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     };
     let step_id = step.id.clone();
     let run_id = step.run_id.clone();
+    if let Some(breach) = bounds_breach(state, &step)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let _ = store.release_step(&step_id, worker).await;
+        stop_run_for(state, &step, &breach)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(true);
+    }
     let answer = pipeline::execute_claimed(state, step, worker).await;
     let _ = store.release_step(&step_id, worker).await;
     let answer = answer.map_err(|e| e.to_string())?;
@@ -103,6 +113,73 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
         .await
         .map_err(|e| e.to_string())?;
     Ok(true)
+}
+
+/// Minor units of a step's `amount` (two decimals), if it has one.
+fn amount_minor(inputs: &str) -> i64 {
+    serde_json::from_str::<Value>(inputs)
+        .ok()
+        .and_then(|v| v.get("amount").and_then(Value::as_f64))
+        .map(|a| (a * 100.0).round() as i64)
+        .unwrap_or(0)
+}
+
+/// The run bound `step` would break by starting now, if any: `bounds.wall_time`,
+/// `bounds.spend` (done steps' amounts plus this one's above the cap) or `bounds.failures`
+/// (failed attempts in a row).
+async fn bounds_breach(state: &AppState, step: &Step) -> Result<Option<String>, StoreError> {
+    let bounds = state.config.run_bounds;
+    let store = &state.store;
+    let run = store.get_run(&step.run_id).await?;
+    let now = store.clock().now_ms();
+    if now - run.created_at > bounds.max_minutes.saturating_mul(60_000) {
+        return Ok(Some("bounds.wall_time".into()));
+    }
+    let steps = store.steps_for_run(&run.id).await?;
+    if let Some(cap) = bounds.max_spend_minor {
+        let spent: i64 = steps
+            .iter()
+            .filter(|s| s.status == StepStatus::Done)
+            .map(|s| amount_minor(&s.inputs))
+            .sum();
+        if spent + amount_minor(&step.inputs) > cap {
+            return Ok(Some("bounds.spend".into()));
+        }
+    }
+    let mut in_a_row = 0;
+    for r in store.audit_for_run(&run.id).await?.iter().rev() {
+        match r.event.as_str() {
+            "failed" => in_a_row += 1,
+            "succeeded" | "reconciled" => break,
+            _ => {}
+        }
+    }
+    if in_a_row >= bounds.max_failures {
+        return Ok(Some("bounds.failures".into()));
+    }
+    Ok(None)
+}
+
+/// Stops `step`'s run for breaking `rule`: audited, the run failed, its unstarted steps
+/// cancelled.
+async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), StoreError> {
+    let mut detail = Map::new();
+    detail.insert("kind".into(), json!("run_bounds"));
+    detail.insert("blocked_step".into(), json!(step.id));
+    state
+        .store
+        .append_audit(&NewAuditRecord {
+            event: Some(AuditEvent::Refused),
+            run_id: Some(step.run_id.clone()),
+            step_id: Some(step.id.clone()),
+            tool: Some(step.tool.clone()),
+            actor: Some("executor".into()),
+            rule: Some(rule.to_string()),
+            detail,
+        })
+        .await?;
+    crate::runs::cancel_run(state, &step.run_id, "executor", rule, RunStatus::Failed).await?;
+    Ok(())
 }
 
 /// After a step: schedule a retry, finish the run, or leave it waiting.

@@ -615,3 +615,38 @@ async fn runs_a_failed_step_compensates_earlier_writes_or_escalates() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_stop_at_their_spend_bound_before_the_step_that_would_break_it() {
+    // At most 1,000.00 EUR per run.
+    each_finance_app_with(&[("COUNTERSIGN_RUN_MAX_SPEND", "100000")], |app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let hold = |invoice: &str, amount: f64| {
+            json!({"tool": "invoice.hold", "arguments": {"invoice_id": invoice, "amount": amount,
+                   "currency": "EUR", "reason": REASON}, "reason": "Dispute on delivered quantities"})
+        };
+        let (run, steps) = submit(
+            &mut client,
+            vec![hold("INV-20260611", 500.0), hold("INV-20260612", 600.0)],
+        )
+        .await;
+        wait_for(&app, &steps[0], StepStatus::Done).await;
+        wait_for(&app, &steps[1], StepStatus::Cancelled).await;
+        assert_eq!(app.store.get_run(&run).await.unwrap().status, RunStatus::Failed);
+        assert_eq!(app.store.get_run(&run).await.unwrap().reason, "bounds.spend");
+        assert_eq!(effects(&app, "invoices.hold").await, 1);
+        let refused = app
+            .store
+            .audit_for_run(&run)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.rule.as_deref() == Some("bounds.spend"))
+            .count();
+        assert_eq!(refused, 1);
+        app
+    })
+    .await;
+}
