@@ -120,6 +120,41 @@ pub(super) fn arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, AdapterErr
         .ok_or_else(|| rejected("bad_request", format!("missing {name}")))
 }
 
+/// An object of `system` in the caller's `tenant`; another tenant's record does not exist for
+/// it.
+pub(super) async fn tenant_object(
+    store: &Store,
+    system: &str,
+    kind: &str,
+    id: &str,
+    tenant: &str,
+) -> Result<Option<(DemoObject, Value)>, AdapterError> {
+    match store
+        .demo_get(system, kind, id)
+        .await
+        .map_err(unavailable)?
+    {
+        Some(obj) if obj.tenant == tenant => {
+            let value = parse(&obj)?;
+            Ok(Some((obj, value)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// [`tenant_object`], or `not_found`.
+pub(super) async fn must_tenant_object(
+    store: &Store,
+    system: &str,
+    kind: &str,
+    id: &str,
+    tenant: &str,
+) -> Result<(DemoObject, Value), AdapterError> {
+    tenant_object(store, system, kind, id, tenant)
+        .await?
+        .ok_or_else(|| rejected("not_found", format!("no {kind} {id}")))
+}
+
 /// The demo ERP.
 #[derive(Debug)]
 struct Erp {
@@ -127,36 +162,13 @@ struct Erp {
 }
 
 impl Erp {
-    /// An object of the caller's tenant; another tenant's record does not exist for it.
-    async fn get(
-        &self,
-        kind: &str,
-        id: &str,
-        tenant: &str,
-    ) -> Result<Option<(DemoObject, Value)>, AdapterError> {
-        match self
-            .store
-            .demo_get(ERP, kind, id)
-            .await
-            .map_err(unavailable)?
-        {
-            Some(obj) if obj.tenant == tenant => {
-                let value = parse(&obj)?;
-                Ok(Some((obj, value)))
-            }
-            _ => Ok(None),
-        }
-    }
-
     async fn must_get(
         &self,
         kind: &str,
         id: &str,
         tenant: &str,
     ) -> Result<(DemoObject, Value), AdapterError> {
-        self.get(kind, id, tenant)
-            .await?
-            .ok_or_else(|| rejected("not_found", format!("no {kind} {id}")))
+        must_tenant_object(&self.store, ERP, kind, id, tenant).await
     }
 
     async fn read(&self, call: &Invocation) -> Result<Value, AdapterError> {

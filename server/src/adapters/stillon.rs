@@ -95,18 +95,7 @@ impl StillOn {
         id: &str,
         tenant: &str,
     ) -> Result<Option<(DemoObject, Value)>, AdapterError> {
-        match self
-            .store
-            .demo_get(STILLON, kind, id)
-            .await
-            .map_err(unavailable)?
-        {
-            Some(obj) if obj.tenant == tenant => {
-                let value = parse(&obj)?;
-                Ok(Some((obj, value)))
-            }
-            _ => Ok(None),
-        }
+        super::builtin::tenant_object(&self.store, STILLON, kind, id, tenant).await
     }
 
     async fn must_get(
@@ -115,9 +104,7 @@ impl StillOn {
         id: &str,
         tenant: &str,
     ) -> Result<(DemoObject, Value), AdapterError> {
-        self.get(kind, id, tenant)
-            .await?
-            .ok_or_else(|| rejected("not_found", format!("no {kind} {id}")))
+        super::builtin::must_tenant_object(&self.store, STILLON, kind, id, tenant).await
     }
 
     /// A record of the caller's tenant owned by the party the call is made for.
