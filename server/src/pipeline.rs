@@ -694,36 +694,9 @@ async fn execute(
         };
     }
 
-    // 7. Reserve the key (writes): only the reserver calls the adapter.
-    let dedupe = !matches!(ctx.tool.effect, Effect::Read);
-    if dedupe {
-        match store
-            .reserve_key(&step.idem_key, &step.id, &step.inputs_hash, &ctx.trace_id)
-            .await?
-        {
-            Reservation::Reserved => {}
-            Reservation::Existing(key) => {
-                if key.inputs_hash != step.inputs_hash || key.step_id != step.id {
-                    let record = ctx.record(
-                        AuditEvent::Refused,
-                        Some(&step),
-                        Some(IDEMPOTENCY_MISMATCH),
-                        detail(&[("inputs_hash", json!(step.inputs_hash))]),
-                    );
-                    ctx.append(record).await?;
-                    return Ok(err(json!({"status": "refused",
-                        "rule": IDEMPOTENCY_MISMATCH, "step_id": step.id})));
-                }
-                let taken = key.state == KeyState::Failed
-                    && store
-                        .take_over_key(&step.idem_key, KeyState::Failed, &ctx.trace_id)
-                        .await?;
-                if !taken {
-                    return settle(ctx, &step).await;
-                }
-            }
-        }
-    }
+    // 7. Take the step (pending|failed → running: the step row is the mutex among callers
+    // and workers), then reserve its key. A crash between the two leaves a running step with
+    // no key, which the reconciler asks the target about by key like any other.
     let started_record = ctx.record(
         AuditEvent::Started,
         Some(&step),
@@ -748,6 +721,21 @@ async fn execute(
     else {
         return settle(ctx, &step).await;
     };
+    failpoint("after_start");
+    let dedupe = !matches!(ctx.tool.effect, Effect::Read);
+    if dedupe {
+        match store
+            .reserve_key(&step.idem_key, &step.id, &step.inputs_hash, &ctx.trace_id)
+            .await?
+        {
+            Reservation::Reserved => {}
+            Reservation::Existing(key) => {
+                if let Some(answer) = existing_key(ctx, &step, &key).await? {
+                    return Ok(answer);
+                }
+            }
+        }
+    }
 
     // 9. The adapter, under the key, with the approval reference.
     let provider = ctx.tool.handler.provider.as_str();
@@ -949,6 +937,64 @@ pub async fn execute_claimed(
     let canonical = CanonicalJson::from_canonical_text(&step.inputs)
         .map_err(|e| Internal(format!("stored inputs: {e}")))?;
     execute(&ctx, &run, step, &canonical).await
+}
+
+/// The step's key was reserved before (an earlier attempt). `None`: this caller took it over
+/// (a failed attempt that never reached the target) and goes on to call the adapter; otherwise
+/// the answer, without calling it: the stored outcome, a mismatch refusal, or `unknown` for
+/// the reconciler when an earlier attempt may still have reached the target.
+async fn existing_key(
+    ctx: &Ctx<'_>,
+    step: &Step,
+    key: &countersign_core::store::KeyRecord,
+) -> Result<Option<Answer>, Internal> {
+    let store = &ctx.state.store;
+    let (to, rule, answer) = if key.inputs_hash != step.inputs_hash || key.step_id != step.id {
+        let answer = err(json!({"status": "refused", "rule": IDEMPOTENCY_MISMATCH,
+                                "step_id": step.id}));
+        (StepStatus::Refused, Some(IDEMPOTENCY_MISMATCH), answer)
+    } else if key.state == KeyState::Failed
+        && store
+            .take_over_key(&step.idem_key, KeyState::Failed, &ctx.trace_id)
+            .await?
+    {
+        return Ok(None);
+    } else if key.state == KeyState::Done {
+        let stored = Step {
+            outcome: key.result.clone(),
+            status: StepStatus::Done,
+            ..step.clone()
+        };
+        (StepStatus::Done, None, stored_outcome(&stored))
+    } else {
+        let answer = ok(json!({"status": "unknown", "step_id": step.id,
+            "message": "an earlier attempt may have reached the target; reconciling"}));
+        (StepStatus::Unknown, Some(TARGET_TIMEOUT), answer)
+    };
+    let record = ctx.record(
+        match to {
+            StepStatus::Refused => AuditEvent::Refused,
+            StepStatus::Done => AuditEvent::Succeeded,
+            _ => AuditEvent::Unknown,
+        },
+        Some(step),
+        rule,
+        detail(&[
+            ("idem_key", json!(step.idem_key)),
+            ("key_state", json!(key.state)),
+        ]),
+    );
+    ctx.transition(Transition {
+        step_id: step.id.clone(),
+        from: vec![StepStatus::Running],
+        to: Some(to),
+        rule: rule.map(str::to_string),
+        outcome: outcome_text(&answer),
+        records: vec![record],
+        ..Transition::default()
+    })
+    .await?;
+    Ok(Some(answer))
 }
 
 /// Another caller moved the step first: report where it ends up.

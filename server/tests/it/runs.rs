@@ -305,6 +305,15 @@ async fn runs_emergency_stop_halts_runs_and_revokes_their_agents() {
     .await;
 }
 
+/// A `countersign` process on the test database. The test server's clock is a fixed day in
+/// 2026; worker processes run on the real clock, so the wall-time bound of a run (measured
+/// from its creation on the test clock) is lifted for them.
+fn worker_on(db_url: &str) -> std::process::Command {
+    let mut cmd = countersign_on(db_url);
+    cmd.env("COUNTERSIGN_RUN_MAX_MINUTES", "1000000000");
+    cmd
+}
+
 /// Kills a child process when dropped (also when a test fails half-way).
 struct KillOnDrop(std::process::Child);
 
@@ -340,7 +349,7 @@ async fn crash_at(point: &str) {
         let mut client = Client::new(&app, &planner);
         client.connect().await;
         let (_, steps) = submit(&mut client, vec![note_step()]).await;
-        let child = countersign_on(&app.db_url())
+        let child = worker_on(&app.db_url())
             .args(["worker", "--count", "1"])
             .env("COUNTERSIGN_TEST_CRASH_AT", point)
             .stdout(std::process::Stdio::null())
@@ -365,7 +374,7 @@ async fn crash_at(point: &str) {
         assert_eq!(effects(&app, "notes.draft").await, expected_before);
 
         // Restart: the reconciler asks the ERP by key, then (if needed) the step runs again.
-        let worker = countersign_on(&app.db_url())
+        let worker = worker_on(&app.db_url())
             .args(["worker", "--count", "1", "--stale-after", "0"])
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -463,7 +472,7 @@ async fn many_workers(app: &TestApp, workers: usize, steps: usize) {
     let procs: Vec<KillOnDrop> = (0..workers)
         .map(|_| {
             KillOnDrop(
-                countersign_on(&app.db_url())
+                worker_on(&app.db_url())
                     .args(["worker", "--count", "1"])
                     .stdout(std::process::Stdio::null())
                     .spawn()
@@ -649,4 +658,9 @@ async fn runs_stop_at_their_spend_bound_before_the_step_that_would_break_it() {
         app
     })
     .await;
+}
+
+#[tokio::test]
+async fn runs_worker_killed_between_taking_the_step_and_reserving_its_key_runs_it_once() {
+    crash_at("after_start").await;
 }
