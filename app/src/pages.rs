@@ -67,6 +67,8 @@ fn EmptyPage(title: &'static str, empty: &'static str) -> impl IntoView {
 /// Gated calls waiting for a person: the list (`/inbox`).
 #[component]
 pub fn Inbox() -> impl IntoView {
+    #[cfg(feature = "hydrate")]
+    inbox_keys();
     let gates = Resource::new(|| (), |_| load_gates());
     let query = use_query_map();
     let notice = move || {
@@ -100,6 +102,61 @@ pub fn Inbox() -> impl IntoView {
             <KeyboardHelp/>
         </section>
     }
+}
+
+/// Keyboard shortcuts on the inbox pages (browser only): `j` / `k` move the focus between
+/// the gates' links, `a` / `r` focus the approve / reject button. Keys typed into a field are
+/// left alone.
+#[cfg(feature = "hydrate")]
+fn inbox_keys() {
+    use wasm_bindgen::JsCast;
+    let handle = window_event_listener(leptos::ev::keydown, |ev| {
+        if ev.ctrl_key() || ev.meta_key() || ev.alt_key() {
+            return;
+        }
+        let typing = ev
+            .target()
+            .and_then(|t| t.dyn_into::<leptos::web_sys::Element>().ok())
+            .is_some_and(|el| matches!(el.tag_name().as_str(), "INPUT" | "TEXTAREA" | "SELECT"));
+        if typing {
+            return;
+        }
+        let doc = document();
+        let focus = |el: Option<leptos::web_sys::Element>| {
+            if let Some(el) = el.and_then(|e| e.dyn_into::<leptos::web_sys::HtmlElement>().ok()) {
+                let _ = el.focus();
+            }
+        };
+        let key = ev.key();
+        match key.as_str() {
+            "j" | "k" => {
+                // The list's links are `gate-link-0`, `gate-link-1`, … in order.
+                let current: Option<u32> = doc.active_element().and_then(|a| {
+                    a.id()
+                        .strip_prefix("gate-link-")
+                        .and_then(|n| n.parse().ok())
+                });
+                let next = match (key.as_str(), current) {
+                    ("j", Some(i)) => i + 1,
+                    ("k", Some(i)) => i.saturating_sub(1),
+                    _ => 0,
+                };
+                if let Some(link) = doc.get_element_by_id(&format!("gate-link-{next}")) {
+                    ev.prevent_default();
+                    focus(Some(link));
+                }
+            }
+            "a" | "r" => {
+                let id = if key == "a" { "approve" } else { "reject" };
+                if let Some(button) = doc.get_element_by_id(id) {
+                    ev.prevent_default();
+                    focus(Some(button));
+                }
+            }
+            _ => {}
+        }
+    });
+    on_cleanup(move || handle.remove());
 }
 
 #[component]
@@ -153,7 +210,7 @@ fn KeyboardHelp() -> impl IntoView {
             "Keyboard: " <kbd class="rounded border px-1">"j"</kbd> " / "
             <kbd class="rounded border px-1">"k"</kbd> " move between gates, "
             <kbd class="rounded border px-1">"a"</kbd> " / " <kbd class="rounded border px-1">"r"</kbd>
-            " go to approve / reject."
+            " go to approve / reject (after the reason)."
         </p>
     }
 }
@@ -178,7 +235,8 @@ fn GateTable(rows: Vec<GateRow>) -> impl IntoView {
             <tbody>
                 {rows
                     .into_iter()
-                    .map(|row| {
+                    .enumerate()
+                    .map(|(i, row)| {
                         let href = format!("/inbox/{}", row.step_id);
                         view! {
                             <tr
@@ -196,7 +254,7 @@ fn GateTable(rows: Vec<GateRow>) -> impl IntoView {
                                 <td class="px-3 py-2">
                                     <a
                                         href=href
-                                        data-gate-link=""
+                                        id=format!("gate-link-{i}")
                                         class="rounded px-2 py-1 font-medium text-indigo-700 underline hover:bg-indigo-50 focus:outline-none focus:ring-2 focus:ring-indigo-500"
                                     >
                                         "Review"
@@ -215,6 +273,8 @@ fn GateTable(rows: Vec<GateRow>) -> impl IntoView {
 /// One gated call (`/inbox/{step_id}`): what exactly will run, why, and the decision form.
 #[component]
 pub fn GatePage() -> impl IntoView {
+    #[cfg(feature = "hydrate")]
+    inbox_keys();
     let params = use_params_map();
     let step_id = move || params.read().get("id").unwrap_or_default();
     let gate = Resource::new(step_id, load_gate);
