@@ -8,8 +8,19 @@ import { join, resolve } from 'node:path';
 
 const root = resolve(__dirname, '..');
 const port = Number(process.env.E2E_PORT ?? 3107);
-const dataDir = mkdtempSync(join(tmpdir(), 'countersign-e2e-'));
+// The config is evaluated again in each worker: keep the runner's data directory.
+const dataDir = process.env.E2E_DATA_DIR ?? (process.env.E2E_DATA_DIR = mkdtempSync(join(tmpdir(), 'countersign-e2e-')));
 const binary = process.env.E2E_BINARY ?? join(root, 'target', 'debug', 'countersign');
+
+/** The server binary and the settings it runs with (tests run the CLI on the same database). */
+export const e2eBinary = binary;
+export const e2eEnv: Record<string, string> = {
+  COUNTERSIGN_LISTEN: `127.0.0.1:${port}`,
+  COUNTERSIGN_DATABASE_URL: `sqlite://${join(dataDir, 'e2e.db')}`,
+  COUNTERSIGN_SITE_ROOT: join(root, 'target', 'site'),
+  COUNTERSIGN_LOG_LEVEL: 'warn',
+  COUNTERSIGN_REGISTRY: join(root, 'examples', 'finance'),
+};
 
 export default defineConfig({
   testDir: './tests',
@@ -44,12 +55,6 @@ export default defineConfig({
     timeout: 60_000,
     stdout: 'pipe',
     stderr: 'pipe',
-    env: {
-      COUNTERSIGN_LISTEN: `127.0.0.1:${port}`,
-      COUNTERSIGN_DATABASE_URL: `sqlite://${join(dataDir, 'e2e.db')}`,
-      COUNTERSIGN_SITE_ROOT: join(root, 'target', 'site'),
-      COUNTERSIGN_LOG_LEVEL: 'warn',
-      COUNTERSIGN_REGISTRY: join(root, 'examples', 'finance'),
-    },
+    env: e2eEnv,
   },
 });

@@ -5,12 +5,13 @@
 //! `countersign-core`; with `hydrate` the same components compile to wasm and take over
 //! the server-rendered HTML. Nothing in the `hydrate` build pulls sqlx, cedar or rmcp.
 
+pub mod inbox;
 pub mod pages;
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{A, Route, Router, Routes};
-use leptos_router::path;
+use leptos_router::{SsrMode, path};
 
 /// Request marker the server sets while the demo sign-in is on; the shell then shows
 /// [`DEMO_BANNER`] on every page.
@@ -85,7 +86,8 @@ pub fn App() -> impl IntoView {
             <main id="main" class="mx-auto max-w-6xl px-4 py-8">
                 <Routes fallback=|| view! { <pages::NotFound/> }>
                     <Route path=path!("/") view=pages::Home/>
-                    <Route path=path!("/inbox") view=pages::Inbox/>
+                    <Route path=path!("/inbox") view=pages::Inbox ssr=SsrMode::Async/>
+                    <Route path=path!("/inbox/:id") view=pages::GatePage ssr=SsrMode::Async/>
                     <Route path=path!("/runs") view=pages::Runs/>
                     <Route path=path!("/audit") view=pages::Audit/>
                     <Route path=path!("/gates") view=pages::Metrics/>

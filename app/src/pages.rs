@@ -1,6 +1,11 @@
 //! One component per dashboard page. Pages that have no data yet say so plainly.
 
 use leptos::prelude::*;
+use leptos_router::hooks::{use_params_map, use_query_map};
+
+use crate::inbox::{
+    DetailView, GateDetail, GateRow, InboxView, error_text, load_gate, load_gates, notice_text,
+};
 
 /// The landing page: what Countersign is, and a hydration check.
 #[component]
@@ -59,10 +64,409 @@ fn EmptyPage(title: &'static str, empty: &'static str) -> impl IntoView {
     }
 }
 
-/// Gated calls waiting for a person.
+/// Gated calls waiting for a person: the list (`/inbox`).
 #[component]
 pub fn Inbox() -> impl IntoView {
-    view! { <EmptyPage title="Approval inbox" empty="No gated calls are waiting for approval."/> }
+    #[cfg(feature = "hydrate")]
+    inbox_keys();
+    let gates = Resource::new(|| (), |_| load_gates());
+    let query = use_query_map();
+    let notice = move || {
+        query
+            .read()
+            .get("done")
+            .and_then(|code| notice_text(&code))
+            .map(|text| view! { <Notice text/> })
+    };
+    view! {
+        <section class="space-y-4">
+            <h1 class="text-2xl font-semibold">"Approval inbox"</h1>
+            {notice}
+            <Suspense fallback=|| view! { <p class="text-slate-600">"Loading gates…"</p> }>
+                {move || Suspend::new(async move {
+                    match gates.await {
+                        Ok(InboxView::NotApprover) => view! { <NotApprover/> }.into_any(),
+                        Ok(InboxView::Gates(rows)) if rows.is_empty() => {
+                            view! {
+                                <p class="rounded border border-dashed border-slate-300 bg-white p-6 text-slate-600">
+                                    "No gated calls are waiting for approval."
+                                </p>
+                            }
+                                .into_any()
+                        }
+                        Ok(InboxView::Gates(rows)) => view! { <GateTable rows/> }.into_any(),
+                        Err(e) => view! { <LoadError error=e.to_string()/> }.into_any(),
+                    }
+                })}
+            </Suspense>
+            <KeyboardHelp/>
+        </section>
+    }
+}
+
+/// Keyboard shortcuts on the inbox pages (browser only): `j` / `k` move the focus between
+/// the gates' links, `a` / `r` focus the approve / reject button. Keys typed into a field are
+/// left alone.
+#[cfg(feature = "hydrate")]
+fn inbox_keys() {
+    use wasm_bindgen::JsCast;
+    let handle = window_event_listener(leptos::ev::keydown, |ev| {
+        if ev.ctrl_key() || ev.meta_key() || ev.alt_key() {
+            return;
+        }
+        let typing = ev
+            .target()
+            .and_then(|t| t.dyn_into::<leptos::web_sys::Element>().ok())
+            .is_some_and(|el| matches!(el.tag_name().as_str(), "INPUT" | "TEXTAREA" | "SELECT"));
+        if typing {
+            return;
+        }
+        let doc = document();
+        let focus = |el: Option<leptos::web_sys::Element>| {
+            if let Some(el) = el.and_then(|e| e.dyn_into::<leptos::web_sys::HtmlElement>().ok()) {
+                let _ = el.focus();
+            }
+        };
+        let key = ev.key();
+        match key.as_str() {
+            "j" | "k" => {
+                // The list's links are `gate-link-0`, `gate-link-1`, … in order.
+                let current: Option<u32> = doc.active_element().and_then(|a| {
+                    a.id()
+                        .strip_prefix("gate-link-")
+                        .and_then(|n| n.parse().ok())
+                });
+                let next = match (key.as_str(), current) {
+                    ("j", Some(i)) => i + 1,
+                    ("k", Some(i)) => i.saturating_sub(1),
+                    _ => 0,
+                };
+                if let Some(link) = doc.get_element_by_id(&format!("gate-link-{next}")) {
+                    ev.prevent_default();
+                    focus(Some(link));
+                }
+            }
+            "a" | "r" => {
+                let id = if key == "a" { "approve" } else { "reject" };
+                if let Some(button) = doc.get_element_by_id(id) {
+                    ev.prevent_default();
+                    focus(Some(button));
+                }
+            }
+            _ => {}
+        }
+    });
+    on_cleanup(move || handle.remove());
+}
+
+#[component]
+fn Notice(text: &'static str) -> impl IntoView {
+    view! {
+        <p
+            role="status"
+            data-testid="notice"
+            class="rounded border border-emerald-300 bg-emerald-50 p-3 text-emerald-900"
+        >
+            {text}
+        </p>
+    }
+}
+
+#[component]
+fn Problem(text: &'static str) -> impl IntoView {
+    view! {
+        <p
+            role="alert"
+            data-testid="error"
+            class="rounded border border-red-300 bg-red-50 p-3 font-medium text-red-900"
+        >
+            {text}
+        </p>
+    }
+}
+
+#[component]
+fn NotApprover() -> impl IntoView {
+    view! {
+        <p data-testid="not-approver" class="rounded border border-slate-300 bg-white p-6 text-slate-700">
+            "The inbox is for approvers. Your account does not hold the approver role, so no gates are shown."
+        </p>
+    }
+}
+
+#[component]
+fn LoadError(error: String) -> impl IntoView {
+    view! {
+        <p role="alert" class="rounded border border-red-300 bg-red-50 p-3 text-red-900">
+            "The gates could not be loaded: " {error}
+        </p>
+    }
+}
+
+#[component]
+fn KeyboardHelp() -> impl IntoView {
+    view! {
+        <p class="text-sm text-slate-600">
+            "Keyboard: " <kbd class="rounded border px-1">"j"</kbd> " / "
+            <kbd class="rounded border px-1">"k"</kbd> " move between gates, "
+            <kbd class="rounded border px-1">"a"</kbd> " / " <kbd class="rounded border px-1">"r"</kbd>
+            " go to approve / reject (after the reason)."
+        </p>
+    }
+}
+
+#[component]
+fn GateTable(rows: Vec<GateRow>) -> impl IntoView {
+    view! {
+        <table class="w-full border-collapse overflow-hidden rounded border border-slate-200 bg-white text-left text-sm">
+            <caption class="sr-only">"Gated calls waiting for approval, oldest first"</caption>
+            <thead class="bg-slate-100 text-slate-700">
+                <tr>
+                    <th scope="col" class="px-3 py-2">"Tool"</th>
+                    <th scope="col" class="px-3 py-2 text-right">"Amount"</th>
+                    <th scope="col" class="px-3 py-2">"Target"</th>
+                    <th scope="col" class="px-3 py-2">"Expiry"</th>
+                    <th scope="col" class="px-3 py-2">"Waiting since"</th>
+                    <th scope="col" class="px-3 py-2">
+                        <span class="sr-only">"Open"</span>
+                    </th>
+                </tr>
+            </thead>
+            <tbody>
+                {rows
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, row)| {
+                        let href = format!("/inbox/{}", row.step_id);
+                        view! {
+                            <tr
+                                data-testid="gate-row"
+                                data-step-id=row.step_id.clone()
+                                class="border-t border-slate-200 focus-within:bg-indigo-50"
+                            >
+                                <td class="px-3 py-2 font-mono">{row.tool.clone()}</td>
+                                <td data-testid="gate-amount" class="px-3 py-2 text-right tabular-nums">
+                                    {row.amount.clone().unwrap_or_else(|| "—".into())}
+                                </td>
+                                <td class="px-3 py-2">{row.target.clone().unwrap_or_else(|| "—".into())}</td>
+                                <td class="px-3 py-2">{row.expires.clone()}</td>
+                                <td class="px-3 py-2 text-slate-600">{row.waiting_since.clone()}</td>
+                                <td class="px-3 py-2">
+                                    <a
+                                        href=href
+                                        id=format!("gate-link-{i}")
+                                        class="rounded px-2 py-1 font-medium text-indigo-700 underline hover:bg-indigo-50 focus:outline-none focus:ring-2 focus:ring-indigo-500"
+                                    >
+                                        "Review"
+                                        <span class="sr-only">{format!(" {}", row.tool)}</span>
+                                    </a>
+                                </td>
+                            </tr>
+                        }
+                    })
+                    .collect_view()}
+            </tbody>
+        </table>
+    }
+}
+
+/// One gated call (`/inbox/{step_id}`): what exactly will run, why, and the decision form.
+#[component]
+pub fn GatePage() -> impl IntoView {
+    #[cfg(feature = "hydrate")]
+    inbox_keys();
+    let params = use_params_map();
+    let step_id = move || params.read().get("id").unwrap_or_default();
+    let gate = Resource::new(step_id, load_gate);
+    let query = use_query_map();
+    let message = move || {
+        let q = query.read();
+        if let Some(text) = q.get("error").and_then(|c| error_text(&c)) {
+            Some(view! { <Problem text/> }.into_any())
+        } else {
+            q.get("done")
+                .and_then(|c| notice_text(&c))
+                .map(|text| view! { <Notice text/> }.into_any())
+        }
+    };
+    view! {
+        <section class="space-y-6">
+            <p>
+                <a href="/inbox" class="text-sm text-indigo-700 underline">"← Back to the inbox"</a>
+            </p>
+            {message}
+            <Suspense fallback=|| view! { <p class="text-slate-600">"Loading the gate…"</p> }>
+                {move || Suspend::new(async move {
+                    match gate.await {
+                        Ok(DetailView::NotApprover) => view! { <NotApprover/> }.into_any(),
+                        Ok(DetailView::NotFound) => {
+                            view! {
+                                <p class="rounded border border-slate-300 bg-white p-6 text-slate-700">
+                                    "There is no gate waiting for you at this address. It may have been decided or expired."
+                                </p>
+                            }
+                                .into_any()
+                        }
+                        Ok(DetailView::Gate(detail)) => view! { <GateView detail=*detail/> }.into_any(),
+                        Err(e) => view! { <LoadError error=e.to_string()/> }.into_any(),
+                    }
+                })}
+            </Suspense>
+        </section>
+    }
+}
+
+#[component]
+fn Field(label: &'static str, children: Children) -> impl IntoView {
+    view! {
+        <div class="grid grid-cols-3 gap-2 border-t border-slate-200 py-2">
+            <dt class="font-medium text-slate-700">{label}</dt>
+            <dd class="col-span-2">{children()}</dd>
+        </div>
+    }
+}
+
+#[component]
+fn GateView(detail: GateDetail) -> impl IntoView {
+    let action = format!("/inbox/{}/decision", detail.row.step_id);
+    let waiting = detail.status == "needs_approval";
+    let row = detail.row;
+    let evidence = if detail.evidence.is_empty() {
+        view! { <span class="text-slate-600">"none cited"</span> }.into_any()
+    } else {
+        view! {
+            <ul class="list-inside list-disc font-mono">
+                {detail.evidence.into_iter().map(|id| view! { <li>{id}</li> }).collect_view()}
+            </ul>
+        }
+        .into_any()
+    };
+    let reversibility = match &detail.compensate {
+        Some(tool) => format!("{} — undone by {tool}", detail.effect),
+        None => format!("{} — no compensating tool", detail.effect),
+    };
+    let mut conditions = vec![format!(
+        "{} of {} approval(s) given",
+        detail.approvals_given, detail.approvals_needed
+    )];
+    if detail.four_eyes {
+        conditions.push("four eyes: not the creator of the agent's credential".into());
+    }
+    if let Some(minutes) = detail.step_up_minutes {
+        conditions.push(format!("needs a sign-in within the last {minutes} minutes"));
+    }
+    view! {
+        <article class="space-y-6" data-testid="gate-detail">
+            <header class="space-y-1">
+                <h1 class="text-2xl font-semibold">
+                    <span class="font-mono">{row.tool.clone()}</span>
+                    {row.amount.clone().map(|a| view! { <span data-testid="gate-amount">{format!(" · {a}")}</span> })}
+                </h1>
+                <p class="text-slate-700">
+                    {row.target.clone().unwrap_or_default()} " · " {row.expires.clone()} " · waiting since "
+                    {row.waiting_since.clone()}
+                </p>
+            </header>
+            <dl class="rounded border border-slate-200 bg-white px-4 py-2 text-sm">
+                <Field label="Model's reason">
+                    <p data-testid="gate-reason">{detail.reason.clone()}</p>
+                </Field>
+                <Field label="Evidence">{evidence}</Field>
+                <Field label="Policy rule">
+                    <code>{detail.rule.clone().unwrap_or_else(|| "—".into())}</code>
+                </Field>
+                <Field label="Reversibility">{reversibility}</Field>
+                <Field label="Conditions">{conditions.join("; ")}</Field>
+                <Field label="Run">
+                    <code>{detail.run_id.clone()}</code>
+                </Field>
+                <Field label="Status">{detail.status.clone()}</Field>
+            </dl>
+            <section class="space-y-2">
+                <h2 class="text-lg font-semibold">"Inputs exactly as they will be sent"</h2>
+                <pre
+                    data-testid="gate-inputs"
+                    class="overflow-x-auto rounded border border-slate-200 bg-slate-900 p-4 text-sm text-slate-100"
+                >
+                    {detail.inputs.clone()}
+                </pre>
+                <p class="text-xs text-slate-600">
+                    "Canonical JSON (RFC 8785); your approval binds " <code>{detail.inputs_hash.clone()}</code>
+                </p>
+            </section>
+            {waiting
+                .then(|| {
+                    view! {
+            <form
+                method="post"
+                action=action
+                class="space-y-3 rounded border border-slate-200 bg-white p-4"
+            >
+                <h2 class="text-lg font-semibold">"Decide"</h2>
+                <label for="reason" class="block text-sm font-medium text-slate-800">
+                    "Reason (required, recorded in the audit trail)"
+                </label>
+                <textarea
+                    id="reason"
+                    name="reason"
+                    required
+                    rows="3"
+                    class="w-full rounded border border-slate-400 p-2 focus:outline-none focus:ring-2 focus:ring-indigo-500"
+                ></textarea>
+                <div class="flex gap-3">
+                    <button
+                        type="submit"
+                        id="approve"
+                        name="verdict"
+                        value="approved"
+                        data-testid="approve"
+                        class="rounded bg-emerald-700 px-4 py-2 text-sm font-medium text-white hover:bg-emerald-800 focus:outline-none focus:ring-2 focus:ring-emerald-500 focus:ring-offset-2"
+                    >
+                        "Approve"
+                    </button>
+                    <button
+                        type="submit"
+                        id="reject"
+                        name="verdict"
+                        value="rejected"
+                        data-testid="reject"
+                        class="rounded bg-red-700 px-4 py-2 text-sm font-medium text-white hover:bg-red-800 focus:outline-none focus:ring-2 focus:ring-red-500 focus:ring-offset-2"
+                    >
+                        "Reject"
+                    </button>
+                </div>
+            </form>
+                    }
+                })}
+            <section class="space-y-2">
+                <h2 class="text-lg font-semibold">"History"</h2>
+                <table class="w-full border-collapse rounded border border-slate-200 bg-white text-left text-sm">
+                    <thead class="bg-slate-100">
+                        <tr>
+                            <th scope="col" class="px-3 py-2">"Event"</th>
+                            <th scope="col" class="px-3 py-2">"Time"</th>
+                            <th scope="col" class="px-3 py-2">"Actor"</th>
+                        </tr>
+                    </thead>
+                    <tbody>
+                        {detail
+                            .history
+                            .into_iter()
+                            .map(|h| {
+                                view! {
+                                    <tr data-testid="history-row" class="border-t border-slate-200">
+                                        <td class="px-3 py-2">{h.event}</td>
+                                        <td class="px-3 py-2">{h.at}</td>
+                                        <td class="px-3 py-2 font-mono">{h.actor}</td>
+                                    </tr>
+                                }
+                            })
+                            .collect_view()}
+                    </tbody>
+                </table>
+            </section>
+        </article>
+    }
 }
 
 /// Runs and their steps.

@@ -8,6 +8,7 @@
 //!   roles as approver; any other step answers 404, as if it did not exist.
 //! * The rules (approver roles, four eyes, second approver, step-up) come from the registry in
 //!   force and the step's own inputs, never from the request.
+//! * Every decision, from the JSON API or the inbox's HTML form, goes through [`decide_as`].
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -40,7 +41,7 @@ fn decider(person: &Person) -> Decider {
 }
 
 /// The step if `person` may see it: their tenant, a tool they approve.
-async fn visible(state: &AppState, person: &Person, step: &Step) -> Result<bool, StoreError> {
+pub async fn visible(state: &AppState, person: &Person, step: &Step) -> Result<bool, StoreError> {
     let Some(loaded) = state.registry.current() else {
         return Ok(false);
     };
@@ -109,6 +110,84 @@ pub struct DecisionBody {
     pub reason: String,
 }
 
+/// A decision that went through.
+#[derive(Debug)]
+pub struct Decided {
+    /// The approval row.
+    pub approval: countersign_core::approvals::Approval,
+    /// The step's status after the decision (`pending`, `needs_approval` when a second
+    /// approver is still needed, `refused`).
+    pub status: Option<StepStatus>,
+}
+
+/// Why a decision did not go through.
+#[derive(Debug)]
+pub enum Refusal {
+    /// No such step for this person (or its tool is gone): answered as if it did not exist.
+    NotFound,
+    /// No registry in force.
+    NoRegistry,
+    /// The database failed.
+    Unavailable,
+    /// The store's checks refused it (reason, role, window, self-approval, four eyes,
+    /// step-up, already decided, not waiting).
+    Decide(DecideError),
+}
+
+/// The one decision path of the JSON API and the inbox form: the step must be visible to
+/// `person` (tenant, approver role of its tool), and the rules come from the registry in
+/// force and the step's own inputs; [`countersign_core::Store::decide_step`] checks the rest.
+pub async fn decide_as(
+    state: &AppState,
+    person: &Person,
+    step_id: &str,
+    verdict: Verdict,
+    reason: &str,
+) -> Result<Decided, Refusal> {
+    let step = match state.store.get_step(step_id).await {
+        Ok(s) => s,
+        Err(StoreError::NotFound) => return Err(Refusal::NotFound),
+        Err(e) => {
+            tracing::error!(error = %e, "decision: reading the step failed");
+            return Err(Refusal::Unavailable);
+        }
+    };
+    match visible(state, person, &step).await {
+        Ok(true) => {}
+        Ok(false) => return Err(Refusal::NotFound),
+        Err(e) => {
+            tracing::error!(error = %e, "decision: visibility check failed");
+            return Err(Refusal::Unavailable);
+        }
+    }
+    let Some(loaded) = state.registry.current() else {
+        return Err(Refusal::NoRegistry);
+    };
+    let Some(tool) = ToolName::parse(&step.tool)
+        .ok()
+        .and_then(|n| loaded.bundle.registry.tool(&n))
+    else {
+        return Err(Refusal::NotFound);
+    };
+    let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+    let rules = gate_rules(tool, &inputs);
+    match state
+        .store
+        .decide_step(&step.id, &decider(person), &rules, verdict, reason)
+        .await
+    {
+        Ok((approval, _token)) => {
+            let status = state.store.get_step(&step.id).await.ok().map(|s| s.status);
+            Ok(Decided { approval, status })
+        }
+        Err(DecideError::Store(e)) => {
+            tracing::error!(error = %e, "decision: store failed");
+            Err(Refusal::Unavailable)
+        }
+        Err(e) => Err(Refusal::Decide(e)),
+    }
+}
+
 /// `POST /api/steps/{id}/decision`: approve or reject a waiting step.
 pub async fn decide(
     State(state): State<AppState>,
@@ -117,76 +196,40 @@ pub async fn decide(
     Json(body): Json<DecisionBody>,
 ) -> Response {
     let person = approver.0;
-    let verdict = match body.verdict.as_str() {
-        "approved" => Verdict::Approved,
-        "rejected" => Verdict::Rejected,
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "verdict must be approved or rejected",
-            );
-        }
+    let Some(verdict) = parse_verdict(&body.verdict) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "verdict must be approved or rejected",
+        );
     };
-    let step = match state.store.get_step(&step_id).await {
-        Ok(s) => s,
-        Err(StoreError::NotFound) => return error(StatusCode::NOT_FOUND, "no such step"),
-        Err(e) => {
-            tracing::error!(error = %e, "decision: reading the step failed");
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the database did not answer",
-            );
-        }
-    };
-    match visible(&state, &person, &step).await {
-        Ok(true) => {}
-        Ok(false) => return error(StatusCode::NOT_FOUND, "no such step"),
-        Err(e) => {
-            tracing::error!(error = %e, "decision: visibility check failed");
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the database did not answer",
-            );
-        }
-    }
-    let Some(loaded) = state.registry.current() else {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "no registry in force");
-    };
-    let Some(tool) = ToolName::parse(&step.tool)
-        .ok()
-        .and_then(|n| loaded.bundle.registry.tool(&n))
-    else {
-        return error(StatusCode::NOT_FOUND, "no such step");
-    };
-    let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
-    let rules = gate_rules(tool, &inputs);
-    match state
-        .store
-        .decide_step(&step.id, &decider(&person), &rules, verdict, &body.reason)
-        .await
-    {
-        Ok((approval, _token)) => {
-            let now = state.store.get_step(&step.id).await.map(|s| s.status);
-            Json(json!({
-                "step_id": step.id, "decision": approval.decision,
-                "status": now.map(|s| s.as_str()).unwrap_or("unknown"),
-                "approval_id": approval.id,
-            }))
-            .into_response()
-        }
-        Err(DecideError::Store(e)) => {
-            tracing::error!(error = %e, "decision: store failed");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the database did not answer",
-            )
-        }
-        Err(e @ DecideError::StepUpRequired { .. }) => {
+    match decide_as(&state, &person, &step_id, verdict, &body.reason).await {
+        Ok(done) => Json(json!({
+            "step_id": step_id, "decision": done.approval.decision,
+            "status": done.status.map(|s| s.as_str()).unwrap_or("unknown"),
+            "approval_id": done.approval.id,
+        }))
+        .into_response(),
+        Err(Refusal::NotFound) => error(StatusCode::NOT_FOUND, "no such step"),
+        Err(Refusal::NoRegistry) => error(StatusCode::SERVICE_UNAVAILABLE, "no registry in force"),
+        Err(Refusal::Unavailable | Refusal::Decide(DecideError::Store(_))) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the database did not answer",
+        ),
+        Err(Refusal::Decide(e @ DecideError::StepUpRequired { .. })) => {
             error(StatusCode::UNAUTHORIZED, e.to_string())
         }
-        Err(
+        Err(Refusal::Decide(
             e @ (DecideError::NotAnApprover | DecideError::SelfApproval | DecideError::FourEyes),
-        ) => error(StatusCode::FORBIDDEN, e.to_string()),
-        Err(e) => error(StatusCode::CONFLICT, e.to_string()),
+        )) => error(StatusCode::FORBIDDEN, e.to_string()),
+        Err(Refusal::Decide(e)) => error(StatusCode::CONFLICT, e.to_string()),
+    }
+}
+
+/// `approved` / `rejected` → the verdict; anything else `None`.
+pub fn parse_verdict(text: &str) -> Option<Verdict> {
+    match text {
+        "approved" => Some(Verdict::Approved),
+        "rejected" => Some(Verdict::Rejected),
+        _ => None,
     }
 }

@@ -3,6 +3,7 @@
 
 mod approvals;
 mod health;
+mod inbox;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
@@ -18,6 +19,7 @@ pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let options = state.leptos.clone();
     let sessions = state.auth.session_layer();
+    let inbox = inbox::context(&state);
     // Layers run outside-in: trace, session, CSRF origin check, session gate.
     Router::new()
         .route("/healthz", get(health::healthz))
@@ -27,9 +29,18 @@ pub fn router(state: AppState) -> Router {
             "/api/steps/{id}/decision",
             axum::routing::post(approvals::decide),
         )
+        .route(
+            "/inbox/{id}/decision",
+            axum::routing::post(inbox::decide_form),
+        )
         .merge(crate::mcp::routes(state.clone()))
         .merge(auth::routes())
-        .leptos_routes(&state, routes, move || shell(options.clone()))
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            move || leptos::prelude::provide_context(inbox.clone()),
+            move || shell(options.clone()),
+        )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(from_fn_with_state(state.clone(), auth::gate))
         .layer(from_fn_with_state(state.clone(), auth::csrf))

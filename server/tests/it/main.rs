@@ -11,6 +11,7 @@ mod dashboard;
 mod gateway;
 mod health;
 mod helpers;
+mod inbox;
 mod interop;
 mod mcp;
 mod registry;

@@ -1,0 +1,262 @@
+//! The approval inbox's server side: the data behind the dashboard's inbox pages
+//! ([`countersign_app::inbox`]) and the HTML form endpoint that records a decision.
+//!
+//! Invariants:
+//! * Only a signed-in approver gets gate data (the app's server functions check the role
+//!   before asking [`InboxBackend`]); a gate is visible exactly when
+//!   [`approvals::visible`] says so (tenant, the tool's approver roles), the same check the
+//!   JSON API uses.
+//! * `POST /inbox/{id}/decision` needs the `approver` role, passes the CSRF origin check in
+//!   front of the router, and decides through [`approvals::decide_as`], the one decision path
+//!   (reason required, four eyes, self-approval, step-up, second approver). It answers with a
+//!   redirect carrying a fixed code, never free text.
+
+use std::sync::Arc;
+
+use axum::Form;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use countersign_app::inbox::{
+    BoxFuture, GateDetail, GateRow, HistoryRow, Inbox, InboxSource, expires_text, format_amount,
+    pretty_canonical,
+};
+use countersign_core::approvals::{DecideError, Verdict};
+use countersign_core::store::Step;
+use countersign_core::{Person, StepStatus, StoreError, ToolName};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::approvals::{self, Decided, Refusal};
+use crate::AppState;
+use crate::auth::{Approver, RequireRole};
+use crate::pipeline::gate_rules;
+
+/// How many waiting steps the inbox looks at.
+const LIST_LIMIT: i64 = 500;
+
+/// The store-backed [`InboxSource`].
+pub struct InboxBackend(pub AppState);
+
+/// The context value the router provides to the dashboard.
+pub fn context(state: &AppState) -> Inbox {
+    Inbox(Arc::new(InboxBackend(state.clone())))
+}
+
+fn utc(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || "unknown time".into(),
+        |t| t.format("%Y-%m-%d %H:%M UTC").to_string(),
+    )
+}
+
+/// What the call acts on: the first `*_id` input, e.g. `invoice INV-1`.
+fn target(inputs: &Value) -> Option<String> {
+    let map = inputs.as_object()?;
+    let preferred = [
+        "invoice_id",
+        "supplier_id",
+        "vendor_id",
+        "order_id",
+        "po_id",
+    ];
+    let key = preferred
+        .iter()
+        .find(|k| map.get(**k).is_some_and(Value::is_string))
+        .map(|k| (*k).to_string())
+        .or_else(|| {
+            map.iter()
+                .find(|(k, v)| k.ends_with("_id") && v.is_string())
+                .map(|(k, _)| k.clone())
+        })?;
+    let value = map.get(&key)?.as_str()?;
+    Some(format!(
+        "{} {value}",
+        key.trim_end_matches("_id").replace('_', " ")
+    ))
+}
+
+fn row(step: &Step, inputs: &Value, now: i64) -> GateRow {
+    let amount = inputs
+        .get("amount")
+        .and_then(Value::as_f64)
+        .and_then(|a| format_amount(a, inputs.get("currency").and_then(Value::as_str)));
+    GateRow {
+        step_id: step.id.clone(),
+        tool: step.tool.clone(),
+        amount,
+        target: target(inputs),
+        expires: expires_text(step.expires_at, now),
+        waiting_since: utc(step.updated_at),
+    }
+}
+
+impl InboxBackend {
+    async fn list(&self, person: &Person) -> Result<Vec<GateRow>, StoreError> {
+        let state = &self.0;
+        let now = state.store.clock().now_ms();
+        let steps = state
+            .store
+            .steps_in_status(StepStatus::NeedsApproval, LIST_LIMIT)
+            .await?;
+        let mut rows = Vec::new();
+        for step in steps {
+            if approvals::visible(state, person, &step).await? {
+                let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+                rows.push(row(&step, &inputs, now));
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn detail(
+        &self,
+        person: &Person,
+        step_id: &str,
+    ) -> Result<Option<GateDetail>, StoreError> {
+        let state = &self.0;
+        let step = match state.store.get_step(step_id).await {
+            Ok(s) => s,
+            Err(StoreError::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !approvals::visible(state, person, &step).await? {
+            return Ok(None);
+        }
+        let Some(loaded) = state.registry.current() else {
+            return Ok(None);
+        };
+        let Some(tool) = ToolName::parse(&step.tool)
+            .ok()
+            .and_then(|n| loaded.bundle.registry.tool(&n))
+        else {
+            return Ok(None);
+        };
+        let now = state.store.clock().now_ms();
+        let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+        let rules = gate_rules(tool, &inputs);
+        let given = state
+            .store
+            .approvals_for_step(&step.id)
+            .await?
+            .iter()
+            .filter(|a| a.decision == "approved" && a.inputs_hash == step.inputs_hash)
+            .count();
+        let evidence = serde_json::from_str::<Vec<Value>>(&step.evidence)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            })
+            .collect();
+        let history = state
+            .store
+            .audit_for_run(&step.run_id)
+            .await?
+            .into_iter()
+            .filter(|r| r.step_id.as_deref() == Some(step.id.as_str()))
+            .map(|r| HistoryRow {
+                event: r.event,
+                at: utc(r.at),
+                actor: r.actor.unwrap_or_else(|| "—".into()),
+            })
+            .collect();
+        Ok(Some(GateDetail {
+            row: row(&step, &inputs, now),
+            run_id: step.run_id.clone(),
+            status: step.status.as_str().to_string(),
+            inputs: pretty_canonical(&step.inputs),
+            inputs_hash: step.inputs_hash.clone(),
+            reason: step.reason.clone(),
+            evidence,
+            rule: step.rule.clone(),
+            effect: step.effect.as_str().to_string(),
+            compensate: tool.compensate.as_ref().map(ToString::to_string),
+            approvals_needed: rules.approvals_needed,
+            approvals_given: u32::try_from(given).unwrap_or(u32::MAX),
+            four_eyes: rules.four_eyes,
+            step_up_minutes: rules.step_up_max_age_ms.map(|ms| ms / 60_000),
+            history,
+        }))
+    }
+}
+
+impl InboxSource for InboxBackend {
+    fn gates<'a>(&'a self, person: &'a Person) -> BoxFuture<'a, Result<Vec<GateRow>, String>> {
+        Box::pin(async move {
+            self.list(person).await.map_err(|e| {
+                tracing::error!(error = %e, "inbox: listing failed");
+                "the database did not answer".to_string()
+            })
+        })
+    }
+
+    fn gate<'a>(
+        &'a self,
+        person: &'a Person,
+        step_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<GateDetail>, String>> {
+        Box::pin(async move {
+            self.detail(person, step_id).await.map_err(|e| {
+                tracing::error!(error = %e, "inbox: reading a gate failed");
+                "the database did not answer".to_string()
+            })
+        })
+    }
+}
+
+/// The decision form's fields.
+#[derive(Debug, Deserialize)]
+pub struct DecisionForm {
+    /// `approved` or `rejected`.
+    #[serde(default)]
+    verdict: String,
+    /// Why; required.
+    #[serde(default)]
+    reason: String,
+}
+
+fn encode(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// `POST /inbox/{id}/decision` (HTML form): decides, then redirects to the inbox with
+/// `?done=` or back to the gate with `?error=`.
+pub async fn decide_form(
+    State(state): State<AppState>,
+    approver: RequireRole<Approver>,
+    Path(step_id): Path<String>,
+    Form(form): Form<DecisionForm>,
+) -> Response {
+    let person = approver.0;
+    let back = |code: &str| {
+        Redirect::to(&format!("/inbox/{}?error={code}", encode(&step_id))).into_response()
+    };
+    let Some(verdict) = approvals::parse_verdict(&form.verdict) else {
+        return back("verdict");
+    };
+    match approvals::decide_as(&state, &person, &step_id, verdict, &form.reason).await {
+        Ok(Decided { status, .. }) => {
+            let done = match (verdict, status) {
+                (Verdict::Rejected, _) => "rejected",
+                (Verdict::Approved, Some(StepStatus::NeedsApproval)) => "recorded",
+                (Verdict::Approved, _) => "approved",
+            };
+            tracing::info!(step = %step_id, sub = %person.sub, done, "inbox decision");
+            Redirect::to(&format!("/inbox?done={done}")).into_response()
+        }
+        Err(Refusal::NotFound) => back("not_found"),
+        Err(Refusal::NoRegistry | Refusal::Unavailable) => back("unavailable"),
+        Err(Refusal::Decide(e)) => back(match e {
+            DecideError::NoReason => "reason",
+            DecideError::StepUpRequired { .. } => "step_up",
+            DecideError::FourEyes => "four_eyes",
+            DecideError::SelfApproval => "self",
+            DecideError::NotAnApprover => "not_approver",
+            DecideError::AlreadyDecided => "already",
+            DecideError::Expired => "expired",
+            DecideError::NotWaiting(_) => "not_waiting",
+            DecideError::Store(_) => "unavailable",
+        }),
+    }
+}

@@ -1,0 +1,299 @@
+//! The approval inbox pages (`/inbox`, `/inbox/{step}`) and their HTML decision form, signed
+//! in through the demo sign-in, on both backends.
+
+use countersign::adapters::builtin::ERP;
+use countersign_core::StepStatus;
+use reqwest::StatusCode;
+use reqwest::header::LOCATION;
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+use crate::mcp::{Client, INV, REASON, agent, each_finance_app, payment_for};
+
+fn status_of(reply: &Value) -> &Value {
+    &reply["result"]["structuredContent"]["status"]
+}
+
+/// Opens a gated 4,180.00 EUR payment; returns the step id.
+async fn gated_payment(client: &mut Client<'_>) -> String {
+    let reply = client
+        .call("payment.schedule", payment_for(INV, json!(4180.00)))
+        .await;
+    assert_eq!(status_of(&reply), "needs_approval", "{reply}");
+    reply["result"]["structuredContent"]["step_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn page(client: &reqwest::Client, app: &TestApp, path: &str) -> String {
+    let resp = client.get(app.url(path)).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{path}");
+    resp.text().await.unwrap()
+}
+
+async fn step_status(app: &TestApp, step: &str) -> StepStatus {
+    app.store.get_step(step).await.unwrap().status
+}
+
+async fn payments(app: &TestApp) -> usize {
+    app.store
+        .demo_effects(ERP, "payments.schedule")
+        .await
+        .unwrap()
+        .len()
+}
+
+fn location(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn inbox_shows_gates_to_approvers_only_with_amount_target_expiry_and_detail() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step = gated_payment(&mut client).await;
+
+        // Signed out: sent to sign-in, no data.
+        let anon = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let resp = anon.get(app.url("/inbox")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        assert!(
+            location(&resp).starts_with("/auth/login"),
+            "{}",
+            location(&resp)
+        );
+
+        // A manager is signed in but is no approver: the page says so and shows no gate.
+        let max = app.demo_client("max").await;
+        for path in ["/inbox".to_string(), format!("/inbox/{step}")] {
+            let html = page(&max, &app, &path).await;
+            assert!(
+                html.contains("data-testid=\"not-approver\""),
+                "{path}: {html}"
+            );
+            assert!(!html.contains("4,180.00"), "{path} leaks the amount");
+            assert!(!html.contains(INV), "{path} leaks the target");
+            assert!(!html.contains(&step), "{path} leaks the step");
+        }
+
+        let ana = app.demo_client("ana").await;
+        let html = page(&ana, &app, "/inbox").await;
+        assert_eq!(
+            html.matches("data-testid=\"gate-row\"").count(),
+            1,
+            "{html}"
+        );
+        assert!(html.contains(&format!("data-step-id=\"{step}\"")), "{html}");
+        assert!(html.contains("payment.schedule"), "{html}");
+        assert!(html.contains("4,180.00 EUR"), "{html}");
+        assert!(html.contains(&format!("invoice {INV}")), "{html}");
+        assert!(html.contains("expires in "), "{html}");
+        assert!(html.contains(&format!("href=\"/inbox/{step}\"")), "{html}");
+
+        let detail = page(&ana, &app, &format!("/inbox/{step}")).await;
+        assert!(detail.contains("data-testid=\"gate-detail\""), "{detail}");
+        // The canonical inputs, pretty-printed: keys in canonical order, numbers as sent.
+        let inputs = detail
+            .split("data-testid=\"gate-inputs\"")
+            .nth(1)
+            .and_then(|rest| rest.split("</pre>").next())
+            .unwrap_or_default()
+            .replace("&quot;", "\"");
+        let amount = inputs.find("\"amount\": 4180").expect("amount in inputs");
+        let currency = inputs.find("\"currency\": \"EUR\"").expect("currency");
+        let invoice = inputs
+            .find(&format!("\"invoice_id\": \"{INV}\""))
+            .expect("invoice");
+        assert!(amount < currency && currency < invoice, "{inputs}");
+        assert!(detail.contains(REASON), "the model's reason: {detail}");
+        assert!(detail.contains("irreversible"), "effect class: {detail}");
+        assert!(
+            detail.contains("sha256:"),
+            "the bound inputs hash: {detail}"
+        );
+        assert!(
+            detail.contains("data-testid=\"history-row\""),
+            "history: {detail}"
+        );
+        assert!(detail.contains("name=\"reason\""), "the form: {detail}");
+        assert!(
+            detail.contains(&format!("action=\"/inbox/{step}/decision\"")),
+            "{detail}"
+        );
+
+        // Pat sees the same gate; a step that does not exist shows nothing.
+        let pat = app.demo_client("pat").await;
+        assert!(page(&pat, &app, "/inbox").await.contains("4,180.00 EUR"));
+        let none = page(&ana, &app, "/inbox/no-such-step").await;
+        assert!(!none.contains("data-testid=\"gate-detail\""), "{none}");
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn inbox_form_refuses_cross_origin_missing_reasons_and_stale_sign_ins_then_approves() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step = gated_payment(&mut client).await;
+        let origin = format!("http://{}", app.addr);
+        let action = app.url(&format!("/inbox/{step}/decision"));
+        let ana = app.demo_client("ana").await;
+
+        // Cross-origin: refused by the CSRF check, nothing decided.
+        let forged = ana
+            .post(&action)
+            .header("origin", "https://evil.example")
+            .form(&[("verdict", "approved"), ("reason", "click here")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+        assert_eq!(step_status(&app, &step).await, StepStatus::NeedsApproval);
+
+        // Rejection without a reason: refused, shown on the gate's page.
+        let blank = ana
+            .post(&action)
+            .header("origin", &origin)
+            .form(&[("verdict", "rejected"), ("reason", "   ")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(blank.status(), StatusCode::SEE_OTHER);
+        let back = location(&blank);
+        assert_eq!(back, format!("/inbox/{step}?error=reason"));
+        assert_eq!(step_status(&app, &step).await, StepStatus::NeedsApproval);
+        let shown = page(&ana, &app, &back).await;
+        assert!(shown.contains("role=\"alert\""), "{shown}");
+        assert!(shown.contains("A reason is required"), "{shown}");
+        // Only known codes are shown, never text from the address.
+        let odd = page(&ana, &app, &format!("/inbox/{step}?error=Call+555+now")).await;
+        assert!(!odd.contains("555"), "{odd}");
+
+        // No verdict: refused.
+        let none = ana
+            .post(&action)
+            .header("origin", &origin)
+            .form(&[("reason", "fine")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(location(&none), format!("/inbox/{step}?error=verdict"));
+
+        // A manager cannot decide.
+        let max = app.demo_client("max").await;
+        let boss = max
+            .post(&action)
+            .header("origin", &origin)
+            .form(&[("verdict", "approved"), ("reason", "I'm the boss")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(boss.status(), StatusCode::FORBIDDEN);
+        assert_eq!(step_status(&app, &step).await, StepStatus::NeedsApproval);
+
+        // Payments need a sign-in within 15 minutes: 16 minutes on, Ana must sign in again.
+        app.clock.advance(chrono::Duration::minutes(16));
+        let stale = ana
+            .post(&action)
+            .header("origin", &origin)
+            .form(&[
+                ("verdict", "approved"),
+                ("reason", "three-way match checked"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(location(&stale), format!("/inbox/{step}?error=step_up"));
+        assert_eq!(step_status(&app, &step).await, StepStatus::NeedsApproval);
+        assert!(
+            page(&ana, &app, &location(&stale))
+                .await
+                .contains("needs a recent sign-in")
+        );
+
+        let ana = app.demo_client("ana").await;
+        let ok = ana
+            .post(&action)
+            .header("origin", &origin)
+            .form(&[
+                ("verdict", "approved"),
+                ("reason", "three-way match checked"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), StatusCode::SEE_OTHER);
+        assert_eq!(location(&ok), "/inbox?done=approved");
+        assert_eq!(step_status(&app, &step).await, StepStatus::Pending);
+        let after = page(&ana, &app, "/inbox?done=approved").await;
+        assert!(after.contains("data-testid=\"notice\""), "{after}");
+        assert_eq!(
+            after.matches("data-testid=\"gate-row\"").count(),
+            0,
+            "{after}"
+        );
+
+        // The agent's next call runs it: exactly one payment.
+        assert_eq!(payments(&app).await, 0);
+        let paid = client
+            .call("payment.schedule", payment_for(INV, json!(4180.00)))
+            .await;
+        assert_eq!(status_of(&paid), "scheduled", "{paid}");
+        assert_eq!(payments(&app).await, 1);
+
+        // Deciding again: not waiting any more.
+        let again = ana
+            .post(&action)
+            .header("origin", &origin)
+            .form(&[("verdict", "rejected"), ("reason", "too late")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(location(&again), format!("/inbox/{step}?error=not_waiting"));
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn inbox_form_rejection_with_a_reason_refuses_the_step_for_good() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step = gated_payment(&mut client).await;
+        let pat = app.demo_client("pat").await;
+        let resp = pat
+            .post(app.url(&format!("/inbox/{step}/decision")))
+            .header("origin", format!("http://{}", app.addr))
+            .form(&[
+                ("verdict", "rejected"),
+                ("reason", "duplicate of last week's payment"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(location(&resp), "/inbox?done=rejected");
+        assert_eq!(step_status(&app, &step).await, StepStatus::Refused);
+        let reply = client
+            .call("payment.schedule", payment_for(INV, json!(4180.00)))
+            .await;
+        assert_ne!(status_of(&reply), "scheduled", "{reply}");
+        assert_eq!(payments(&app).await, 0);
+        app
+    })
+    .await;
+}
