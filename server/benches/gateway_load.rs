@@ -115,6 +115,35 @@ async fn mcp_clients(server: &Server, clients: usize, role: &str, tag: &str) -> 
     out
 }
 
+/// Samples what the server's active sessions on this database wait on between `from` and
+/// `until`: (wait event | statement, count), most frequent first.
+async fn sample_waits(url: String, from: Instant, until: Instant) -> Vec<(String, usize)> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    tokio::time::sleep_until(from.into()).await;
+    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    while Instant::now() < until {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT COALESCE(wait_event_type || ' / ' || wait_event, 'on CPU'),
+                    LEFT(REGEXP_REPLACE(query, '\\s+', ' ', 'g'), 48)
+             FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        for (wait, query) in rows {
+            let query = query.replace('|', "\\|");
+            *counts.entry(format!("{wait} | `{query}`")).or_default() += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = conn.close().await;
+    let mut out: Vec<(String, usize)> = counts.into_iter().collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
 #[tokio::main]
 async fn main() {
     let clients = env_num("BENCH_CLIENTS", 16) as usize;
@@ -176,6 +205,11 @@ async fn main() {
     pool.close().await;
 
     let readers = mcp_clients(&server, clients, "worker.finance", "reader").await;
+    let sampler = tokio::spawn(sample_waits(
+        db.url.expose().clone(),
+        Instant::now() + warmup,
+        Instant::now() + warmup + secs,
+    ));
     let reads = closed_loop(
         "invoice.get (read)",
         readers,
@@ -190,6 +224,8 @@ async fn main() {
         },
     )
     .await;
+
+    let waits = sampler.await.unwrap();
 
     let writers = mcp_clients(&server, clients, "worker.finance", "writer").await;
     let writes = closed_loop(
@@ -263,6 +299,19 @@ async fn main() {
         if ratio >= 0.5 { "met" } else { "missed" },
         pct(reads.per_s(), base)
     );
+    let samples: usize = waits.iter().map(|(_, n)| n).sum();
+    if samples > 0 {
+        println!(
+            "Where the server's busy database sessions were during the read workload \
+             (`pg_stat_activity` sampled every 20 ms; {samples} session samples):\n"
+        );
+        println!("| wait | statement | share |");
+        println!("|---|---|---:|");
+        for (what, n) in waits.iter().take(8) {
+            println!("| {what} | {} |", pct(*n as f64, samples as f64));
+        }
+        println!();
+    }
     if writes.failed > 0 {
         println!(
             "Writes: {} `note.draft` calls failed retryably (`unavailable`: the demo ERP numbers \
