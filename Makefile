@@ -26,12 +26,13 @@ export LEPTOS_RELOAD_PORT := 3001
 RUN_DATABASE_URL ?= sqlite://data/countersign.db
 RUN_REGISTRY ?= examples/finance
 
-.PHONY: help run build test tools rust-tools node-tools interop-tools browser check fmt clippy test-rust site e2e clean-data
+.PHONY: help run build test bench tools rust-tools node-tools interop-tools browser check fmt clippy test-rust site e2e clean-data
 
 help:
 	@echo "make run    build the dashboard and serve it (and /mcp) on http://127.0.0.1:3000 with SQLite"
 	@echo "make test   everything CI runs: fmt, clippy, cargo tests (SQLite + Postgres), Playwright"
 	@echo "make build  release binary target/release/countersign and site target/site"
+	@echo "make bench  every benchmark (Postgres needed), each next to its baseline; writes docs/benchmarks.md"
 
 ## Tools ---------------------------------------------------------------------------------------
 
@@ -106,3 +107,10 @@ e2e: site browser
 	cd end2end && CHROMIUM=$(CHROMIUM) npx playwright test
 
 test: tools fmt clippy test-rust e2e
+
+## Benchmarks --------------------------------------------------------------------------------
+
+# Every benchmark with its in-run baseline (gateway load, executor, policy decision, audit
+# verification) on the local Postgres; writes docs/benchmarks.md.
+bench:
+	./scripts/bench.sh

@@ -1,0 +1,250 @@
+//! Shared by the load benches: a real server on a fresh Postgres database, a minimal MCP
+//! client over streamable HTTP, and the statistics and markdown they print.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign::{AppState, Application, Config};
+use countersign_core::clock::SystemClock;
+use countersign_core::store::NewAgent;
+use countersign_core::store::testing::FreshDb;
+use countersign_core::{Backend, Clock};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+const PROTOCOL: &str = "2025-06-18";
+
+/// An environment variable as a number, or `default`.
+pub fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A fresh Postgres database; exits the bench when Postgres is unreachable (a bench
+/// without its database measures nothing).
+pub async fn fresh_postgres() -> FreshDb {
+    match FreshDb::create(Backend::Postgres).await {
+        Some(db) => db,
+        None => {
+            eprintln!("bench: Postgres is unreachable (COUNTERSIGN_TEST_POSTGRES_URL)");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// The real server, serving on an ephemeral loopback port.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub state: AppState,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Starts `countersign serve` in-process on `db` with the finance example and no
+    /// executor workers (the benches drive those themselves).
+    pub async fn start(db: &FreshDb) -> Self {
+        let registry = format!("{}/../examples/finance", env!("CARGO_MANIFEST_DIR"));
+        let env = vec![
+            (
+                "COUNTERSIGN_DATABASE_URL".to_string(),
+                db.url.expose().clone(),
+            ),
+            ("COUNTERSIGN_LISTEN".to_string(), "127.0.0.1:0".to_string()),
+            ("COUNTERSIGN_LOG_LEVEL".to_string(), "error".to_string()),
+            ("COUNTERSIGN_REGISTRY".to_string(), registry),
+            ("COUNTERSIGN_WORKERS".to_string(), "0".to_string()),
+        ];
+        let config = Config::load(None, env).expect("bench config is valid");
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let app = Application::build(config, clock)
+            .await
+            .expect("server builds");
+        let addr = app.local_addr().unwrap();
+        let state = app.state().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            app.run_until(async move {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("server runs");
+        });
+        Self {
+            addr,
+            state,
+            stop: Some(stop),
+            handle: Some(handle),
+        }
+    }
+
+    /// A fresh agent token in `role` (tenant acme, the finance example's).
+    pub async fn agent(&self, name: &str, role: &str) -> String {
+        let (_, token) = self
+            .state
+            .store
+            .create_agent(&NewAgent {
+                name: name.into(),
+                role: role.into(),
+                tenant: "acme".into(),
+                created_by: "bench".into(),
+                expires_at: None,
+            })
+            .await
+            .unwrap();
+        token.reveal().to_string()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.await;
+        }
+    }
+}
+
+/// One MCP client (its own HTTP connection and session) over streamable HTTP.
+pub struct Mcp {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+    session: Option<String>,
+    next_id: u64,
+}
+
+impl Mcp {
+    pub fn new(addr: SocketAddr, token: &str) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(1)
+                .build()
+                .unwrap(),
+            url: format!("http://{addr}/mcp"),
+            token: token.to_string(),
+            session: None,
+            next_id: 1,
+        }
+    }
+
+    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .header("Accept", "application/json, text/event-stream")
+            .json(body);
+        if let Some(session) = &self.session {
+            req = req
+                .header("Mcp-Session-Id", session)
+                .header("MCP-Protocol-Version", PROTOCOL);
+        }
+        req
+    }
+
+    /// A JSON-RPC request; the response (from a JSON body or an SSE stream).
+    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let mut resp = self.post(&body).send().await.unwrap();
+        assert_eq!(resp.status(), reqwest::StatusCode::OK, "{method}");
+        if let Some(session) = resp.headers().get("mcp-session-id") {
+            self.session = Some(session.to_str().unwrap().to_string());
+        }
+        let sse = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if !sse {
+            return resp.json().await.unwrap();
+        }
+        let mut buf = String::new();
+        loop {
+            let chunk = resp
+                .chunk()
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("stream ended before response {id}: {buf}"));
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            for line in buf.lines() {
+                if let Some(data) = line.strip_prefix("data:")
+                    && let Ok(msg) = serde_json::from_str::<Value>(data.trim())
+                    && msg["id"] == json!(id)
+                {
+                    return msg;
+                }
+            }
+        }
+    }
+
+    /// initialize + notifications/initialized: a new MCP session.
+    pub async fn connect(&mut self) {
+        let init = self
+            .request(
+                "initialize",
+                json!({"protocolVersion": PROTOCOL, "capabilities": {},
+                       "clientInfo": {"name": "bench", "version": "0"}}),
+            )
+            .await;
+        assert!(
+            init["result"]["capabilities"]["tools"].is_object(),
+            "{init}"
+        );
+        assert!(self.session.is_some(), "a session id is issued");
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let resp = self.post(&note).send().await.unwrap();
+        assert_eq!(resp.status(), reqwest::StatusCode::ACCEPTED);
+    }
+
+    /// `tools/call`; the `result`, which may be an error result.
+    pub async fn try_call(&mut self, name: &str, arguments: Value) -> Value {
+        let reply = self
+            .request("tools/call", json!({"name": name, "arguments": arguments}))
+            .await;
+        assert!(reply["result"].is_object(), "{name}: {reply}");
+        reply["result"].clone()
+    }
+
+    /// `tools/call`; the `result`, which must not be an error.
+    pub async fn call(&mut self, name: &str, arguments: Value) -> Value {
+        let reply = self
+            .request("tools/call", json!({"name": name, "arguments": arguments}))
+            .await;
+        let result = &reply["result"];
+        assert!(
+            result.is_object() && result["isError"] != json!(true),
+            "{name} failed: {reply}"
+        );
+        result.clone()
+    }
+}
+
+/// Latency percentile `p` (0..=100) of sorted `samples`.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Milliseconds with two decimals.
+pub fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// `part / whole` as a percentage with no decimals.
+pub fn pct(part: f64, whole: f64) -> String {
+    if whole > 0.0 {
+        format!("{:.0} %", 100.0 * part / whole)
+    } else {
+        "n/a".into()
+    }
+}
