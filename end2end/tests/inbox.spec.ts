@@ -66,7 +66,7 @@ test('ana opens the inbox, sees the gated payment and approves it with a reason'
   const session = init.session;
   await mcp(baseURL!, token, session, null, 'notifications/initialized', {});
   const args = {
-    invoice_id: 'INV-E2E-0001', amount: 4180.0, currency: 'EUR', value_date: '2026-06-15',
+    invoice_id: 'INV-20260611', amount: 4180.0, currency: 'EUR', value_date: '2026-06-15',
     reason: 'Invoice approved by AP, due in four days',
   };
   const call = await mcp(baseURL!, token, session, 2, 'tools/call', { name: 'payment.schedule', arguments: args });
@@ -80,7 +80,7 @@ test('ana opens the inbox, sees the gated payment and approves it with a reason'
   const row = page.locator(`[data-testid="gate-row"][data-step-id="${step}"]`);
   await expect(row).toContainText('payment.schedule');
   await expect(row).toContainText('4,180.00 EUR');
-  await expect(row).toContainText('invoice INV-E2E-0001');
+  await expect(row).toContainText('invoice INV-20260611');
   await expect(row).toContainText(/expires in \d+ h/);
   mkdirSync(shots, { recursive: true });
   await page.screenshot({ path: join(shots, 'inbox-list.png'), fullPage: true });

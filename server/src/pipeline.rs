@@ -327,7 +327,12 @@ async fn call_inner(
             effect: tool.effect,
             inputs: canonical.clone(),
             agent_id: Some(credential.id.clone()),
-            reason: String::new(),
+            // The proposer's reason: a direct call states it in its `reason` argument.
+            reason: arguments
+                .get("reason")
+                .and_then(Value::as_str)
+                .map(|r| r.chars().take(400).collect())
+                .unwrap_or_default(),
             evidence: Vec::new(),
             observed: None,
             trace_id: ctx.trace_id.clone(),
