@@ -70,6 +70,39 @@ pub async fn inject_fault(
     Ok(())
 }
 
+/// Runs `call` on a demo system with its injected faults applied: `Fail` and `Unavailable`
+/// stop it before any effect; `TimeoutAfterEffect` lets it run, then loses the answer.
+/// `refuser` names the system in the refusal message.
+pub(super) async fn with_faults<F>(
+    store: &Store,
+    system: &str,
+    refuser: &str,
+    operation: &str,
+    call: F,
+) -> Result<Value, AdapterError>
+where
+    F: std::future::Future<Output = Result<Value, AdapterError>>,
+{
+    let fault = take_fault(store, system, operation).await?;
+    match fault {
+        Some(FaultMode::Fail) => {
+            return Err(rejected(
+                "injected",
+                format!("{refuser} refused (injected fault)"),
+            ));
+        }
+        Some(FaultMode::Unavailable) => {
+            return Err(AdapterError::Unavailable("injected fault".into()));
+        }
+        Some(FaultMode::TimeoutAfterEffect) | None => {}
+    }
+    let result = call.await?;
+    if fault == Some(FaultMode::TimeoutAfterEffect) {
+        return Err(AdapterError::Timeout);
+    }
+    Ok(result)
+}
+
 /// Takes one use of the fault on `operation`, if any.
 pub(super) async fn take_fault(
     store: &Store,
@@ -407,27 +440,19 @@ const READS: &[&str] = &[
 
 impl Adapter for Erp {
     fn invoke<'a>(&'a self, call: &'a Invocation) -> BoxFuture<'a, Result<Value, AdapterError>> {
-        Box::pin(async move {
-            let fault = take_fault(&self.store, ERP, &call.operation).await?;
-            match fault {
-                Some(FaultMode::Fail) => {
-                    return Err(rejected("injected", "the ERP refused (injected fault)"));
+        Box::pin(with_faults(
+            &self.store,
+            ERP,
+            "the ERP",
+            &call.operation,
+            async move {
+                if READS.contains(&call.operation.as_str()) {
+                    self.read(call).await
+                } else {
+                    self.write(call).await
                 }
-                Some(FaultMode::Unavailable) => {
-                    return Err(AdapterError::Unavailable("injected fault".into()));
-                }
-                Some(FaultMode::TimeoutAfterEffect) | None => {}
-            }
-            let result = if READS.contains(&call.operation.as_str()) {
-                self.read(call).await?
-            } else {
-                self.write(call).await?
-            };
-            if fault == Some(FaultMode::TimeoutAfterEffect) {
-                return Err(AdapterError::Timeout);
-            }
-            Ok(result)
-        })
+            },
+        ))
     }
 
     fn lookup<'a>(

@@ -34,7 +34,7 @@ use countersign_core::policy::ResourceFact;
 use countersign_core::store::{Applied, DemoEffect, DemoObject, ObjectWrite};
 use serde_json::{Map, Value, json};
 
-use super::builtin::{FaultMode, arg, parse, rejected, take_fault, unavailable};
+use super::builtin::{arg, parse, rejected, unavailable, with_faults};
 use super::{Adapter, AdapterError, BoxFuture, Invocation};
 
 /// StillOn's system (and provider) name.
@@ -598,27 +598,19 @@ fn within_an_hour(a: &str, b: &str) -> bool {
 
 impl Adapter for StillOn {
     fn invoke<'a>(&'a self, call: &'a Invocation) -> BoxFuture<'a, Result<Value, AdapterError>> {
-        Box::pin(async move {
-            let fault = take_fault(&self.store, STILLON, &call.operation).await?;
-            match fault {
-                Some(FaultMode::Fail) => {
-                    return Err(rejected("injected", "the partner refused (injected fault)"));
+        Box::pin(with_faults(
+            &self.store,
+            STILLON,
+            "the partner",
+            &call.operation,
+            async move {
+                if READS.contains(&call.operation.as_str()) {
+                    self.read(call).await
+                } else {
+                    self.write(call).await
                 }
-                Some(FaultMode::Unavailable) => {
-                    return Err(AdapterError::Unavailable("injected fault".into()));
-                }
-                Some(FaultMode::TimeoutAfterEffect) | None => {}
-            }
-            let result = if READS.contains(&call.operation.as_str()) {
-                self.read(call).await?
-            } else {
-                self.write(call).await?
-            };
-            if fault == Some(FaultMode::TimeoutAfterEffect) {
-                return Err(AdapterError::Timeout);
-            }
-            Ok(result)
-        })
+            },
+        ))
     }
 
     fn lookup<'a>(
