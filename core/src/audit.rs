@@ -17,7 +17,8 @@
 //! * A signed checkpoint ([`checkpoint`]) pins the hash at its `seq`: a chain that no longer
 //!   has it there, or ends before it, is broken even if it links perfectly.
 //! * The record format (what [`seal`] builds) is written in one place, used by the
-//!   `append_in_tx!` macro that every append goes through.
+//!   `insert_sealed!` macro that every append goes through (alone, in a step transition, or
+//!   in a group-commit batch, [`crate::store`]'s committer).
 //! * Callers pass values already redacted ([`crate::redact`]); nothing here sees secrets.
 
 use serde::{Deserialize, Serialize};
@@ -527,30 +528,31 @@ fn raw_is(raw: &str, want: Option<&str>) -> bool {
     }
 }
 
-/// Appends one record inside an open transaction `$tx` (`&mut *tx`); `$lock` = take the
-/// Postgres advisory lock first (SQLite callers must have begun with `BEGIN IMMEDIATE`).
-/// Evaluates to `AuditRecord`; `?` propagates errors. Shared by [`Store::append_audit`] and
-/// the step transitions that commit a status change and its records together.
-macro_rules! append_in_tx {
-    ($tx:expr, $lock:expr, $new:expr, $event:expr, $at:expr) => {{
-        let new: &$crate::audit::NewAuditRecord = $new;
-        let event: $crate::audit::AuditEvent = $event;
-        let at: i64 = $at;
-        if $lock {
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind($crate::audit::PG_AUDIT_LOCK)
-                .execute(&mut *$tx)
-                .await?;
-        }
+/// The chain head seen inside transaction `$tx`, as `(next seq, prev hash)`. Callers must
+/// hold the append lock (Postgres advisory lock, or SQLite's `BEGIN IMMEDIATE`).
+macro_rules! chain_head {
+    ($tx:expr) => {{
         let head: Option<(i64, String)> =
             sqlx::query_as("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
                 .fetch_optional(&mut *$tx)
                 .await?;
-        let (seq, prev) = match head {
+        match head {
             Some((s, h)) => (s + 1, h),
             None => (1, $crate::audit::GENESIS.to_string()),
-        };
-        let sealed = $crate::audit::seal(new, event, seq, at, &prev)
+        }
+    }};
+}
+pub(crate) use chain_head;
+
+/// Seals `$new` at `$head` (`&mut (next seq, prev hash)`), inserts it and advances the head.
+/// Evaluates to the `AuditRecord`; `?` propagates errors.
+macro_rules! insert_sealed {
+    ($tx:expr, $head:expr, $new:expr, $event:expr, $at:expr) => {{
+        let head: &mut (i64, String) = $head;
+        let new: &$crate::audit::NewAuditRecord = $new;
+        let event: $crate::audit::AuditEvent = $event;
+        let at: i64 = $at;
+        let sealed = $crate::audit::seal(new, event, head.0, at, &head.1)
             .map_err(|e| $crate::store::StoreError::Conflict(format!("audit record: {e}")))?;
         sqlx::query(
             "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
@@ -569,10 +571,50 @@ macro_rules! append_in_tx {
         .bind(&sealed.hash)
         .execute(&mut *$tx)
         .await?;
+        *head = (sealed.seq + 1, sealed.hash.clone());
         sealed
     }};
 }
-pub(crate) use append_in_tx;
+pub(crate) use insert_sealed;
+
+/// Takes the Postgres append lock when `$lock` (SQLite callers must have begun with
+/// `BEGIN IMMEDIATE`) and reads the head into `$head` (`&mut Option<(i64, String)>`) unless
+/// this transaction already holds it. Evaluates to `&mut (next seq, prev hash)`.
+macro_rules! hold_head {
+    ($tx:expr, $lock:expr, $head:expr) => {{
+        let slot: &mut Option<(i64, String)> = $head;
+        if slot.is_none() {
+            if $lock {
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind($crate::audit::PG_AUDIT_LOCK)
+                    .execute(&mut *$tx)
+                    .await?;
+            }
+            *slot = Some($crate::audit::chain_head!($tx));
+        }
+        match slot.as_mut() {
+            Some(h) => h,
+            None => {
+                return Err($crate::store::StoreError::Conflict(
+                    "audit head not held".into(),
+                ));
+            }
+        }
+    }};
+}
+pub(crate) use hold_head;
+
+/// Appends one record inside an open transaction `$tx` (`&mut *tx`); `$lock` = take the
+/// Postgres advisory lock first (SQLite callers must have begun with `BEGIN IMMEDIATE`).
+/// Evaluates to `AuditRecord`; `?` propagates errors. Used by [`Store::append_audit`]; step
+/// transitions and the group committer ([`crate::store`]) use its parts directly.
+macro_rules! append_in_tx {
+    ($tx:expr, $lock:expr, $new:expr, $event:expr, $at:expr) => {{
+        let mut head: Option<(i64, String)> = None;
+        let head = $crate::audit::hold_head!($tx, $lock, &mut head);
+        $crate::audit::insert_sealed!($tx, head, $new, $event, $at)
+    }};
+}
 
 const COLUMNS: &str = "seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash";
 
@@ -602,6 +644,18 @@ impl Store {
         new: &NewAuditRecord,
         event: AuditEvent,
     ) -> Result<AuditRecord, StoreError> {
+        if let Some(c) = &self.committer
+            && let Some(done) = c
+                .submit(crate::store::group::Work::Append(new.clone(), event))
+                .await
+        {
+            return match done? {
+                crate::store::group::Done::Appended(r) => Ok(r),
+                crate::store::group::Done::Moved(_) => Err(StoreError::Conflict(
+                    "committer answered out of kind".into(),
+                )),
+            };
+        }
         let at = self.clock.now_ms();
         macro_rules! append_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{

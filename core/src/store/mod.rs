@@ -19,9 +19,10 @@
 
 mod agents;
 mod demo;
+pub(crate) mod group;
 mod registry;
 mod runs;
-mod steps;
+pub(crate) mod steps;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -165,6 +166,9 @@ impl Default for ConnectOptions {
 pub struct Store {
     pub(crate) pool: Pool,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Group commit of transitions and audit appends ([`group`]); `None` inside the
+    /// committer itself.
+    pub(crate) committer: Option<group::Committer>,
 }
 
 impl std::fmt::Debug for Store {
@@ -252,7 +256,15 @@ impl Store {
             }
             None => return Err(StoreError::UnsupportedUrl { url: shown }),
         };
-        Ok(Self { pool, clock })
+        let alone = Self {
+            pool,
+            clock,
+            committer: None,
+        };
+        Ok(Self {
+            committer: Some(group::Committer::start(alone.clone())),
+            ..alone
+        })
     }
 
     /// Applies every migration not yet applied.

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::{Pool, Store, StoreError, on_pool};
-use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, append_in_tx};
+use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, hold_head};
 use crate::canonical::CanonicalJson;
 use crate::keys::{IdemKey, InputsHash};
 use crate::model::{Effect, StepStatus};
@@ -618,72 +618,124 @@ impl Store {
         &self,
         t: &Transition,
     ) -> Result<Option<(Step, Vec<AuditRecord>)>, StoreError> {
+        let records = match &self.committer {
+            Some(c) => match c.submit(super::group::Work::Transition(t.clone())).await {
+                Some(done) => match done? {
+                    super::group::Done::Moved(moved) => moved,
+                    super::group::Done::Appended(_) => {
+                        return Err(StoreError::Conflict(
+                            "committer answered out of kind".into(),
+                        ));
+                    }
+                },
+                None => self.transition_alone(t).await?,
+            },
+            None => self.transition_alone(t).await?,
+        };
+        match records {
+            Some(records) => Ok(Some((self.get_step(&t.step_id).await?, records))),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Store::transition`] in its own transaction (no committer, or it has stopped).
+    pub(crate) async fn transition_alone(
+        &self,
+        t: &Transition,
+    ) -> Result<Option<Vec<AuditRecord>>, StoreError> {
         let now = self.clock.now_ms();
-        let from: Vec<&str> = t.from.iter().map(|s| s.as_str()).collect();
-        let placeholders: Vec<String> = (0..from.len()).map(|i| format!("${}", i + 11)).collect();
-        let sql = format!(
-            "UPDATE steps SET status = COALESCE($1, status), decision = COALESCE($2, decision),
-                rule = COALESCE($3, rule), outcome = COALESCE($4, outcome),
-                expires_at = COALESCE($5, expires_at), approval = COALESCE($6, approval),
-                attempts = attempts + $7, updated_at = $8,
-                not_before = COALESCE($10, not_before)
-             WHERE id = $9 AND status IN ({})",
-            if placeholders.is_empty() {
-                "NULL".to_string()
-            } else {
-                placeholders.join(", ")
-            }
-        );
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
-                let mut q = sqlx::query(&sql)
-                    .bind(t.to.map(|s| s.as_str()))
-                    .bind(&t.decision)
-                    .bind(&t.rule)
-                    .bind(&t.outcome)
-                    .bind(t.expires_at)
-                    .bind(&t.approval)
-                    .bind(i64::from(t.bump_attempts))
-                    .bind(now)
-                    .bind(&t.step_id)
-                    .bind(t.not_before);
-                for f in &from {
-                    q = q.bind(*f);
+                let mut head: Option<(i64, String)> = None;
+                if !t.records.is_empty() {
+                    // The append lock before any row lock (see `group`): no lock cycles.
+                    hold_head!(&mut *tx, $lock, &mut head);
                 }
-                let n = q.execute(&mut *tx).await?.rows_affected();
-                if n != 1 {
+                let moved = apply_transition!(&mut *tx, $lock, &mut head, t, now);
+                if moved.is_some() {
+                    tx.commit().await?;
+                } else {
                     tx.rollback().await?;
-                    return Ok(None);
                 }
-                if let Some((state, result)) = &t.key {
-                    sqlx::query(
-                        "UPDATE idempotency SET state = $1, result = COALESCE($2, result),
-                            updated_at = $3
-                         WHERE step_id = $4",
-                    )
-                    .bind(state.as_str())
-                    .bind(result)
-                    .bind(now)
-                    .bind(&t.step_id)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                let mut records = Vec::with_capacity(t.records.len());
-                for (event, new) in &t.records {
-                    records.push(append_in_tx!(&mut *tx, $lock, new, *event, now));
-                }
-                tx.commit().await?;
-                records
+                moved
             }};
         }
-        let records = match &self.pool {
+        Ok(match &self.pool {
             Pool::Sqlite(p) => run_in!(p, "BEGIN IMMEDIATE", false),
             Pool::Postgres(p) => run_in!(p, "BEGIN", true),
-        };
-        Ok(Some((self.get_step(&t.step_id).await?, records)))
+        })
     }
 }
+
+/// The UPDATE of a transition leaving one of `from` statuses (`$11…`).
+pub(crate) fn transition_sql(from: usize) -> String {
+    let placeholders: Vec<String> = (0..from).map(|i| format!("${}", i + 11)).collect();
+    format!(
+        "UPDATE steps SET status = COALESCE($1, status), decision = COALESCE($2, decision),
+            rule = COALESCE($3, rule), outcome = COALESCE($4, outcome),
+            expires_at = COALESCE($5, expires_at), approval = COALESCE($6, approval),
+            attempts = attempts + $7, updated_at = $8,
+            not_before = COALESCE($10, not_before)
+         WHERE id = $9 AND status IN ({})",
+        if placeholders.is_empty() {
+            "NULL".to_string()
+        } else {
+            placeholders.join(", ")
+        }
+    )
+}
+
+/// Applies transition `$t` inside open transaction `$tx` at time `$now`: the status change
+/// (only from `t.from`), the key and the records (appended at `$head`, an
+/// `&mut Option<(i64, String)>` taken with `hold_head!` when first needed). Evaluates to
+/// `Some(records)`, or `None` when the step was not in `t.from` (nothing written).
+macro_rules! apply_transition {
+    ($tx:expr, $lock:expr, $head:expr, $t:expr, $now:expr) => {{
+        let t: &$crate::store::Transition = $t;
+        let now: i64 = $now;
+        let sql = $crate::store::steps::transition_sql(t.from.len());
+        let mut q = sqlx::query(&sql)
+            .bind(t.to.map(|s| s.as_str()))
+            .bind(&t.decision)
+            .bind(&t.rule)
+            .bind(&t.outcome)
+            .bind(t.expires_at)
+            .bind(&t.approval)
+            .bind(i64::from(t.bump_attempts))
+            .bind(now)
+            .bind(&t.step_id)
+            .bind(t.not_before);
+        for f in &t.from {
+            q = q.bind(f.as_str());
+        }
+        let n = q.execute(&mut *$tx).await?.rows_affected();
+        if n != 1 {
+            None
+        } else {
+            if let Some((state, result)) = &t.key {
+                sqlx::query(
+                    "UPDATE idempotency SET state = $1, result = COALESCE($2, result),
+                        updated_at = $3
+                     WHERE step_id = $4",
+                )
+                .bind(state.as_str())
+                .bind(result)
+                .bind(now)
+                .bind(&t.step_id)
+                .execute(&mut *$tx)
+                .await?;
+            }
+            let mut records = Vec::with_capacity(t.records.len());
+            for (event, new) in &t.records {
+                let head = $crate::audit::hold_head!($tx, $lock, $head);
+                records.push($crate::audit::insert_sealed!($tx, head, new, *event, now));
+            }
+            Some(records)
+        }
+    }};
+}
+pub(crate) use apply_transition;
 
 #[cfg(test)]
 mod tests {

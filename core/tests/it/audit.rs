@@ -590,3 +590,117 @@ async fn the_redaction_key_fingerprint_is_recorded_on_first_use_and_rotation() {
 fn record_n(i: usize) -> NewAuditRecord {
     record(i)
 }
+
+/// Group commit: two stores on one database (two committers, as two processes have) race
+/// transitions of the same steps while appending records. Every step moves exactly once,
+/// each winner's records are in the chain, and the chain verifies.
+#[tokio::test]
+async fn racing_transitions_across_committers_move_each_step_once() {
+    use countersign_core::canonical::CanonicalJson;
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::testing::FreshDb;
+    use countersign_core::store::{NewRun, NewStep, Transition};
+
+    let (_, clock) = test_clock();
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(db) = FreshDb::create(backend).await else {
+            continue;
+        };
+        let a = db.store(clock.clone()).await;
+        let b = db.store(clock.clone()).await;
+        let run = a
+            .create_run(&NewRun {
+                tenant: "acme".into(),
+                principal: "user:1".into(),
+                agent_id: None,
+                task: "race".into(),
+                origin: "user".into(),
+                planned: true,
+            })
+            .await
+            .unwrap();
+        let mut steps = Vec::new();
+        for i in 0..12 {
+            let (step, _) = a
+                .open_step(&NewStep {
+                    run_id: run.id.clone(),
+                    role: "worker".into(),
+                    tool: "note.draft".into(),
+                    effect: Effect::Write,
+                    inputs: CanonicalJson::from_value(&json!({"n": i})).unwrap(),
+                    agent_id: None,
+                    reason: String::new(),
+                    evidence: vec![],
+                    observed: None,
+                    trace_id: "t".into(),
+                    status: StepStatus::Pending,
+                })
+                .await
+                .unwrap();
+            steps.push(step.id);
+        }
+        let mut tasks = Vec::new();
+        for contender in 0..6 {
+            for (i, id) in steps.iter().enumerate() {
+                let store = if contender % 2 == 0 {
+                    a.clone()
+                } else {
+                    b.clone()
+                };
+                let id = id.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut started = record(i);
+                    started.step_id = Some(id.clone());
+                    let moved = store
+                        .transition(&Transition {
+                            step_id: id,
+                            from: vec![StepStatus::Pending],
+                            to: Some(StepStatus::Running),
+                            bump_attempts: true,
+                            records: vec![
+                                (AuditEvent::Started, started.clone()),
+                                (AuditEvent::Decided, started),
+                            ],
+                            ..Transition::default()
+                        })
+                        .await
+                        .unwrap();
+                    store.append_audit(&record(100 + i)).await.unwrap();
+                    moved.is_some()
+                }));
+            }
+        }
+        let mut winners = 0;
+        for t in tasks {
+            winners += usize::from(t.await.unwrap());
+        }
+        assert_eq!(winners, steps.len(), "{backend:?}: each step moves once");
+        for id in &steps {
+            let s = a.get_step(id).await.unwrap();
+            assert_eq!(
+                (s.status, s.attempts),
+                (StepStatus::Running, 1),
+                "{backend:?}"
+            );
+        }
+        // 12 winners × 2 records + 72 lone appends.
+        let total = 12 * 2 + 72;
+        assert_eq!(a.verify_audit().await.unwrap(), Ok(total), "{backend:?}");
+        let records = a.audit_records(1, 1000).await.unwrap();
+        for id in &steps {
+            let mine: Vec<_> = records
+                .iter()
+                .filter(|r| r.step_id.as_deref() == Some(id.as_str()))
+                .collect();
+            assert_eq!(mine.len(), 2, "{backend:?}: the winner's two records");
+            assert_eq!(
+                mine[1].seq,
+                mine[0].seq + 1,
+                "{backend:?}: a job's records are contiguous"
+            );
+        }
+        a.close().await;
+        b.close().await;
+        db.drop_db().await;
+    }
+}
