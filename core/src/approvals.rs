@@ -2,8 +2,11 @@
 //!
 //! Invariants:
 //! * An approval binds step id, inputs hash, approver (`iss` + `sub`), decision time and
-//!   expiry. It authorises the step only while the step's current inputs hash equals the
-//!   bound one and the clock is before the expiry; anything else is no approval (fail closed).
+//!   expiry. It authorises the step only while the inputs about to run, the step's stored
+//!   canonical text and its stored hash all hash to the bound one, and the clock is before the
+//!   expiry; anything else is no approval (fail closed). It is looked up by step id, so it
+//!   never authorises another step, even one with identical inputs.
+//! * Batch approvals ([`crate::batch`]) go through the same per-step decision.
 //! * The approver is never the principal the run acts for, holds one of the tool's approver
 //!   roles, is not the person who created the proposing agent's credential when the tool asks
 //!   for four eyes, and signed in recently enough when the tool asks for step-up.
