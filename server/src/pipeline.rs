@@ -603,7 +603,9 @@ async fn execute(
         )));
     };
     let rules = gate_rules(ctx.tool, &arguments);
-    let approval = store.valid_approval(&step, rules.approvals_needed).await?;
+    let approval = store
+        .valid_approval(&step, canonical, rules.approvals_needed)
+        .await?;
     let origin = match run.origin.as_str() {
         "schedule" => TaskOrigin::Schedule,
         "monitor" => TaskOrigin::Monitor,
