@@ -703,6 +703,8 @@ async fn racing_transitions_across_committers_move_each_step_once() {
         a.close().await;
         b.close().await;
         db.drop_db().await;
+    }
+}
 
 /// The chain pushed one record at a time (no precomputed checks): the reference.
 fn verify_one_by_one(records: &[AuditRecord]) -> Result<i64, countersign_core::audit::ChainBreak> {
