@@ -19,6 +19,7 @@
 
 mod agents;
 mod demo;
+mod proposals;
 mod registry;
 mod runs;
 mod steps;
@@ -37,6 +38,10 @@ use crate::secret::Secret;
 
 pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
+pub use proposals::{
+    ApproveOutcome, ChangeOp, ListingChange, NewProposal, Proposal, ProposalError, ProposalStatus,
+    apply_listing_changes,
+};
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
 pub use steps::{KeyRecord, KeyState, NewStep, Reservation, Step, Transition};
