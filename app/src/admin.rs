@@ -294,7 +294,7 @@ pub fn AdminPage() -> impl IntoView {
 }
 
 #[component]
-fn AdminBody(data: AdminData) -> impl IntoView {
+fn AdminBody(data: AdminData) -> AnyView {
     let AdminData {
         me,
         tenant,
@@ -320,10 +320,11 @@ fn AdminBody(data: AdminData) -> impl IntoView {
         <Versions versions/>
         <Agents agents roles=role_names tenant/>
     }
+    .into_any()
 }
 
 #[component]
-fn StopSwitch(stop: Option<StopState>) -> impl IntoView {
+fn StopSwitch(stop: Option<StopState>) -> AnyView {
     let body = match stop {
         Some(s) => view! {
             <p data-testid="stop-state" data-stop="on" class="font-semibold text-red-900">
@@ -365,10 +366,11 @@ fn StopSwitch(stop: Option<StopState>) -> impl IntoView {
             {body}
         </section>
     }
+    .into_any()
 }
 
 #[component]
-fn Matrix(version: Option<i64>, roles: Vec<RoleCol>, tools: Vec<ToolRow>) -> impl IntoView {
+fn Matrix(version: Option<i64>, roles: Vec<RoleCol>, tools: Vec<ToolRow>) -> AnyView {
     let header = roles
         .iter()
         .map(|r| {
@@ -423,6 +425,7 @@ fn Matrix(version: Option<i64>, roles: Vec<RoleCol>, tools: Vec<ToolRow>) -> imp
                     {cells}
                 </tr>
             }
+            .into_any()
         })
         .collect_view();
     view! {
@@ -457,10 +460,11 @@ fn Matrix(version: Option<i64>, roles: Vec<RoleCol>, tools: Vec<ToolRow>) -> imp
             </form>
         </section>
     }
+    .into_any()
 }
 
 #[component]
-fn Proposals(proposals: Vec<ProposalRow>) -> impl IntoView {
+fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
     let empty = proposals.is_empty();
     let items = proposals
         .into_iter()
@@ -528,6 +532,7 @@ fn Proposals(proposals: Vec<ProposalRow>) -> impl IntoView {
                     {decide}
                 </li>
             }
+            .into_any()
         })
         .collect_view();
     view! {
@@ -537,10 +542,11 @@ fn Proposals(proposals: Vec<ProposalRow>) -> impl IntoView {
             <ul class="space-y-3">{items}</ul>
         </section>
     }
+    .into_any()
 }
 
 #[component]
-fn Versions(versions: Vec<VersionRow>) -> impl IntoView {
+fn Versions(versions: Vec<VersionRow>) -> AnyView {
     let items = versions
         .into_iter()
         .map(|v| {
@@ -561,10 +567,11 @@ fn Versions(versions: Vec<VersionRow>) -> impl IntoView {
             <ul class="space-y-3">{items}</ul>
         </section>
     }
+    .into_any()
 }
 
 #[component]
-fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> impl IntoView {
+fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView {
     let rows = agents
         .into_iter()
         .map(|a| {
@@ -594,6 +601,7 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> impl Int
                     <td class="px-2 py-1">{revoke}</td>
                 </tr>
             }
+            .into_any()
         })
         .collect_view();
     let options = roles
@@ -635,6 +643,7 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> impl Int
             <p class="text-sm text-slate-600">"The token is shown once, on the next page. Store it in the agent's secret store."</p>
         </section>
     }
+    .into_any()
 }
 
 #[cfg(test)]

@@ -93,6 +93,8 @@ async fn propose(
     let form = matrix_form(base, &current, add, remove, "comms needs to find invoices");
     let resp = post(client, app, "/admin/proposals", &form).await;
     assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    // Proposals list newest first by time: keep each one's time distinct.
+    app.clock.advance(chrono::Duration::seconds(1));
     location(&resp)
 }
 
@@ -491,7 +493,7 @@ async fn note_plan(client: &mut Client<'_>) -> (String, String) {
             "plan.submit",
             json!({"task": "Process invoice", "steps": [
                 {"tool": "note.draft", "arguments": {"invoice_id": INV, "text": "Paying now."},
-                 "reason": "Record why", "evidence": [INV]}]}),
+                 "reason": "Record why the invoice is paid now", "evidence": [INV]}]}),
         )
         .await;
     let content = &reply["result"]["structuredContent"];
