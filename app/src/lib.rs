@@ -5,6 +5,7 @@
 //! `countersign-core`; with `hydrate` the same components compile to wasm and take over
 //! the server-rendered HTML. Nothing in the `hydrate` build pulls sqlx, cedar or rmcp.
 
+pub mod admin;
 pub mod inbox;
 pub mod pages;
 
@@ -91,7 +92,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/runs") view=pages::Runs/>
                     <Route path=path!("/audit") view=pages::Audit/>
                     <Route path=path!("/gates") view=pages::Metrics/>
-                    <Route path=path!("/admin") view=pages::Admin/>
+                    <Route path=path!("/admin") view=admin::AdminPage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>

@@ -536,3 +536,30 @@ pub async fn emergency_stop(state: &AppState, by: &str, reason: &str) -> Result<
     }
     Ok(runs.len())
 }
+
+/// Lifts the emergency stop (audited): steps may execute again. Returns whether it was on.
+/// Credentials revoked by the stop stay revoked.
+pub async fn lift_emergency_stop(
+    state: &AppState,
+    by: &str,
+    reason: &str,
+) -> Result<bool, StoreError> {
+    let store = &state.store;
+    let was = store.clear_switch(EMERGENCY_STOP).await?;
+    let mut detail = Map::new();
+    detail.insert("kind".into(), json!("emergency_stop_lifted"));
+    detail.insert("reason".into(), json!(reason));
+    detail.insert("was_on".into(), json!(was));
+    store
+        .append_audit(&NewAuditRecord {
+            event: Some(AuditEvent::Operational),
+            run_id: None,
+            step_id: None,
+            tool: None,
+            actor: Some(by.to_string()),
+            rule: Some("emergency.lift".into()),
+            detail,
+        })
+        .await?;
+    Ok(was)
+}

@@ -192,9 +192,7 @@ fn main() -> ExitCode {
                 let state = countersign::headless_state(config, clock).await?;
                 let who = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "operator".into()));
                 let result = if lift {
-                    state
-                        .store
-                        .clear_switch(countersign::executor::EMERGENCY_STOP)
+                    countersign::executor::lift_emergency_stop(&state, &who, &reason)
                         .await
                         .map(|was| {
                             println!("emergency stop {}", if was { "lifted" } else { "was not on" });

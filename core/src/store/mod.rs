@@ -20,6 +20,7 @@
 mod agents;
 mod demo;
 pub(crate) mod group;
+mod proposals;
 mod registry;
 mod runs;
 pub(crate) mod steps;
@@ -38,6 +39,10 @@ use crate::secret::Secret;
 
 pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
+pub use proposals::{
+    ApproveOutcome, ChangeOp, ListingChange, NewProposal, Proposal, ProposalError, ProposalStatus,
+    apply_listing_changes,
+};
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
 pub use steps::{KeyRecord, KeyState, NewStep, Reservation, Step, Transition};

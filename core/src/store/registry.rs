@@ -191,7 +191,7 @@ impl Store {
 
 /// The readable changes from `old` (version and texts; `None` before the first version) to
 /// `new`.
-fn changes(
+pub(super) fn changes(
     old: Option<(i64, &BundleSources)>,
     new_registry: &Registry,
     new: &BundleSources,

@@ -20,7 +20,7 @@
 
 mod demo;
 pub mod oidc;
-mod pages;
+pub mod pages;
 pub mod store;
 
 use std::marker::PhantomData;
@@ -181,7 +181,8 @@ impl Auth {
         })
     }
 
-    fn demo(&self) -> bool {
+    /// Whether the demo sign-in is on (pages then show the demo banner).
+    pub fn demo(&self) -> bool {
         matches!(self.mode, Mode::Demo)
     }
 }

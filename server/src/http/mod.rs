@@ -1,6 +1,7 @@
 //! The HTTP surface: the dashboard (Leptos SSR), static assets, `/mcp` and operational
 //! endpoints.
 
+mod admin;
 mod approvals;
 mod health;
 mod inbox;
@@ -20,6 +21,7 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos.clone();
     let sessions = state.auth.session_layer();
     let inbox = inbox::context(&state);
+    let admin = admin::context(&state);
     // Layers run outside-in: trace, session, CSRF origin check, session gate.
     Router::new()
         .route("/healthz", get(health::healthz))
@@ -34,12 +36,27 @@ pub fn router(state: AppState) -> Router {
             "/inbox/{id}/decision",
             axum::routing::post(inbox::decide_form),
         )
+        .route("/admin/proposals", axum::routing::post(admin::propose))
+        .route(
+            "/admin/proposals/{id}/decision",
+            axum::routing::post(admin::decide),
+        )
+        .route("/admin/agents", axum::routing::post(admin::create_agent))
+        .route(
+            "/admin/agents/{id}/revoke",
+            axum::routing::post(admin::revoke_agent),
+        )
+        .route("/admin/stop", axum::routing::post(admin::stop))
+        .route("/admin/stop/lift", axum::routing::post(admin::lift))
         .merge(crate::mcp::routes(state.clone()))
         .merge(auth::routes())
         .leptos_routes_with_context(
             &state,
             routes,
-            move || leptos::prelude::provide_context(inbox.clone()),
+            move || {
+                leptos::prelude::provide_context(inbox.clone());
+                leptos::prelude::provide_context(admin.clone());
+            },
             move || shell(options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))

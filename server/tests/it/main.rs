@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod adapters;
+mod admin;
 mod approvals;
 mod audit;
 mod auth;

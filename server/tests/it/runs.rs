@@ -583,14 +583,22 @@ async fn runs_a_failed_step_compensates_earlier_writes_or_escalates() {
             app.store.get_run(&run).await.unwrap().status,
             RunStatus::Failed
         );
-        let compensated: Vec<_> = app
-            .store
-            .audit_for_run(&run)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.event == "compensated")
-            .collect();
+        // The compensation is recorded once its step is done (the record follows it).
+        let began = Instant::now();
+        let compensated: Vec<_> = loop {
+            let found: Vec<_> = app
+                .store
+                .audit_for_run(&run)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.event == "compensated")
+                .collect();
+            if !found.is_empty() || began.elapsed() > Duration::from_secs(20) {
+                break found;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         assert_eq!(compensated.len(), 1);
         assert_eq!(compensated[0].rule.as_deref(), Some("compensation.done"));
         assert_eq!(compensated[0].step_id.as_deref(), Some(steps[0].as_str()));

@@ -1,0 +1,660 @@
+//! The admin page (`/admin`): the role × tool matrix with each tool's effect class and gate
+//! settings, registry change proposals and their review, registry versions with their diffs,
+//! agent credentials, and the emergency stop.
+//!
+//! Invariants:
+//! * [`load_admin`] returns data only to a signed-in person holding the `admin` role;
+//!   everyone else gets [`AdminView::NotAdmin`] and nothing else (the page answers 403).
+//! * Nothing changes here: every form posts to a server endpoint (`/admin/...`) that checks
+//!   the admin role and the request's origin itself, behind the router's CSRF origin check.
+//!   A change to the matrix is only ever a proposal; a second admin approves it.
+//! * Messages shown after an action come from fixed codes ([`notice_text`], [`error_text`]);
+//!   no text from the query string is ever shown.
+
+use leptos::prelude::*;
+use leptos_router::hooks::use_query_map;
+use serde::{Deserialize, Serialize};
+
+/// A registry (agent) role: one column of the matrix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleCol {
+    /// Name.
+    pub name: String,
+    /// What the role is for.
+    pub description: String,
+}
+
+/// One tool: a row of the matrix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolRow {
+    /// Name.
+    pub name: String,
+    /// Title, if any.
+    pub title: Option<String>,
+    /// `read`, `write` or `irreversible`.
+    pub effect: String,
+    /// `never`, `always` or `policy`.
+    pub gate: String,
+    /// Approval settings in words (approver roles, expiry, step-up, four eyes…).
+    pub approval: Vec<String>,
+    /// The compensating tool, if any.
+    pub compensate: Option<String>,
+    /// Per role, in [`AdminData::roles`] order: whether the tool is listed for it.
+    pub listed: Vec<bool>,
+}
+
+/// One registry change proposal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProposalRow {
+    /// Id.
+    pub id: String,
+    /// Who proposed it (display name).
+    pub proposer: String,
+    /// Whether the signed-in admin proposed it (they cannot approve it).
+    pub mine: bool,
+    /// UTC text.
+    pub created: String,
+    /// The registry version it was made against.
+    pub base_version: i64,
+    /// The diff: (`+` or `-`, tool, role).
+    pub changes: Vec<(char, String, String)>,
+    /// The proposer's note.
+    pub note: String,
+    /// `proposed`, `approved`, `rejected` or `superseded`.
+    pub status: String,
+    /// Who decided, and why, when decided.
+    pub decision: Option<String>,
+    /// The registry version it created, when approved.
+    pub applied_version: Option<i64>,
+}
+
+/// One stored registry version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRow {
+    /// Version number.
+    pub version: i64,
+    /// Who stored it.
+    pub created_by: String,
+    /// UTC text.
+    pub created: String,
+    /// The readable diff against the previous version, one change per line.
+    pub diff: Vec<String>,
+}
+
+/// One agent credential (never its token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRow {
+    /// Id.
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// Registry role.
+    pub role: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Creator.
+    pub created_by: String,
+    /// UTC text.
+    pub created: String,
+    /// `active`, `expired` or `revoked`.
+    pub state: String,
+}
+
+/// The emergency stop while it is on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopState {
+    /// Why.
+    pub reason: String,
+    /// Who turned it on.
+    pub by: String,
+    /// Since when, UTC text.
+    pub since: String,
+}
+
+/// Everything the admin page shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdminData {
+    /// The signed-in admin's name.
+    pub me: String,
+    /// Their tenant (the default for new credentials).
+    pub tenant: String,
+    /// The registry version in force.
+    pub version: Option<i64>,
+    /// Matrix columns.
+    pub roles: Vec<RoleCol>,
+    /// Matrix rows.
+    pub tools: Vec<ToolRow>,
+    /// Newest first.
+    pub proposals: Vec<ProposalRow>,
+    /// Newest first.
+    pub versions: Vec<VersionRow>,
+    /// Newest first.
+    pub agents: Vec<AgentRow>,
+    /// The emergency stop, when on.
+    pub stop: Option<StopState>,
+}
+
+/// The admin page as the signed-in person may see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdminView {
+    /// Not an admin: no data.
+    NotAdmin,
+    /// The page's data.
+    Admin(Box<AdminData>),
+}
+
+/// Where the server's data comes from (provided as context by the server; server only).
+#[cfg(feature = "ssr")]
+pub trait AdminSource: Send + Sync + 'static {
+    /// The page's data for `person` (an admin).
+    fn overview<'a>(
+        &'a self,
+        person: &'a countersign_core::Person,
+    ) -> crate::inbox::BoxFuture<'a, Result<AdminData, String>>;
+}
+
+/// The context value the server provides to pages and server functions.
+#[cfg(feature = "ssr")]
+#[derive(Clone)]
+pub struct Admin(pub std::sync::Arc<dyn AdminSource>);
+
+/// The admin page's data, for a signed-in admin only.
+#[leptos::server]
+pub async fn load_admin() -> Result<AdminView, ServerFnError> {
+    let Some(person) = crate::signed_in() else {
+        return Err(ServerFnError::new("sign in first"));
+    };
+    if !person.has_role(countersign_core::AppRole::Admin) {
+        return Ok(AdminView::NotAdmin);
+    }
+    let source = use_context::<Admin>()
+        .ok_or_else(|| ServerFnError::new("the admin page is not available"))?;
+    source
+        .0
+        .overview(&person)
+        .await
+        .map(|d| AdminView::Admin(Box::new(d)))
+        .map_err(ServerFnError::new)
+}
+
+/// The message for a `?done=` code.
+pub fn notice_text(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "proposed" => "Proposal recorded. It takes effect only when a second admin approves it.",
+        "approved" => "Approved: the change is now a new registry version, in force immediately.",
+        "rejected" => "Rejected. The registry is unchanged.",
+        "superseded" => {
+            "Not applied: the registry changed since this proposal was made, so it is now \
+             superseded. Propose again against the current version."
+        }
+        "revoked" => "Credential revoked. The agent is refused from its next request.",
+        "stopped" => {
+            "Emergency stop is on: no step that has not started will start, active runs are \
+             stopped and their agents' credentials revoked."
+        }
+        "lifted" => "Emergency stop lifted. Steps may execute again.",
+        _ => return None,
+    })
+}
+
+/// The message for a `?error=` code.
+pub fn error_text(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "no_change" => "The matrix is unchanged: there is nothing to propose.",
+        "note" => "Say why: a proposal needs a note. Nothing was proposed.",
+        "reason" => "A reason is required. Nothing was changed.",
+        "stale" => {
+            "The registry changed while you were editing. Nothing was proposed; review the \
+             current matrix and propose again."
+        }
+        "invalid" => {
+            "That change would leave the registry invalid (for instance a tool listed for no \
+             role). Nothing was proposed."
+        }
+        "own" => "You proposed this change, so a second admin must approve it.",
+        "not_pending" => "This proposal is no longer waiting for a decision.",
+        "not_found" => "There is no such proposal or credential.",
+        "verdict" => "Choose approve or reject. Nothing was decided.",
+        "agent" => {
+            "The credential could not be created: name, a known role and a tenant are \
+             required, the name must be unused, and an expiry looks like 30d or 12h."
+        }
+        "unavailable" => "The database did not answer. Nothing was changed; try again.",
+        _ => return None,
+    })
+}
+
+const INPUT: &str = "rounded border border-slate-400 px-2 py-1 text-sm focus:outline-none focus:ring-2 focus:ring-indigo-500";
+const BUTTON: &str = "rounded bg-indigo-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-500 focus:ring-offset-2";
+const H2: &str = "text-xl font-semibold";
+const CARD: &str = "space-y-3 rounded border border-slate-200 bg-white p-4";
+
+/// `/admin`.
+#[component]
+pub fn AdminPage() -> impl IntoView {
+    let data = Resource::new(|| (), |_| load_admin());
+    let query = use_query_map();
+    let message = move || {
+        let q = query.read();
+        if let Some(text) = q.get("error").and_then(|c| error_text(&c)) {
+            Some(
+                view! {
+                    <p role="alert" data-testid="error" class="rounded border border-red-300 bg-red-50 p-3 font-medium text-red-900">
+                        {text}
+                    </p>
+                }
+                .into_any(),
+            )
+        } else {
+            q.get("done").and_then(|c| notice_text(&c)).map(|text| {
+                view! {
+                    <p role="status" data-testid="notice" class="rounded border border-emerald-300 bg-emerald-50 p-3 text-emerald-900">
+                        {text}
+                    </p>
+                }
+                .into_any()
+            })
+        }
+    };
+    view! {
+        <section class="space-y-8">
+            <h1 class="text-2xl font-semibold">"Admin"</h1>
+            {message}
+            <Suspense fallback=|| view! { <p class="text-slate-600">"Loading…"</p> }>
+                {move || Suspend::new(async move {
+                    match data.await {
+                        Ok(AdminView::NotAdmin) => {
+                            #[cfg(feature = "ssr")]
+                            {
+                                if let Some(resp) = use_context::<leptos_axum::ResponseOptions>() {
+                                    resp.set_status(http::StatusCode::FORBIDDEN);
+                                }
+                            }
+                            view! {
+                                <p data-testid="not-admin" class="rounded border border-slate-300 bg-white p-6 text-slate-700">
+                                    "This page is for admins. Your account does not hold the admin role, so nothing is shown."
+                                </p>
+                            }
+                                .into_any()
+                        }
+                        Ok(AdminView::Admin(d)) => view! { <AdminBody data=*d/> }.into_any(),
+                        Err(e) => {
+                            view! {
+                                <p role="alert" class="rounded border border-red-300 bg-red-50 p-3 text-red-900">
+                                    "The admin page could not be loaded: " {e.to_string()}
+                                </p>
+                            }
+                                .into_any()
+                        }
+                    }
+                })}
+            </Suspense>
+        </section>
+    }
+}
+
+#[component]
+fn AdminBody(data: AdminData) -> AnyView {
+    let AdminData {
+        me,
+        tenant,
+        version,
+        roles,
+        tools,
+        proposals,
+        versions,
+        agents,
+        stop,
+    } = data;
+    let role_names: Vec<String> = roles.iter().map(|r| r.name.clone()).collect();
+    view! {
+        <p class="text-sm text-slate-600">
+            "Signed in as " {me} ". Registry version in force: "
+            <span data-testid="registry-version">
+                {version.map_or_else(|| "none".to_string(), |v| v.to_string())}
+            </span>
+        </p>
+        <StopSwitch stop/>
+        <Matrix version roles tools/>
+        <Proposals proposals/>
+        <Versions versions/>
+        <Agents agents roles=role_names tenant/>
+    }
+    .into_any()
+}
+
+#[component]
+fn StopSwitch(stop: Option<StopState>) -> AnyView {
+    let body = match stop {
+        Some(s) => view! {
+            <p data-testid="stop-state" data-stop="on" class="font-semibold text-red-900">
+                "Emergency stop is ON since " {s.since} " (by " {s.by} "): " {s.reason}
+            </p>
+            <form method="post" action="/admin/stop/lift" class="flex flex-wrap items-end gap-2">
+                <label class="flex flex-col text-sm">
+                    "Reason for lifting"
+                    <input name="reason" required class=INPUT data-testid="lift-reason"/>
+                </label>
+                <button type="submit" class=BUTTON data-testid="lift-stop">"Lift the emergency stop"</button>
+            </form>
+        }
+        .into_any(),
+        None => view! {
+            <p data-testid="stop-state" data-stop="off" class="text-slate-700">
+                "Emergency stop is off. Turning it on prevents every step that has not started, stops \
+                 every active run and revokes its agent's credential; in-flight calls finish or are reconciled."
+            </p>
+            <form method="post" action="/admin/stop" class="flex flex-wrap items-end gap-2">
+                <label class="flex flex-col text-sm">
+                    "Reason"
+                    <input name="reason" required class=INPUT data-testid="stop-reason"/>
+                </label>
+                <button
+                    type="submit"
+                    data-testid="stop-button"
+                    class="rounded bg-red-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-red-800 focus:outline-none focus:ring-2 focus:ring-red-500 focus:ring-offset-2"
+                >
+                    "Emergency stop"
+                </button>
+            </form>
+        }
+        .into_any(),
+    };
+    view! {
+        <section aria-labelledby="stop-h" class="space-y-3 rounded border-2 border-red-300 bg-red-50 p-4">
+            <h2 id="stop-h" class=H2>"Emergency stop"</h2>
+            {body}
+        </section>
+    }
+    .into_any()
+}
+
+#[component]
+fn Matrix(version: Option<i64>, roles: Vec<RoleCol>, tools: Vec<ToolRow>) -> AnyView {
+    let header = roles
+        .iter()
+        .map(|r| {
+            view! {
+                <th scope="col" class="px-2 py-2 align-bottom font-mono text-xs" title=r.description.clone()>
+                    {r.name.clone()}
+                </th>
+            }
+        })
+        .collect_view();
+    let rows = tools
+        .into_iter()
+        .map(|t| {
+            let cells = roles
+                .iter()
+                .zip(t.listed.iter())
+                .map(|(r, listed)| {
+                    let value = format!("{}|{}", r.name, t.name);
+                    let label = format!("{} may use {}", r.name, t.name);
+                    view! {
+                        <td class="px-2 py-1 text-center">
+                            <input
+                                type="checkbox"
+                                name="cell"
+                                value=value.clone()
+                                checked=*listed
+                                aria-label=label
+                                data-testid=format!("cell:{value}")
+                                class="h-4 w-4 accent-indigo-700"
+                            />
+                        </td>
+                    }
+                })
+                .collect_view();
+            let approval = if t.approval.is_empty() {
+                "—".to_string()
+            } else {
+                t.approval.join("; ")
+            };
+            view! {
+                <tr class="border-t border-slate-200" data-testid="tool-row" data-tool=t.name.clone()>
+                    <th scope="row" class="px-2 py-1 text-left font-normal">
+                        <span class="font-mono">{t.name.clone()}</span>
+                        <span class="block text-xs text-slate-600">{t.title.clone().unwrap_or_default()}</span>
+                    </th>
+                    <td class="px-2 py-1" data-testid="effect">{t.effect.clone()}</td>
+                    <td class="px-2 py-1" data-testid="gate">{t.gate.clone()}</td>
+                    <td class="px-2 py-1 text-xs">
+                        {approval}
+                        {t.compensate.clone().map(|c| format!("; compensated by {c}"))}
+                    </td>
+                    {cells}
+                </tr>
+            }
+            .into_any()
+        })
+        .collect_view();
+    view! {
+        <section aria-labelledby="matrix-h" class=CARD>
+            <h2 id="matrix-h" class=H2>"Roles and tools"</h2>
+            <p class="text-sm text-slate-600">
+                "A tool not ticked for a role does not exist for that role's agents. Changes are proposed here and \
+                 take effect only when a second admin approves them."
+            </p>
+            <form method="post" action="/admin/proposals" class="space-y-3" data-testid="admin-matrix">
+                <input type="hidden" name="base" value=version.unwrap_or(0).to_string()/>
+                <div class="overflow-x-auto">
+                    <table class="border-collapse text-sm">
+                        <caption class="sr-only">"Which role may use which tool, with each tool's effect and gate"</caption>
+                        <thead class="bg-slate-100">
+                            <tr>
+                                <th scope="col" class="px-2 py-2 text-left">"Tool"</th>
+                                <th scope="col" class="px-2 py-2 text-left">"Effect"</th>
+                                <th scope="col" class="px-2 py-2 text-left">"Gate"</th>
+                                <th scope="col" class="px-2 py-2 text-left">"Approval"</th>
+                                {header}
+                            </tr>
+                        </thead>
+                        <tbody>{rows}</tbody>
+                    </table>
+                </div>
+                <label class="flex flex-col text-sm">
+                    "Why (required)"
+                    <textarea name="note" required rows="2" class=INPUT data-testid="proposal-note"></textarea>
+                </label>
+                <button type="submit" class=BUTTON data-testid="propose">"Propose this change"</button>
+            </form>
+        </section>
+    }
+    .into_any()
+}
+
+#[component]
+fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
+    let empty = proposals.is_empty();
+    let items = proposals
+        .into_iter()
+        .map(|p| {
+            let diff = p
+                .changes
+                .iter()
+                .map(|(sign, tool, role)| {
+                    let (class, words) = if *sign == '+' {
+                        ("text-emerald-900 bg-emerald-50", format!("+ {tool} for {role}"))
+                    } else {
+                        ("text-red-900 bg-red-50", format!("- {tool} no longer for {role}"))
+                    };
+                    view! { <li class=format!("px-2 font-mono {class}")>{words}</li> }
+                })
+                .collect_view();
+            let waiting = p.status == "proposed";
+            let decide = waiting.then(|| {
+                let action = format!("/admin/proposals/{}/decision", p.id);
+                let approve = (!p.mine).then(|| {
+                    view! {
+                        <button type="submit" name="verdict" value="approve" class=BUTTON data-testid="approve">
+                            "Approve"
+                        </button>
+                    }
+                });
+                let mine = p.mine.then(|| {
+                    view! {
+                        <p class="text-sm text-slate-600" data-testid="own-proposal">
+                            "You proposed this: a second admin must approve it. You may withdraw it (reject)."
+                        </p>
+                    }
+                });
+                view! {
+                    {mine}
+                    <form method="post" action=action class="flex flex-wrap items-end gap-2">
+                        <label class="flex flex-col text-sm">
+                            "Reason"
+                            <input name="reason" class=INPUT data-testid="decision-reason"/>
+                        </label>
+                        {approve}
+                        <button
+                            type="submit"
+                            name="verdict"
+                            value="reject"
+                            data-testid="reject"
+                            class="rounded border border-slate-400 bg-white px-3 py-1.5 text-sm font-medium text-slate-900 hover:bg-slate-100 focus:outline-none focus:ring-2 focus:ring-indigo-500"
+                        >
+                            "Reject"
+                        </button>
+                    </form>
+                }
+            });
+            view! {
+                <li class=CARD data-testid="proposal" data-proposal-id=p.id.clone() data-status=p.status.clone()>
+                    <p class="text-sm">
+                        <span class="font-semibold">{p.status.clone()}</span>
+                        " · proposed by " {p.proposer.clone()} " at " {p.created.clone()}
+                        " against version " {p.base_version}
+                        {p.applied_version.map(|v| format!(" · applied as version {v}"))}
+                    </p>
+                    <p class="text-sm text-slate-700">{p.note.clone()}</p>
+                    <ul class="text-sm" aria-label="Changes" data-testid="proposal-diff">{diff}</ul>
+                    {p.decision.clone().map(|d| view! { <p class="text-sm text-slate-700">{d}</p> })}
+                    {decide}
+                </li>
+            }
+            .into_any()
+        })
+        .collect_view();
+    view! {
+        <section aria-labelledby="proposals-h" class="space-y-3">
+            <h2 id="proposals-h" class=H2>"Proposals"</h2>
+            {empty.then(|| view! { <p class="text-slate-600">"No registry changes proposed."</p> })}
+            <ul class="space-y-3">{items}</ul>
+        </section>
+    }
+    .into_any()
+}
+
+#[component]
+fn Versions(versions: Vec<VersionRow>) -> AnyView {
+    let items = versions
+        .into_iter()
+        .map(|v| {
+            view! {
+                <li class=CARD data-testid="version">
+                    <p class="text-sm">
+                        <span class="font-semibold">{format!("Version {}", v.version)}</span>
+                        " · " {v.created} " · " {v.created_by}
+                    </p>
+                    <pre class="overflow-x-auto whitespace-pre-wrap text-xs">{v.diff.join("\n")}</pre>
+                </li>
+            }
+        })
+        .collect_view();
+    view! {
+        <section aria-labelledby="versions-h" class="space-y-3">
+            <h2 id="versions-h" class=H2>"Registry versions"</h2>
+            <ul class="space-y-3">{items}</ul>
+        </section>
+    }
+    .into_any()
+}
+
+#[component]
+fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView {
+    let rows = agents
+        .into_iter()
+        .map(|a| {
+            let revoke = (a.state == "active").then(|| {
+                let action = format!("/admin/agents/{}/revoke", a.id);
+                let label = format!("Revoke {}", a.name);
+                view! {
+                    <form method="post" action=action>
+                        <button
+                            type="submit"
+                            aria-label=label
+                            data-testid="revoke"
+                            class="rounded border border-red-400 bg-white px-2 py-1 text-xs font-medium text-red-900 hover:bg-red-50 focus:outline-none focus:ring-2 focus:ring-red-500"
+                        >
+                            "Revoke"
+                        </button>
+                    </form>
+                }
+            });
+            view! {
+                <tr class="border-t border-slate-200" data-testid="agent-row" data-agent=a.name.clone()>
+                    <td class="px-2 py-1">{a.name.clone()}</td>
+                    <td class="px-2 py-1 font-mono">{a.role.clone()}</td>
+                    <td class="px-2 py-1">{a.tenant.clone()}</td>
+                    <td class="px-2 py-1" data-testid="agent-state">{a.state.clone()}</td>
+                    <td class="px-2 py-1 text-xs">{a.created_by.clone()} " · " {a.created.clone()}</td>
+                    <td class="px-2 py-1">{revoke}</td>
+                </tr>
+            }
+            .into_any()
+        })
+        .collect_view();
+    let options = roles
+        .into_iter()
+        .map(|r| view! { <option value=r.clone()>{r.clone()}</option> })
+        .collect_view();
+    view! {
+        <section aria-labelledby="agents-h" class=CARD>
+            <h2 id="agents-h" class=H2>"Agent credentials"</h2>
+            <table class="w-full border-collapse text-left text-sm">
+                <caption class="sr-only">"Agent credentials, newest first"</caption>
+                <thead class="bg-slate-100">
+                    <tr>
+                        <th scope="col" class="px-2 py-1">"Name"</th>
+                        <th scope="col" class="px-2 py-1">"Role"</th>
+                        <th scope="col" class="px-2 py-1">"Tenant"</th>
+                        <th scope="col" class="px-2 py-1">"State"</th>
+                        <th scope="col" class="px-2 py-1">"Created"</th>
+                        <th scope="col" class="px-2 py-1"><span class="sr-only">"Revoke"</span></th>
+                    </tr>
+                </thead>
+                <tbody>{rows}</tbody>
+            </table>
+            <form method="post" action="/admin/agents" class="flex flex-wrap items-end gap-2" data-testid="agent-form">
+                <label class="flex flex-col text-sm">
+                    "Name" <input name="name" required class=INPUT/>
+                </label>
+                <label class="flex flex-col text-sm">
+                    "Role" <select name="role" class=INPUT>{options}</select>
+                </label>
+                <label class="flex flex-col text-sm">
+                    "Tenant" <input name="tenant" required value=tenant class=INPUT/>
+                </label>
+                <label class="flex flex-col text-sm">
+                    "Expires after (e.g. 30d, optional)" <input name="expires" class=INPUT/>
+                </label>
+                <button type="submit" class=BUTTON>"Create credential"</button>
+            </form>
+            <p class="text-sm text-slate-600">"The token is shown once, on the next page. Store it in the agent's secret store."</p>
+        </section>
+    }
+    .into_any()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_come_only_from_known_codes() {
+        assert!(notice_text("proposed").is_some());
+        assert!(error_text("own").is_some());
+        assert_eq!(error_text("<script>"), None);
+        assert_eq!(notice_text("anything"), None);
+    }
+}

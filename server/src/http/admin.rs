@@ -1,0 +1,586 @@
+//! The admin page's server side: the data behind `/admin` ([`countersign_app::admin`]) and
+//! the HTML form endpoints that propose and review registry changes, create and revoke agent
+//! credentials, and turn the emergency stop on and off.
+//!
+//! Invariants (each fails closed):
+//! * Every endpoint here needs a live session holding the `admin` role ([`RequireRole`]:
+//!   401 signed out, 403 otherwise) and a same-origin `Origin`/`Referer` (checked here and by
+//!   the router's CSRF layer in front); a refused request changes nothing.
+//! * A matrix change is only ever a proposal against the version the admin saw; it applies
+//!   when a *different* admin approves it and its base version is still current
+//!   ([`Store::approve_proposal`]); then this server swaps the new version in at once (other
+//!   replicas within [`crate::REGISTRY_POLL`]), so `tools/list` changes without a restart.
+//! * Propose, approve, reject, supersede and a refused self-approval are audited (event
+//!   `operational`, rule `admin.proposal.*`), as are the emergency stop and its lifting.
+//! * A new credential's token appears once, in the response to its creation, and is never
+//!   stored; redirects carry fixed codes only, never free text.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use countersign_app::admin::{
+    Admin, AdminData, AdminSource, AgentRow, ProposalRow, RoleCol, StopState, ToolRow, VersionRow,
+};
+use countersign_app::inbox::BoxFuture;
+use countersign_core::registry::Span;
+use countersign_core::store::{
+    ApproveOutcome, ChangeOp, ListingChange, NewAgent, NewProposal, ProposalError,
+};
+use countersign_core::{Gate, Person, RoleName, StoreError};
+
+use crate::AppState;
+use crate::auth::pages::{escape, page};
+use crate::auth::{Admin as AdminRole, RequireRole, same_origin};
+use crate::executor::{self, EMERGENCY_STOP};
+
+/// How many proposals, versions the page lists.
+const LIST_LIMIT: i64 = 50;
+
+/// The store-backed [`AdminSource`].
+pub struct AdminBackend(pub AppState);
+
+/// The context value the router provides to the dashboard.
+pub fn context(state: &AppState) -> Admin {
+    Admin(Arc::new(AdminBackend(state.clone())))
+}
+
+/// `iss#sub`: how a person is recorded on proposals.
+pub fn identity(person: &Person) -> String {
+    format!("{}#{}", person.iss, person.sub)
+}
+
+fn utc(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || "unknown time".into(),
+        |t| t.format("%Y-%m-%d %H:%M UTC").to_string(),
+    )
+}
+
+fn gate_text(g: Gate) -> &'static str {
+    match g {
+        Gate::Never => "never",
+        Gate::Always => "always",
+        Gate::Policy => "policy",
+    }
+}
+
+impl AdminBackend {
+    async fn load(&self, person: &Person) -> Result<AdminData, StoreError> {
+        let state = &self.0;
+        let store = &state.store;
+        let now = store.clock().now_ms();
+        let loaded = state.registry.current();
+        let (roles, tools) = match &loaded {
+            Some(l) => {
+                let reg = &l.bundle.registry;
+                let roles: Vec<RoleCol> = reg
+                    .roles()
+                    .map(|r| RoleCol {
+                        name: r.name.to_string(),
+                        description: r.description.clone(),
+                    })
+                    .collect();
+                let tools = reg
+                    .tools()
+                    .map(|t| {
+                        let mut approval = Vec::new();
+                        if let Some(a) = &t.approval {
+                            let who: Vec<String> =
+                                a.approver_roles.iter().map(ToString::to_string).collect();
+                            approval.push(format!("approvers: {}", who.join(", ")));
+                            approval.push(format!("expires after {}", a.expires));
+                            if let Some(s) = a.step_up_max_age {
+                                approval.push(format!("sign-in within {s}"));
+                            }
+                            if a.four_eyes {
+                                approval.push("four eyes".into());
+                            }
+                            if let Some(n) = &a.second_approval_above {
+                                approval.push(format!("second approver above {n}"));
+                            }
+                        }
+                        ToolRow {
+                            name: t.name.to_string(),
+                            title: t.title.clone(),
+                            effect: t.effect.as_str().to_string(),
+                            gate: gate_text(t.gate).to_string(),
+                            approval,
+                            compensate: t.compensate.as_ref().map(ToString::to_string),
+                            listed: reg.roles().map(|r| t.roles.contains(&r.name)).collect(),
+                        }
+                    })
+                    .collect();
+                (roles, tools)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let me = identity(person);
+        let proposals = store
+            .list_proposals(LIST_LIMIT)
+            .await?
+            .into_iter()
+            .map(|p| ProposalRow {
+                mine: p.proposer == me,
+                decision: p.decided_by.as_ref().map(|by| {
+                    format!(
+                        "{} by {by} at {}{}",
+                        p.status.as_str(),
+                        p.decided_at.map(utc).unwrap_or_default(),
+                        p.decision_reason
+                            .as_deref()
+                            .filter(|r| !r.is_empty())
+                            .map(|r| format!(": {r}"))
+                            .unwrap_or_default()
+                    )
+                }),
+                id: p.id,
+                proposer: p.proposer_name,
+                created: utc(p.created_at),
+                base_version: p.base_version,
+                changes: p
+                    .changes
+                    .iter()
+                    .map(|c| (c.op.sign(), c.tool.clone(), c.role.clone()))
+                    .collect(),
+                note: p.note,
+                status: p.status.as_str().to_string(),
+                applied_version: p.applied_version,
+            })
+            .collect();
+        let versions = store
+            .registry_versions(LIST_LIMIT)
+            .await?
+            .into_iter()
+            .map(|v| VersionRow {
+                version: v.version,
+                created_by: v.created_by,
+                created: utc(v.created_at),
+                diff: v.diff.lines().map(str::to_owned).collect(),
+            })
+            .collect();
+        let agents = store
+            .list_agents()
+            .await?
+            .into_iter()
+            .map(|a| AgentRow {
+                state: match (a.revoked_at, a.expires_at) {
+                    (Some(_), _) => "revoked",
+                    (None, Some(t)) if t <= now => "expired",
+                    (None, _) => "active",
+                }
+                .to_string(),
+                id: a.id,
+                name: a.name,
+                role: a.role,
+                tenant: a.tenant,
+                created_by: a.created_by,
+                created: utc(a.created_at),
+            })
+            .collect();
+        let stop = store
+            .switch_detail(EMERGENCY_STOP)
+            .await?
+            .map(|(reason, by, at)| StopState {
+                reason,
+                by,
+                since: utc(at),
+            });
+        Ok(AdminData {
+            me: person.name.clone(),
+            tenant: person.tenant.clone().unwrap_or_default(),
+            version: loaded.as_ref().map(|l| l.version),
+            roles,
+            tools,
+            proposals,
+            versions,
+            agents,
+            stop,
+        })
+    }
+}
+
+impl AdminSource for AdminBackend {
+    fn overview<'a>(&'a self, person: &'a Person) -> BoxFuture<'a, Result<AdminData, String>> {
+        Box::pin(async move {
+            self.load(person).await.map_err(|e| {
+                tracing::error!(error = %e, "admin: loading the page failed");
+                "the database did not answer".to_string()
+            })
+        })
+    }
+}
+
+/// The form's fields, every value of repeated names kept in order.
+fn fields(body: &Bytes) -> Vec<(String, String)> {
+    url::form_urlencoded::parse(body)
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+fn field<'a>(fields: &'a [(String, String)], name: &str) -> &'a str {
+    fields
+        .iter()
+        .find(|(k, _)| k == name)
+        .map_or("", |(_, v)| v.as_str())
+}
+
+fn back(done: Option<&str>, error: Option<&str>) -> Response {
+    let target = match (done, error) {
+        (_, Some(e)) => format!("/admin?error={e}"),
+        (Some(d), None) => format!("/admin?done={d}"),
+        (None, None) => "/admin".into(),
+    };
+    Redirect::to(&target).into_response()
+}
+
+/// The explicit origin check every endpoint here repeats (the CSRF layer runs first).
+fn cross_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let origin = state.config.public_url.origin().ascii_serialization();
+    (!same_origin(headers, &origin)).then(|| {
+        page(
+            StatusCode::FORBIDDEN,
+            "Cross-origin request refused",
+            "This request did not come from a Countersign page, so it was not carried out.",
+            false,
+        )
+    })
+}
+
+/// The listing changes that turn `current` into `wanted` (pairs of role, tool).
+pub fn listing_changes(
+    current: &BTreeSet<(String, String)>,
+    wanted: &BTreeSet<(String, String)>,
+) -> Vec<ListingChange> {
+    let added = wanted
+        .difference(current)
+        .map(|(role, tool)| ListingChange {
+            tool: tool.clone(),
+            role: role.clone(),
+            op: ChangeOp::Add,
+        });
+    let removed = current
+        .difference(wanted)
+        .map(|(role, tool)| ListingChange {
+            tool: tool.clone(),
+            role: role.clone(),
+            op: ChangeOp::Remove,
+        });
+    let mut all: Vec<ListingChange> = added.chain(removed).collect();
+    all.sort();
+    all
+}
+
+/// `POST /admin/proposals` (form: `base`, `note`, `cell=role|tool` for every ticked box):
+/// proposes the difference between the ticked matrix and version `base`.
+pub async fn propose(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    let person = admin.0;
+    let form = fields(&body);
+    let note = field(&form, "note").trim().to_string();
+    if note.is_empty() {
+        return back(None, Some("note"));
+    }
+    let Ok(base) = field(&form, "base").parse::<i64>() else {
+        return back(None, Some("stale"));
+    };
+    let current = match state.store.current_bundle().await {
+        Ok(Some((v, sources))) if v == base => sources,
+        Ok(_) => return back(None, Some("stale")),
+        Err(e) => {
+            tracing::error!(error = %e, "admin: reading the registry failed");
+            return back(None, Some("unavailable"));
+        }
+    };
+    let Ok(registry) = countersign_core::Registry::from_sources(&current.registry_sources()) else {
+        return back(None, Some("invalid"));
+    };
+    let listed: BTreeSet<(String, String)> = registry
+        .listing()
+        .iter()
+        .flat_map(|(role, tools)| tools.iter().map(move |t| (role.to_string(), t.to_string())))
+        .collect();
+    let wanted: BTreeSet<(String, String)> = form
+        .iter()
+        .filter(|(k, _)| k == "cell")
+        .filter_map(|(_, v)| v.split_once('|'))
+        .map(|(role, tool)| (role.to_string(), tool.to_string()))
+        .collect();
+    let changes = listing_changes(&listed, &wanted);
+    if changes.is_empty() {
+        return back(None, Some("no_change"));
+    }
+    propose_changes(&state, &person, base, changes, &note).await
+}
+
+/// Proposes `changes` against `base` as `person`; the redirect says how it went.
+pub async fn propose_changes(
+    state: &AppState,
+    person: &Person,
+    base: i64,
+    changes: Vec<ListingChange>,
+    note: &str,
+) -> Response {
+    let result = state
+        .store
+        .propose(&NewProposal {
+            proposer: identity(person),
+            proposer_name: person.name.clone(),
+            base_version: base,
+            changes,
+            note: note.to_string(),
+        })
+        .await;
+    match result {
+        Ok(p) => {
+            tracing::info!(proposal = %p.id, sub = %person.sub, "registry change proposed");
+            back(Some("proposed"), None)
+        }
+        Err(ProposalError::Stale { .. }) => back(None, Some("stale")),
+        Err(ProposalError::Invalid(why)) => {
+            tracing::info!(%why, "admin: proposal refused");
+            back(None, Some("invalid"))
+        }
+        Err(ProposalError::NotFound) => back(None, Some("not_found")),
+        Err(ProposalError::Store(e)) => {
+            tracing::error!(error = %e, "admin: storing a proposal failed");
+            back(None, Some("unavailable"))
+        }
+    }
+}
+
+/// `POST /admin/proposals/{id}/decision` (form: `verdict` = `approve` | `reject`, `reason`,
+/// required to reject).
+pub async fn decide(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    let person = admin.0;
+    let me = identity(&person);
+    let form = fields(&body);
+    let reason = field(&form, "reason").trim().to_string();
+    let failed = |e: ProposalError| match e {
+        ProposalError::NotFound => back(None, Some("not_found")),
+        ProposalError::Stale { .. } => back(Some("superseded"), None),
+        ProposalError::Invalid(why) => {
+            tracing::warn!(%why, "admin: a proposal no longer applies");
+            back(None, Some("invalid"))
+        }
+        ProposalError::Store(e) => {
+            tracing::error!(error = %e, "admin: deciding a proposal failed");
+            back(None, Some("unavailable"))
+        }
+    };
+    match field(&form, "verdict") {
+        "approve" => match state.store.approve_proposal(&id, &me, &reason).await {
+            Ok(ApproveOutcome::Applied { version }) => {
+                // In force here at once; other replicas pick it up on their next poll.
+                state.registry.refresh(&state.store).await;
+                tracing::info!(proposal = %id, version, sub = %person.sub, "registry change approved");
+                back(Some("approved"), None)
+            }
+            Ok(ApproveOutcome::Superseded { .. }) => back(Some("superseded"), None),
+            Ok(ApproveOutcome::OwnProposal) => back(None, Some("own")),
+            Ok(ApproveOutcome::NotPending(_)) => back(None, Some("not_pending")),
+            Err(e) => failed(e),
+        },
+        "reject" => {
+            if reason.is_empty() {
+                return back(None, Some("reason"));
+            }
+            match state.store.reject_proposal(&id, &me, &reason).await {
+                Ok(Ok(_)) => back(Some("rejected"), None),
+                Ok(Err(_)) => back(None, Some("not_pending")),
+                Err(e) => failed(e),
+            }
+        }
+        _ => back(None, Some("verdict")),
+    }
+}
+
+/// `POST /admin/agents` (form: `name`, `role`, `tenant`, optional `expires` like `30d`):
+/// creates a credential and shows its token once.
+pub async fn create_agent(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    let person = admin.0;
+    let form = fields(&body);
+    let role = field(&form, "role").trim().to_string();
+    let known = state.registry.current().is_some_and(|l| {
+        RoleName::parse(&role)
+            .ok()
+            .is_some_and(|r| l.bundle.registry.role(&r).is_some())
+    });
+    if !known {
+        return back(None, Some("agent"));
+    }
+    let expires_at = match field(&form, "expires").trim() {
+        "" => None,
+        text => match Span::parse(text) {
+            Ok(span) => Some(state.store.clock().now_ms() + span.to_chrono().num_milliseconds()),
+            Err(_) => return back(None, Some("agent")),
+        },
+    };
+    let created = state
+        .store
+        .create_agent(&NewAgent {
+            name: field(&form, "name").trim().to_string(),
+            role,
+            tenant: field(&form, "tenant").trim().to_string(),
+            created_by: format!("person:{}", identity(&person)),
+            expires_at,
+        })
+        .await;
+    match created {
+        Ok((cred, token)) => {
+            tracing::info!(credential = %cred.id, sub = %person.sub, "agent credential created");
+            page(
+                StatusCode::OK,
+                "Agent credential created",
+                &format!(
+                    "<p>Credential <strong>{name}</strong> (role <code>{role}</code>, tenant \
+                     {tenant}) was created. Its token is shown <strong>once</strong>; it is not \
+                     stored and cannot be shown again. Copy it into the agent's secret store \
+                     now.</p><p><label for=\"token\">Token</label><br>\
+                     <input id=\"token\" data-testid=\"agent-token\" readonly size=\"60\" \
+                     value=\"{token}\"></p><p><a href=\"/admin\">Back to admin</a></p>",
+                    name = escape(&cred.name),
+                    role = escape(&cred.role),
+                    tenant = escape(&cred.tenant),
+                    token = escape(token.reveal()),
+                ),
+                state.auth.demo(),
+            )
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "admin: credential refused");
+            back(None, Some("agent"))
+        }
+    }
+}
+
+/// `POST /admin/agents/{id}/revoke`.
+pub async fn revoke_agent(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    match state.store.revoke_agent(&id).await {
+        Ok(cred) => {
+            tracing::info!(credential = %cred.id, sub = %admin.0.sub, "agent credential revoked");
+            back(Some("revoked"), None)
+        }
+        Err(StoreError::NotFound) => back(None, Some("not_found")),
+        Err(e) => {
+            tracing::error!(error = %e, "admin: revoking failed");
+            back(None, Some("unavailable"))
+        }
+    }
+}
+
+/// `POST /admin/stop` (form: `reason`): the emergency stop, exactly as `countersign stop`.
+pub async fn stop(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    let form = fields(&body);
+    let reason = field(&form, "reason").trim().to_string();
+    if reason.is_empty() {
+        return back(None, Some("reason"));
+    }
+    let by = format!("person:{}", identity(&admin.0));
+    match executor::emergency_stop(&state, &by, &reason).await {
+        Ok(n) => {
+            tracing::warn!(%by, runs = n, "emergency stop on");
+            back(Some("stopped"), None)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "admin: emergency stop failed");
+            back(None, Some("unavailable"))
+        }
+    }
+}
+
+/// `POST /admin/stop/lift` (form: `reason`): lifts the emergency stop, as `countersign stop
+/// --lift`.
+pub async fn lift(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    let form = fields(&body);
+    let reason = field(&form, "reason").trim().to_string();
+    if reason.is_empty() {
+        return back(None, Some("reason"));
+    }
+    let by = format!("person:{}", identity(&admin.0));
+    match executor::lift_emergency_stop(&state, &by, &reason).await {
+        Ok(_) => back(Some("lifted"), None),
+        Err(e) => {
+            tracing::error!(error = %e, "admin: lifting the emergency stop failed");
+            back(None, Some("unavailable"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
+        pairs
+            .iter()
+            .map(|(r, t)| ((*r).to_string(), (*t).to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn listing_changes_are_the_two_set_differences_sorted() {
+        let current = set(&[("planner", "invoice.get"), ("reviewer", "invoice.get")]);
+        let wanted = set(&[("planner", "invoice.get"), ("planner", "po.get")]);
+        let changes = listing_changes(&current, &wanted);
+        assert_eq!(
+            changes.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            vec![
+                "- invoice.get no longer for role reviewer",
+                "+ po.get for role planner",
+            ]
+        );
+        assert!(listing_changes(&current, &current).is_empty());
+    }
+}
