@@ -710,6 +710,7 @@ macro_rules! append_in_tx {
         $crate::audit::insert_sealed!($tx, head, $new, $event, $at)
     }};
 }
+pub(crate) use append_in_tx;
 
 const COLUMNS: &str = "seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash";
 

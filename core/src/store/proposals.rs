@@ -491,15 +491,16 @@ impl Store {
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
+                // Serialises with every other decision (and audit write) on Postgres, taken
+                // before any row lock (the chain's lock order); SQLite's BEGIN IMMEDIATE
+                // already holds the single write lock.
+                if $lock {
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(crate::audit::PG_AUDIT_LOCK)
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 if let Some((version, sources, created_by, diff)) = applied {
-                    // Serialises with every other approval (and audit write) on Postgres;
-                    // SQLite's BEGIN IMMEDIATE already holds the single write lock.
-                    if $lock {
-                        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                            .bind(crate::audit::PG_AUDIT_LOCK)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
                     let newest: Option<i64> =
                         sqlx::query_scalar("SELECT MAX(version) FROM registry_versions")
                             .fetch_one(&mut *tx)
