@@ -17,6 +17,7 @@ pub mod pipeline;
 pub mod registry;
 pub mod revalidate;
 pub mod runs;
+pub mod scenario;
 pub mod standing;
 pub mod telemetry;
 

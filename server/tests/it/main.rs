@@ -16,4 +16,5 @@ mod interop;
 mod mcp;
 mod registry;
 mod runs;
+mod scenarios;
 mod stillon;
