@@ -325,6 +325,8 @@ pub struct AuditExpect {
 pub struct Target<'a> {
     /// Base URL (`http://127.0.0.1:8080`).
     pub url: String,
+    /// The `Origin` a browser would send (the server's public URL origin); `None`: `url`.
+    pub origin: Option<String>,
     /// The server's database (agents, faults, effects, audit).
     pub store: Store,
     /// Advances the server's clock (test servers); `None` refuses `advance` steps.
@@ -869,10 +871,11 @@ impl Runner<'_, '_> {
         reason: &str,
     ) -> Result<(u16, Value), String> {
         let base = &self.target.url;
+        let origin = self.target.origin.as_deref().unwrap_or(base);
         let signed = self
             .http
             .post(format!("{base}/auth/demo"))
-            .header("origin", base)
+            .header("origin", origin)
             .form(&[("user", person)])
             .send()
             .await
@@ -891,7 +894,7 @@ impl Runner<'_, '_> {
         let resp = self
             .http
             .post(format!("{base}/api/steps/{step}/decision"))
-            .header("origin", base)
+            .header("origin", origin)
             .header(reqwest::header::COOKIE, cookie)
             .json(&json!({"verdict": verdict, "reason": reason}))
             .send()

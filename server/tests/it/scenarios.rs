@@ -45,6 +45,7 @@ async fn play(bundle: &str, path: &std::path::Path, backend: Backend) -> Vec<Str
     let advance = move |by: chrono::Duration| clock.advance(by);
     let target = Target {
         url: format!("http://{}", app.addr),
+        origin: None,
         store: app.store.clone(),
         advance: Some(&advance),
     };
@@ -144,6 +145,7 @@ expect:
         };
         let target = Target {
             url: format!("http://{}", app.addr),
+            origin: None,
             store: app.store.clone(),
             advance: None,
         };
@@ -173,4 +175,150 @@ expect:
         assert!(err.contains("cannot be advanced"), "{err}");
         app.stop().await;
     }
+}
+
+/// `demo = true`: on an empty database the server plays the finance demo at start — one paid
+/// run, one payment waiting in the inbox, one refused injection attempt — and never again
+/// once the database has runs.
+#[tokio::test]
+async fn scenarios_the_demo_seeds_an_empty_database_once() {
+    use countersign::adapters::builtin::ERP;
+    use countersign_core::StepStatus;
+    let registry = example("finance");
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let env = [
+            ("COUNTERSIGN_REGISTRY", registry.as_str()),
+            ("COUNTERSIGN_DEMO", "true"),
+        ];
+        let Some(app) = spawn_app_with(backend, &env).await else {
+            continue;
+        };
+        let began = std::time::Instant::now();
+        let refused = loop {
+            let refused = app
+                .store
+                .steps_in_status(StepStatus::Refused, 10)
+                .await
+                .unwrap();
+            if !refused.is_empty() {
+                break refused;
+            }
+            assert!(
+                began.elapsed() < std::time::Duration::from_secs(30),
+                "{backend:?}: the demo never got to the injection"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0].tool, "supplier.update_iban");
+        assert_eq!(refused[0].rule.as_deref(), Some("review.rejected"));
+        let paid = app
+            .store
+            .demo_effects(ERP, "payments.schedule")
+            .await
+            .unwrap();
+        assert_eq!(paid.len(), 1, "one paid run");
+        assert!(paid[0].request.contains("INV-20260611"), "{:?}", paid[0]);
+        let waiting = app
+            .store
+            .steps_in_status(StepStatus::NeedsApproval, 10)
+            .await
+            .unwrap();
+        assert_eq!(waiting.len(), 1, "one payment in the inbox: {waiting:?}");
+        assert_eq!(waiting[0].tool, "payment.schedule");
+        assert!(waiting[0].inputs.contains("INV-20260612"));
+        assert!(
+            app.store
+                .demo_effects(ERP, "suppliers.update_iban")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let approvals: Vec<_> = app
+            .store
+            .audit_records(1, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "approved")
+            .collect();
+        assert_eq!(approvals.len(), 1);
+        assert!(approvals[0].actor.as_deref().unwrap().contains("ana"));
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
+        // Played once: with runs in the database, seeding again does nothing.
+        let again = countersign::demo::seed(&app.store, &format!("http://{}", app.addr), None)
+            .await
+            .unwrap();
+        assert!(again.is_none());
+        assert_eq!(
+            app.store
+                .demo_effects(ERP, "payments.schedule")
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        app.stop().await;
+    }
+}
+
+/// Off by default: a server without `demo` starts with no runs.
+#[tokio::test]
+async fn scenarios_no_demo_unless_asked_for() {
+    let registry = example("finance");
+    let Some(app) = spawn_app_with(
+        Backend::Sqlite,
+        &[("COUNTERSIGN_REGISTRY", registry.as_str())],
+    )
+    .await
+    else {
+        return;
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(app.store.list_runs("acme", 10).await.unwrap().is_empty());
+    app.stop().await;
+}
+
+/// `countersign scenario run FILE... --url`: plays files against a running server on the
+/// configured database; exit 0 when every check holds, 1 naming the failure otherwise.
+#[tokio::test]
+async fn scenarios_the_cli_plays_files_against_a_running_server() {
+    let registry = example("finance");
+    let Some(app) = spawn_app_with(
+        Backend::Sqlite,
+        &[("COUNTERSIGN_REGISTRY", registry.as_str())],
+    )
+    .await
+    else {
+        return;
+    };
+    let dir = format!("{registry}/scenarios");
+    let url = format!("http://{}", app.addr);
+    // The server runs on this test's runtime: the CLI process is waited for off it.
+    let play = |file: &str| {
+        let mut cmd = crate::helpers::countersign_on(&app.db_url());
+        cmd.args(["scenario", "run", &format!("{dir}/{file}"), "--url", &url]);
+        tokio::task::spawn_blocking(move || cmd.output().unwrap())
+    };
+    let out = play("000-refuse-tool-not-listed.yaml").await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ok   ") && stdout.contains("the audit chain verifies"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    // A scenario that needs the test clock cannot run against a real server: exit 1, named.
+    let out = play("002-expired-approval.yaml").await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("FAIL") && stdout.contains("cannot be advanced"),
+        "{stdout}"
+    );
+    app.stop().await;
 }
