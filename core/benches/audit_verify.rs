@@ -3,14 +3,24 @@
 //! raw SHA-256 over the same record bytes in the same run: the physical floor, since verify
 //! must at least hash every record. Target: verify ≥ 50 % of raw SHA-256 throughput.
 //!
-//! Run with `cargo bench -p countersign-core --bench audit_verify`; prints records/s for both
-//! and the ratio (median of 5 passes each). Criterion also times both over 100,000 records.
+//! Verify checks each record (SHA-256, canonical form, columns) on several threads and walks
+//! the chain links sequentially, so the comparison is printed both ways, from one run:
+//! * single-threaded verify against single-threaded raw SHA-256 (like for like);
+//! * N-threaded verify (what `audit verify` does) against single-threaded raw SHA-256 and
+//!   against raw SHA-256 spread over the same N threads (like for like again).
+//!
+//! Run with `cargo bench -p countersign-core --bench audit_verify`; `AUDIT_VERIFY_RECORDS`
+//! overrides the record count (e.g. 100000 while iterating). Prints records/s and ratios
+//! (median of 5 passes each). Criterion also times both over 100,000 records.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use countersign_core::audit::{AuditEvent, AuditRecord, GENESIS, NewAuditRecord, seal, verify};
+use countersign_core::audit::{
+    AuditEvent, AuditRecord, GENESIS, NewAuditRecord, default_threads, seal, verify,
+    verify_with_threads,
+};
 use criterion::{Criterion, criterion_group};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -81,6 +91,20 @@ fn raw_sha256(records: &[AuditRecord]) -> u8 {
     acc
 }
 
+/// Raw SHA-256 of every record on `threads` threads, in contiguous chunks (as verify splits).
+fn raw_sha256_threads(records: &[AuditRecord], threads: usize) -> u8 {
+    let size = records.len().div_ceil(threads.max(1));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = records
+            .chunks(size)
+            .map(|c| s.spawn(move || raw_sha256(c)))
+            .collect();
+        handles
+            .into_iter()
+            .fold(0, |acc, h| acc ^ h.join().unwrap())
+    })
+}
+
 fn bench(c: &mut Criterion) {
     let records = chain(100_000);
     let mut group = c.benchmark_group("audit 100k records");
@@ -123,29 +147,74 @@ fn main() {
         t.elapsed()
     });
     println!(
-        "in cache (2,000 records x 500): verify at {:.0} % of raw SHA-256",
+        "in cache (2,000 records x 500, both single-threaded: too few records to split): verify at {:.0} % of raw SHA-256",
         100.0 * sha_c.as_secs_f64() / ver_c.as_secs_f64()
     );
 
-    let records = chain(RECORDS);
+    let n: usize = std::env::var("AUDIT_VERIFY_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(RECORDS);
+    let threads = default_threads();
+    let records = chain(n);
     let bytes: usize = records.iter().map(|r| r.record.len()).sum();
-    let sha = median(|| {
-        let t = Instant::now();
+    let time = |f: &dyn Fn()| {
+        median(|| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+    };
+    let sha1 = time(&|| {
         black_box(raw_sha256(black_box(&records)));
-        t.elapsed()
     });
-    let ver = median(|| {
-        let t = Instant::now();
-        assert_eq!(verify(black_box(&records), 1, GENESIS), Ok(RECORDS as i64));
-        t.elapsed()
+    let shan = time(&|| {
+        black_box(raw_sha256_threads(black_box(&records), threads));
     });
-    let per_s = |d: Duration| RECORDS as f64 / d.as_secs_f64();
+    let ver1 = time(&|| {
+        assert_eq!(
+            verify_with_threads(black_box(&records), 1, GENESIS, 1),
+            Ok(n as i64)
+        );
+    });
+    let vern = time(&|| {
+        assert_eq!(
+            verify_with_threads(black_box(&records), 1, GENESIS, threads),
+            Ok(n as i64)
+        );
+    });
+    let per_s = |d: Duration| n as f64 / d.as_secs_f64();
+    let pct = |a: Duration, b: Duration| 100.0 * per_s(a) / per_s(b);
     println!(
-        "audit verify over {RECORDS} records ({:.0} bytes/record): verify {:.0} records/s ({ver:?}), \
-         raw SHA-256 {:.0} records/s ({sha:?}), verify at {:.0} % of raw SHA-256",
-        bytes as f64 / RECORDS as f64,
-        per_s(ver),
-        per_s(sha),
-        100.0 * per_s(ver) / per_s(sha)
+        "audit verify over {n} records ({:.0} bytes/record), {threads} thread(s) available:",
+        bytes as f64 / n as f64
+    );
+    println!(
+        "  raw SHA-256, 1 thread:         {:>10.0} records/s ({sha1:?})",
+        per_s(sha1)
+    );
+    println!(
+        "  raw SHA-256, {threads} threads:        {:>10.0} records/s ({shan:?})",
+        per_s(shan)
+    );
+    println!(
+        "  verify, 1 thread:              {:>10.0} records/s ({ver1:?})",
+        per_s(ver1)
+    );
+    println!(
+        "  verify, {threads} threads (default):  {:>10.0} records/s ({vern:?})",
+        per_s(vern)
+    );
+    println!(
+        "  single-threaded verify vs single-threaded raw SHA-256: {:.0} %",
+        pct(ver1, sha1)
+    );
+    println!(
+        "  {threads}-thread verify vs single-threaded raw SHA-256:    {:.0} %",
+        pct(vern, sha1)
+    );
+    println!(
+        "  {threads}-thread verify vs {threads}-thread raw SHA-256:          {:.0} %",
+        pct(vern, shan)
     );
 }

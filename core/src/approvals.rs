@@ -2,8 +2,11 @@
 //!
 //! Invariants:
 //! * An approval binds step id, inputs hash, approver (`iss` + `sub`), decision time and
-//!   expiry. It authorises the step only while the step's current inputs hash equals the
-//!   bound one and the clock is before the expiry; anything else is no approval (fail closed).
+//!   expiry. It authorises the step only while the inputs about to run, the step's stored
+//!   canonical text and its stored hash all hash to the bound one, and the clock is before the
+//!   expiry; anything else is no approval (fail closed). It is looked up by step id, so it
+//!   never authorises another step, even one with identical inputs.
+//! * Batch approvals ([`crate::batch`]) go through the same per-step decision.
 //! * The approver is never the principal the run acts for, holds one of the tool's approver
 //!   roles, is not the person who created the proposing agent's credential when the tool asks
 //!   for four eyes, and signed in recently enough when the tool asks for step-up.
@@ -19,6 +22,8 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::audit::{AuditEvent, NewAuditRecord, hash_text};
+use crate::canonical::CanonicalJson;
+use crate::keys::InputsHash;
 use crate::model::StepStatus;
 use crate::secret::Secret;
 use crate::store::{Step, Store, StoreError, Transition, on_pool};
@@ -151,6 +156,21 @@ impl Store {
         verdict: Verdict,
         reason: &str,
     ) -> Result<(Approval, Option<Secret<String>>), DecideError> {
+        self.decide_step_within(step_id, decider, rules, verdict, reason, None)
+            .await
+    }
+
+    /// [`Store::decide_step`], optionally as part of a batch: the approval then expires no
+    /// later than the batch grant, and its audit record names the batch.
+    pub(crate) async fn decide_step_within(
+        &self,
+        step_id: &str,
+        decider: &Decider,
+        rules: &GateRules,
+        verdict: Verdict,
+        reason: &str,
+        batch: Option<(&str, i64)>,
+    ) -> Result<(Approval, Option<Secret<String>>), DecideError> {
         let approver = &decider.approver;
         if reason.trim().is_empty() {
             return Err(DecideError::NoReason);
@@ -218,7 +238,8 @@ impl Store {
             reason: reason.to_string(),
             token_hash: hash_text(&token),
             decided_at: now,
-            expires_at,
+            // A batch's approvals end with the grant, if it ends before the gate.
+            expires_at: batch.map_or(expires_at, |(_, until)| until.min(expires_at)),
         };
         on_pool!(self, |p| {
             sqlx::query(&format!(
@@ -260,6 +281,10 @@ impl Store {
         detail.insert("approval_id".into(), json!(approval.id));
         detail.insert("approvals".into(), json!(approvals));
         detail.insert("approvals_needed".into(), json!(needed));
+        if let Some((batch_id, _)) = batch {
+            detail.insert("batch_id".into(), json!(batch_id));
+            detail.insert("approval_expires_at".into(), json!(approval.expires_at));
+        }
         let moved = self
             .transition(&Transition {
                 step_id: step.id.clone(),
@@ -290,14 +315,26 @@ impl Store {
         Ok((approval, token))
     }
 
-    /// The approval that lets `step` through the gate now: `needed` distinct approvals, each
-    /// bound to the step's current inputs hash and not expired, and no rejection. Returns the
-    /// latest of them; `None` otherwise.
+    /// The approval that lets `step` run with `inputs` (the canonical inputs about to be
+    /// executed) now: `needed` distinct approvals, each bound to the hash of exactly these
+    /// inputs and not expired, and no rejection. Returns the latest of them; `None` otherwise.
+    ///
+    /// Fails closed: when `inputs`, the step's stored canonical text and its stored hash do
+    /// not all hash alike (inputs changed after the decision, in a call or in the database),
+    /// no approval binds them.
     pub async fn valid_approval(
         &self,
         step: &Step,
+        inputs: &CanonicalJson,
         needed: u32,
     ) -> Result<Option<Approval>, StoreError> {
+        let current = InputsHash::of(inputs).to_string();
+        let stored_text_hash = CanonicalJson::from_canonical_text(&step.inputs)
+            .ok()
+            .map(|c| InputsHash::of(&c).to_string());
+        if step.inputs_hash != current || stored_text_hash.as_deref() != Some(current.as_str()) {
+            return Ok(None);
+        }
         let now = self.clock.now_ms();
         let all = self.approvals_for_step(&step.id).await?;
         if all.iter().any(|a| a.decision == "rejected") {
@@ -306,7 +343,10 @@ impl Store {
         let valid: Vec<&Approval> = all
             .iter()
             .filter(|a| {
-                a.decision == "approved" && a.inputs_hash == step.inputs_hash && a.expires_at > now
+                a.decision == "approved"
+                    && a.step_id == step.id
+                    && a.inputs_hash == current
+                    && a.expires_at > now
             })
             .collect();
         let needed = usize::try_from(needed.max(1)).unwrap_or(usize::MAX);

@@ -13,7 +13,11 @@
 //!   canonical, does not match its stored hash, skips a `seq`, does not link to its
 //!   predecessor or whose columns disagree with its hashed text is named. Canonical form and
 //!   columns are checked in one allocation-free pass ([`scan_canonical_object`]), equivalent
-//!   to re-canonicalising the parsed text.
+//!   to re-canonicalising the parsed text. [`ChainVerifier::push_all`] (and so [`verify`] and
+//!   the store's verification) runs those per-record checks on several threads over
+//!   contiguous chunks, then walks `seq` order, links and checkpoints sequentially; any record
+//!   not proven consistent goes through the sequential check, so the first break and its
+//!   reason are the same as record-by-record verification.
 //! * A signed checkpoint ([`checkpoint`]) pins the hash at its `seq`: a chain that no longer
 //!   has it there, or ends before it, is broken even if it links perfectly.
 //! * The record format (what [`seal`] builds) is written in one place, used by the
@@ -233,21 +237,77 @@ pub fn seal(
 }
 
 /// Checks a chain given in `seq` order, starting at `expected_prev` (use [`GENESIS`] for a
-/// whole chain) and `first_seq`. Returns how many records were verified.
-pub fn verify<'a>(
-    records: impl IntoIterator<Item = &'a AuditRecord>,
+/// whole chain) and `first_seq`. Returns how many records were verified. Uses up to
+/// [`default_threads`] threads for the per-record checks (see [`ChainVerifier::push_all`]).
+pub fn verify(
+    records: &[AuditRecord],
     first_seq: i64,
     expected_prev: &str,
 ) -> Result<i64, ChainBreak> {
-    let mut v = ChainVerifier::new(first_seq, expected_prev);
-    let mut records = records.into_iter().peekable();
-    while let Some(r) = records.next() {
-        if let Some(next) = records.peek() {
-            touch(next);
-        }
-        v.push(r)?;
-    }
+    verify_with_threads(records, first_seq, expected_prev, default_threads())
+}
+
+/// [`verify`] on exactly `threads` threads (1 = all on the calling thread).
+pub fn verify_with_threads(
+    records: &[AuditRecord],
+    first_seq: i64,
+    expected_prev: &str,
+    threads: usize,
+) -> Result<i64, ChainBreak> {
+    let mut v = ChainVerifier::new(first_seq, expected_prev).threads(threads);
+    v.push_all(records)?;
     v.finish()
+}
+
+/// The machine's available parallelism, at most 8 (1 when unknown).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
+/// Below this many records per thread, threads cost more than they save.
+const MIN_RECORDS_PER_THREAD: usize = 2_048;
+
+/// Whether each record is consistent with itself: [`check_record`] at its own `seq` after its
+/// own `prev` (its hash, canonical form and columns). Position and link are left to the
+/// sequential pass. Computed in `threads` contiguous chunks.
+fn self_consistent(records: &[AuditRecord], threads: usize) -> Vec<bool> {
+    let one = |chunk: &[AuditRecord]| -> Vec<bool> {
+        chunk
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if let Some(next) = chunk.get(i + 1) {
+                    touch(next);
+                }
+                check_record(r, r.seq, &r.prev).is_ok()
+            })
+            .collect()
+    };
+    let threads = threads
+        .max(1)
+        .min(records.len() / MIN_RECORDS_PER_THREAD)
+        .max(1);
+    if threads == 1 {
+        return one(records);
+    }
+    let size = records.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = records
+            .chunks(size)
+            .map(|chunk| scope.spawn(move || one(chunk)))
+            .collect();
+        let mut out = Vec::with_capacity(records.len());
+        for h in handles {
+            match h.join() {
+                Ok(part) => out.extend(part),
+                // A panicking check proves nothing: every record of that chunk is re-checked
+                // sequentially (fail closed, same first break).
+                Err(_) => out.resize(out.len() + size, false),
+            }
+        }
+        out.truncate(records.len());
+        out
+    })
 }
 
 /// Reads one byte of each of a record's heap strings so their cache misses overlap with the
@@ -291,6 +351,7 @@ pub struct ChainVerifier {
     count: i64,
     sparse: bool,
     skipped_checkpoints: usize,
+    threads: usize,
 }
 
 impl ChainVerifier {
@@ -304,7 +365,32 @@ impl ChainVerifier {
             count: 0,
             sparse: false,
             skipped_checkpoints: 0,
+            threads: 1,
         }
+    }
+
+    /// Lets [`ChainVerifier::push_all`] check records on up to `n` threads.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n.max(1);
+        self
+    }
+
+    /// Checks the next records, in order: the same checks and the same first break as
+    /// [`ChainVerifier::push`] on each in turn. The per-record work (SHA-256, canonical form,
+    /// columns) runs on up to [`ChainVerifier::threads`] threads over contiguous chunks; the
+    /// chain itself (`seq` order, each `prev` = the hash before it, checkpoints) is then
+    /// walked sequentially. A record found inconsistent, or met at another position or after
+    /// another hash than it states, goes through the full sequential check, which names the
+    /// break exactly as [`ChainVerifier::push`] would.
+    ///
+    /// # Errors
+    /// The first thing wrong, named by its `seq`.
+    pub fn push_all(&mut self, records: &[AuditRecord]) -> Result<(), ChainBreak> {
+        let consistent = self_consistent(records, self.threads);
+        for (r, ok) in records.iter().zip(consistent) {
+            self.push_with(r, ok)?;
+        }
+        Ok(())
     }
 
     /// Accepts gaps in `seq` (an export of one run's records): across a gap the next
@@ -364,6 +450,13 @@ impl ChainVerifier {
     /// # Errors
     /// The first thing wrong with it, named by its `seq`.
     pub fn push(&mut self, r: &AuditRecord) -> Result<(), ChainBreak> {
+        self.push_with(r, false)
+    }
+
+    /// [`ChainVerifier::push`]; `consistent` = `check_record(r, r.seq, &r.prev)` is known to
+    /// pass, so when `r` is at its expected position after the expected hash the check is
+    /// skipped (it would be the very same check).
+    fn push_with(&mut self, r: &AuditRecord, consistent: bool) -> Result<(), ChainBreak> {
         let seq = self.next_seq;
         if self.sparse && r.seq > seq {
             // A gap: checkpoints inside it cannot be checked, except one right before `r`.
@@ -392,7 +485,9 @@ impl ChainVerifier {
             self.prev.clone_from(&r.prev);
         }
         let seq = if self.sparse { self.next_seq } else { seq };
-        check_record(r, seq, &self.prev).map_err(|reason| ChainBreak { seq, reason })?;
+        if !(consistent && r.seq == seq && r.prev == self.prev) {
+            check_record(r, seq, &self.prev).map_err(|reason| ChainBreak { seq, reason })?;
+        }
         if let Some(exps) = self.expected.remove(&seq) {
             for e in exps {
                 if e.hash != r.hash {
@@ -702,7 +797,8 @@ impl Store {
 
     /// Verifies the whole stored chain in pages; returns the number of records.
     pub async fn verify_audit(&self) -> Result<Result<i64, ChainBreak>, StoreError> {
-        self.verify_audit_with(ChainVerifier::new(1, GENESIS)).await
+        self.verify_audit_with(ChainVerifier::new(1, GENESIS).threads(default_threads()))
+            .await
     }
 
     /// Feeds the stored records from `v`'s next `seq` on, in pages, through `v`.
@@ -716,13 +812,8 @@ impl Store {
             if page.is_empty() {
                 return Ok(v.finish());
             }
-            for (i, r) in page.iter().enumerate() {
-                if let Some(next) = page.get(i + 1) {
-                    touch(next);
-                }
-                if let Err(b) = v.push(r) {
-                    return Ok(Err(b));
-                }
+            if let Err(b) = v.push_all(&page) {
+                return Ok(Err(b));
             }
         }
     }

@@ -7,6 +7,7 @@
 pub mod agents;
 pub mod approvals;
 pub mod audit;
+pub mod batch;
 pub mod bundle;
 pub mod canonical;
 pub mod clock;

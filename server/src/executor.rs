@@ -376,7 +376,7 @@ async fn run_compensation(
         .await
         .map_err(|e| e.to_string())?;
     let id = comp_step.id.clone();
-    pipeline::execute_claimed(state, comp_step, "compensator")
+    pipeline::execute_claimed(state, comp_step, pipeline::COMPENSATOR)
         .await
         .map_err(|e| e.to_string())?;
     match store.get_step(&id).await.map_err(|e| e.to_string())?.status {

@@ -24,7 +24,7 @@ use countersign_core::policy::{
 };
 use countersign_core::registry::Tool;
 use countersign_core::store::{
-    AgentCredential, KeyState, NewRun, NewStep, Reservation, Run, Step, Transition,
+    AgentCredential, KeyState, NewRun, NewStep, Reservation, Run, RunStatus, Step, Transition,
 };
 use countersign_core::{
     CanonicalJson, Decision, Effect, InputsHash, RoleName, Rule, StepStatus, StoreError,
@@ -555,6 +555,40 @@ async fn execute(
 ) -> Result<Answer, Internal> {
     let store = &ctx.state.store;
     let credential = &ctx.caller.credential;
+
+    // [stop] A step starts only in an active run and while the emergency stop is off; the
+    // run's status is read now, not when the call began (a cancel may have raced it).
+    // Compensations run in the run that failed (that is why they run); Countersign's own run
+    // tools (plan.submit, run.status, run.cancel, reviews) start nothing, so a stop leaves
+    // agents able to look and to cancel.
+    let compensating = ctx.caller.executor.as_deref() == Some(COMPENSATOR);
+    let own_tool = ctx.tool.handler.provider.as_str() == crate::runs::PROVIDER;
+    let status = store.get_run(&run.id).await?.status;
+    let halted = if !own_tool && crate::executor::stopped(ctx.state).await? {
+        Some("emergency.stop".to_string())
+    } else {
+        match status {
+            RunStatus::Active => None,
+            RunStatus::Failed if compensating => None,
+            other => Some(format!("run.{}", other.as_str())),
+        }
+    };
+    if let Some(rule) = halted {
+        let answer = err(json!({"status": "cancelled", "step_id": step.id, "rule": rule}));
+        let record = ctx.record(AuditEvent::Cancelled, Some(&step), Some(&rule), Map::new());
+        ctx.transition(Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending, StepStatus::Failed],
+            to: Some(StepStatus::Cancelled),
+            rule: Some(rule),
+            outcome: outcome_text(&answer),
+            records: vec![record],
+            ..Transition::default()
+        })
+        .await?;
+        return Ok(answer);
+    }
+
     let arguments = canonical
         .to_value()
         .map_err(|e| Internal(format!("canonical arguments: {e}")))?;
@@ -569,7 +603,9 @@ async fn execute(
         )));
     };
     let rules = gate_rules(ctx.tool, &arguments);
-    let approval = store.valid_approval(&step, rules.approvals_needed).await?;
+    let approval = store
+        .valid_approval(&step, canonical, rules.approvals_needed)
+        .await?;
     let origin = match run.origin.as_str() {
         "schedule" => TaskOrigin::Schedule,
         "monitor" => TaskOrigin::Monitor,
@@ -711,20 +747,32 @@ async fn execute(
             ("trace_id", json!(ctx.trace_id)),
         ]),
     );
-    let Some(step) = ctx
-        .transition(Transition {
-            step_id: step.id.clone(),
-            from: movable,
-            to: Some(StepStatus::Running),
-            decision: Some(decision.into()),
-            rule: Some(rule.clone()),
-            bump_attempts: true,
+    // [reads] A read has no effect to guard and no key: it is not taken before its call;
+    // its decided and started records commit with its outcome, in one transition.
+    let (step, opening) = if matches!(ctx.tool.effect, Effect::Read) {
+        let opening = Opening {
+            decision: decision.into(),
+            rule: rule.clone(),
             records: vec![decided, started_record],
-            ..Transition::default()
-        })
-        .await?
-    else {
-        return settle(ctx, &step).await;
+        };
+        (step, Some(opening))
+    } else {
+        let Some(step) = ctx
+            .transition(Transition {
+                step_id: step.id.clone(),
+                from: movable,
+                to: Some(StepStatus::Running),
+                decision: Some(decision.into()),
+                rule: Some(rule.clone()),
+                bump_attempts: true,
+                records: vec![decided, started_record],
+                ..Transition::default()
+            })
+            .await?
+        else {
+            return settle(ctx, &step).await;
+        };
+        (step, None)
     };
     failpoint("after_start");
     let dedupe = !matches!(ctx.tool.effect, Effect::Read);
@@ -747,7 +795,7 @@ async fn execute(
     let adapter = ctx.loaded.adapters.get(provider);
     if adapter.is_none() && provider != crate::runs::PROVIDER {
         let failure = AdapterError::Refused(format!("provider {provider} is not served"));
-        return finish(ctx, &step, Err(failure), Duration::ZERO).await;
+        return finish(ctx, &step, opening, Err(failure), Duration::ZERO).await;
     }
     let invocation = Invocation {
         tool: ctx.tool.name.as_str().to_string(),
@@ -765,7 +813,7 @@ async fn execute(
         && let Err(failure) =
             crate::revalidate::before(ctx.loaded, ctx.tool, &step, &invocation).await
     {
-        return fail_closed(ctx, &step, failure, None).await;
+        return fail_closed(ctx, &step, opening, failure, None).await;
     }
     failpoint("before_call");
     let began = Instant::now();
@@ -785,9 +833,32 @@ async fn execute(
         && let Err(failure) =
             crate::revalidate::after(ctx.loaded, ctx.tool, &invocation, result).await
     {
-        return fail_closed(ctx, &step, failure, Some(result)).await;
+        return fail_closed(ctx, &step, opening, failure, Some(result)).await;
     }
-    finish(ctx, &step, outcome, began.elapsed()).await
+    finish(ctx, &step, opening, outcome, began.elapsed()).await
+}
+
+/// [reads] What a read's closing transition also writes: the decision and the records of
+/// the opening it skipped (see step 7 of [`execute`]).
+struct Opening {
+    decision: String,
+    rule: String,
+    records: Vec<(AuditEvent, NewAuditRecord)>,
+}
+
+/// `t` (a transition out of `running`), or for a read the same transition out of
+/// `pending|failed` carrying its opening's decision, attempt and records first.
+fn closing(opening: Option<Opening>, mut t: Transition) -> Transition {
+    if let Some(o) = opening {
+        t.from = vec![StepStatus::Pending, StepStatus::Failed];
+        t.decision = Some(o.decision);
+        t.rule = t.rule.or(Some(o.rule));
+        t.bump_attempts = true;
+        let mut records = o.records;
+        records.append(&mut t.records);
+        t.records = records;
+    }
+    t
 }
 
 /// [revalidation] Records a step that failed closed on revalidation (`state.changed` before the
@@ -796,6 +867,7 @@ async fn execute(
 async fn fail_closed(
     ctx: &Ctx<'_>,
     step: &Step,
+    opening: Option<Opening>,
     failure: crate::revalidate::Failure,
     result: Option<&Value>,
 ) -> Result<Answer, Internal> {
@@ -818,16 +890,19 @@ async fn fail_closed(
     let stored = outcome_text(&answer);
     let dedupe = !matches!(ctx.tool.effect, Effect::Read);
     let moved = ctx
-        .transition(Transition {
-            step_id: step.id.clone(),
-            from: vec![StepStatus::Running],
-            to: Some(StepStatus::Failed),
-            rule: Some(failure.rule.to_string()),
-            outcome: stored.clone(),
-            key: dedupe.then_some((KeyState::Done, stored)),
-            records: vec![record],
-            ..Transition::default()
-        })
+        .transition(closing(
+            opening,
+            Transition {
+                step_id: step.id.clone(),
+                from: vec![StepStatus::Running],
+                to: Some(StepStatus::Failed),
+                rule: Some(failure.rule.to_string()),
+                outcome: stored.clone(),
+                key: dedupe.then_some((KeyState::Done, stored)),
+                records: vec![record],
+                ..Transition::default()
+            },
+        ))
         .await?;
     if moved.is_none() {
         return Err(Internal(format!(
@@ -882,6 +957,9 @@ fn failpoint(name: &str) {
     #[cfg(not(debug_assertions))]
     let _ = name;
 }
+
+/// The executor name compensation steps run under (they run in the run that failed).
+pub const COMPENSATOR: &str = "compensator";
 
 /// Executes a step an executor worker claimed from a planned run: the same policy, gate,
 /// key and adapter path as an agent's call, acting for the run's agent in the step's role.
@@ -1016,6 +1094,7 @@ async fn settle(ctx: &Ctx<'_>, step: &Step) -> Result<Answer, Internal> {
 async fn finish(
     ctx: &Ctx<'_>,
     step: &Step,
+    opening: Option<Opening>,
     outcome: Result<Value, AdapterError>,
     latency: Duration,
 ) -> Result<Answer, Internal> {
@@ -1044,8 +1123,10 @@ async fn finish(
             vec![],
         ),
         Err(e) => {
+            // This attempt is counted already, or (a read) counted with its outcome.
+            let attempts = step.attempts + i64::from(opening.is_some());
             let retryable = matches!(e, AdapterError::Unavailable(_) | AdapterError::Timeout)
-                && step.attempts < MAX_ATTEMPTS;
+                && attempts < MAX_ATTEMPTS;
             let code = match &e {
                 AdapterError::Rejected { code, .. } => code.clone(),
                 AdapterError::Unavailable(_) => "unavailable".into(),
@@ -1085,17 +1166,25 @@ async fn finish(
     }
     let record = ctx.record(event, Some(step), rule, d);
     let stored = outcome_text(&answer);
+    let read = opening.is_some();
     let moved = ctx
-        .transition(Transition {
-            step_id: step.id.clone(),
-            from: vec![StepStatus::Running],
-            to: Some(status),
-            outcome: stored.clone(),
-            key: dedupe.then_some((key, stored)),
-            records: vec![record],
-            ..Transition::default()
-        })
+        .transition(closing(
+            opening,
+            Transition {
+                step_id: step.id.clone(),
+                from: vec![StepStatus::Running],
+                to: Some(status),
+                outcome: stored.clone(),
+                key: dedupe.then_some((key, stored)),
+                records: vec![record],
+                ..Transition::default()
+            },
+        ))
         .await?;
+    if moved.is_none() && read {
+        // The run was cancelled or stopped while the read was in flight.
+        return Ok(err(json!({"status": "cancelled", "step_id": step.id})));
+    }
     if moved.is_none() {
         return Err(Internal(format!(
             "step {} left running while its call was in flight",

@@ -416,7 +416,7 @@ impl Store {
         external: &[(Checkpoint, String)],
     ) -> Result<Result<VerifyReport, VerifyFailure>, StoreError> {
         let stored = self.audit_checkpoints().await?;
-        let mut v = ChainVerifier::new(1, super::GENESIS);
+        let mut v = ChainVerifier::new(1, super::GENESIS).threads(super::default_threads());
         let all = stored
             .iter()
             .map(|c| (c, format!("the stored checkpoint for record {}", c.seq)))

@@ -161,6 +161,16 @@ impl Store {
     /// The run opened for `session_key` (an agent's MCP session), opening it on first use.
     /// Racing first calls of one session get the same run.
     pub async fn session_run(&self, session_key: &str, new: &NewRun) -> Result<Run, StoreError> {
+        let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE session_key = $1");
+        let existing: Option<RunRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(session_key)
+                .fetch_optional(p)
+                .await?
+        });
+        if let Some(row) = existing {
+            return row.try_into();
+        }
         let id = Uuid::new_v4().to_string();
         let now = self.clock.now_ms();
         on_pool!(self, |p| {
@@ -182,7 +192,6 @@ impl Store {
             .await?
             .rows_affected()
         });
-        let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE session_key = $1");
         let row: RunRow = on_pool!(self, |p| {
             sqlx::query_as(&sql).bind(session_key).fetch_one(p).await?
         });

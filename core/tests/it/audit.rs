@@ -6,6 +6,7 @@ use countersign_core::audit::checkpoint::{
 };
 use countersign_core::audit::{
     AuditEvent, AuditRecord, ChainVerifier, GENESIS, NewAuditRecord, seal, verify,
+    verify_with_threads,
 };
 use countersign_core::store::testing::each_backend;
 use countersign_core::{Backend, Secret};
@@ -702,5 +703,85 @@ async fn racing_transitions_across_committers_move_each_step_once() {
         a.close().await;
         b.close().await;
         db.drop_db().await;
+    }
+}
+
+/// The chain pushed one record at a time (no precomputed checks): the reference.
+fn verify_one_by_one(records: &[AuditRecord]) -> Result<i64, countersign_core::audit::ChainBreak> {
+    let mut v = ChainVerifier::new(1, GENESIS);
+    for r in records {
+        v.push(r)?;
+    }
+    v.finish()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+    /// Parallel verify (chunks of a chain long enough to be split over 2–4 threads) names the
+    /// same first break, with the same reason, as pushing each record in turn: a changed
+    /// byte, a deleted record, two swapped records, or a record re-sealed in place (so it is
+    /// consistent with itself and only its successor's link breaks), anywhere, including at
+    /// chunk edges.
+    #[test]
+    fn parallel_verify_names_the_same_first_break_as_sequential(
+        kind in 0u8..4,
+        at in 0usize..LONG,
+        other in 0usize..LONG,
+        byte in 0usize..1000,
+        threads in 2usize..5,
+    ) {
+        let chain = long_chain();
+        let mut t = chain.to_vec();
+        match kind {
+            0 => {
+                let mut bytes = t[at].record.clone().into_bytes();
+                let i = byte % bytes.len();
+                bytes[i] ^= 0x01;
+                t[at].record = String::from_utf8_lossy(&bytes).into_owned();
+            }
+            1 => {
+                t.remove(at);
+            }
+            2 => {
+                if at != other {
+                    t.swap(at, other);
+                }
+            }
+            _ => {
+                let mut new = record(at);
+                new.actor = Some("someone else".into());
+                t[at] = seal(&new, new.event.unwrap(), at as i64 + 1, 1_000 + at as i64, &t[at].prev)
+                    .unwrap();
+            }
+        }
+        let reference = verify_one_by_one(&t);
+        prop_assert_eq!(verify_with_threads(&t, 1, GENESIS, threads), reference.clone());
+        prop_assert_eq!(verify_with_threads(&t, 1, GENESIS, 1), reference.clone());
+        prop_assert_eq!(verify(&t, 1, GENESIS), reference.clone());
+        // Unnoticeable: swapping a record with itself; deleting or re-sealing the last one
+        // (a shorter or different but intact chain: only a checkpoint catches those).
+        let intact = (kind == 2 && at == other) || (matches!(kind, 1 | 3) && at == LONG - 1);
+        if !intact {
+            prop_assert!(reference.is_err(), "tamper {} at {} went unnoticed", kind, at);
+        }
+    }
+}
+
+/// Long enough that verify splits it over several threads.
+const LONG: usize = 4 * 2_048 + 17;
+
+fn long_chain() -> &'static [AuditRecord] {
+    static CHAIN: std::sync::OnceLock<Vec<AuditRecord>> = std::sync::OnceLock::new();
+    CHAIN.get_or_init(|| mem_chain(LONG))
+}
+
+#[test]
+fn parallel_verify_accepts_an_intact_long_chain() {
+    let chain = long_chain();
+    for threads in [1, 2, 3, 8] {
+        assert_eq!(
+            verify_with_threads(chain, 1, GENESIS, threads),
+            Ok(LONG as i64)
+        );
     }
 }

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod agents;
+mod approvals;
 mod audit;
 mod bundle;
 mod canonical;

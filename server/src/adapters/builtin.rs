@@ -53,7 +53,13 @@ pub enum FaultMode {
     Unavailable,
     /// The effect is applied, then the answer is lost.
     TimeoutAfterEffect,
+    /// The target takes [`SLOW_FAULT`] before applying the effect and answering (a call
+    /// held in flight, for the cancellation and stop races).
+    Slow,
 }
+
+/// How long a [`FaultMode::Slow`] call takes.
+pub const SLOW_FAULT: std::time::Duration = std::time::Duration::from_millis(1500);
 
 /// Injects `fault` into `operation` of `system`.
 pub async fn inject_fault(
@@ -71,7 +77,8 @@ pub async fn inject_fault(
 }
 
 /// Runs `call` on a demo system with its injected faults applied: `Fail` and `Unavailable`
-/// stop it before any effect; `TimeoutAfterEffect` lets it run, then loses the answer.
+/// stop it before any effect; `TimeoutAfterEffect` lets it run, then loses the answer;
+/// `Slow` delays it.
 /// `refuser` names the system in the refusal message.
 pub(super) async fn with_faults<F>(
     store: &Store,
@@ -94,6 +101,7 @@ where
         Some(FaultMode::Unavailable) => {
             return Err(AdapterError::Unavailable("injected fault".into()));
         }
+        Some(FaultMode::Slow) => tokio::time::sleep(SLOW_FAULT).await,
         Some(FaultMode::TimeoutAfterEffect) | None => {}
     }
     let result = call.await?;

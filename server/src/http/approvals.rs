@@ -9,12 +9,20 @@
 //! * The rules (approver roles, four eyes, second approver, step-up) come from the registry in
 //!   force and the step's own inputs, never from the request.
 //! * Every decision, from the JSON API or the inbox's HTML form, goes through [`decide_as`].
+//! * A batch (`POST /api/gates/batch`) goes through [`Store::approve_batch`]: bounded by tool,
+//!   listed step ids, count, proposal window and its own expiry; each step in bounds gets its
+//!   own approval through the same per-step checks, every other step is refused individually
+//!   and keeps waiting. A step of another tenant, or one this person may not see, answers
+//!   `not_found`, as the single-step API does.
+//!
+//! [`Store::approve_batch`]: countersign_core::Store::approve_batch
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use countersign_core::approvals::{DecideError, Decider, Verdict};
+use countersign_core::batch::{BatchError, BatchGrant, Outside, StepResult};
 use countersign_core::store::Step;
 use countersign_core::{Person, StepStatus, StoreError, ToolName};
 use serde::Deserialize;
@@ -231,5 +239,120 @@ pub fn parse_verdict(text: &str) -> Option<Verdict> {
         "approved" => Some(Verdict::Approved),
         "rejected" => Some(Verdict::Rejected),
         _ => None,
+    }
+}
+
+/// The body of a batch approval.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// The one tool the batch covers.
+    pub tool: String,
+    /// The target set: exactly these steps.
+    pub step_ids: Vec<String>,
+    /// At most this many approvals (in list order).
+    pub max_count: u32,
+    /// Only steps proposed at or after this instant (Unix ms)…
+    pub proposed_from: i64,
+    /// …and at or before this one (Unix ms).
+    pub proposed_to: i64,
+    /// The grant's own expiry (Unix ms); its approvals end here at the latest.
+    pub expires_at: i64,
+    /// Why; required, recorded on every approval.
+    pub reason: String,
+}
+
+/// `POST /api/gates/batch`: approve many waiting steps of one tool at once, within bounds.
+/// Answers 200 with one result per listed step (`approved`, or `refused` with a reason code);
+/// 400 for a malformed batch and 409 for an expired one (nothing written).
+pub async fn batch(
+    State(state): State<AppState>,
+    approver: RequireRole<Approver>,
+    Json(body): Json<BatchBody>,
+) -> Response {
+    let person = approver.0;
+    let Some(tenant) = person.tenant.clone() else {
+        return error(StatusCode::FORBIDDEN, "your sign-in names no tenant");
+    };
+    let Some(loaded) = state.registry.current() else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "no registry in force");
+    };
+    let grant = BatchGrant {
+        tool: body.tool,
+        step_ids: body.step_ids,
+        max_count: body.max_count,
+        proposed_from: body.proposed_from,
+        proposed_to: body.proposed_to,
+        expires_at: body.expires_at,
+        tenant,
+        reason: body.reason,
+    };
+    let rules_for = |step: &Step| {
+        let tool = ToolName::parse(&step.tool)
+            .ok()
+            .and_then(|n| loaded.bundle.registry.tool(&n))?;
+        let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+        Some(gate_rules(tool, &inputs))
+    };
+    let outcome = match state
+        .store
+        .approve_batch(&grant, &decider(&person), rules_for)
+        .await
+    {
+        Ok(o) => o,
+        Err(BatchError::Store(e)) => {
+            tracing::error!(error = %e, "batch approval: store failed");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database did not answer",
+            );
+        }
+        Err(e @ BatchError::Expired) => return error(StatusCode::CONFLICT, e.to_string()),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let results: Vec<Value> = outcome
+        .results
+        .iter()
+        .map(|(step_id, r)| match r {
+            StepResult::Approved {
+                approval_id,
+                status,
+            } => json!({
+                "step_id": step_id, "result": "approved", "status": status.as_str(),
+                "approval_id": approval_id,
+            }),
+            // Another tenant's step does not exist for this person.
+            StepResult::Outside(Outside::OtherTenant | Outside::NotFound) => json!({
+                "step_id": step_id, "result": "refused", "reason": "not_found",
+                "message": "no such step",
+            }),
+            StepResult::Outside(o) => json!({
+                "step_id": step_id, "result": "refused", "reason": o.code(),
+                "message": outside_text(o, &grant),
+            }),
+            StepResult::Decide { code, message } => json!({
+                "step_id": step_id, "result": "refused", "reason": code, "message": message,
+            }),
+        })
+        .collect();
+    Json(json!({
+        "batch_id": outcome.batch_id,
+        "approved": outcome.approved(),
+        "results": results,
+    }))
+    .into_response()
+}
+
+fn outside_text(o: &Outside, grant: &BatchGrant) -> String {
+    match o {
+        Outside::NotFound | Outside::OtherTenant => "no such step".into(),
+        Outside::OtherTool => format!("not a call of {}", grant.tool),
+        Outside::NotWaiting(status) => format!("step is {status}, not waiting for approval"),
+        Outside::OutsideWindow => "proposed outside the batch's window".into(),
+        Outside::OverCount => format!(
+            "the batch approves at most {} steps; this one needs its own approval",
+            grant.max_count
+        ),
+        Outside::UnknownTool => "its tool is not in the registry in force".into(),
     }
 }

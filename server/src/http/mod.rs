@@ -25,6 +25,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/metrics", get(crate::metrics::metrics))
         .route("/api/gates", get(approvals::pending))
+        .route("/api/gates/batch", axum::routing::post(approvals::batch))
         .route(
             "/api/steps/{id}/decision",
             axum::routing::post(approvals::decide),

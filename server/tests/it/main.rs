@@ -5,6 +5,7 @@ mod adapters;
 mod approvals;
 mod audit;
 mod auth;
+mod batch;
 mod cli;
 mod config;
 mod dashboard;

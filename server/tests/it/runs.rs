@@ -664,3 +664,79 @@ async fn runs_stop_at_their_spend_bound_before_the_step_that_would_break_it() {
 async fn runs_worker_killed_between_taking_the_step_and_reserving_its_key_runs_it_once() {
     crash_at("after_start").await;
 }
+
+/// Cancellation race (issue 5): cancelling while a step is in flight lets that step finish
+/// (one effect, recorded), and no later step starts — neither the plan's next step nor a
+/// call the agent makes in the cancelled run afterwards.
+#[tokio::test]
+async fn runs_cancel_while_a_step_is_in_flight_lets_it_finish_and_starts_nothing_after() {
+    use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
+    each_finance_app(|app| async move {
+        inject_fault(
+            &app.store,
+            ERP,
+            "notes.draft",
+            &Fault {
+                mode: FaultMode::Slow,
+                times: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let second = json!({"tool": "note.draft",
+            "arguments": {"invoice_id": INV, "text": "Second note, must never be written."},
+            "reason": "A later step of the same run"});
+        let (run, steps) = submit(&mut client, vec![note_step(), second]).await;
+        wait_for(&app, &steps[0], StepStatus::Running).await;
+        let reply = client
+            .call(
+                "run.cancel",
+                json!({"run_id": run, "reason": "Cancelled while the first note is being written"}),
+            )
+            .await;
+        assert_eq!(content(&reply)["cancelled_steps"], 1, "{reply}");
+        // The in-flight step finishes: one effect, recorded as done.
+        wait_for(&app, &steps[0], StepStatus::Done).await;
+        assert_eq!(effects(&app, "notes.draft").await, 1);
+        assert_eq!(
+            app.store.get_step(&steps[1]).await.unwrap().status,
+            StepStatus::Cancelled
+        );
+        // A direct call in the cancelled run is refused before anything runs.
+        let late = client
+            .call_meta(
+                "invoice.get",
+                json!({"invoice_id": INV}),
+                json!({"run_id": run}),
+            )
+            .await;
+        assert_eq!(content(&late)["status"], "cancelled", "{late}");
+        assert_eq!(content(&late)["rule"], "run.cancelled", "{late}");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            effects(&app, "notes.draft").await,
+            1,
+            "nothing after the cancel"
+        );
+        assert_eq!(
+            app.store.get_run(&run).await.unwrap().status,
+            RunStatus::Cancelled,
+            "the finished step does not reopen the run"
+        );
+        let trail = app.store.audit_for_run(&run).await.unwrap();
+        let events: Vec<(&str, Option<&str>)> = trail
+            .iter()
+            .filter(|r| r.step_id.as_deref() == Some(steps[0].as_str()))
+            .map(|r| (r.event.as_str(), r.rule.as_deref()))
+            .collect();
+        assert!(
+            events.iter().any(|(e, _)| *e == "succeeded"),
+            "the in-flight step's outcome is recorded: {events:?}"
+        );
+        app
+    })
+    .await;
+}
