@@ -197,6 +197,12 @@ pub const KEYS: &[KeySpec] = &[
         default: Some("12"),
         help: "a dashboard session ends this many hours after sign-in, active or not",
     },
+    KeySpec {
+        name: "demo",
+        secret: false,
+        default: Some("false"),
+        help: "on an empty database, play the finance demo at start (scripted agents, a demo approver); `make run` turns it on",
+    },
 ];
 
 /// Sign-in through an OpenID Connect provider.
@@ -247,6 +253,8 @@ pub struct Config {
     pub site_root: PathBuf,
     /// Executor workers inside `serve`.
     pub workers: usize,
+    /// Play the finance demo at start when the database has no runs (`serve --demo`).
+    pub demo: bool,
     /// Where gate notifications are posted.
     pub webhook_urls: Vec<Url>,
     /// Per-run limits the executor enforces.
@@ -520,6 +528,12 @@ impl Config {
             .filter(|n| *n <= 64)
             .ok_or_else(|| invalid("workers", "expected a number from 0 to 64".into()))?;
 
+        let demo = match get("demo").as_deref() {
+            None | Some("" | "false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(_) => return Err(invalid("demo", "expected true or false".into())),
+        };
+
         let mut webhook_urls = Vec::new();
         for text in get("webhook_urls")
             .unwrap_or_default()
@@ -734,6 +748,7 @@ impl Config {
             log_level,
             site_root,
             workers,
+            demo,
             webhook_urls,
             run_bounds,
             adapter_timeout,

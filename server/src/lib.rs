@@ -8,6 +8,7 @@ pub mod adapters;
 pub mod audit;
 pub mod auth;
 pub mod config;
+pub mod demo;
 pub mod executor;
 pub mod http;
 pub mod mcp;
@@ -17,6 +18,7 @@ pub mod pipeline;
 pub mod registry;
 pub mod revalidate;
 pub mod runs;
+pub mod scenario;
 pub mod standing;
 pub mod telemetry;
 
@@ -241,10 +243,30 @@ impl Application {
                 None
             }
         };
+        let demo = if self.state.config.demo {
+            let addr = self.listener.local_addr().map_err(StartError::Serve)?;
+            let host = if addr.ip().is_unspecified() {
+                std::net::IpAddr::from([127, 0, 0, 1])
+            } else {
+                addr.ip()
+            };
+            let url = format!("http://{}", SocketAddr::new(host, addr.port()));
+            let origin = self.state.config.public_url.origin().ascii_serialization();
+            Some(tokio::spawn(demo::seed_when_up(
+                self.state.store.clone(),
+                url,
+                Some(origin),
+            )))
+        } else {
+            None
+        };
         let served = axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)
             .await;
         watcher.abort();
+        if let Some(d) = demo {
+            d.abort();
+        }
         let _ = stop_tx.send(true);
         for task in background {
             let _ = task.await;

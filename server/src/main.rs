@@ -31,7 +31,12 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the dashboard, /mcp, /healthz and /metrics (migrates the database first).
-    Serve,
+    Serve {
+        /// On an empty database, play the finance demo at start: one paid run, one payment
+        /// waiting in the inbox, one refused injection attempt (same as config `demo = true`).
+        #[arg(long)]
+        demo: bool,
+    },
     /// Apply pending database migrations and exit.
     Migrate,
     /// Run executor workers and the reconciler for planned steps, without HTTP, until
@@ -64,10 +69,30 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Play scenario files (scripted agents and demo approvers) against a running server on
+    /// this configuration's database; print every expectation, exit 1 if any failed.
+    Scenario {
+        #[command(subcommand)]
+        command: ScenarioCommand,
+    },
     /// Validate, import and export the tool registry (with its Cedar policies).
     Registry {
         #[command(subcommand)]
         command: RegistryCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ScenarioCommand {
+    /// Play FILE... (examples/*/scenarios/*.yaml) against the server at --url. Scenarios that
+    /// advance the clock need a test server and fail here.
+    Run {
+        /// Scenario files.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// The running server (its demo sign-in must be on for scenarios with people).
+        #[arg(long)]
+        url: String,
     },
 }
 
@@ -162,7 +187,9 @@ fn main() -> ExitCode {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let result: Result<(), CliError> = runtime.block_on(async move {
         match cli.command {
-            Command::Serve => {
+            Command::Serve { demo } => {
+                let mut config = config;
+                config.demo |= demo;
                 let app = Application::build(config, clock).await?;
                 app.run_until(shutdown_signal()).await?;
                 Ok(())
@@ -186,6 +213,45 @@ fn main() -> ExitCode {
                 }
                 watcher.abort();
                 state.store.close().await;
+                Ok(())
+            }
+            Command::Scenario {
+                command: ScenarioCommand::Run { files, url },
+            } => {
+                let store = countersign::connect_and_migrate(&config, clock)
+                    .await
+                    .map_err(StartError::Database)?;
+                let url = url.trim_end_matches('/').to_string();
+                let mut failed = 0usize;
+                for file in &files {
+                    let target = countersign::scenario::Target {
+                        url: url.clone(),
+                        origin: None,
+                        store: store.clone(),
+                        advance: None,
+                    };
+                    let played = match countersign::scenario::load(file) {
+                        Ok(s) => countersign::scenario::run(&s, &target).await,
+                        Err(e) => Err(e),
+                    };
+                    match played {
+                        Ok(report) => {
+                            for c in &report.checks {
+                                let mark = if c.ok { "ok  " } else { "FAIL" };
+                                println!("{mark} {}: {} {}", file.display(), c.name, c.detail);
+                            }
+                            failed += report.failures().len();
+                        }
+                        Err(e) => {
+                            println!("FAIL {}: {e}", file.display());
+                            failed += 1;
+                        }
+                    }
+                }
+                store.close().await;
+                if failed > 0 {
+                    return Err(CliError::Refused(format!("{failed} scenario check(s) failed")));
+                }
                 Ok(())
             }
             Command::Stop { reason, lift } => {

@@ -1199,6 +1199,11 @@ async fn finish(
 /// key, hashed fields fall back to plain SHA-256 digests ([`redacted`]). Never the clear value.
 pub fn audit_inputs(state: &AppState, tool: &Tool, arguments: &Value) -> Value {
     use countersign_core::redact::{FieldSelector, How, RedactRule, redact};
+    if tool.handler.provider.as_str() == crate::runs::PROVIDER
+        && tool.handler.operation == "plan.submit"
+    {
+        return plan_audit_inputs(state, arguments);
+    }
     let Some(key) = &state.redaction else {
         return redacted(tool, arguments);
     };
@@ -1223,6 +1228,39 @@ pub fn audit_inputs(state: &AppState, tool: &Tool, arguments: &Value) -> Value {
         Ok(r) => r.value,
         Err(_) => json!({"withheld": "value could not be redacted"}),
     }
+}
+
+/// A plan's inputs for the audit record: each step's `arguments` redacted by that step's own
+/// tool (an IBAN in a planned `supplier.update_iban` is hashed like in a direct call). A step
+/// whose tool is not in the registry in force keeps no arguments (fail closed).
+fn plan_audit_inputs(state: &AppState, arguments: &Value) -> Value {
+    let mut out = arguments.clone();
+    let loaded = state.registry.current();
+    if let Some(steps) = out.get_mut("steps").and_then(Value::as_array_mut) {
+        for step in steps {
+            let tool = step
+                .get("tool")
+                .and_then(Value::as_str)
+                .and_then(|n| countersign_core::ToolName::parse(n).ok())
+                .and_then(|n| {
+                    loaded
+                        .as_ref()
+                        .and_then(|l| l.bundle.registry.tool(&n).cloned())
+                });
+            let Some(obj) = step.as_object_mut() else {
+                continue;
+            };
+            let shown = match (&tool, obj.get("arguments")) {
+                (Some(t), Some(a)) if t.handler.provider.as_str() != crate::runs::PROVIDER => {
+                    audit_inputs(state, t, a)
+                }
+                (_, None) => continue,
+                _ => json!({"withheld": "no such tool to redact by"}),
+            };
+            obj.insert("arguments".into(), shown);
+        }
+    }
+    out
 }
 
 /// `result` with the tool's `redact` fields hidden from the agent (hashed with SHA-256 when

@@ -18,4 +18,5 @@ mod interop;
 mod mcp;
 mod registry;
 mod runs;
+mod scenarios;
 mod stillon;
