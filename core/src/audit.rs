@@ -746,7 +746,7 @@ impl Store {
                 .await
         {
             return match done? {
-                crate::store::group::Done::Appended(r) => Ok(r),
+                crate::store::group::Done::Appended(r) => Ok(*r),
                 crate::store::group::Done::Moved(_) => Err(StoreError::Conflict(
                     "committer answered out of kind".into(),
                 )),

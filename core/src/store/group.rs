@@ -37,7 +37,7 @@ const MAX_BATCH: usize = 128;
 #[derive(Debug)]
 pub(crate) enum Work {
     /// A step transition with its records ([`Store::transition`]).
-    Transition(Transition),
+    Transition(Box<Transition>),
     /// One audit record ([`Store::append_audit`]).
     Append(NewAuditRecord, AuditEvent),
 }
@@ -48,7 +48,7 @@ pub(crate) enum Done {
     /// The transition's records, or `None` when the step was not in its `from` statuses.
     Moved(Option<Vec<AuditRecord>>),
     /// The appended record.
-    Appended(AuditRecord),
+    Appended(Box<AuditRecord>),
 }
 
 struct Job {
@@ -129,7 +129,7 @@ impl Store {
                         }
                         Work::Append(new, event) => {
                             let h = hold_head!(&mut *tx, $lock, &mut head);
-                            Done::Appended(insert_sealed!(&mut *tx, h, new, *event, now))
+                            Done::Appended(Box::new(insert_sealed!(&mut *tx, h, new, *event, now)))
                         }
                     });
                 }

@@ -619,7 +619,10 @@ impl Store {
         t: &Transition,
     ) -> Result<Option<(Step, Vec<AuditRecord>)>, StoreError> {
         let records = match &self.committer {
-            Some(c) => match c.submit(super::group::Work::Transition(t.clone())).await {
+            Some(c) => match c
+                .submit(super::group::Work::Transition(Box::new(t.clone())))
+                .await
+            {
                 Some(done) => match done? {
                     super::group::Done::Moved(moved) => moved,
                     super::group::Done::Appended(_) => {
