@@ -330,36 +330,60 @@ impl Store {
                 .await?
             });
             let key = IdemKey::derive(&new.run_id, seq.max(0) as u64, &new.inputs);
-            let inserted = on_pool!(self, |p| {
-                sqlx::query(
-                    "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash,
-                        idem_key, status, attempts, reason, evidence, observed, trace_id,
-                        not_before, created_at, updated_at, dedupe, agent_id)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13, $14, 0,
-                        $15, $15, $16, $17)
-                     ON CONFLICT DO NOTHING",
-                )
-                .bind(&id)
-                .bind(&new.run_id)
-                .bind(seq)
-                .bind(&new.role)
-                .bind(&new.tool)
-                .bind(new.effect.as_str())
-                .bind(new.inputs.as_str())
-                .bind(inputs_hash.to_string())
-                .bind(key.to_string())
-                .bind(new.status.as_str())
-                .bind(&new.reason)
-                .bind(&evidence)
-                .bind(&new.observed)
-                .bind(&new.trace_id)
-                .bind(now)
-                .bind(&dedupe)
-                .bind(&new.agent_id)
-                .execute(p)
-                .await?
-                .rows_affected()
-            });
+            let insert =
+                "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash,
+                    idem_key, status, attempts, reason, evidence, observed, trace_id,
+                    not_before, created_at, updated_at, dedupe, agent_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13, $14, 0,
+                    $15, $15, $16, $17)
+                 ON CONFLICT DO NOTHING";
+            macro_rules! bound {
+                ($q:expr) => {
+                    $q.bind(&id)
+                        .bind(&new.run_id)
+                        .bind(seq)
+                        .bind(&new.role)
+                        .bind(&new.tool)
+                        .bind(new.effect.as_str())
+                        .bind(new.inputs.as_str())
+                        .bind(inputs_hash.to_string())
+                        .bind(key.to_string())
+                        .bind(new.status.as_str())
+                        .bind(&new.reason)
+                        .bind(&evidence)
+                        .bind(&new.observed)
+                        .bind(&new.trace_id)
+                        .bind(now)
+                        .bind(&dedupe)
+                        .bind(&new.agent_id)
+                };
+            }
+            let inserted = match &self.pool {
+                // A read's opening row need not reach disk before its outcome does: its
+                // closing transition commits synchronously, and WAL order makes this row
+                // durable with it. A crash before that loses a row with no effect and no
+                // record. So this commit does not wait for the WAL flush (Postgres only).
+                Pool::Postgres(p) if new.effect == Effect::Read => {
+                    let mut tx = p.begin().await?;
+                    sqlx::query("SET LOCAL synchronous_commit TO OFF")
+                        .execute(&mut *tx)
+                        .await?;
+                    let n = bound!(sqlx::query(insert))
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                    tx.commit().await?;
+                    n
+                }
+                Pool::Postgres(p) => bound!(sqlx::query(insert))
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                Pool::Sqlite(p) => bound!(sqlx::query(insert))
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+            };
             if inserted == 1 {
                 return Ok((self.get_step(&id).await?, true));
             }
