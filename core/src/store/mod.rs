@@ -22,6 +22,7 @@ mod demo;
 mod registry;
 mod runs;
 mod steps;
+mod views;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
+pub use views::{AuditCursor, AuditFilter, approver_parts};
 pub use steps::{KeyRecord, KeyState, NewStep, Reservation, Step, Transition};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");

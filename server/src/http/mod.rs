@@ -4,6 +4,7 @@
 mod approvals;
 mod health;
 mod inbox;
+pub mod views;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
@@ -20,6 +21,7 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos.clone();
     let sessions = state.auth.session_layer();
     let inbox = inbox::context(&state);
+    let (runs, audit, metrics) = views::contexts(&state);
     // Layers run outside-in: trace, session, CSRF origin check, session gate.
     Router::new()
         .route("/healthz", get(health::healthz))
@@ -33,12 +35,18 @@ pub fn router(state: AppState) -> Router {
             "/inbox/{id}/decision",
             axum::routing::post(inbox::decide_form),
         )
+        .route("/audit/export.jsonl", get(views::export))
         .merge(crate::mcp::routes(state.clone()))
         .merge(auth::routes())
         .leptos_routes_with_context(
             &state,
             routes,
-            move || leptos::prelude::provide_context(inbox.clone()),
+            move || {
+                leptos::prelude::provide_context(inbox.clone());
+                leptos::prelude::provide_context(runs.clone());
+                leptos::prelude::provide_context(audit.clone());
+                leptos::prelude::provide_context(metrics.clone());
+            },
             move || shell(options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))

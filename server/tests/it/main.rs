@@ -17,3 +17,4 @@ mod mcp;
 mod registry;
 mod runs;
 mod stillon;
+mod views;
