@@ -13,8 +13,8 @@ use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 use serde::{Deserialize, Serialize};
 
-use crate::{Refused, RefusedNote};
 use crate::runs::Badge;
+use crate::{Refused, RefusedNote};
 
 /// Roles that may read the audit trail.
 #[cfg(feature = "ssr")]
@@ -294,7 +294,12 @@ pub fn AuditPage() -> impl IntoView {
 }
 
 #[component]
-fn Filter(name: &'static str, label: &'static str, value: Option<String>, hint: &'static str) -> impl IntoView {
+fn Filter(
+    name: &'static str,
+    label: &'static str,
+    value: Option<String>,
+    hint: &'static str,
+) -> impl IntoView {
     let id = format!("f-{name}");
     view! {
         <div>
@@ -360,7 +365,11 @@ fn Chain(chain: ChainStatus, verify_href: String) -> impl IntoView {
             match checkpoint {
                 Some((seq, at)) => format!(
                     "Chain OK: records {from_seq}–{head} ({checked} checked now) link to the signed checkpoint at record {seq} ({at}{}).",
-                    if *trusted_key { ", signed by the configured key" } else { "; its key is not configured here, so only its own signature was checked" }
+                    if *trusted_key {
+                        ", signed by the configured key"
+                    } else {
+                        "; its key is not configured here, so only its own signature was checked"
+                    }
                 ),
                 None => format!("Chain OK: all {checked} record(s), 1–{head}, verified now."),
             },
@@ -371,7 +380,9 @@ fn Chain(chain: ChainStatus, verify_href: String) -> impl IntoView {
         ),
         ChainStatus::NotChecked { records } => (
             "border-amber-400 bg-amber-50 text-amber-950",
-            format!("Chain not checked on this page: {records} records since the last signed checkpoint."),
+            format!(
+                "Chain not checked on this page: {records} records since the last signed checkpoint."
+            ),
         ),
     };
     let ok = matches!(chain, ChainStatus::Intact { .. } | ChainStatus::Empty);

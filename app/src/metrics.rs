@@ -451,15 +451,26 @@ mod tests {
             decided: 3,
             rejected: 1,
             days: vec![
-                DayCell { day: "2026-06-10".into(), decided: 0, rejected: 0 },
-                DayCell { day: "2026-06-11".into(), decided: 3, rejected: 1 },
+                DayCell {
+                    day: "2026-06-10".into(),
+                    decided: 0,
+                    rejected: 0,
+                },
+                DayCell {
+                    day: "2026-06-11".into(),
+                    decided: 3,
+                    rejected: 1,
+                },
             ],
         };
         let svg = chart_svg(&s, "c");
         assert!(!svg.contains("<script>"), "{svg}");
         assert!(svg.contains("&lt;script&gt;"));
         assert_eq!(svg.matches("<rect").count(), 2);
-        assert!(svg.contains("2026-06-11: 1 of 3 rejected (33.3 %)"), "{svg}");
+        assert!(
+            svg.contains("2026-06-11: 1 of 3 rejected (33.3 %)"),
+            "{svg}"
+        );
         assert!(svg.contains("2026-06-10: no decisions"));
     }
 }

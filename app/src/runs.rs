@@ -64,6 +64,9 @@ pub struct RunRow {
     pub steps: StepCounts,
 }
 
+/// One page of the run list: rows newest first, and the `before=` cursor of the older page.
+pub type RunListPage = (Vec<RunRow>, Option<String>);
+
 /// The run list as the signed-in person may see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RunsView {
@@ -177,7 +180,7 @@ pub trait RunsSource: Send + Sync + 'static {
         &'a self,
         tenant: &'a str,
         before: Option<String>,
-    ) -> crate::inbox::BoxFuture<'a, Result<(Vec<RunRow>, Option<String>), String>>;
+    ) -> crate::inbox::BoxFuture<'a, Result<RunListPage, String>>;
 
     /// One run of `tenant`, `None` when there is none.
     fn run<'a>(

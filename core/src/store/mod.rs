@@ -40,8 +40,8 @@ pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
-pub use views::{AuditCursor, AuditFilter, approver_parts};
 pub use steps::{KeyRecord, KeyState, NewStep, Reservation, Step, Transition};
+pub use views::{AuditCursor, AuditFilter, approver_parts};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");

@@ -321,10 +321,7 @@ mod tests {
     #[test]
     fn approver_text_forms() {
         assert_eq!(approver_parts("ana"), (None, "ana"));
-        assert_eq!(
-            approver_parts("person:urn:x#ana"),
-            (Some("urn:x"), "ana")
-        );
+        assert_eq!(approver_parts("person:urn:x#ana"), (Some("urn:x"), "ana"));
         assert_eq!(approver_parts("urn:x#ana"), (Some("urn:x"), "ana"));
     }
 

@@ -31,7 +31,7 @@ use countersign_app::metrics::{
     percentile,
 };
 use countersign_app::runs::{
-    EventView, RunDetail, RunRow, Runs, RunsSource, StepCounts, StepLinks, StepView,
+    EventView, RunDetail, RunListPage, RunRow, Runs, RunsSource, StepCounts, StepLinks, StepView,
 };
 use countersign_core::audit::checkpoint::{PublicKey, VerifyFailure};
 use countersign_core::audit::{AuditRecord, ChainVerifier};
@@ -282,7 +282,7 @@ impl Views {
         &self,
         tenant: &str,
         before: Option<String>,
-    ) -> Result<(Vec<RunRow>, Option<String>), StoreError> {
+    ) -> Result<RunListPage, StoreError> {
         let store = &self.0.store;
         let cursor = before.as_deref().and_then(|c| {
             let (at, id) = c.split_once(':')?;
@@ -382,10 +382,7 @@ impl Views {
                 at: utc_seconds(r.at),
                 event: r.event.clone(),
                 step_id: r.step_id.clone(),
-                step_seq: r
-                    .step_id
-                    .as_deref()
-                    .and_then(|s| step_seq.get(s).copied()),
+                step_seq: r.step_id.as_deref().and_then(|s| step_seq.get(s).copied()),
                 tool: r.tool.clone(),
                 actor: r.actor.clone(),
                 rule: r.rule.clone(),
@@ -573,7 +570,10 @@ pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> Metrics
             "approved" => {
                 let d = detail_of(&r.record);
                 let given = d.get("approvals").and_then(Value::as_i64).unwrap_or(1);
-                let needed = d.get("approvals_needed").and_then(Value::as_i64).unwrap_or(1);
+                let needed = d
+                    .get("approvals_needed")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1);
                 if given >= needed && g.outcome.is_none() {
                     g.outcome = Some(("approved", r.at));
                 }
@@ -589,11 +589,7 @@ pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> Metrics
                     g.rule.clone_from(&r.rule);
                 }
             }
-            "expired" => {
-                if g.outcome.is_none() {
-                    g.outcome = Some(("expired", r.at));
-                }
-            }
+            "expired" if g.outcome.is_none() => g.outcome = Some(("expired", r.at)),
             _ => {}
         }
     }
@@ -617,8 +613,8 @@ pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> Metrics
         days: empty_days.clone(),
     };
     for g in gates.values() {
-        let in_window = g.opened.is_some_and(|at| at >= since)
-            || g.outcome.is_some_and(|(_, at)| at >= since);
+        let in_window =
+            g.opened.is_some_and(|at| at >= since) || g.outcome.is_some_and(|(_, at)| at >= since);
         if !in_window || g.tool.is_empty() {
             continue;
         }
@@ -687,7 +683,7 @@ impl RunsSource for Views {
         &'a self,
         tenant: &'a str,
         before: Option<String>,
-    ) -> BoxFuture<'a, Result<(Vec<RunRow>, Option<String>), String>> {
+    ) -> BoxFuture<'a, Result<RunListPage, String>> {
         Box::pin(async move {
             self.run_page(tenant, before)
                 .await
@@ -813,10 +809,7 @@ mod tests {
         assert_eq!(parse_time("1781170937000"), Some(1_781_170_937_000));
         assert_eq!(parse_time("2026-06-11"), Some(1_781_136_000_000));
         assert_eq!(parse_time("2026-06-11T09:42"), Some(1_781_170_920_000));
-        assert_eq!(
-            parse_time("2026-06-11T09:42:00Z"),
-            Some(1_781_170_920_000)
-        );
+        assert_eq!(parse_time("2026-06-11T09:42:00Z"), Some(1_781_170_920_000));
         assert_eq!(parse_time("yesterday"), None);
     }
 

@@ -109,7 +109,11 @@ async fn views_refuse_signed_out_people_and_wrong_roles_and_show_no_data() {
 
         // An approver may follow runs but not read the audit trail or the metrics.
         let ana = app.demo_client("ana").await;
-        for path in ["/audit".to_string(), format!("/audit?run={run}"), "/gates".into()] {
+        for path in [
+            "/audit".to_string(),
+            format!("/audit?run={run}"),
+            "/gates".into(),
+        ] {
             let (status, html) = get(&ana, &app, &path).await;
             assert_eq!(status, StatusCode::FORBIDDEN, "{path}");
             no_data(&html, &secrets, &path);
@@ -122,7 +126,11 @@ async fn views_refuse_signed_out_people_and_wrong_roles_and_show_no_data() {
         let aud = app.demo_client("aud").await;
         let (status, html) = get(&aud, &app, "/gates").await;
         assert_eq!(status, StatusCode::FORBIDDEN);
-        no_data(&html, &["payment.schedule", "break-even-row"], "/gates as auditor");
+        no_data(
+            &html,
+            &["payment.schedule", "break-even-row"],
+            "/gates as auditor",
+        );
         assert!(ok_page(&aud, &app, "/audit").await.contains(&run));
 
         // Another tenant's run is invisible: not listed, not found, not searchable.
@@ -150,7 +158,10 @@ async fn views_refuse_signed_out_people_and_wrong_roles_and_show_no_data() {
             .unwrap();
         let list = ok_page(&ana, &app, "/runs").await;
         assert!(list.contains(&run), "{list}");
-        assert!(!list.contains(&other.id) && !list.contains("Globex"), "{list}");
+        assert!(
+            !list.contains(&other.id) && !list.contains("Globex"),
+            "{list}"
+        );
         let (_, html) = get(&ana, &app, &format!("/runs/{}", other.id)).await;
         assert!(html.contains("data-testid=\"not-found\""), "{html}");
         assert!(!html.contains("Globex"), "{html}");
@@ -182,7 +193,10 @@ async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_li
         let run = app.store.get_step(&step).await.unwrap().run_id;
 
         // A second step of the run whose call was sent and never answered, then reconciled.
-        let inputs = CanonicalJson::from_value(&json!({"invoice_id": "INV-20260612", "amount": 99.5, "currency": "EUR"})).unwrap();
+        let inputs = CanonicalJson::from_value(
+            &json!({"invoice_id": "INV-20260612", "amount": 99.5, "currency": "EUR"}),
+        )
+        .unwrap();
         let (odd, _) = app
             .store
             .open_step(&NewStep {
@@ -201,7 +215,11 @@ async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_li
             .await
             .unwrap();
         for (to, event, detail) in [
-            (StepStatus::Unknown, AuditEvent::Unknown, json!({"status": "unknown"})),
+            (
+                StepStatus::Unknown,
+                AuditEvent::Unknown,
+                json!({"status": "unknown"}),
+            ),
             (
                 StepStatus::Done,
                 AuditEvent::Reconciled,
@@ -244,10 +262,16 @@ async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_li
 
         let html = ok_page(&max, &app, &format!("/runs/{run}")).await;
         assert_eq!(rows(&html, "step-row"), 2, "{html}");
-        assert!(html.contains("4,180.00 EUR"), "amount with currency: {html}");
+        assert!(
+            html.contains("4,180.00 EUR"),
+            "amount with currency: {html}"
+        );
         assert!(html.contains("99.50 EUR"), "{html}");
         // Unknown and its reconciliation are visible, in words as well as colour.
-        assert!(html.contains("unknown: sent, no answer; reconciling by key"), "{html}");
+        assert!(
+            html.contains("unknown: sent, no answer; reconciling by key"),
+            "{html}"
+        );
         assert!(html.contains("reconciled with the target"), "{html}");
         assert!(html.contains("the target has the effect"), "{html}");
         // Every audit record of the run, in chain order, each with an anchor.
@@ -290,7 +314,10 @@ async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_li
                 .nth(1)
                 .unwrap_or_else(|| panic!("{event}: no link to #rec-{seq}: {links}"));
             assert!(
-                tag.split("</a>").next().unwrap().ends_with(&format!(">{label} #{seq}")),
+                tag.split("</a>")
+                    .next()
+                    .unwrap()
+                    .ends_with(&format!(">{label} #{seq}")),
                 "{event}: {links}"
             );
         }
@@ -465,7 +492,11 @@ async fn gate_metrics_show_rejection_rates_latency_expired_gates_and_break_even(
         let d = gated(&mut client, json!(4179.97)).await;
         let ana = app.demo_client("ana").await;
         // Decided after 1, 2 and 4 minutes.
-        for (step, minutes, verdict) in [(&a, 1, "approved"), (&b, 1, "approved"), (&c, 2, "rejected")] {
+        for (step, minutes, verdict) in [
+            (&a, 1, "approved"),
+            (&b, 1, "approved"),
+            (&c, 2, "rejected"),
+        ] {
             app.clock.advance(chrono::Duration::minutes(minutes));
             decide(&app, &ana, step, verdict).await;
         }
@@ -474,7 +505,10 @@ async fn gate_metrics_show_rejection_rates_latency_expired_gates_and_break_even(
         let again = client
             .call("payment.schedule", payment_for(INV, json!(4179.97)))
             .await;
-        assert_eq!(again["result"]["structuredContent"]["status"], "expired", "{again}");
+        assert_eq!(
+            again["result"]["structuredContent"]["status"], "expired",
+            "{again}"
+        );
         assert_eq!(
             app.store.get_step(&d).await.unwrap().status,
             StepStatus::Expired
@@ -490,14 +524,26 @@ async fn gate_metrics_show_rejection_rates_latency_expired_gates_and_break_even(
         assert!(row.contains(">4<"), "4 gates opened: {row}");
         assert!(row.contains("33.3 %"), "r = 1/3: {row}");
         assert!(row.contains("3.0 approvals"), "k = 1/r = 3: {row}");
-        assert!(html.contains("data-testid=\"expired\" class=\"text-lg\">1<"), "{html}");
+        assert!(
+            html.contains("data-testid=\"expired\" class=\"text-lg\">1<"),
+            "{html}"
+        );
         // Latencies 1, 2 and 4 minutes: nearest-rank p50 2 min, p90 and p99 4 min.
-        assert!(html.contains("p50 2 min · p90 4 min · p99 4 min (over 3 decision(s))"), "{html}");
+        assert!(
+            html.contains("p50 2 min · p90 4 min · p99 4 min (over 3 decision(s))"),
+            "{html}"
+        );
         // Charts are server-rendered SVG, per tool and per rule, with the day's numbers.
         assert!(html.contains("data-label=\"payment.schedule\""), "{html}");
         assert!(html.contains("<svg"), "{html}");
-        assert!(html.contains("2026-06-11: 1 of 3 rejected (33.3 %)"), "{html}");
-        assert!(rows(&html, "rate-chart") >= 2, "a tool chart and a rule chart");
+        assert!(
+            html.contains("2026-06-11: 1 of 3 rejected (33.3 %)"),
+            "{html}"
+        );
+        assert!(
+            rows(&html, "rate-chart") >= 2,
+            "a tool chart and a rule chart"
+        );
         app
     })
     .await;
