@@ -225,8 +225,9 @@ pub trait AuditSource: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct Audit(pub std::sync::Arc<dyn AuditSource>);
 
-/// One page of the audit search.
-#[leptos::server]
+/// One page of the audit search. JSON input: the URL-encoded default drops a query whose
+/// fields are all empty, and the call then fails to deserialise.
+#[leptos::server(input = leptos::server_fn::codec::Json)]
 pub async fn load_audit(query: AuditQuery) -> Result<AuditView, ServerFnError> {
     let (_, tenant) = match crate::person_with(&AUDIT_ROLES)? {
         Ok(p) => p,
