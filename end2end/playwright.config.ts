@@ -10,7 +10,8 @@ const root = resolve(__dirname, '..');
 const port = Number(process.env.E2E_PORT ?? 3107);
 // The config is evaluated again in each worker: keep the runner's data directory.
 const dataDir = process.env.E2E_DATA_DIR ?? (process.env.E2E_DATA_DIR = mkdtempSync(join(tmpdir(), 'countersign-e2e-')));
-const binary = process.env.E2E_BINARY ?? join(root, 'target', 'debug', 'countersign');
+// cargo builds into CARGO_TARGET_DIR when it is set (the site stays in target/site).
+const binary = process.env.E2E_BINARY ?? join(process.env.CARGO_TARGET_DIR ?? join(root, 'target'), 'debug', 'countersign');
 
 /** The server binary and the settings it runs with (tests run the CLI on the same database). */
 export const e2eBinary = binary;

@@ -6,8 +6,11 @@
 //! the server-rendered HTML. Nothing in the `hydrate` build pulls sqlx, cedar or rmcp.
 
 pub mod admin;
+pub mod audit;
 pub mod inbox;
+pub mod metrics;
 pub mod pages;
+pub mod runs;
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
@@ -29,6 +32,69 @@ pub const DEMO_BANNER: &str = "Demo sign-in: not for production";
 pub fn signed_in() -> Option<countersign_core::Person> {
     use_context::<http::request::Parts>()
         .and_then(|parts| parts.extensions.get::<countersign_core::Person>().cloned())
+}
+
+/// Why a page shows no data to the signed-in person.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Refused {
+    /// The person holds none of the page's roles.
+    Role,
+    /// The person's account names no tenant, so no tenant's work can be shown.
+    Tenant,
+}
+
+/// The signed-in person if they hold one of `roles` and have a tenant; otherwise why not
+/// (and the response becomes 403). Signed out is an error: the server's session gate
+/// redirects pages to sign-in before they render, so this only meets direct calls.
+#[cfg(feature = "ssr")]
+pub fn person_with(
+    roles: &[countersign_core::AppRole],
+) -> Result<Result<(countersign_core::Person, String), Refused>, leptos::prelude::ServerFnError> {
+    let Some(person) = signed_in() else {
+        return Err(leptos::prelude::ServerFnError::new("sign in first"));
+    };
+    let refused = if !roles.iter().any(|r| person.has_role(*r)) {
+        Some(Refused::Role)
+    } else if person.tenant.as_deref().is_none_or(str::is_empty) {
+        Some(Refused::Tenant)
+    } else {
+        None
+    };
+    if let Some(why) = refused {
+        // A page rendered on the server answers 403; a server-function call from the
+        // hydrated page answers 200 with the refusal, so the client can show it.
+        let page_render = use_context::<http::request::Parts>()
+            .is_some_and(|parts| !parts.uri.path().starts_with("/api/"));
+        if page_render && let Some(resp) = use_context::<leptos_axum::ResponseOptions>() {
+            resp.set_status(http::StatusCode::FORBIDDEN);
+        }
+        return Ok(Err(why));
+    }
+    let tenant = person.tenant.clone().unwrap_or_default();
+    Ok(Ok((person, tenant)))
+}
+
+/// The note shown instead of a page's data when [`Refused`].
+#[component]
+pub fn RefusedNote(why: Refused, page: &'static str, roles: &'static str) -> impl IntoView {
+    let text = match why {
+        Refused::Role => format!(
+            "{page} is for {roles}. Your account holds none of these roles, so nothing is shown."
+        ),
+        Refused::Tenant => format!(
+            "Your account names no tenant, so {page} has nothing it may show you. Ask an \
+             administrator to map your account to a tenant."
+        ),
+    };
+    view! {
+        <p
+            data-testid="refused"
+            role="alert"
+            class="rounded border border-slate-300 bg-white p-6 text-slate-800"
+        >
+            {text}
+        </p>
+    }
 }
 
 #[cfg(feature = "ssr")]
@@ -89,9 +155,10 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/") view=pages::Home/>
                     <Route path=path!("/inbox") view=pages::Inbox ssr=SsrMode::Async/>
                     <Route path=path!("/inbox/:id") view=pages::GatePage ssr=SsrMode::Async/>
-                    <Route path=path!("/runs") view=pages::Runs/>
-                    <Route path=path!("/audit") view=pages::Audit/>
-                    <Route path=path!("/gates") view=pages::Metrics/>
+                    <Route path=path!("/runs") view=runs::RunsPage ssr=SsrMode::Async/>
+                    <Route path=path!("/runs/:id") view=runs::RunPage ssr=SsrMode::Async/>
+                    <Route path=path!("/audit") view=audit::AuditPage ssr=SsrMode::Async/>
+                    <Route path=path!("/gates") view=metrics::MetricsPage ssr=SsrMode::Async/>
                     <Route path=path!("/admin") view=admin::AdminPage ssr=SsrMode::Async/>
                 </Routes>
             </main>

@@ -469,30 +469,6 @@ fn GateView(detail: GateDetail) -> impl IntoView {
     }
 }
 
-/// Runs and their steps.
-#[component]
-pub fn Runs() -> impl IntoView {
-    view! { <EmptyPage title="Runs" empty="No runs yet. Runs appear here when an agent calls a tool."/> }
-}
-
-/// The audit trail.
-#[component]
-pub fn Audit() -> impl IntoView {
-    view! { <EmptyPage title="Audit" empty="The audit trail is empty."/> }
-}
-
-/// Gate metrics.
-#[component]
-pub fn Metrics() -> impl IntoView {
-    view! { <EmptyPage title="Metrics" empty="No gate decisions recorded yet."/> }
-}
-
-/// Role × tool administration.
-#[component]
-pub fn Admin() -> impl IntoView {
-    view! { <EmptyPage title="Admin" empty="No registry changes proposed."/> }
-}
-
 /// Any path the router does not know.
 #[component]
 pub fn NotFound() -> impl IntoView {

@@ -24,6 +24,7 @@ mod proposals;
 mod registry;
 mod runs;
 pub(crate) mod steps;
+mod views;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -46,6 +47,7 @@ pub use proposals::{
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
 pub use steps::{KeyRecord, KeyState, NewStep, Reservation, Step, Transition};
+pub use views::{AuditCursor, AuditFilter, approver_parts};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");

@@ -93,7 +93,7 @@ pub struct Run {
 }
 
 #[derive(sqlx::FromRow)]
-struct RunRow {
+pub(super) struct RunRow {
     id: String,
     tenant: String,
     principal: String,
@@ -130,7 +130,7 @@ impl TryFrom<RunRow> for Run {
     }
 }
 
-const RUN_COLUMNS: &str = "id, tenant, principal, agent_id, task, status, replan, origin, planned, reason, created_at, updated_at";
+pub(super) const RUN_COLUMNS: &str = "id, tenant, principal, agent_id, task, status, replan, origin, planned, reason, created_at, updated_at";
 
 impl Store {
     /// Opens a new active run.

@@ -42,7 +42,7 @@ pub fn context(state: &AppState) -> Inbox {
     Inbox(Arc::new(InboxBackend(state.clone())))
 }
 
-fn utc(ms: i64) -> String {
+pub(crate) fn utc(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms).map_or_else(
         || "unknown time".into(),
         |t| t.format("%Y-%m-%d %H:%M UTC").to_string(),
@@ -50,7 +50,7 @@ fn utc(ms: i64) -> String {
 }
 
 /// What the call acts on: the first `*_id` input, e.g. `invoice INV-1`.
-fn target(inputs: &Value) -> Option<String> {
+pub(crate) fn target(inputs: &Value) -> Option<String> {
     let map = inputs.as_object()?;
     let preferred = [
         "invoice_id",

@@ -5,6 +5,7 @@ mod admin;
 mod approvals;
 mod health;
 mod inbox;
+pub mod views;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
@@ -22,6 +23,7 @@ pub fn router(state: AppState) -> Router {
     let sessions = state.auth.session_layer();
     let inbox = inbox::context(&state);
     let admin = admin::context(&state);
+    let (runs, audit, metrics) = views::contexts(&state);
     // Layers run outside-in: trace, session, CSRF origin check, session gate.
     Router::new()
         .route("/healthz", get(health::healthz))
@@ -48,6 +50,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/admin/stop", axum::routing::post(admin::stop))
         .route("/admin/stop/lift", axum::routing::post(admin::lift))
+        .route("/audit/export.jsonl", get(views::export))
         .merge(crate::mcp::routes(state.clone()))
         .merge(auth::routes())
         .leptos_routes_with_context(
@@ -56,6 +59,9 @@ pub fn router(state: AppState) -> Router {
             move || {
                 leptos::prelude::provide_context(inbox.clone());
                 leptos::prelude::provide_context(admin.clone());
+                leptos::prelude::provide_context(runs.clone());
+                leptos::prelude::provide_context(audit.clone());
+                leptos::prelude::provide_context(metrics.clone());
             },
             move || shell(options.clone()),
         )

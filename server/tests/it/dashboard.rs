@@ -5,13 +5,14 @@ use crate::helpers::each_app;
 #[tokio::test]
 async fn every_page_renders_on_the_server_with_navigation_and_hydration_scripts() {
     each_app(|app| async move {
-        let client = app.demo_client("ana").await;
+        // An admin may open every page (approvers see neither the audit trail nor metrics).
+        let client = app.demo_client("ada").await;
         for (path, heading) in [
             ("/", "Countersign"),
             ("/inbox", "Approval inbox"),
             ("/runs", "Runs"),
             ("/audit", "Audit"),
-            ("/gates", "Metrics"),
+            ("/gates", "Gate metrics"),
             ("/admin", "Admin"),
         ] {
             let resp = client.get(app.url(path)).send().await.unwrap();

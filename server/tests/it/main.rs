@@ -20,3 +20,4 @@ mod registry;
 mod runs;
 mod scenarios;
 mod stillon;
+mod views;

@@ -1,0 +1,824 @@
+//! The server side of the dashboard's run timeline, audit search and gate metrics
+//! ([`countersign_app::runs`], [`countersign_app::audit`], [`countersign_app::metrics`]), and
+//! the audit export route `GET /audit/export.jsonl`.
+//!
+//! Invariants:
+//! * Nothing here decides who may see what alone: the app's server functions check the
+//!   signed-in person's role and tenant first and pass the tenant in; every query is scoped
+//!   to it (runs of that tenant; audit records of its runs, or of no run).
+//! * `GET /audit/export.jsonl` sits behind the session gate (signed out: redirect to
+//!   sign-in), needs the auditor, admin or manager role and a tenant (403 otherwise), and
+//!   writes exactly the lines `countersign audit export` writes (one stored record, as JSON,
+//!   per line), in chain order, for the same filter the search page shows. A filtered export
+//!   is sparse: verify it with `countersign audit verify --file F --sparse`.
+//! * The chain status fails closed: a refused checkpoint or any break is shown as broken
+//!   with the first bad record; a tail too long to check on a page load is shown as
+//!   not checked, never as intact.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use countersign_app::audit::{
+    Audit, AuditPage, AuditQuery, AuditRow, AuditSource, ChainStatus, PAGE_SIZE,
+};
+use countersign_app::inbox::{BoxFuture, format_amount, pretty_canonical};
+use countersign_app::metrics::{
+    DayCell, Latency, Metrics, MetricsData, MetricsSource, Series, ToolGate, WINDOW_DAYS,
+    percentile,
+};
+use countersign_app::runs::{
+    EventView, RunDetail, RunListPage, RunRow, Runs, RunsSource, StepCounts, StepLinks, StepView,
+};
+use countersign_core::audit::checkpoint::{PublicKey, VerifyFailure};
+use countersign_core::audit::{AuditRecord, ChainVerifier};
+use countersign_core::store::{AuditCursor, AuditFilter, Run};
+use countersign_core::{AppRole, StoreError};
+use serde_json::Value;
+
+use super::inbox::{target, utc};
+use crate::AppState;
+use crate::auth::CurrentUser;
+
+/// Runs per page of the run list.
+const RUNS_PAGE: i64 = 50;
+/// Records after the last signed checkpoint that a page load still verifies.
+pub const MAX_TAIL: i64 = 100_000;
+/// Records per query of the export.
+const EXPORT_PAGE: i64 = 1_000;
+const DAY_MS: i64 = 86_400_000;
+
+/// The store-backed sources of the three pages.
+pub struct Views(pub AppState);
+
+/// The context values the router provides to the dashboard.
+pub fn contexts(state: &AppState) -> (Runs, Audit, Metrics) {
+    let views = Arc::new(Views(state.clone()));
+    (Runs(views.clone()), Audit(views.clone()), Metrics(views))
+}
+
+fn opaque(what: &'static str) -> impl Fn(StoreError) -> String {
+    move |e| {
+        tracing::error!(error = %e, "{what} failed");
+        "the database did not answer".to_string()
+    }
+}
+
+fn run_row(run: &Run, counts: StepCounts) -> RunRow {
+    RunRow {
+        id: run.id.clone(),
+        task: run.task.clone(),
+        status: run.status.as_str().to_string(),
+        principal: run.principal.clone(),
+        tenant: run.tenant.clone(),
+        origin: run.origin.clone(),
+        created: utc(run.created_at),
+        reason: run.reason.clone(),
+        steps: counts,
+    }
+}
+
+fn add_count(c: &mut StepCounts, status: &str, n: i64) {
+    c.total += n;
+    match status {
+        "done" => c.done += n,
+        "needs_approval" => c.waiting += n,
+        "pending" | "running" => c.open += n,
+        "unknown" => c.unknown += n,
+        _ => c.stopped += n,
+    }
+}
+
+/// The detail object of a stored record (empty when it has none).
+fn detail_of(record: &str) -> serde_json::Map<String, Value> {
+    match serde_json::from_str::<Value>(record) {
+        Ok(Value::Object(mut o)) => match o.remove("detail") {
+            Some(Value::Object(d)) => d,
+            _ => serde_json::Map::new(),
+        },
+        _ => serde_json::Map::new(),
+    }
+}
+
+fn amount_of(inputs: &Value) -> Option<String> {
+    inputs
+        .get("amount")
+        .and_then(Value::as_f64)
+        .and_then(|a| format_amount(a, inputs.get("currency").and_then(Value::as_str)))
+}
+
+/// A one-line summary of a record's detail: decision, amount with currency, approvals,
+/// outcome, reference, latency.
+pub fn summary(record: &str) -> String {
+    let d = detail_of(record);
+    let text = |k: &str| d.get(k).and_then(Value::as_str).map(str::to_string);
+    let mut parts = Vec::new();
+    if let Some(decision) = text("decision") {
+        parts.push(format!("decision {decision}"));
+    }
+    if let Some(inputs) = d.get("inputs") {
+        if let Some(amount) = amount_of(inputs) {
+            parts.push(amount);
+        }
+        if let Some(t) = target(inputs) {
+            parts.push(t);
+        }
+    }
+    if let (Some(given), Some(needed)) = (
+        d.get("approvals").and_then(Value::as_i64),
+        d.get("approvals_needed").and_then(Value::as_i64),
+    ) {
+        parts.push(format!("{given} of {needed} approval(s)"));
+    }
+    if let Some(reason) = text("reason") {
+        parts.push(format!("reason: {reason}"));
+    }
+    if let Some(status) = text("status") {
+        parts.push(format!("status {status}"));
+    }
+    if let Some(code) = text("code") {
+        parts.push(format!("code {code}"));
+    }
+    if let Some(state) = text("key_state") {
+        parts.push(format!("key {state}"));
+    }
+    if let Some(found) = d.get("found").and_then(Value::as_bool) {
+        parts.push(if found {
+            "the target has the effect".to_string()
+        } else {
+            "the target has no effect under this key".to_string()
+        });
+    }
+    if let Some(reference) = text("reference") {
+        parts.push(format!("ref {reference}"));
+    }
+    if let Some(ms) = d.get("latency_ms").and_then(Value::as_i64) {
+        parts.push(format!("{ms} ms"));
+    }
+    if let Some(kind) = text("kind") {
+        parts.push(kind);
+    }
+    if d.get("replay").and_then(Value::as_bool) == Some(true) {
+        parts.push("replayed: stored outcome returned".to_string());
+    }
+    parts.join(" · ")
+}
+
+fn audit_row(r: &AuditRecord) -> AuditRow {
+    AuditRow {
+        seq: r.seq,
+        at: utc_seconds(r.at),
+        event: r.event.clone(),
+        run_id: r.run_id.clone(),
+        step_id: r.step_id.clone(),
+        tool: r.tool.clone(),
+        actor: r.actor.clone(),
+        rule: r.rule.clone(),
+        summary: summary(&r.record),
+        record: pretty_canonical(&r.record),
+        hash: r.hash.clone(),
+    }
+}
+
+fn utc_seconds(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || "unknown time".into(),
+        |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+    )
+}
+
+fn day_of(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map_or_else(String::new, |t| t.format("%Y-%m-%d").to_string())
+}
+
+/// Reads a time filter: Unix ms, `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM[:SS]` (UTC) or RFC 3339.
+pub fn parse_time(text: &str) -> Option<i64> {
+    let t = text.trim();
+    if let Ok(ms) = t.parse::<i64>() {
+        return Some(ms);
+    }
+    if let Ok(d) = chrono::DateTime::parse_from_rfc3339(t) {
+        return Some(d.timestamp_millis());
+    }
+    for f in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"] {
+        if let Ok(d) = chrono::NaiveDateTime::parse_from_str(t, f) {
+            return Some(d.and_utc().timestamp_millis());
+        }
+    }
+    chrono::NaiveDate::parse_from_str(t, "%Y-%m-%d")
+        .ok()
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map(|d| d.and_utc().timestamp_millis())
+}
+
+/// The store filter for `q` within `tenant`; `Err` names the field that does not parse.
+pub fn filter_for(tenant: &str, q: &AuditQuery) -> Result<AuditFilter, String> {
+    let time = |field: &str, v: &Option<String>| -> Result<Option<i64>, String> {
+        match v.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+            None => Ok(None),
+            Some(s) => parse_time(s).map(Some).ok_or_else(|| {
+                format!(
+                    "The {field} time could not be read. Use YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC). \
+                     No records were searched."
+                )
+            }),
+        }
+    };
+    let clean = |v: &Option<String>| {
+        v.as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    };
+    Ok(AuditFilter {
+        tenant: Some(tenant.to_string()),
+        run: clean(&q.run),
+        tool: clean(&q.tool),
+        actor: clean(&q.actor),
+        approver: clean(&q.approver),
+        event: clean(&q.event),
+        rule: clean(&q.rule),
+        from_ms: time("from", &q.from)?,
+        to_ms: time("to", &q.to)?,
+    })
+}
+
+fn cursor_for(q: &AuditQuery) -> Result<AuditCursor, String> {
+    let num = |v: &Option<String>| -> Result<Option<i64>, String> {
+        match v.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+            None => Ok(None),
+            Some(s) => s
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| "The page cursor could not be read.".to_string()),
+        }
+    };
+    Ok(match (num(&q.before)?, num(&q.after)?) {
+        (Some(b), _) => AuditCursor::Before(b),
+        (None, Some(a)) => AuditCursor::After(a),
+        (None, None) => AuditCursor::Newest,
+    })
+}
+
+fn broken(f: VerifyFailure) -> ChainStatus {
+    match f {
+        VerifyFailure::Chain(b) => ChainStatus::Broken {
+            seq: b.seq,
+            reason: b.reason,
+        },
+        VerifyFailure::Checkpoint { seq, error, .. } => ChainStatus::Broken {
+            seq,
+            reason: format!("the signed checkpoint for record {seq} is refused: {error}"),
+        },
+    }
+}
+
+impl Views {
+    async fn run_page(
+        &self,
+        tenant: &str,
+        before: Option<String>,
+    ) -> Result<RunListPage, StoreError> {
+        let store = &self.0.store;
+        let cursor = before.as_deref().and_then(|c| {
+            let (at, id) = c.split_once(':')?;
+            Some((at.parse::<i64>().ok()?, id.to_string()))
+        });
+        let mut runs = store
+            .runs_page(
+                tenant,
+                cursor.as_ref().map(|(at, id)| (*at, id.as_str())),
+                RUNS_PAGE + 1,
+            )
+            .await?;
+        let older = if runs.len() as i64 > RUNS_PAGE {
+            runs.truncate(usize::try_from(RUNS_PAGE).unwrap_or(50));
+            runs.last().map(|r| format!("{}:{}", r.created_at, r.id))
+        } else {
+            None
+        };
+        let ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
+        let mut counts: BTreeMap<String, StepCounts> = BTreeMap::new();
+        for (run, status, n) in store.step_status_counts(&ids).await? {
+            add_count(counts.entry(run).or_default(), &status, n);
+        }
+        let rows = runs
+            .iter()
+            .map(|r| run_row(r, counts.remove(&r.id).unwrap_or_default()))
+            .collect();
+        Ok((rows, older))
+    }
+
+    async fn run_detail(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError> {
+        let store = &self.0.store;
+        let run = match store.get_run(id).await {
+            Ok(r) => r,
+            Err(StoreError::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if run.tenant != tenant {
+            return Ok(None);
+        }
+        let steps = store.steps_for_run(&run.id).await?;
+        let records = store.audit_for_run(&run.id).await?;
+        let mut counts = StepCounts::default();
+        for s in &steps {
+            add_count(&mut counts, s.status.as_str(), 1);
+        }
+        let mut links: BTreeMap<&str, StepLinks> = BTreeMap::new();
+        for r in &records {
+            let Some(step) = r.step_id.as_deref() else {
+                continue;
+            };
+            let l = links.entry(step).or_default();
+            // The proposal is the step's first record: `proposed` for a planned step, the
+            // first `decided` (carrying the inputs) for an agent's direct call.
+            l.proposal.get_or_insert(r.seq);
+            match r.event.as_str() {
+                "decided" => l.decision = Some(r.seq),
+                "approved" | "rejected" | "expired" => l.approvals.push((r.seq, r.event.clone())),
+                "succeeded" | "failed" | "unknown" | "reconciled" | "refused" | "cancelled"
+                | "compensated" => l.outcome = Some((r.seq, r.event.clone())),
+                _ => {}
+            }
+        }
+        let step_seq: BTreeMap<&str, i64> = steps.iter().map(|s| (s.id.as_str(), s.seq)).collect();
+        let step_views = steps
+            .iter()
+            .map(|s| {
+                let inputs: Value = serde_json::from_str(&s.inputs).unwrap_or(Value::Null);
+                let reference = s
+                    .outcome
+                    .as_deref()
+                    .and_then(|o| serde_json::from_str::<Value>(o).ok())
+                    .and_then(|o| {
+                        o.pointer("/answer/ref")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    });
+                StepView {
+                    id: s.id.clone(),
+                    seq: s.seq,
+                    tool: s.tool.clone(),
+                    effect: s.effect.as_str().to_string(),
+                    status: s.status.as_str().to_string(),
+                    amount: amount_of(&inputs),
+                    target: target(&inputs),
+                    attempts: s.attempts,
+                    rule: s.rule.clone(),
+                    reference,
+                    links: links.get(s.id.as_str()).cloned().unwrap_or_default(),
+                }
+            })
+            .collect();
+        let events = records
+            .iter()
+            .map(|r| EventView {
+                seq: r.seq,
+                at: utc_seconds(r.at),
+                event: r.event.clone(),
+                step_id: r.step_id.clone(),
+                step_seq: r.step_id.as_deref().and_then(|s| step_seq.get(s).copied()),
+                tool: r.tool.clone(),
+                actor: r.actor.clone(),
+                rule: r.rule.clone(),
+                summary: summary(&r.record),
+                record: pretty_canonical(&r.record),
+            })
+            .collect();
+        Ok(Some(RunDetail {
+            run: run_row(&run, counts),
+            planned: run.planned,
+            replan: run.replan,
+            steps: step_views,
+            events,
+        }))
+    }
+
+    fn trusted(&self) -> Vec<PublicKey> {
+        self.0
+            .config
+            .audit_signing_key
+            .iter()
+            .map(|s| s.public_key())
+            .collect()
+    }
+
+    /// The chain's status: the whole chain when `full` (or when there is no checkpoint and
+    /// the chain is short enough), otherwise the latest signed checkpoint plus the tail.
+    pub async fn chain_status(&self, full: bool) -> Result<ChainStatus, StoreError> {
+        let store = &self.0.store;
+        let Some((head, _)) = store.audit_head().await? else {
+            return Ok(ChainStatus::Empty);
+        };
+        let trusted = self.trusted();
+        let latest = if full {
+            None
+        } else {
+            store.audit_checkpoint_at_or_before(None).await?
+        };
+        let Some(cp) = latest else {
+            if !full && head > MAX_TAIL {
+                return Ok(ChainStatus::NotChecked { records: head });
+            }
+            return Ok(match store.verify_audit_full(&trusted, &[]).await? {
+                Ok(report) => ChainStatus::Intact {
+                    checked: report.records,
+                    from_seq: 1,
+                    head,
+                    checkpoint: None,
+                    trusted_key: !trusted.is_empty(),
+                },
+                Err(f) => broken(f),
+            });
+        };
+        if let Err(error) = cp.check(&trusted) {
+            return Ok(broken(VerifyFailure::Checkpoint {
+                seq: cp.seq,
+                origin: "the latest stored checkpoint".into(),
+                error,
+            }));
+        }
+        if head - cp.seq > MAX_TAIL {
+            return Ok(ChainStatus::NotChecked {
+                records: head - cp.seq,
+            });
+        }
+        // Start at the signed record itself: it must still hash to the signed hash, and
+        // every record after it must link on.
+        let Some(signed) = store.audit_record(cp.seq).await? else {
+            return Ok(ChainStatus::Broken {
+                seq: cp.seq,
+                reason: format!(
+                    "missing: the chain ends at record {head} but the latest checkpoint signed record {}; the tail was truncated",
+                    cp.seq
+                ),
+            });
+        };
+        let mut v = ChainVerifier::new(cp.seq, &signed.prev);
+        if let Err(b) = v.expect(cp.seq, &cp.hash, "the latest signed checkpoint") {
+            return Ok(broken(b.into()));
+        }
+        Ok(match store.verify_audit_with(v).await? {
+            Ok(checked) => ChainStatus::Intact {
+                checked,
+                from_seq: cp.seq,
+                head,
+                checkpoint: Some((cp.seq, utc(cp.at))),
+                trusted_key: !trusted.is_empty(),
+            },
+            Err(b) => broken(b.into()),
+        })
+    }
+
+    async fn search(&self, tenant: &str, q: &AuditQuery) -> Result<AuditPage, StoreError> {
+        let chain = self
+            .chain_status(q.verify.as_deref() == Some("full"))
+            .await?;
+        let parsed = filter_for(tenant, q).and_then(|f| Ok((f, cursor_for(q)?)));
+        let (filter, cursor) = match parsed {
+            Ok(p) => p,
+            Err(invalid) => {
+                return Ok(AuditPage {
+                    rows: Vec::new(),
+                    newer: None,
+                    older: None,
+                    chain,
+                    invalid: Some(invalid),
+                });
+            }
+        };
+        let limit = PAGE_SIZE;
+        let mut records = self
+            .0
+            .store
+            .search_audit(&filter, cursor, i64::try_from(limit + 1).unwrap_or(51))
+            .await?;
+        let more = records.len() > limit;
+        let (newer, older) = match cursor {
+            AuditCursor::Newest | AuditCursor::Before(_) => {
+                records.truncate(limit);
+                let newer = matches!(cursor, AuditCursor::Before(_))
+                    .then(|| records.first().map(|r| r.seq))
+                    .flatten();
+                (newer, more.then(|| records.last().map(|r| r.seq)).flatten())
+            }
+            AuditCursor::After(_) => {
+                // Newest first: the extra record is the newest one.
+                if more {
+                    records.remove(0);
+                }
+                (
+                    more.then(|| records.first().map(|r| r.seq)).flatten(),
+                    records.last().map(|r| r.seq),
+                )
+            }
+        };
+        Ok(AuditPage {
+            rows: records.iter().map(audit_row).collect(),
+            newer,
+            older,
+            chain,
+            invalid: None,
+        })
+    }
+
+    /// Gate metrics over `tenant`'s runs for the window ending today (the store's clock).
+    pub async fn gate_metrics(&self, tenant: &str) -> Result<MetricsData, StoreError> {
+        let store = &self.0.store;
+        let now = store.clock().now_ms();
+        let today = now.div_euclid(DAY_MS) * DAY_MS;
+        let since = today - (WINDOW_DAYS - 1) * DAY_MS;
+        // Gates decided in the window may have opened before it: read one window further
+        // back for their opening times.
+        let records = store
+            .gate_records(Some(tenant), since - WINDOW_DAYS * DAY_MS)
+            .await?;
+        Ok(compute_metrics(&records, since, now))
+    }
+}
+
+#[derive(Default)]
+struct Gate {
+    tool: String,
+    rule: Option<String>,
+    opened: Option<i64>,
+    outcome: Option<(&'static str, i64)>,
+}
+
+/// Gate metrics from gate records in chain order, for the days from `since` (midnight UTC)
+/// to the day of `now`.
+pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> MetricsData {
+    let mut gates: BTreeMap<&str, Gate> = BTreeMap::new();
+    for r in records {
+        let Some(step) = r.step_id.as_deref() else {
+            continue;
+        };
+        let g = gates.entry(step).or_default();
+        if let Some(tool) = &r.tool {
+            g.tool.clone_from(tool);
+        }
+        match r.event.as_str() {
+            "waiting_approval" => {
+                g.opened.get_or_insert(r.at);
+                g.rule.clone_from(&r.rule);
+            }
+            "approved" => {
+                let d = detail_of(&r.record);
+                let given = d.get("approvals").and_then(Value::as_i64).unwrap_or(1);
+                let needed = d
+                    .get("approvals_needed")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1);
+                if given >= needed && g.outcome.is_none() {
+                    g.outcome = Some(("approved", r.at));
+                }
+                if g.rule.is_none() {
+                    g.rule.clone_from(&r.rule);
+                }
+            }
+            "rejected" => {
+                if g.outcome.is_none() {
+                    g.outcome = Some(("rejected", r.at));
+                }
+                if g.rule.is_none() {
+                    g.rule.clone_from(&r.rule);
+                }
+            }
+            "expired" if g.outcome.is_none() => g.outcome = Some(("expired", r.at)),
+            _ => {}
+        }
+    }
+    let days = usize::try_from((now.max(since) - since) / DAY_MS + 1).unwrap_or(1);
+    let empty_days: Vec<DayCell> = (0..days)
+        .map(|i| DayCell {
+            day: day_of(since + i64::try_from(i).unwrap_or(0) * DAY_MS),
+            decided: 0,
+            rejected: 0,
+        })
+        .collect();
+    let mut by_tool: BTreeMap<String, Series> = BTreeMap::new();
+    let mut by_rule: BTreeMap<String, Series> = BTreeMap::new();
+    let mut tools: BTreeMap<String, ToolGate> = BTreeMap::new();
+    let mut latencies = Vec::new();
+    let mut expired = 0u32;
+    let series = |label: &str| Series {
+        label: label.to_string(),
+        decided: 0,
+        rejected: 0,
+        days: empty_days.clone(),
+    };
+    for g in gates.values() {
+        let in_window =
+            g.opened.is_some_and(|at| at >= since) || g.outcome.is_some_and(|(_, at)| at >= since);
+        if !in_window || g.tool.is_empty() {
+            continue;
+        }
+        let t = tools.entry(g.tool.clone()).or_insert_with(|| ToolGate {
+            tool: g.tool.clone(),
+            ..ToolGate::default()
+        });
+        if g.opened.is_some_and(|at| at >= since) {
+            t.opened += 1;
+        }
+        match g.outcome {
+            None => t.waiting += 1,
+            Some((_, at)) if at < since => {}
+            Some(("expired", _)) => {
+                t.expired += 1;
+                expired += 1;
+            }
+            Some((kind, at)) => {
+                let rejected = kind == "rejected";
+                if rejected {
+                    t.rejected += 1;
+                } else {
+                    t.approved += 1;
+                }
+                if let Some(opened) = g.opened {
+                    latencies.push(at - opened);
+                }
+                let day = usize::try_from((at - since) / DAY_MS).unwrap_or(0);
+                let rule = g.rule.clone().unwrap_or_else(|| "(no rule)".into());
+                for s in [
+                    by_tool
+                        .entry(g.tool.clone())
+                        .or_insert_with(|| series(&g.tool)),
+                    by_rule.entry(rule.clone()).or_insert_with(|| series(&rule)),
+                ] {
+                    s.decided += 1;
+                    s.rejected += u32::from(rejected);
+                    if let Some(cell) = s.days.get_mut(day) {
+                        cell.decided += 1;
+                        cell.rejected += u32::from(rejected);
+                    }
+                }
+            }
+        }
+    }
+    latencies.sort_unstable();
+    let latency = (!latencies.is_empty()).then(|| Latency {
+        decisions: u32::try_from(latencies.len()).unwrap_or(u32::MAX),
+        p50_ms: percentile(&latencies, 50).unwrap_or(0),
+        p90_ms: percentile(&latencies, 90).unwrap_or(0),
+        p99_ms: percentile(&latencies, 99).unwrap_or(0),
+    });
+    MetricsData {
+        since: day_of(since),
+        until: day_of(now),
+        by_tool: by_tool.into_values().collect(),
+        by_rule: by_rule.into_values().collect(),
+        tools: tools.into_values().collect(),
+        latency,
+        expired,
+    }
+}
+
+impl RunsSource for Views {
+    fn runs<'a>(
+        &'a self,
+        tenant: &'a str,
+        before: Option<String>,
+    ) -> BoxFuture<'a, Result<RunListPage, String>> {
+        Box::pin(async move {
+            self.run_page(tenant, before)
+                .await
+                .map_err(opaque("runs: listing"))
+        })
+    }
+
+    fn run<'a>(
+        &'a self,
+        tenant: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<RunDetail>, String>> {
+        Box::pin(async move {
+            self.run_detail(tenant, id)
+                .await
+                .map_err(opaque("runs: reading a run"))
+        })
+    }
+}
+
+impl AuditSource for Views {
+    fn search<'a>(
+        &'a self,
+        tenant: &'a str,
+        query: &'a AuditQuery,
+    ) -> BoxFuture<'a, Result<AuditPage, String>> {
+        Box::pin(async move {
+            Views::search(self, tenant, query)
+                .await
+                .map_err(opaque("audit: searching"))
+        })
+    }
+}
+
+impl MetricsSource for Views {
+    fn metrics<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<MetricsData, String>> {
+        Box::pin(async move {
+            self.gate_metrics(tenant)
+                .await
+                .map_err(opaque("metrics: reading gates"))
+        })
+    }
+}
+
+/// `GET /audit/export.jsonl?…`: the records the search's filter matches, in chain order, as
+/// JSON lines (the `countersign audit export` format).
+pub async fn export(
+    State(state): State<AppState>,
+    CurrentUser(person): CurrentUser,
+    Query(q): Query<AuditQuery>,
+) -> Response {
+    let allowed = [AppRole::Auditor, AppRole::Admin, AppRole::Manager]
+        .iter()
+        .any(|r| person.has_role(*r));
+    let tenant = person.tenant.clone().filter(|t| !t.is_empty());
+    let Some(tenant) = tenant.filter(|_| allowed) else {
+        return (
+            StatusCode::FORBIDDEN,
+            "the audit export needs the auditor, admin or manager role and a tenant",
+        )
+            .into_response();
+    };
+    let filter = match filter_for(&tenant, &q) {
+        Ok(f) => f,
+        Err(msg) => return (StatusCode::BAD_REQUEST, msg).into_response(),
+    };
+    tracing::info!(sub = %person.sub, tenant = %tenant, "audit export");
+    let store = state.store.clone();
+    let stream = futures_util::stream::unfold(Some(0i64), move |after| {
+        let store = store.clone();
+        let filter = filter.clone();
+        async move {
+            let after = after?;
+            match store
+                .audit_matching_after(&filter, after, EXPORT_PAGE)
+                .await
+            {
+                Ok(page) if page.is_empty() => None,
+                Ok(page) => {
+                    let mut out = String::new();
+                    let mut last = after;
+                    for r in &page {
+                        last = r.seq;
+                        match serde_json::to_string(r) {
+                            Ok(line) => {
+                                out.push_str(&line);
+                                out.push('\n');
+                            }
+                            Err(e) => {
+                                return Some((Err(std::io::Error::other(e)), None));
+                            }
+                        }
+                    }
+                    Some((Ok(Bytes::from(out)), Some(last)))
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "audit export: reading failed; stream cut");
+                    Some((Err(std::io::Error::other(e.to_string())), None))
+                }
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/jsonl; charset=utf-8"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"audit.jsonl\"",
+            ),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_in_the_forms_the_form_sends() {
+        assert_eq!(parse_time("1781170937000"), Some(1_781_170_937_000));
+        assert_eq!(parse_time("2026-06-11"), Some(1_781_136_000_000));
+        assert_eq!(parse_time("2026-06-11T09:42"), Some(1_781_170_920_000));
+        assert_eq!(parse_time("2026-06-11T09:42:00Z"), Some(1_781_170_920_000));
+        assert_eq!(parse_time("yesterday"), None);
+    }
+
+    #[test]
+    fn summaries_show_amounts_with_currency() {
+        let record = r#"{"detail":{"decision":"require_approval","inputs":{"amount":4180,"currency":"EUR","invoice_id":"INV-1"}},"seq":1}"#;
+        let s = summary(record);
+        assert!(s.contains("4,180.00 EUR"), "{s}");
+        assert!(s.contains("invoice INV-1"), "{s}");
+        assert!(s.contains("decision require_approval"), "{s}");
+    }
+}
