@@ -173,6 +173,11 @@ impl Adapters {
         let mut unserved = Vec::new();
         for provider in registry.providers() {
             let name = provider.name.as_str().to_string();
+            // Countersign's own run tools (plan.submit, run.*, step.*) are served by the
+            // pipeline itself, not by an adapter.
+            if name == crate::runs::PROVIDER {
+                continue;
+            }
             match provider.kind {
                 ProviderKind::Builtin => match builtin::for_provider(&name, store) {
                     Some(adapter) => {
