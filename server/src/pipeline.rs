@@ -24,7 +24,8 @@ use countersign_core::policy::{
 };
 use countersign_core::registry::Tool;
 use countersign_core::store::{
-    AgentCredential, KeyState, NewRun, NewStep, Reservation, Run, RunStatus, Step, Transition,
+    AgentCredential, KeyState, NewRun, NewStep, Reservation, Run, RunGuard, RunStatus, Step,
+    Transition,
 };
 use countersign_core::{
     CanonicalJson, Decision, Effect, InputsHash, RoleName, Rule, StepStatus, StoreError,
@@ -163,6 +164,11 @@ impl Ctx<'_> {
     async fn append(&self, record: (AuditEvent, NewAuditRecord)) -> Result<(), Internal> {
         self.state.store.append_audit(&record.1).await?;
         Ok(())
+    }
+
+    /// [`Ctx::transition`] without reading the step back: `true` when it moved.
+    async fn moved(&self, t: Transition) -> Result<bool, Internal> {
+        Ok(self.state.store.move_step(&t).await?)
     }
 
     /// Moves `step` (from one of `from`) with `records`; `None` when it had moved already.
@@ -342,7 +348,7 @@ async fn call_inner(
     if !created && let Some(answer) = replay(&ctx, &step).await? {
         return Ok(answer);
     }
-    execute(&ctx, &run, step, &canonical).await
+    execute(&ctx, &run, step, created, &canonical).await
 }
 
 /// The run this call belongs to: the caller's own run named in `_meta.run_id`, else the run
@@ -547,10 +553,13 @@ fn decision_text(d: &Decision) -> (&'static str, String) {
 }
 
 /// Steps 5–12 for a step that may run: policy, gate, key, adapter, outcome.
+/// Runs `step` through policy, gate, key and adapter. `fresh`: the step was opened by this
+/// very call (so no approval can name it yet).
 async fn execute(
     ctx: &Ctx<'_>,
     run: &Run,
     step: Step,
+    fresh: bool,
     canonical: &CanonicalJson,
 ) -> Result<Answer, Internal> {
     let store = &ctx.state.store;
@@ -560,35 +569,12 @@ async fn execute(
     // run's status is read now, not when the call began (a cancel may have raced it).
     // Compensations run in the run that failed (that is why they run); Countersign's own run
     // tools (plan.submit, run.status, run.cancel, reviews) start nothing, so a stop leaves
-    // agents able to look and to cancel.
-    let compensating = ctx.caller.executor.as_deref() == Some(COMPENSATOR);
-    let own_tool = ctx.tool.handler.provider.as_str() == crate::runs::PROVIDER;
-    let status = store.get_run(&run.id).await?.status;
-    let halted = if !own_tool && crate::executor::stopped(ctx.state).await? {
-        Some("emergency.stop".to_string())
-    } else {
-        match status {
-            RunStatus::Active => None,
-            RunStatus::Failed if compensating => None,
-            other => Some(format!("run.{}", other.as_str())),
-        }
-    };
-    if let Some(rule) = halted {
-        let answer = err(json!({"status": "cancelled", "step_id": step.id, "rule": rule}));
-        let record = ctx.record(AuditEvent::Cancelled, Some(&step), Some(&rule), Map::new());
-        ctx.transition(Transition {
-            step_id: step.id.clone(),
-            from: vec![StepStatus::Pending, StepStatus::Failed],
-            to: Some(StepStatus::Cancelled),
-            rule: Some(rule),
-            outcome: outcome_text(&answer),
-            records: vec![record],
-            ..Transition::default()
-        })
-        .await?;
-        return Ok(answer);
+    // agents able to look and to cancel. [reads] A read's closing write checks the same
+    // conditions again ([`halt_guard`]): a read that raced a cancel or a stop is answered
+    // `cancelled`, its result withheld.
+    if let Some(rule) = halted(ctx, &run.id).await? {
+        return cancel_halted(ctx, &step, rule).await;
     }
-
     let arguments = canonical
         .to_value()
         .map_err(|e| Internal(format!("canonical arguments: {e}")))?;
@@ -603,9 +589,13 @@ async fn execute(
         )));
     };
     let rules = gate_rules(ctx.tool, &arguments);
-    let approval = store
-        .valid_approval(&step, canonical, rules.approvals_needed)
-        .await?;
+    let approval = if fresh {
+        None
+    } else {
+        store
+            .valid_approval(&step, canonical, rules.approvals_needed)
+            .await?
+    };
     let origin = match run.origin.as_str() {
         "schedule" => TaskOrigin::Schedule,
         "monitor" => TaskOrigin::Monitor,
@@ -659,7 +649,7 @@ async fn execute(
     if let Decision::Deny(deny) = &report.decision {
         let answer = err(json!({"status": "denied", "rule": deny.as_str(), "step_id": step.id}));
         let moved = ctx
-            .transition(Transition {
+            .moved(Transition {
                 step_id: step.id.clone(),
                 from: movable,
                 to: Some(StepStatus::Refused),
@@ -670,9 +660,10 @@ async fn execute(
                 ..Transition::default()
             })
             .await?;
-        return match moved {
-            Some(_) => Ok(answer),
-            None => settle(ctx, &step).await,
+        return if moved {
+            Ok(answer)
+        } else {
+            settle(ctx, &step).await
         };
     }
 
@@ -754,6 +745,7 @@ async fn execute(
             decision: decision.into(),
             rule: rule.clone(),
             records: vec![decided, started_record],
+            guard: halt_guard(ctx, &run.id),
         };
         (step, Some(opening))
     } else {
@@ -838,12 +830,63 @@ async fn execute(
     finish(ctx, &step, opening, outcome, began.elapsed()).await
 }
 
+/// Why a step of `run_id` may not start now: the emergency stop (unless the tool is one of
+/// Countersign's own run tools) or a run that is not active (failed is fine for compensations).
+async fn halted(ctx: &Ctx<'_>, run_id: &str) -> Result<Option<String>, Internal> {
+    let compensating = ctx.caller.executor.as_deref() == Some(COMPENSATOR);
+    let own_tool = ctx.tool.handler.provider.as_str() == crate::runs::PROVIDER;
+    let (status, stopped) = ctx
+        .state
+        .store
+        .run_status_and_switch(run_id, crate::executor::EMERGENCY_STOP)
+        .await?;
+    if stopped && !own_tool {
+        return Ok(Some("emergency.stop".to_string()));
+    }
+    Ok(match status {
+        RunStatus::Active => None,
+        RunStatus::Failed if compensating => None,
+        other => Some(format!("run.{}", other.as_str())),
+    })
+}
+
+/// The conditions of [`halted`], for a closing write to check itself.
+fn halt_guard(ctx: &Ctx<'_>, run_id: &str) -> RunGuard {
+    let own_tool = ctx.tool.handler.provider.as_str() == crate::runs::PROVIDER;
+    RunGuard {
+        run_id: run_id.to_string(),
+        allow_failed: ctx.caller.executor.as_deref() == Some(COMPENSATOR),
+        unless_switch: (!own_tool).then(|| crate::executor::EMERGENCY_STOP.to_string()),
+    }
+}
+
+/// Records `step` as `cancelled` by `rule` (a stop or a run no longer active).
+async fn cancel_halted(ctx: &Ctx<'_>, step: &Step, rule: String) -> Result<Answer, Internal> {
+    let answer = err(json!({"status": "cancelled", "step_id": step.id, "rule": rule}));
+    let record = ctx.record(AuditEvent::Cancelled, Some(step), Some(&rule), Map::new());
+    ctx.state
+        .store
+        .move_step(&Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending, StepStatus::Failed],
+            to: Some(StepStatus::Cancelled),
+            rule: Some(rule),
+            outcome: outcome_text(&answer),
+            records: vec![record],
+            ..Transition::default()
+        })
+        .await?;
+    Ok(answer)
+}
+
 /// [reads] What a read's closing transition also writes: the decision and the records of
 /// the opening it skipped (see step 7 of [`execute`]).
 struct Opening {
     decision: String,
     rule: String,
     records: Vec<(AuditEvent, NewAuditRecord)>,
+    /// The stop and run conditions the call skipped checking before it ran.
+    guard: RunGuard,
 }
 
 /// `t` (a transition out of `running`), or for a read the same transition out of
@@ -854,6 +897,7 @@ fn closing(opening: Option<Opening>, mut t: Transition) -> Transition {
         t.decision = Some(o.decision);
         t.rule = t.rule.or(Some(o.rule));
         t.bump_attempts = true;
+        t.guard = Some(o.guard);
         let mut records = o.records;
         records.append(&mut t.records);
         t.records = records;
@@ -889,8 +933,9 @@ async fn fail_closed(
     let record = ctx.record(AuditEvent::Failed, Some(step), Some(failure.rule), d);
     let stored = outcome_text(&answer);
     let dedupe = !matches!(ctx.tool.effect, Effect::Read);
+    let read = opening.is_some();
     let moved = ctx
-        .transition(closing(
+        .moved(closing(
             opening,
             Transition {
                 step_id: step.id.clone(),
@@ -904,7 +949,13 @@ async fn fail_closed(
             },
         ))
         .await?;
-    if moved.is_none() {
+    if !moved && read {
+        let rule = halted(ctx, &step.run_id)
+            .await?
+            .unwrap_or_else(|| "run.cancelled".to_string());
+        return cancel_halted(ctx, step, rule).await;
+    }
+    if !moved {
         return Err(Internal(format!(
             "step {} left running while it was revalidated",
             step.id
@@ -1019,7 +1070,7 @@ pub async fn execute_claimed(
     };
     let canonical = CanonicalJson::from_canonical_text(&step.inputs)
         .map_err(|e| Internal(format!("stored inputs: {e}")))?;
-    execute(&ctx, &run, step, &canonical).await
+    execute(&ctx, &run, step, false, &canonical).await
 }
 
 /// The step's key was reserved before (an earlier attempt). `None`: this caller took it over
@@ -1168,7 +1219,7 @@ async fn finish(
     let stored = outcome_text(&answer);
     let read = opening.is_some();
     let moved = ctx
-        .transition(closing(
+        .moved(closing(
             opening,
             Transition {
                 step_id: step.id.clone(),
@@ -1181,11 +1232,15 @@ async fn finish(
             },
         ))
         .await?;
-    if moved.is_none() && read {
-        // The run was cancelled or stopped while the read was in flight.
-        return Ok(err(json!({"status": "cancelled", "step_id": step.id})));
+    if !moved && read {
+        // The run was cancelled or stopped while the read was in flight (or before it
+        // started): its result is withheld and the step recorded as cancelled.
+        let rule = halted(ctx, &step.run_id)
+            .await?
+            .unwrap_or_else(|| "run.cancelled".to_string());
+        return cancel_halted(ctx, step, rule).await;
     }
-    if moved.is_none() {
+    if !moved {
         return Err(Internal(format!(
             "step {} left running while its call was in flight",
             step.id

@@ -46,7 +46,7 @@ pub use proposals::{
 };
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
-pub use steps::{KeyRecord, KeyState, NewStep, Reservation, Step, Transition};
+pub use steps::{KeyRecord, KeyState, NewStep, Reservation, RunGuard, Step, Transition};
 pub use views::{AuditCursor, AuditFilter, approver_parts};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -176,6 +176,8 @@ pub struct Store {
     /// Group commit of transitions and audit appends ([`group`]); `None` inside the
     /// committer itself.
     pub(crate) committer: Option<group::Committer>,
+    /// Runs of MCP sessions already looked up ([`Store::session_run`]); shared by clones.
+    pub(crate) session_runs: runs::SessionRuns,
 }
 
 impl std::fmt::Debug for Store {
@@ -267,6 +269,7 @@ impl Store {
             pool,
             clock,
             committer: None,
+            session_runs: runs::SessionRuns::default(),
         };
         Ok(Self {
             committer: Some(group::Committer::start(alone.clone())),

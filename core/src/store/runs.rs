@@ -159,8 +159,23 @@ impl Store {
     }
 
     /// The run opened for `session_key` (an agent's MCP session), opening it on first use.
-    /// Racing first calls of one session get the same run.
+    /// Racing first calls of one session get the same run. The mapping never changes once
+    /// made, so it is remembered in memory: the run returned may carry a stale `status`,
+    /// `replan`, `reason` and `updated_at` — callers that act on those re-read the run.
     pub async fn session_run(&self, session_key: &str, new: &NewRun) -> Result<Run, StoreError> {
+        if let Some(run) = self.session_runs.get(session_key) {
+            return Ok(run);
+        }
+        let run = self.session_run_from_db(session_key, new).await?;
+        self.session_runs.put(session_key, &run);
+        Ok(run)
+    }
+
+    async fn session_run_from_db(
+        &self,
+        session_key: &str,
+        new: &NewRun,
+    ) -> Result<Run, StoreError> {
         let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE session_key = $1");
         let existing: Option<RunRow> = on_pool!(self, |p| {
             sqlx::query_as(&sql)
@@ -196,6 +211,28 @@ impl Store {
             sqlx::query_as(&sql).bind(session_key).fetch_one(p).await?
         });
         row.try_into()
+    }
+
+    /// A run's current status and whether switch `name` is set, in one round trip.
+    pub async fn run_status_and_switch(
+        &self,
+        run_id: &str,
+        name: &str,
+    ) -> Result<(RunStatus, bool), StoreError> {
+        let (status, set): (String, bool) = on_pool!(self, |p| {
+            sqlx::query_as(
+                "SELECT status, EXISTS (SELECT 1 FROM switches WHERE name = $2) FROM runs
+                 WHERE id = $1",
+            )
+            .bind(run_id)
+            .bind(name)
+            .fetch_one(p)
+            .await?
+        });
+        let status = RunStatus::parse(&status).ok_or_else(|| {
+            StoreError::Conflict(format!("run {run_id}: unknown status {status}"))
+        })?;
+        Ok((status, set))
     }
 
     /// Reads one run.
@@ -331,5 +368,30 @@ impl Store {
             return Err(StoreError::NotFound);
         }
         self.get_run(id).await
+    }
+}
+
+/// The remembered session → run mappings of [`Store::session_run`] (a session key names at
+/// most one run for ever, so an entry is never wrong, only possibly stale in its mutable
+/// fields). Bounded: past [`SessionRuns::MAX`] entries it starts afresh.
+#[derive(Clone, Default)]
+pub(crate) struct SessionRuns(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Run>>>,
+);
+
+impl SessionRuns {
+    const MAX: usize = 50_000;
+
+    fn get(&self, key: &str) -> Option<Run> {
+        self.0.lock().ok()?.get(key).cloned()
+    }
+
+    fn put(&self, key: &str, run: &Run) {
+        if let Ok(mut map) = self.0.lock() {
+            if map.len() >= Self::MAX {
+                map.clear();
+            }
+            map.insert(key.to_string(), run.clone());
+        }
     }
 }

@@ -298,6 +298,22 @@ pub struct Transition {
     pub key: Option<(KeyState, Option<String>)>,
     /// Audit records appended in the same transaction.
     pub records: Vec<(AuditEvent, NewAuditRecord)>,
+    /// Write only while the world still allows the step (checked in the same statement).
+    pub guard: Option<RunGuard>,
+}
+
+/// Conditions a [`Transition`] checks in its own UPDATE, so that a call that read the world
+/// earlier cannot commit after a cancel or a stop it raced: not written (the transition
+/// reports `None`) unless the run is active (or, for compensations, failed) and the switch, if
+/// named, is not set.
+#[derive(Debug, Clone, Default)]
+pub struct RunGuard {
+    /// The step's run.
+    pub run_id: String,
+    /// Also accept a `failed` run (compensations run in the run that failed).
+    pub allow_failed: bool,
+    /// A switch (e.g. the emergency stop) whose presence blocks the write.
+    pub unless_switch: Option<String>,
 }
 
 impl Store {
@@ -622,6 +638,21 @@ impl Store {
         &self,
         t: &Transition,
     ) -> Result<Option<(Step, Vec<AuditRecord>)>, StoreError> {
+        match self.transition_records(t).await? {
+            Some(records) => Ok(Some((self.get_step(&t.step_id).await?, records))),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Store::transition`] without reading the step back: `true` when it moved.
+    pub async fn move_step(&self, t: &Transition) -> Result<bool, StoreError> {
+        Ok(self.transition_records(t).await?.is_some())
+    }
+
+    async fn transition_records(
+        &self,
+        t: &Transition,
+    ) -> Result<Option<Vec<AuditRecord>>, StoreError> {
         let mut last = None;
         for _ in 0..8 {
             match self.try_transition(t).await {
@@ -638,31 +669,20 @@ impl Store {
         )))
     }
 
-    async fn try_transition(
-        &self,
-        t: &Transition,
-    ) -> Result<Option<(Step, Vec<AuditRecord>)>, StoreError> {
-        let records = match &self.committer {
-            Some(c) => match c
+    async fn try_transition(&self, t: &Transition) -> Result<Option<Vec<AuditRecord>>, StoreError> {
+        if let Some(c) = &self.committer
+            && let Some(done) = c
                 .submit(super::group::Work::Transition(Box::new(t.clone())))
                 .await
-            {
-                Some(done) => match done? {
-                    super::group::Done::Moved(moved) => moved,
-                    super::group::Done::Appended(_) => {
-                        return Err(StoreError::Conflict(
-                            "committer answered out of kind".into(),
-                        ));
-                    }
-                },
-                None => self.transition_alone(t).await?,
-            },
-            None => self.transition_alone(t).await?,
-        };
-        match records {
-            Some(records) => Ok(Some((self.get_step(&t.step_id).await?, records))),
-            None => Ok(None),
+        {
+            return match done? {
+                super::group::Done::Moved(moved) => Ok(moved),
+                super::group::Done::Appended(_) => Err(StoreError::Conflict(
+                    "committer answered out of kind".into(),
+                )),
+            };
         }
+        self.transition_alone(t).await
     }
 
     /// [`Store::transition`] in its own transaction (no committer, or it has stopped).
@@ -695,16 +715,20 @@ impl Store {
     }
 }
 
-/// The UPDATE of a transition leaving one of `from` statuses (`$11…`).
+/// The UPDATE of a transition leaving one of `from` statuses (`$14…`); `$11`–`$13` are the
+/// [`RunGuard`] (run id, its second accepted status, switch name; NULL = unchecked).
 pub(crate) fn transition_sql(from: usize) -> String {
-    let placeholders: Vec<String> = (0..from).map(|i| format!("${}", i + 11)).collect();
+    let placeholders: Vec<String> = (0..from).map(|i| format!("${}", i + 14)).collect();
     format!(
         "UPDATE steps SET status = COALESCE($1, status), decision = COALESCE($2, decision),
             rule = COALESCE($3, rule), outcome = COALESCE($4, outcome),
             expires_at = COALESCE($5, expires_at), approval = COALESCE($6, approval),
             attempts = attempts + $7, updated_at = $8,
             not_before = COALESCE($10, not_before)
-         WHERE id = $9 AND status IN ({})",
+         WHERE id = $9 AND status IN ({})
+           AND ($11 IS NULL OR EXISTS (SELECT 1 FROM runs
+                WHERE runs.id = $11 AND (runs.status = 'active' OR runs.status = $12)))
+           AND ($13 IS NULL OR NOT EXISTS (SELECT 1 FROM switches WHERE name = $13))",
         if placeholders.is_empty() {
             "NULL".to_string()
         } else {
@@ -732,7 +756,14 @@ macro_rules! apply_transition {
             .bind(i64::from(t.bump_attempts))
             .bind(now)
             .bind(&t.step_id)
-            .bind(t.not_before);
+            .bind(t.not_before)
+            .bind(t.guard.as_ref().map(|g| g.run_id.as_str()))
+            .bind(
+                t.guard
+                    .as_ref()
+                    .and_then(|g| g.allow_failed.then_some("failed")),
+            )
+            .bind(t.guard.as_ref().and_then(|g| g.unless_switch.as_deref()));
         for f in &t.from {
             q = q.bind(f.as_str());
         }

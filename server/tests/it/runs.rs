@@ -748,3 +748,63 @@ async fn runs_cancel_while_a_step_is_in_flight_lets_it_finish_and_starts_nothing
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_a_read_that_raced_the_emergency_stop_is_cancelled_and_its_result_withheld() {
+    use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
+    use countersign::executor::EMERGENCY_STOP;
+    each_finance_app(|app| async move {
+        inject_fault(
+            &app.store,
+            ERP,
+            "invoices.get",
+            &Fault {
+                mode: FaultMode::Slow,
+                times: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let (_, clerk) = agent(&app, "reader-1", "worker.finance").await;
+        let mut client = Client::new(&app, &clerk);
+        client.connect().await;
+        // The stop goes on while the (slow) read is at the target: it had started, so it
+        // is not prevented, but its closing write sees the stop and withholds the result.
+        let store = app.store.clone();
+        let stopper = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            store
+                .set_switch(EMERGENCY_STOP, "stop during a read", "test")
+                .await
+                .unwrap();
+        });
+        let reply = client.call("invoice.get", json!({"invoice_id": INV})).await;
+        stopper.await.unwrap();
+        let out = content(&reply);
+        assert_eq!(out["status"], "cancelled", "{reply}");
+        assert_eq!(out["rule"], "emergency.stop", "{reply}");
+        assert!(
+            !reply.to_string().contains("PO-77812"),
+            "the invoice is withheld: {reply}"
+        );
+        let step_id = out["step_id"].as_str().unwrap().to_string();
+        let step = app.store.get_step(&step_id).await.unwrap();
+        assert_eq!(step.status, StepStatus::Cancelled);
+        let trail = app.store.audit_for_run(&step.run_id).await.unwrap();
+        let events: Vec<(&str, Option<&str>)> = trail
+            .iter()
+            .filter(|r| r.step_id.as_deref() == Some(step_id.as_str()))
+            .map(|r| (r.event.as_str(), r.rule.as_deref()))
+            .collect();
+        assert_eq!(
+            events,
+            vec![("cancelled", Some("emergency.stop"))],
+            "no success is recorded for a withheld read"
+        );
+        // While the stop is on, a read does not even start.
+        let again = client.call("invoice.get", json!({"invoice_id": INV})).await;
+        assert_eq!(content(&again)["rule"], "emergency.stop", "{again}");
+        app
+    })
+    .await;
+}
