@@ -178,6 +178,10 @@ pub struct Store {
     pub(crate) committer: Option<group::Committer>,
     /// Runs of MCP sessions already looked up ([`Store::session_run`]); shared by clones.
     pub(crate) session_runs: runs::SessionRuns,
+    /// Postgres only: a few connections whose commits do not wait for the WAL flush, for rows
+    /// that a later synchronous commit makes durable (a read's opening step row). Never for
+    /// anything that must survive a crash on its own.
+    pub(crate) lazy: Option<sqlx::PgPool>,
 }
 
 impl std::fmt::Debug for Store {
@@ -222,6 +226,7 @@ impl Store {
             url: shown.clone(),
             source,
         };
+        let mut lazy = None;
         let pool = match Backend::from_url(raw) {
             Some(Backend::Sqlite) => {
                 let opts = SqliteConnectOptions::from_str(raw)
@@ -255,6 +260,13 @@ impl Store {
                 .map_err(|_| connect(sqlx::Error::PoolTimedOut))?
                 .map_err(connect)?;
                 let _ = probe.close().await;
+                lazy = Some(
+                    PgPoolOptions::new()
+                        .max_connections(options.max_connections.clamp(1, 4))
+                        .min_connections(0)
+                        .acquire_timeout(options.connect_timeout)
+                        .connect_lazy_with(opts.clone().options([("synchronous_commit", "off")])),
+                );
                 let pool = PgPoolOptions::new()
                     .max_connections(options.max_connections)
                     .acquire_timeout(options.connect_timeout)
@@ -270,6 +282,7 @@ impl Store {
             clock,
             committer: None,
             session_runs: runs::SessionRuns::default(),
+            lazy,
         };
         Ok(Self {
             committer: Some(group::Committer::start(alone.clone())),

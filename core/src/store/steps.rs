@@ -337,22 +337,37 @@ impl Store {
         for _ in 0..32 {
             let now = self.clock.now_ms();
             let id = Uuid::new_v4().to_string();
-            let seq: i64 = on_pool!(self, |p| {
-                sqlx::query_scalar(
-                    "SELECT CAST(COALESCE(MAX(seq), 0) + 1 AS BIGINT) FROM steps WHERE run_id = $1",
-                )
-                .bind(&new.run_id)
-                .fetch_one(p)
-                .await?
-            });
-            let key = IdemKey::derive(&new.run_id, seq.max(0) as u64, &new.inputs);
+            // [reads] A read has no effect and its key guards nothing: it is derived from
+            // the step's own id, so the row opens in one statement that takes the next
+            // position itself. A write's key is derived from its position (the run's order),
+            // which is read first.
+            let read = dedupe.is_none();
+            let seq: i64 = if read {
+                0
+            } else {
+                on_pool!(self, |p| {
+                    sqlx::query_scalar(
+                        "SELECT CAST(COALESCE(MAX(seq), 0) + 1 AS BIGINT) FROM steps WHERE run_id = $1",
+                    )
+                    .bind(&new.run_id)
+                    .fetch_one(p)
+                    .await?
+                })
+            };
+            let key = if read {
+                IdemKey::derive(&id, 0, &new.inputs)
+            } else {
+                IdemKey::derive(&new.run_id, seq.max(0) as u64, &new.inputs)
+            };
             let insert =
                 "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash,
                     idem_key, status, attempts, reason, evidence, observed, trace_id,
                     not_before, created_at, updated_at, dedupe, agent_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13, $14, 0,
-                    $15, $15, $16, $17)
-                 ON CONFLICT DO NOTHING";
+                 VALUES ($1, $2, CASE WHEN $3 > 0 THEN $3 ELSE
+                        (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2) END,
+                    $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13, $14, 0, $15, $15, $16, $17)
+                 ON CONFLICT DO NOTHING
+                 RETURNING CAST(seq AS BIGINT)";
             macro_rules! bound {
                 ($q:expr) => {
                     $q.bind(&id)
@@ -374,34 +389,51 @@ impl Store {
                         .bind(&new.agent_id)
                 };
             }
-            let inserted = match &self.pool {
+            let taken: Option<i64> = match (&self.pool, &self.lazy) {
                 // A read's opening row need not reach disk before its outcome does: its
                 // closing transition commits synchronously, and WAL order makes this row
                 // durable with it. A crash before that loses a row with no effect and no
-                // record. So this commit does not wait for the WAL flush (Postgres only).
-                Pool::Postgres(p) if new.effect == Effect::Read => {
-                    let mut tx = p.begin().await?;
-                    sqlx::query("SET LOCAL synchronous_commit TO OFF")
-                        .execute(&mut *tx)
-                        .await?;
-                    let n = bound!(sqlx::query(insert))
-                        .execute(&mut *tx)
+                // record. So it commits on a connection that does not wait for the WAL flush.
+                (Pool::Postgres(_), Some(lazy)) if read => {
+                    bound!(sqlx::query_scalar(insert))
+                        .fetch_optional(lazy)
                         .await?
-                        .rows_affected();
-                    tx.commit().await?;
-                    n
                 }
-                Pool::Postgres(p) => bound!(sqlx::query(insert))
-                    .execute(p)
-                    .await?
-                    .rows_affected(),
-                Pool::Sqlite(p) => bound!(sqlx::query(insert))
-                    .execute(p)
-                    .await?
-                    .rows_affected(),
+                (Pool::Postgres(p), _) => {
+                    bound!(sqlx::query_scalar(insert)).fetch_optional(p).await?
+                }
+                (Pool::Sqlite(p), _) => {
+                    bound!(sqlx::query_scalar(insert)).fetch_optional(p).await?
+                }
             };
-            if inserted == 1 {
-                return Ok((self.get_step(&id).await?, true));
+            if let Some(seq) = taken {
+                let step = Step {
+                    id,
+                    run_id: new.run_id.clone(),
+                    seq,
+                    role: new.role.clone(),
+                    tool: new.tool.clone(),
+                    effect: new.effect,
+                    inputs: new.inputs.as_str().to_string(),
+                    inputs_hash: inputs_hash.to_string(),
+                    idem_key: key.to_string(),
+                    status: new.status,
+                    attempts: 0,
+                    decision: None,
+                    rule: None,
+                    approval: None,
+                    outcome: None,
+                    reason: new.reason.clone(),
+                    evidence,
+                    observed: new.observed.clone(),
+                    trace_id: Some(new.trace_id.clone()),
+                    not_before: 0,
+                    expires_at: None,
+                    agent_id: new.agent_id.clone(),
+                    created_at: now,
+                    updated_at: now,
+                };
+                return Ok((step, true));
             }
             if let Some(d) = &dedupe
                 && let Some(step) = self.step_by_dedupe(d).await?
