@@ -343,8 +343,13 @@ impl Drop for KillOnDrop {
 
 /// A worker process killed at `point` of the execute sequence; after a restart the step ends
 /// `done` with exactly one effect at the target.
-async fn crash_at(point: &str) {
-    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
+/// Returns the number of backends it ran on (the reliability report counts trials).
+pub(crate) async fn crash_at(point: &str) -> usize {
+    let trials = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = trials.clone();
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], move |app| {
+        let counted = counted.clone();
+        async move {
         let (_, planner) = agent(&app, "planner-1", "planner").await;
         let mut client = Client::new(&app, &planner);
         client.connect().await;
@@ -408,9 +413,12 @@ async fn crash_at(point: &str) {
             .count();
         assert_eq!(reconciled, 1);
         assert!(app.store.verify_audit().await.unwrap().is_ok());
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         app
+        }
     })
     .await;
+    trials.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 #[tokio::test]
@@ -426,7 +434,7 @@ async fn runs_worker_killed_before_calling_the_target_runs_the_step_once_after_r
 /// `steps` planned note.draft steps in runs of ten, executed by `workers` real worker
 /// processes: every step done exactly once (one start, one effect), none left running after the
 /// workers stop cleanly (SIGTERM).
-async fn many_workers(app: &TestApp, workers: usize, steps: usize) {
+pub(crate) async fn many_workers(app: &TestApp, workers: usize, steps: usize) {
     use countersign_core::store::{NewRun, NewStep};
     use countersign_core::{CanonicalJson, Effect};
     let (planner, _) = agent(app, "planner-load", "planner").await;

@@ -8,7 +8,7 @@ use countersign_core::Backend;
 use crate::helpers::{example, spawn_app_with};
 
 /// Every `examples/<bundle>/scenarios/*.yaml`, as (bundle, path), sorted.
-fn scenario_files() -> Vec<(String, std::path::PathBuf)> {
+pub(crate) fn scenario_files() -> Vec<(String, std::path::PathBuf)> {
     let root = std::path::PathBuf::from(format!("{}/../examples", env!("CARGO_MANIFEST_DIR")));
     let mut out = Vec::new();
     for bundle in std::fs::read_dir(&root).unwrap() {
