@@ -970,7 +970,10 @@ impl Runner<'_, '_> {
             }
         }
         if let Some(w) = &a.wait {
-            let step = subst_str(w.step.as_deref().ok_or("wait needs step or run")?, &self.vars)?;
+            let step = subst_str(
+                w.step.as_deref().ok_or("wait needs step or run")?,
+                &self.vars,
+            )?;
             let limit = Duration::from_millis(w.timeout_ms.unwrap_or(20_000));
             let began = Instant::now();
             loop {

@@ -70,13 +70,19 @@ fn id_text(v: &Value) -> String {
     }
 }
 
-/// The earliest start of each reservation reachable only after a flight: reservation id →
-/// (earliest start, flight id, earliest pickup of the ride, ride id).
-fn earliest(
-    flights: &[Value],
-    rides: &[Value],
-) -> Result<Vec<(String, DateTime<FixedOffset>, String, DateTime<FixedOffset>, String)>, CheckError>
-{
+/// A reservation reachable only after a flight, by a ride.
+struct Reach {
+    reservation: String,
+    /// The earliest the reservation can start.
+    start: DateTime<FixedOffset>,
+    flight: String,
+    /// The earliest the ride can pick up.
+    pickup: DateTime<FixedOffset>,
+    ride: String,
+}
+
+/// Every ride that leaves after a flight, with the earliest times it allows.
+fn earliest(flights: &[Value], rides: &[Value]) -> Result<Vec<Reach>, CheckError> {
     let mut out = Vec::new();
     for ride in rides {
         let Some(flight_id) = ride.get("after_flight").and_then(Value::as_str) else {
@@ -94,7 +100,13 @@ fn earliest(
             .map(id_text)
             .ok_or_else(|| bad("ride without for_reservation"))?;
         let ride_id = ride.get("ride_id").map(id_text).unwrap_or_default();
-        out.push((reservation, start, flight_id.to_string(), pickup, ride_id));
+        out.push(Reach {
+            reservation,
+            start,
+            flight: flight_id.to_string(),
+            pickup,
+            ride: ride_id,
+        });
     }
     Ok(out)
 }
@@ -122,7 +134,14 @@ pub fn disruptions(
         }
     }
     let mut infeasible = Vec::new();
-    for (reservation, start, flight, pickup, ride_id) in earliest(flights, rides)? {
+    for Reach {
+        reservation,
+        start,
+        flight,
+        pickup,
+        ride: ride_id,
+    } in earliest(flights, rides)?
+    {
         if !changed.contains(&flight) {
             continue;
         }
@@ -217,9 +236,22 @@ fn constraints_of(record: &Value) -> Result<Vec<Constraint>, CheckError> {
     }
     out.sort_by_key(|c| c.rank);
     if out.windows(2).any(|w| w[0].rank == w[1].rank) {
-        return Err(bad("two constraints share a rank: their order is undefined"));
+        return Err(bad(
+            "two constraints share a rank: their order is undefined",
+        ));
     }
     Ok(out)
+}
+
+/// One option as judged.
+struct Judged {
+    index: usize,
+    /// Per constraint in rank order: satisfied.
+    score: Vec<bool>,
+    excluded_by: Option<String>,
+    satisfied: Vec<String>,
+    violated: Vec<String>,
+    option: Value,
 }
 
 fn minutes(t: &str) -> Option<i64> {
@@ -250,8 +282,8 @@ pub fn check_intent(
     let booked_at = time_of(reservation, "starts_at")?;
     let earliest_arrival = earliest(flights, rides)?
         .into_iter()
-        .find(|(r, ..)| *r == id)
-        .map_or(booked_at, |(_, start, ..)| start);
+        .find(|r| r.reservation == id)
+        .map_or(booked_at, |r| r.start);
     let earliest_minutes = minutes(&hhmm(&earliest_arrival))
         .ok_or_else(|| bad("earliest arrival is not a time of day"))?;
     let mut judged = Vec::new();
@@ -289,18 +321,24 @@ pub fn check_intent(
                 }
             }
         }
-        judged.push((index, score, excluded_by, satisfied, violated, opt.clone()));
+        judged.push(Judged {
+            index,
+            score,
+            excluded_by,
+            satisfied,
+            violated,
+            option: opt.clone(),
+        });
     }
-    let mut admissible: Vec<&(usize, Vec<bool>, Option<String>, _, _, _)> =
-        judged.iter().filter(|j| j.2.is_none()).collect();
+    let mut admissible: Vec<&Judged> = judged.iter().filter(|j| j.excluded_by.is_none()).collect();
     // Lexicographic in rank order: `true` first, earlier constraints first; then position.
-    admissible.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let chosen = admissible.first().map(|j| j.0);
+    admissible.sort_by(|a, b| b.score.cmp(&a.score).then(a.index.cmp(&b.index)));
+    let chosen = admissible.first().map(|j| j.index);
     let options: Vec<Value> = judged
         .iter()
-        .map(|(index, _, excluded_by, satisfied, violated, opt)| {
-            json!({"index": index, "option": opt, "admissible": excluded_by.is_none(),
-                   "excluded_by": excluded_by, "satisfied": satisfied, "violated": violated})
+        .map(|j| {
+            json!({"index": j.index, "option": j.option, "admissible": j.excluded_by.is_none(),
+                   "excluded_by": j.excluded_by, "satisfied": j.satisfied, "violated": j.violated})
         })
         .collect();
     Ok(json!({
@@ -310,7 +348,7 @@ pub fn check_intent(
         "order": list.iter().map(|c| json!({"id": c.id, "rank": c.rank,
             "kind": if c.hard { "hard" } else { "soft" }})).collect::<Vec<_>>(),
         "chosen": chosen,
-        "ranking": admissible.iter().map(|j| j.0).collect::<Vec<_>>(),
+        "ranking": admissible.iter().map(|j| j.index).collect::<Vec<_>>(),
         "options": options,
     }))
 }
@@ -390,7 +428,10 @@ mod tests {
         let c = check_intent(&constraints(), &dinner(), &late, &[ride()], &opts).unwrap();
         assert_eq!(c["chosen"], 1, "{c}");
         assert_eq!(c["options"][0]["excluded_by"], "party.together");
-        assert_eq!(c["options"][0]["satisfied"], json!(["arrive.in_time", "prefer.2000", "same.restaurant"]));
+        assert_eq!(
+            c["options"][0]["satisfied"],
+            json!(["arrive.in_time", "prefer.2000", "same.restaurant"])
+        );
         assert_eq!(c["options"][2]["excluded_by"], "arrive.in_time");
         // The move to 20:00 for the whole party satisfies everything and wins.
         let opts = [
@@ -401,8 +442,14 @@ mod tests {
         assert_eq!(c["chosen"], 1, "{c}");
         assert_eq!(c["ranking"], json!([1, 0]));
         // Nothing admissible: chosen is null.
-        let c = check_intent(&constraints(), &dinner(), &late, &[ride()], &[json!({"time": "19:00"})])
-            .unwrap();
+        let c = check_intent(
+            &constraints(),
+            &dinner(),
+            &late,
+            &[ride()],
+            &[json!({"time": "19:00"})],
+        )
+        .unwrap();
         assert_eq!(c["chosen"], Value::Null);
     }
 
@@ -419,7 +466,10 @@ mod tests {
                 {"id": "y", "rank": 1, "kind": "soft", "rule": {"time": "20:30"}}]}),
             json!({}),
         ] {
-            assert!(check_intent(&bad, &dinner(), &[], &[], &opts).is_err(), "{bad}");
+            assert!(
+                check_intent(&bad, &dinner(), &[], &[], &opts).is_err(),
+                "{bad}"
+            );
         }
     }
 }

@@ -217,12 +217,12 @@ impl StillOn {
                 let id = id_arg(args, "reservation_id")?;
                 let (_, res) = self.owned(call, "reservation", &id).await?;
                 let party = call.acts_for.as_deref().unwrap_or_default();
-                let (_, constraints) = self
-                    .get("constraints", party, tenant)
-                    .await?
-                    .ok_or_else(|| {
-                        rejected("not_found", "no constraints are stored for the traveller")
-                    })?;
+                let (_, constraints) =
+                    self.get("constraints", party, tenant)
+                        .await?
+                        .ok_or_else(|| {
+                            rejected("not_found", "no constraints are stored for the traveller")
+                        })?;
                 let (flights, _, rides) = self.itinerary(call).await?;
                 let options = args
                     .get("options")
@@ -438,6 +438,7 @@ impl StillOn {
         let released = json!({"key": call.idem_key, "reservation_id": id, "active": false});
         let result = json!({"ref": format!("{id}@{time}"), "reservation_id": res["reservation_id"],
                             "status": "confirmed", "time": time, "previous_time": previous,
+                            "previous_requested_time": previous,
                             "party_size": party});
         Ok((
             result,
@@ -553,7 +554,8 @@ impl StillOn {
                 Ok((
                     json!({"ref": format!("{id}@{}", args["pickup_time"].as_str().unwrap_or_default()),
                            "ride_id": id, "pickup_at": ride["pickup_at"],
-                           "previous_pickup_at": previous, "status": "booked"}),
+                           "previous_pickup_at": previous, "previous_pickup_time": previous,
+                           "status": "booked"}),
                     vec![write("ride", id, tenant, &ride, Some(obj.version))],
                 ))
             }

@@ -66,9 +66,7 @@ async fn tally(store: &Store) -> Tally {
         for op in scenario::write_operations(system) {
             for fx in store.demo_effects(system, op).await.unwrap() {
                 t.effects += 1;
-                *t.by_operation
-                    .entry(format!("{system} {op}"))
-                    .or_default() += 1;
+                *t.by_operation.entry(format!("{system} {op}")).or_default() += 1;
                 *by_key
                     .entry((system.to_string(), fx.idem_key.clone()))
                     .or_default() += 1;
@@ -87,7 +85,11 @@ async fn tally(store: &Store) -> Tally {
         Some((_, sources)) => Some(Bundle::load(sources).unwrap()),
         None => None,
     };
-    for step in store.steps_in_status(StepStatus::Done, 1_000_000).await.unwrap() {
+    for step in store
+        .steps_in_status(StepStatus::Done, 1_000_000)
+        .await
+        .unwrap()
+    {
         let provider = bundle.as_ref().and_then(|b| {
             ToolName::parse(&step.tool)
                 .ok()
@@ -123,7 +125,9 @@ struct Row {
 }
 
 fn table(out: &mut String, rows: &[Row]) {
-    out.push_str("| what | tried | times | failed | effects | lost | duplicated | unknown left |\n");
+    out.push_str(
+        "| what | tried | times | failed | effects | lost | duplicated | unknown left |\n",
+    );
     out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for r in rows {
         let _ = writeln!(
@@ -243,7 +247,9 @@ async fn faults(repeat: usize) -> Vec<Row> {
     ];
     let mut race = Row {
         what: "many workers, one queue".into(),
-        tried: format!("4 `countersign worker` processes race for {steps} planned steps (Postgres)"),
+        tried: format!(
+            "4 `countersign worker` processes race for {steps} planned steps (Postgres)"
+        ),
         times: 0,
         failed: 0,
         tally: Tally::default(),
@@ -401,12 +407,19 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64) -> Soak {
         {
             break;
         }
-        assert!(began.elapsed() < Duration::from_secs(60), "serve never came up");
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "serve never came up"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let store = db.store(std::sync::Arc::new(SystemClock)).await;
     // Approved invoices to pay, one per payment episode (an invoice is paid once).
-    let template = store.demo_get(ERP, "invoice", "INV-20260611").await.unwrap().unwrap();
+    let template = store
+        .demo_get(ERP, "invoice", "INV-20260611")
+        .await
+        .unwrap()
+        .unwrap();
     let mut inv: Value = serde_json::from_str(&template.data).unwrap();
     let invoices = 2000;
     for i in 0..invoices {
@@ -458,7 +471,8 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64) -> Soak {
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
         if Instant::now() >= next_kill {
-            let i = usize::try_from(uuid::Uuid::new_v4().as_u128() % workers.len() as u128).unwrap();
+            let i =
+                usize::try_from(uuid::Uuid::new_v4().as_u128() % workers.len() as u128).unwrap();
             // Child::kill is SIGKILL on Unix: no clean shutdown, steps left mid-flight.
             let mut victim = std::mem::replace(&mut workers[i], spawn_worker(&url));
             let _ = victim.0.kill();
@@ -480,7 +494,11 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64) -> Soak {
     let began = Instant::now();
     loop {
         let mut open = 0;
-        for s in [StepStatus::Pending, StepStatus::Running, StepStatus::Unknown] {
+        for s in [
+            StepStatus::Pending,
+            StepStatus::Running,
+            StepStatus::Unknown,
+        ] {
             open += store.count_steps(s).await.unwrap();
         }
         if open == 0 || began.elapsed() > Duration::from_secs(180) {
@@ -595,7 +613,10 @@ async fn reliability_report() {
     };
     line("episodes played", s.episodes.to_string());
     line("agent calls (`tools/call`)", s.calls.to_string());
-    line("steps started (every attempt, server and workers)", s.planned_steps.to_string());
+    line(
+        "steps started (every attempt, server and workers)",
+        s.planned_steps.to_string(),
+    );
     line("workers killed (SIGKILL)", s.kills.to_string());
     line("effects at the targets", s.tally.effects.to_string());
     for (op, n) in &s.tally.by_operation {
@@ -609,7 +630,10 @@ async fn reliability_report() {
         line(&format!("steps `{status}` at the end"), n.to_string());
     }
     line("audit chain verifies", s.chain_ok.to_string());
-    line("episodes that failed a check", s.episode_errors.len().to_string());
+    line(
+        "episodes that failed a check",
+        s.episode_errors.len().to_string(),
+    );
     line("server RSS at start (KiB)", s.rss_start.to_string());
     line("server RSS at end (KiB)", s.rss_end.to_string());
     if notes.is_empty() && s.episode_errors.is_empty() {
@@ -620,9 +644,8 @@ async fn reliability_report() {
             let _ = writeln!(out, "- {}", n.replace('\n', " "));
         }
     }
-    let path = std::env::var("RELIABILITY_OUT").unwrap_or_else(|_| {
-        format!("{}/../docs/reliability.md", env!("CARGO_MANIFEST_DIR"))
-    });
+    let path = std::env::var("RELIABILITY_OUT")
+        .unwrap_or_else(|_| format!("{}/../docs/reliability.md", env!("CARGO_MANIFEST_DIR")));
     std::fs::write(&path, &out).unwrap();
     eprintln!("{out}");
     let bad = scenario_rows
@@ -633,6 +656,9 @@ async fn reliability_report() {
         + s.tally.lost
         + s.tally.duplicated
         + s.tally.unknown;
-    assert_eq!(bad, 0, "lost, duplicated or unreconciled effects: see {path}");
+    assert_eq!(
+        bad, 0,
+        "lost, duplicated or unreconciled effects: see {path}"
+    );
     assert!(s.chain_ok, "the audit chain does not verify after the soak");
 }

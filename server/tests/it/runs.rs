@@ -350,71 +350,73 @@ pub(crate) async fn crash_at(point: &str) -> usize {
     each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], move |app| {
         let counted = counted.clone();
         async move {
-        let (_, planner) = agent(&app, "planner-1", "planner").await;
-        let mut client = Client::new(&app, &planner);
-        client.connect().await;
-        let (_, steps) = submit(&mut client, vec![note_step()]).await;
-        let child = worker_on(&app.db_url())
-            .args(["worker", "--count", "1"])
-            .env("COUNTERSIGN_TEST_CRASH_AT", point)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut child = KillOnDrop(child);
-        let began = Instant::now();
-        while child.0.try_wait().unwrap().is_none() {
-            assert!(
-                began.elapsed() < Duration::from_secs(30),
-                "the worker never reached {point}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let crashed = child.wait_with_output_ref();
-        assert!(!crashed.status.success(), "the worker died at {point}");
-        assert!(String::from_utf8_lossy(&crashed.stderr).contains(&format!("failpoint {point}")));
-        let step = app.store.get_step(&steps[0]).await.unwrap();
-        assert_eq!(step.status, StepStatus::Running, "left mid-call at {point}");
-        let expected_before = usize::from(point == "after_call");
-        assert_eq!(effects(&app, "notes.draft").await, expected_before);
-
-        // Restart: the reconciler asks the ERP by key, then (if needed) the step runs again.
-        let worker = worker_on(&app.db_url())
-            .args(["worker", "--count", "1", "--stale-after", "0"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let _worker = KillOnDrop(worker);
-        let began = Instant::now();
-        loop {
-            let s = app.store.get_step(&steps[0]).await.unwrap();
-            if s.status == StepStatus::Done {
-                break;
+            let (_, planner) = agent(&app, "planner-1", "planner").await;
+            let mut client = Client::new(&app, &planner);
+            client.connect().await;
+            let (_, steps) = submit(&mut client, vec![note_step()]).await;
+            let child = worker_on(&app.db_url())
+                .args(["worker", "--count", "1"])
+                .env("COUNTERSIGN_TEST_CRASH_AT", point)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut child = KillOnDrop(child);
+            let began = Instant::now();
+            while child.0.try_wait().unwrap().is_none() {
+                assert!(
+                    began.elapsed() < Duration::from_secs(30),
+                    "the worker never reached {point}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            let crashed = child.wait_with_output_ref();
+            assert!(!crashed.status.success(), "the worker died at {point}");
             assert!(
-                began.elapsed() < Duration::from_secs(30),
-                "{point}: stuck at {s:?}"
+                String::from_utf8_lossy(&crashed.stderr).contains(&format!("failpoint {point}"))
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        drop(_worker);
-        assert_eq!(
-            effects(&app, "notes.draft").await,
-            1,
-            "exactly one effect after {point}"
-        );
-        let reconciled = app
-            .store
-            .audit_records(1, 1000)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.event == "reconciled")
-            .count();
-        assert_eq!(reconciled, 1);
-        assert!(app.store.verify_audit().await.unwrap().is_ok());
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        app
+            let step = app.store.get_step(&steps[0]).await.unwrap();
+            assert_eq!(step.status, StepStatus::Running, "left mid-call at {point}");
+            let expected_before = usize::from(point == "after_call");
+            assert_eq!(effects(&app, "notes.draft").await, expected_before);
+
+            // Restart: the reconciler asks the ERP by key, then (if needed) the step runs again.
+            let worker = worker_on(&app.db_url())
+                .args(["worker", "--count", "1", "--stale-after", "0"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let _worker = KillOnDrop(worker);
+            let began = Instant::now();
+            loop {
+                let s = app.store.get_step(&steps[0]).await.unwrap();
+                if s.status == StepStatus::Done {
+                    break;
+                }
+                assert!(
+                    began.elapsed() < Duration::from_secs(30),
+                    "{point}: stuck at {s:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            drop(_worker);
+            assert_eq!(
+                effects(&app, "notes.draft").await,
+                1,
+                "exactly one effect after {point}"
+            );
+            let reconciled = app
+                .store
+                .audit_records(1, 1000)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.event == "reconciled")
+                .count();
+            assert_eq!(reconciled, 1);
+            assert!(app.store.verify_audit().await.unwrap().is_ok());
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            app
         }
     })
     .await;
