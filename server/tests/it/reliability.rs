@@ -372,6 +372,8 @@ struct Soak {
     calls: usize,
     planned_steps: i64,
     kills: usize,
+    kills_mid_flight: usize,
+    rerun: usize,
     tally: Tally,
     statuses: BTreeMap<String, i64>,
     rss_start: u64,
@@ -467,12 +469,16 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64) -> Soak {
         }));
     }
     let mut kills = 0;
+    let mut kills_mid_flight = 0;
     let mut next_kill = Instant::now() + Duration::from_secs(kill_every);
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
         if Instant::now() >= next_kill {
             let i =
                 usize::try_from(uuid::Uuid::new_v4().as_u128() % workers.len() as u128).unwrap();
+            if store.count_steps(StepStatus::Running).await.unwrap() > 0 {
+                kills_mid_flight += 1;
+            }
             // Child::kill is SIGKILL on Unix: no clean shutdown, steps left mid-flight.
             let mut victim = std::mem::replace(&mut workers[i], spawn_worker(&url));
             let _ = victim.0.kill();
@@ -527,6 +533,13 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64) -> Soak {
     let reconciled = records.iter().filter(|r| r.event == "reconciled").count();
     let planned_steps = records.iter().filter(|r| r.event == "started").count();
     let chain_ok = store.verify_audit().await.unwrap().is_ok();
+    let rerun = store
+        .steps_in_status(StepStatus::Done, 10_000_000)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|s| s.attempts > 1)
+        .count();
     drop(server);
     store.close().await;
     db.drop_db().await;
@@ -538,6 +551,8 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64) -> Soak {
         calls,
         planned_steps: i64::try_from(planned_steps).unwrap(),
         kills,
+        kills_mid_flight,
+        rerun,
         tally: t,
         statuses,
         rss_start,
@@ -594,7 +609,7 @@ async fn reliability_report() {
     table(&mut out, &fault_rows);
     let _ = writeln!(
         out,
-        "\n## Soak: {} minutes on Postgres, workers killed every {} s\n",
+        "\n## Soak: {} min on Postgres, workers killed every {} s\n",
         s.minutes, s.kill_every
     );
     let _ = writeln!(
@@ -618,6 +633,14 @@ async fn reliability_report() {
         s.planned_steps.to_string(),
     );
     line("workers killed (SIGKILL)", s.kills.to_string());
+    line(
+        "…of which with a step `running` somewhere at that moment",
+        s.kills_mid_flight.to_string(),
+    );
+    line(
+        "steps done after more than one attempt",
+        s.rerun.to_string(),
+    );
     line("effects at the targets", s.tally.effects.to_string());
     for (op, n) in &s.tally.by_operation {
         line(&format!("&nbsp;&nbsp;{op}"), n.to_string());
