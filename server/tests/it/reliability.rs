@@ -81,10 +81,11 @@ async fn tally(store: &Store) -> Tally {
     }
     t.duplicated = by_request.values().map(|n| n - 1).sum::<usize>()
         + by_key.values().map(|n| n - 1).sum::<usize>();
-    let bundle = match store.current_bundle().await.unwrap() {
-        Some((_, sources)) => Some(Bundle::load(sources).unwrap()),
-        None => None,
-    };
+    let bundle = store
+        .current_bundle()
+        .await
+        .unwrap()
+        .map(|(_, sources)| Bundle::load(sources).unwrap());
     for step in store
         .steps_in_status(StepStatus::Done, 1_000_000)
         .await
