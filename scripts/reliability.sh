@@ -21,7 +21,6 @@ export RELIABILITY_HOST=${RELIABILITY_HOST:-"$(uname -sm), $(grep -m1 '^model na
 export RELIABILITY_COMMIT=${RELIABILITY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export RELIABILITY_OUT=${RELIABILITY_OUT:-$PWD/docs/reliability.md}
 
-echo "reliability: building" >&2
-cargo build -p countersign --bin countersign >&2
+# `cargo test` builds the `countersign` binary the harness starts (serve, worker) itself.
 echo "reliability: soak ${RELIABILITY_SOAK_MINUTES:-10} min; output $RELIABILITY_OUT" >&2
 cargo test -p countersign --test it -- --ignored --exact reliability::reliability_report --nocapture
