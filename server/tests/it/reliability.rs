@@ -686,3 +686,42 @@ async fn reliability_report() {
     );
     assert!(s.chain_ok, "the audit chain does not verify after the soak");
 }
+
+/// The report's counters count: the same business action applied under two keys is one
+/// duplicate (a tally that always said 0 would make the report worthless).
+#[tokio::test]
+async fn reliability_tally_counts_a_duplicated_effect() {
+    use countersign_core::store::DemoEffect;
+    let registry = example("finance");
+    let Some(app) = spawn_app_with(
+        Backend::Sqlite,
+        &[("COUNTERSIGN_REGISTRY", registry.as_str())],
+    )
+    .await
+    else {
+        return;
+    };
+    let clean = tally(&app.store).await;
+    assert_eq!((clean.effects, clean.duplicated, clean.lost), (0, 0, 0));
+    for key in ["idem:a", "idem:b"] {
+        app.store
+            .demo_apply(
+                &DemoEffect {
+                    system: ERP.into(),
+                    idem_key: key.into(),
+                    operation: "notes.draft".into(),
+                    request: r#"{"invoice_id":"INV-20260611","text":"twice"}"#.into(),
+                    result: "{}".into(),
+                    at: 0,
+                },
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    let t = tally(&app.store).await;
+    assert_eq!(t.effects, 2);
+    assert_eq!(t.duplicated, 1, "{t:?}");
+    assert_eq!(t.by_operation.get("erp notes.draft"), Some(&2));
+    app.stop().await;
+}
