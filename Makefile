@@ -26,13 +26,14 @@ export LEPTOS_RELOAD_PORT := 3001
 RUN_DATABASE_URL ?= sqlite://data/countersign.db
 RUN_REGISTRY ?= examples/finance
 
-.PHONY: help run build test bench tools rust-tools node-tools interop-tools browser check fmt clippy test-rust site e2e clean-data
+.PHONY: help run build test bench reliability tools rust-tools node-tools interop-tools browser check fmt clippy test-rust site e2e clean-data
 
 help:
 	@echo "make run    build the dashboard and serve it (and /mcp) on http://127.0.0.1:3000 with SQLite"
 	@echo "make test   everything CI runs: fmt, clippy, cargo tests (SQLite + Postgres), Playwright"
 	@echo "make build  release binary target/release/countersign and site target/site"
 	@echo "make bench  every benchmark (Postgres needed), each next to its baseline; writes docs/benchmarks.md"
+	@echo "make reliability  scenarios + fault tests repeated, a soak with workers killed (Postgres); writes docs/reliability.md"
 
 ## Tools ---------------------------------------------------------------------------------------
 
@@ -114,3 +115,11 @@ test: tools fmt clippy test-rust e2e
 # verification) on the local Postgres; writes docs/benchmarks.md.
 bench:
 	./scripts/bench.sh
+
+## Reliability -------------------------------------------------------------------------------
+
+# Every scenario and fault test repeated on both backends, then a soak on Postgres with worker
+# processes killed (SIGKILL) every 30 s; writes docs/reliability.md. RELIABILITY_SOAK_MINUTES
+# (default 10) shortens it.
+reliability:
+	./scripts/reliability.sh

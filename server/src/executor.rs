@@ -308,7 +308,9 @@ async fn compensate(state: &AppState, run_id: &str, failed: &Step) -> Result<(),
 }
 
 /// Builds and runs the compensation of `step` with `comp`: each of `comp`'s input properties
-/// taken from `step`'s result, else its inputs; `reason` says why. Returns the new step's id.
+/// taken from `step`'s result — its `previous_<name>` first (the value the target replaced:
+/// undoing restores it), else `<name>` — else from its inputs; `reason` says why. Returns the
+/// new step's id.
 async fn run_compensation(
     state: &AppState,
     step: &Step,
@@ -338,7 +340,11 @@ async fn run_compensation(
                         step.seq, failed.seq, failed.tool
                     )),
                 );
-            } else if let Some(v) = result.get(name).or_else(|| inputs.get(name)) {
+            } else if let Some(v) = result
+                .get(format!("previous_{name}").as_str())
+                .or_else(|| result.get(name))
+                .or_else(|| inputs.get(name))
+            {
                 args.insert(name.clone(), v.clone());
             }
         }

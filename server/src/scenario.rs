@@ -25,12 +25,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::adapters::builtin::{ERP, Fault, FaultMode, inject_fault};
+use crate::adapters::stillon::{HOLD_OPERATION, STILLON};
 
 const PROTOCOL: &str = "2025-06-18";
 
+/// The issuer recorded for people who decide outside the dashboard (`approver_role` actors).
+pub const IN_APP_ISSUER: &str = "urn:countersign:scenario-app";
+
 /// Operations of the demo systems that change state (their effects are what the
 /// cross-cutting checks look at).
-fn write_operations(system: &str) -> &'static [&'static str] {
+pub fn write_operations(system: &str) -> &'static [&'static str] {
     match system {
         ERP => &[
             "notes.draft",
@@ -39,9 +43,21 @@ fn write_operations(system: &str) -> &'static [&'static str] {
             "payments.schedule",
             "suppliers.update_iban",
         ],
+        STILLON => &[
+            HOLD_OPERATION,
+            "dining.reservation.modify",
+            "dining.reservation.cancel",
+            "calendar.update",
+            "calendar.revert",
+            "mobility.ride.adjust",
+            "messaging.send",
+        ],
         _ => &[],
     }
 }
+
+/// The demo systems whose effects the cross-cutting checks read.
+const SYSTEMS: [&str; 2] = [ERP, STILLON];
 
 /// A scenario file.
 #[derive(Debug, Clone, Deserialize)]
@@ -76,10 +92,20 @@ pub struct Actor {
     /// The agent's tenant (default `acme`).
     #[serde(default)]
     pub tenant: Option<String>,
+    /// An agent's calls are made for this party (seed 004: the traveller `user-123`), whose
+    /// records and standing authorizations apply.
+    #[serde(default)]
+    pub acts_for: Option<String>,
+    /// A person who decides outside the dashboard (StillOn's traveller, in their own app),
+    /// holding this approver role. Their decisions go through the store's decision path with
+    /// the gate rules of the registry in force (role, expiry, four eyes, self-approval are
+    /// checked there); `person` is their subject.
+    #[serde(default)]
+    pub approver_role: Option<String>,
 }
 
-/// One step of a script: exactly one of `call`, `decide`, `fault`, `wait`, `advance`,
-/// `sleep_ms`, `effects`.
+/// One step of a script: exactly one of `call`, `decide`, `fault`, `set`, `wait`,
+/// `advance`, `sleep_ms`, `effects`, `objects`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Action {
@@ -105,7 +131,11 @@ pub struct Action {
     /// A fault injected into a demo system's operation.
     #[serde(default)]
     pub fault: Option<FaultSpec>,
-    /// Wait (real time) until a step reaches a status.
+    /// The world changes outside Countersign: fields of a demo system's record are set (a
+    /// flight's new estimated arrival, a slot someone else booked).
+    #[serde(default)]
+    pub set: Option<SetSpec>,
+    /// Wait (real time) until a step or a run reaches a status.
     #[serde(default)]
     pub wait: Option<Wait>,
     /// Advance the server's clock (`72h`, `15m`, `1s`, combined: `72h1s`).
@@ -117,6 +147,9 @@ pub struct Action {
     /// Check effect counts at this point (e.g. nothing paid before the approval).
     #[serde(default)]
     pub effects: Vec<EffectCount>,
+    /// Check demo systems' records at this point.
+    #[serde(default)]
+    pub objects: Vec<ObjectCheck>,
     /// Checks on the reply (MCP: `structuredContent`; decide: the JSON body).
     #[serde(default)]
     pub reply: Option<ReplyCheck>,
@@ -153,12 +186,47 @@ pub struct FaultSpec {
     pub times: Option<u32>,
 }
 
-/// Wait for a step's status.
+/// Fields of a demo record set from outside (JSON pointer → value).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetSpec {
+    /// Demo system (default `erp`).
+    #[serde(default)]
+    pub system: Option<String>,
+    /// Record kind (`flight`, `restaurant`, …).
+    pub kind: String,
+    /// Record id.
+    pub id: String,
+    /// JSON pointer → new value (the parent must exist).
+    pub fields: BTreeMap<String, Value>,
+}
+
+/// Checks on a demo system's record.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectCheck {
+    /// Demo system (default `erp`).
+    #[serde(default)]
+    pub system: Option<String>,
+    /// Record kind.
+    pub kind: String,
+    /// Record id (`${var}` substituted).
+    pub id: String,
+    /// Checks on its JSON.
+    #[serde(default)]
+    pub is: ReplyCheck,
+}
+
+/// Wait for a step's (or a run's) status.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Wait {
-    /// The step id (usually `${var}`).
-    pub step: String,
+    /// The step id (usually `${var}`); exactly one of `step`, `run`.
+    #[serde(default)]
+    pub step: Option<String>,
+    /// The run id.
+    #[serde(default)]
+    pub run: Option<String>,
     /// The status (`done`, `needs_approval`, …).
     pub status: String,
     /// At most this long (default 20 s).
@@ -212,6 +280,12 @@ pub struct Expect {
     /// Steps' final statuses.
     #[serde(default)]
     pub steps: Vec<StepState>,
+    /// Runs' final statuses.
+    #[serde(default)]
+    pub runs: Vec<RunState>,
+    /// Demo systems' records at the end.
+    #[serde(default)]
+    pub objects: Vec<ObjectCheck>,
     /// Audit records.
     #[serde(default)]
     pub audit: Vec<AuditExpect>,
@@ -257,6 +331,19 @@ pub struct StepState {
     /// Its rule, if any.
     #[serde(default)]
     pub rule: Option<String>,
+}
+
+/// A run's status at the end.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunState {
+    /// Run id (`${var}`).
+    pub run: String,
+    /// Status (`done`, `failed`, …).
+    pub status: String,
+    /// Whether it is flagged for re-planning.
+    #[serde(default)]
+    pub replan: Option<bool>,
 }
 
 /// Which records an audit expectation is about.
@@ -666,7 +753,10 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
     for (name, actor) in &scenario.actors {
         match (&actor.role, &actor.person) {
             (Some(role), None) => {
-                let (_, token) = target
+                if actor.approver_role.is_some() {
+                    return Err(setup(format!("actor {name}: approver_role is for people")));
+                }
+                let (credential, token) = target
                     .store
                     .create_agent(&NewAgent {
                         name: format!("{name}-{}", &nonce[..8]),
@@ -677,12 +767,26 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
                     })
                     .await
                     .map_err(|e| setup(format!("agent {name}: {e}")))?;
+                if let Some(party) = &actor.acts_for {
+                    crate::standing::bind_party(
+                        &target.store,
+                        &credential.id,
+                        &credential.tenant,
+                        party,
+                    )
+                    .await
+                    .map_err(|e| setup(format!("agent {name} acting for {party}: {e}")))?;
+                }
                 runner
                     .tokens
                     .insert(name.clone(), token.reveal().to_string());
             }
-            (None, Some(_)) => {}
-            _ => return Err(setup(format!("actor {name}: exactly one of role, person"))),
+            (None, Some(_)) if actor.acts_for.is_none() => {}
+            _ => {
+                return Err(setup(format!(
+                    "actor {name}: exactly one of role, person (acts_for is for agents)"
+                )));
+            }
         }
     }
     for (i, action) in scenario.steps.iter().enumerate() {
@@ -783,7 +887,18 @@ impl Runner<'_, '_> {
                 .and_then(|x| x.person.clone())
                 .ok_or_else(|| format!("{actor} is not a person of this scenario"))?;
             let step = subst_str(&d.step, &self.vars)?;
-            let (status, body) = self.decide(&person, &step, &d.verdict, &d.reason).await?;
+            let in_app = self
+                .scenario
+                .actors
+                .get(actor)
+                .and_then(|x| x.approver_role.clone());
+            let (status, body) = match in_app {
+                Some(role) => {
+                    self.decide_in_app(&person, &role, &step, &d.verdict, &d.reason)
+                        .await?
+                }
+                None => self.decide(&person, &step, &d.verdict, &d.reason).await?,
+            };
             let want = check.http.unwrap_or(200);
             if status != want {
                 return Err(format!("decision answered {status}, wanted {want}: {body}"));
@@ -801,8 +916,64 @@ impl Runner<'_, '_> {
                 .await
                 .map_err(|e| format!("fault: {e}"));
         }
+        if let Some(set) = &a.set {
+            let system = set.system.as_deref().unwrap_or(ERP);
+            let id = subst_str(&set.id, &self.vars)?;
+            let store = &self.target.store;
+            let obj = store
+                .demo_get(system, &set.kind, &id)
+                .await
+                .map_err(|e| format!("set: {e}"))?
+                .ok_or_else(|| format!("set: no {system} {} {id}", set.kind))?;
+            let mut data: Value =
+                serde_json::from_str(&obj.data).map_err(|e| format!("set: {e}"))?;
+            for (ptr, value) in &set.fields {
+                let value = subst(value, &self.vars)?;
+                let slot = data
+                    .pointer_mut(ptr)
+                    .ok_or_else(|| format!("set: nothing at {ptr} in {}", obj.data))?;
+                *slot = value;
+            }
+            return store
+                .demo_put(system, &set.kind, &id, &obj.tenant, &data.to_string())
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("set: {e}"));
+        }
+        if let Some(w) = &a.wait
+            && let Some(run) = &w.run
+        {
+            if w.step.is_some() {
+                return Err("wait for a step or a run, not both".into());
+            }
+            let run = subst_str(run, &self.vars)?;
+            let limit = Duration::from_millis(w.timeout_ms.unwrap_or(20_000));
+            let began = Instant::now();
+            loop {
+                let now = self
+                    .target
+                    .store
+                    .get_run(&run)
+                    .await
+                    .map_err(|e| format!("run {run}: {e}"))?;
+                if now.status.as_str() == w.status {
+                    return Ok(());
+                }
+                if began.elapsed() > limit {
+                    return Err(format!(
+                        "run {run} stuck at {}, wanted {}",
+                        now.status.as_str(),
+                        w.status
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         if let Some(w) = &a.wait {
-            let step = subst_str(&w.step, &self.vars)?;
+            let step = subst_str(
+                w.step.as_deref().ok_or("wait needs step or run")?,
+                &self.vars,
+            )?;
             let limit = Duration::from_millis(w.timeout_ms.unwrap_or(20_000));
             let began = Instant::now();
             loop {
@@ -859,7 +1030,90 @@ impl Runner<'_, '_> {
             }
             return Ok(());
         }
-        Err("a step needs one of call, decide, fault, wait, advance, sleep_ms, effects".into())
+        if !a.objects.is_empty() {
+            for oc in &a.objects {
+                self.object_check(oc).await?;
+            }
+            return Ok(());
+        }
+        Err(
+            "a step needs one of call, decide, fault, set, wait, advance, sleep_ms, effects, objects"
+                .into(),
+        )
+    }
+
+    /// `oc` holds for the record as the demo system has it now.
+    async fn object_check(&self, oc: &ObjectCheck) -> Result<(), String> {
+        let system = oc.system.as_deref().unwrap_or(ERP);
+        let id = subst_str(&oc.id, &self.vars)?;
+        let obj = self
+            .target
+            .store
+            .demo_get(system, &oc.kind, &id)
+            .await
+            .map_err(|e| format!("{system} {} {id}: {e}", oc.kind))?
+            .ok_or_else(|| format!("no {system} {} {id}", oc.kind))?;
+        let data: Value = serde_json::from_str(&obj.data).map_err(|e| e.to_string())?;
+        check_value(&oc.is, &data, &self.vars)
+            .map_err(|e| format!("{system} {} {id}: {e} in {data}", oc.kind))
+    }
+
+    /// A person outside the dashboard decides: the store's decision path, with the gate rules
+    /// of the registry in force for the step's tool and inputs.
+    async fn decide_in_app(
+        &self,
+        person: &str,
+        role: &str,
+        step: &str,
+        verdict: &str,
+        reason: &str,
+    ) -> Result<(u16, Value), String> {
+        use countersign_core::approvals::{Approver, Decider, Verdict};
+        let store = &self.target.store;
+        let verdict = match verdict {
+            "approved" => Verdict::Approved,
+            "rejected" => Verdict::Rejected,
+            other => return Err(format!("verdict {other}: approved or rejected")),
+        };
+        let found = store.get_step(step).await.map_err(|e| e.to_string())?;
+        let (_, sources) = store
+            .current_bundle()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no registry in force")?;
+        let bundle = countersign_core::Bundle::load(sources).map_err(|e| e.to_string())?;
+        let tool = countersign_core::ToolName::parse(&found.tool)
+            .ok()
+            .and_then(|n| bundle.registry.tool(&n).cloned())
+            .ok_or_else(|| format!("{} is not in the registry in force", found.tool))?;
+        let inputs: Value = serde_json::from_str(&found.inputs).map_err(|e| e.to_string())?;
+        let rules = crate::pipeline::gate_rules(&tool, &inputs);
+        let decider = Decider {
+            approver: Approver {
+                iss: IN_APP_ISSUER.into(),
+                sub: person.to_string(),
+            },
+            roles: vec![role.to_string()],
+            auth_time: store.clock().now_ms(),
+        };
+        match store
+            .decide_step(step, &decider, &rules, verdict, reason)
+            .await
+        {
+            Ok((approval, _)) => {
+                let status = store
+                    .get_step(step)
+                    .await
+                    .map(|s| s.status.as_str())
+                    .unwrap_or("unknown");
+                Ok((
+                    200,
+                    json!({"step_id": step, "decision": approval.decision, "status": status}),
+                ))
+            }
+            Err(countersign_core::approvals::DecideError::Store(e)) => Err(e.to_string()),
+            Err(e) => Ok((409, json!({"error": e.to_string()}))),
+        }
     }
 
     /// Signs `person` in through the demo sign-in and posts the decision.
@@ -959,6 +1213,37 @@ impl Runner<'_, '_> {
             push(format!("step {} is {}", s.step, s.status), r);
         }
 
+        for rs in &e.runs {
+            let r = async {
+                let id = subst_str(&rs.run, &self.vars)?;
+                let run = store.get_run(&id).await.map_err(|e| e.to_string())?;
+                if run.status.as_str() != rs.status {
+                    return Err(format!("run is {}", run.status.as_str()));
+                }
+                if let Some(want) = rs.replan
+                    && run.replan != want
+                {
+                    return Err(format!("replan is {}", run.replan));
+                }
+                Ok(())
+            }
+            .await;
+            push(format!("run {} is {}", rs.run, rs.status), r);
+        }
+
+        for oc in &e.objects {
+            let r = self.object_check(oc).await;
+            push(
+                format!(
+                    "{} {} {}",
+                    oc.system.as_deref().unwrap_or(ERP),
+                    oc.kind,
+                    oc.id
+                ),
+                r,
+            );
+        }
+
         for a in &e.audit {
             let r = self.audit_expect(a, &records, &parsed);
             push(format!("audit: {}", a.name), r);
@@ -987,10 +1272,12 @@ impl Runner<'_, '_> {
         if e.no_unapproved_effects || e.one_effect_per_key {
             let mut effects = Vec::new();
             let mut failed = None;
-            for op in write_operations(ERP) {
-                match store.demo_effects(ERP, op).await {
-                    Ok(v) => effects.extend(v),
-                    Err(err) => failed = Some(err.to_string()),
+            for system in SYSTEMS {
+                for op in write_operations(system) {
+                    match store.demo_effects(system, op).await {
+                        Ok(v) => effects.extend(v),
+                        Err(err) => failed = Some(err.to_string()),
+                    }
                 }
             }
             if let Some(err) = failed {
@@ -1026,10 +1313,15 @@ impl Runner<'_, '_> {
         records: &[countersign_core::audit::AuditRecord],
     ) -> Result<(), String> {
         for fx in effects {
+            // A StillOn hold is recorded under `<key>:hold`, part of the move under `<key>`.
+            let idem_key = match fx.operation.as_str() {
+                HOLD_OPERATION => fx.idem_key.strip_suffix(":hold").unwrap_or(&fx.idem_key),
+                _ => fx.idem_key.as_str(),
+            };
             let key = self
                 .target
                 .store
-                .get_key(&fx.idem_key)
+                .get_key(idem_key)
                 .await
                 .map_err(|e| e.to_string())?;
             let Some(key) = key else {

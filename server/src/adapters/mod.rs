@@ -14,6 +14,7 @@
 pub mod builtin;
 pub mod http;
 pub mod mcp;
+pub mod recovery;
 pub mod stillon;
 
 use std::collections::BTreeMap;

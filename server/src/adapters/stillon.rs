@@ -35,6 +35,7 @@ use countersign_core::store::{Applied, DemoEffect, DemoObject, ObjectWrite};
 use serde_json::{Map, Value, json};
 
 use super::builtin::{arg, parse, rejected, unavailable, with_faults};
+use super::recovery;
 use super::{Adapter, AdapterError, BoxFuture, Invocation};
 
 /// StillOn's system (and provider) name.
@@ -50,6 +51,8 @@ const READS: &[&str] = &[
     "dining.search",
     "dining.availability",
     "dining.reservation.get",
+    "monitor.disruptions",
+    "intent.check",
 ];
 
 /// The partner systems.
@@ -205,11 +208,71 @@ impl StillOn {
                 res["slots"] = Value::Object(slots);
                 Ok(res)
             }
+            "monitor.disruptions" => {
+                let (flights, reservations, rides) = self.itinerary(call).await?;
+                recovery::disruptions(&flights, &reservations, &rides)
+                    .map_err(|e| rejected("itinerary.invalid", e.0))
+            }
+            "intent.check" => {
+                let id = id_arg(args, "reservation_id")?;
+                let (_, res) = self.owned(call, "reservation", &id).await?;
+                let party = call.acts_for.as_deref().unwrap_or_default();
+                let (_, constraints) =
+                    self.get("constraints", party, tenant)
+                        .await?
+                        .ok_or_else(|| {
+                            rejected("not_found", "no constraints are stored for the traveller")
+                        })?;
+                let (flights, _, rides) = self.itinerary(call).await?;
+                let options = args
+                    .get("options")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                recovery::check_intent(&constraints, &res, &flights, &rides, &options)
+                    .map_err(|e| rejected("constraints.invalid", e.0))
+            }
             other => Err(rejected(
                 "unknown_operation",
                 format!("no operation {other}"),
             )),
         }
+    }
+
+    /// The flights, reservations and rides of the party the call is made for (none known:
+    /// refused, fail closed).
+    async fn itinerary(
+        &self,
+        call: &Invocation,
+    ) -> Result<(Vec<Value>, Vec<Value>, Vec<Value>), AdapterError> {
+        let Some(party) = call.acts_for.as_deref() else {
+            return Err(rejected(
+                "not_owner",
+                "the call is made for nobody whose itinerary could be read",
+            ));
+        };
+        let mut out = (Vec::new(), Vec::new(), Vec::new());
+        for (kind, list) in [
+            ("flight", &mut out.0),
+            ("reservation", &mut out.1),
+            ("ride", &mut out.2),
+        ] {
+            for obj in self
+                .store
+                .demo_list(STILLON, kind)
+                .await
+                .map_err(unavailable)?
+            {
+                if obj.tenant != call.tenant {
+                    continue;
+                }
+                let v = parse(&obj)?;
+                if v.get("owner").and_then(Value::as_str) == Some(party) {
+                    list.push(v);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Takes (or finds its own) hold on a slot. Returns the hold's id.
@@ -375,6 +438,7 @@ impl StillOn {
         let released = json!({"key": call.idem_key, "reservation_id": id, "active": false});
         let result = json!({"ref": format!("{id}@{time}"), "reservation_id": res["reservation_id"],
                             "status": "confirmed", "time": time, "previous_time": previous,
+                            "previous_requested_time": previous,
                             "party_size": party});
         Ok((
             result,
@@ -490,7 +554,8 @@ impl StillOn {
                 Ok((
                     json!({"ref": format!("{id}@{}", args["pickup_time"].as_str().unwrap_or_default()),
                            "ride_id": id, "pickup_at": ride["pickup_at"],
-                           "previous_pickup_at": previous, "status": "booked"}),
+                           "previous_pickup_at": previous, "previous_pickup_time": previous,
+                           "status": "booked"}),
                     vec![write("ride", id, tenant, &ride, Some(obj.version))],
                 ))
             }
@@ -691,7 +756,8 @@ impl Adapter for StillOn {
 /// StillOn's starting records (seed 004), inserted where missing: restaurant "Osteria Lume"
 /// with reservation 8472 at 19:30 on 2026-06-11 for `user-123` (party of 4), another
 /// restaurant, a reservation of another traveller, the dinner's calendar event, the ride to
-/// it, the guest's contact — and `user-123`'s standing authorization to move a reservation of
+/// it (leaving after flight TP1351, due 17:45), the flight, the traveller's constraints as
+/// data (see [`super::recovery`]), the guest's contact — and `user-123`'s standing authorization to move a reservation of
 /// theirs by at most 30 minutes (see [`crate::standing`]).
 pub async fn seed_stillon(store: &Store) -> Result<(), countersign_core::StoreError> {
     let date = "2026-06-11";
@@ -758,7 +824,35 @@ pub async fn seed_stillon(store: &Store) -> Result<(), countersign_core::StoreEr
             TENANT,
             json!({"ride_id": "RIDE-20260611", "owner": TRAVELLER, "from": "Lisbon airport",
                    "to": "Osteria Lume", "pickup_at": format!("{date}T19:00:00+01:00"),
-                   "status": "booked"}),
+                   "status": "booked", "after_flight": "FLIGHT-TP1351",
+                   "for_reservation": 8472, "drive_minutes": 25}),
+        ),
+        (
+            "flight",
+            "FLIGHT-TP1351",
+            TENANT,
+            json!({"flight_id": "FLIGHT-TP1351", "owner": TRAVELLER, "number": "TP1351",
+                   "from": "Paris CDG", "to": "Lisbon",
+                   "scheduled_arrival": format!("{date}T17:45:00+01:00"),
+                   "estimated_arrival": format!("{date}T17:45:00+01:00"),
+                   "transfer_minutes": 15}),
+        ),
+        (
+            "constraints",
+            TRAVELLER,
+            TENANT,
+            json!({"party": TRAVELLER, "constraints": [
+                {"id": "party.together", "rank": 1, "kind": "hard",
+                 "says": "Keep the party of four together at one table",
+                 "rule": {"party_size": "booked"}},
+                {"id": "arrive.in_time", "rank": 2, "kind": "hard",
+                 "says": "Only times the traveller can reach after the flight",
+                 "rule": {"not_before": "earliest_arrival"}},
+                {"id": "prefer.2000", "rank": 3, "kind": "soft",
+                 "says": "Prefer dinner at 20:00", "rule": {"time": "20:00"}},
+                {"id": "same.restaurant", "rank": 4, "kind": "soft",
+                 "says": "Prefer the restaurant already booked",
+                 "rule": {"restaurant": "booked"}}]}),
         ),
         (
             "contact",

@@ -737,3 +737,92 @@ async fn upstream_mcp_annotations_are_ignored_and_the_key_travels_in_meta() {
     })
     .await;
 }
+
+/// Seed 002, "forged tool annotations from an upstream MCP server": the upstream advertises
+/// its irreversible `purge` as `readOnlyHint: true, destructiveHint: false` with a soothing
+/// description. Countersign's listing, policy decision, gate and audit trail all use the
+/// registry's class (irreversible, `irreversible.always`); nothing reaches the upstream until
+/// a person approved exactly this call, and then exactly once.
+#[tokio::test]
+async fn forged_upstream_annotations_never_change_the_class_policy_or_audit() {
+    each_target_app(|env| async move {
+        let mut client = Client::new(&env.app, &env.token);
+        client.connect().await;
+        let list = client.request("tools/list", json!({})).await;
+        let purge = list["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "remote.purge")
+            .cloned()
+            .unwrap_or_else(|| panic!("{list}"));
+        assert_eq!(purge["annotations"]["readOnlyHint"], false, "{purge}");
+        assert_eq!(purge["annotations"]["destructiveHint"], true, "{purge}");
+        assert!(!list.to_string().contains("Safe to call"), "{list}");
+
+        let args = json!({"account": "a1"});
+        let gated = client.call("remote.purge", args.clone()).await;
+        assert_eq!(content(&gated)["status"], "needs_approval", "{gated}");
+        assert_eq!(content(&gated)["rule"], "irreversible.always", "{gated}");
+        let step_id = content(&gated)["step_id"].as_str().unwrap().to_string();
+        // Asking again (as if the "read-only" hint made retries safe) changes nothing.
+        let again = client.call("remote.purge", args.clone()).await;
+        assert_eq!(content(&again)["step_id"], step_id.as_str(), "{again}");
+        assert_eq!(content(&again)["status"], "needs_approval", "{again}");
+        assert!(env.upstream.calls.lock().unwrap().is_empty(), "nothing sent before approval");
+
+        let trail = |records: Vec<countersign_core::audit::AuditRecord>| -> Vec<(String, Option<String>, Value)> {
+            records
+                .into_iter()
+                .filter(|r| r.step_id.as_deref() == Some(step_id.as_str()))
+                .map(|r| {
+                    let v: Value = serde_json::from_str(&r.record).unwrap();
+                    (r.event, r.rule, v["detail"]["effect"].clone())
+                })
+                .collect()
+        };
+        let before = trail(env.app.store.audit_records(1, 1000).await.unwrap());
+        let decided: Vec<_> = before.iter().filter(|(e, _, _)| e == "decided").collect();
+        assert!(!decided.is_empty(), "{before:?}");
+        for (_, rule, effect) in &decided {
+            assert_eq!(rule.as_deref(), Some("irreversible.always"), "{before:?}");
+            assert_eq!(effect, &json!("irreversible"), "{before:?}");
+        }
+        assert!(before.iter().any(|(e, _, _)| e == "waiting_approval"));
+        assert!(!before.iter().any(|(e, _, _)| e == "started"), "{before:?}");
+
+        env.app
+            .store
+            .decide_step(
+                &step_id,
+                &crate::gateway::ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "purge the closed account",
+            )
+            .await
+            .unwrap();
+        let done = client.call("remote.purge", args.clone()).await;
+        assert_eq!(done["result"]["isError"], false, "{done}");
+        let repeat = client.call("remote.purge", args).await;
+        assert_eq!(content(&repeat), content(&done), "{repeat}");
+        let purges = env
+            .upstream
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _, _)| name == "purge")
+            .count();
+        assert_eq!(purges, 1, "exactly one purge upstream, after the approval");
+        let after = trail(env.app.store.audit_records(1, 1000).await.unwrap());
+        let events: Vec<&str> = after.iter().map(|(e, _, _)| e.as_str()).collect();
+        let approved = events.iter().position(|e| *e == "approved").unwrap();
+        let started = events.iter().position(|e| *e == "started").unwrap();
+        assert!(approved < started, "{events:?}");
+        assert_eq!(events.iter().filter(|e| **e == "succeeded").count(), 1, "{events:?}");
+        assert_eq!(env.upstream.lists.load(Ordering::SeqCst), 0);
+        env
+    })
+    .await;
+}

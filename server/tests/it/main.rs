@@ -17,6 +17,7 @@ mod inbox;
 mod interop;
 mod mcp;
 mod registry;
+mod reliability;
 mod runs;
 mod scenarios;
 mod stillon;

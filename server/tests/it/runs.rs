@@ -343,74 +343,84 @@ impl Drop for KillOnDrop {
 
 /// A worker process killed at `point` of the execute sequence; after a restart the step ends
 /// `done` with exactly one effect at the target.
-async fn crash_at(point: &str) {
-    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
-        let (_, planner) = agent(&app, "planner-1", "planner").await;
-        let mut client = Client::new(&app, &planner);
-        client.connect().await;
-        let (_, steps) = submit(&mut client, vec![note_step()]).await;
-        let child = worker_on(&app.db_url())
-            .args(["worker", "--count", "1"])
-            .env("COUNTERSIGN_TEST_CRASH_AT", point)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut child = KillOnDrop(child);
-        let began = Instant::now();
-        while child.0.try_wait().unwrap().is_none() {
-            assert!(
-                began.elapsed() < Duration::from_secs(30),
-                "the worker never reached {point}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let crashed = child.wait_with_output_ref();
-        assert!(!crashed.status.success(), "the worker died at {point}");
-        assert!(String::from_utf8_lossy(&crashed.stderr).contains(&format!("failpoint {point}")));
-        let step = app.store.get_step(&steps[0]).await.unwrap();
-        assert_eq!(step.status, StepStatus::Running, "left mid-call at {point}");
-        let expected_before = usize::from(point == "after_call");
-        assert_eq!(effects(&app, "notes.draft").await, expected_before);
-
-        // Restart: the reconciler asks the ERP by key, then (if needed) the step runs again.
-        let worker = worker_on(&app.db_url())
-            .args(["worker", "--count", "1", "--stale-after", "0"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let _worker = KillOnDrop(worker);
-        let began = Instant::now();
-        loop {
-            let s = app.store.get_step(&steps[0]).await.unwrap();
-            if s.status == StepStatus::Done {
-                break;
+/// Returns the number of backends it ran on (the reliability report counts trials).
+pub(crate) async fn crash_at(point: &str) -> usize {
+    let trials = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = trials.clone();
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], move |app| {
+        let counted = counted.clone();
+        async move {
+            let (_, planner) = agent(&app, "planner-1", "planner").await;
+            let mut client = Client::new(&app, &planner);
+            client.connect().await;
+            let (_, steps) = submit(&mut client, vec![note_step()]).await;
+            let child = worker_on(&app.db_url())
+                .args(["worker", "--count", "1"])
+                .env("COUNTERSIGN_TEST_CRASH_AT", point)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut child = KillOnDrop(child);
+            let began = Instant::now();
+            while child.0.try_wait().unwrap().is_none() {
+                assert!(
+                    began.elapsed() < Duration::from_secs(30),
+                    "the worker never reached {point}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            let crashed = child.wait_with_output_ref();
+            assert!(!crashed.status.success(), "the worker died at {point}");
             assert!(
-                began.elapsed() < Duration::from_secs(30),
-                "{point}: stuck at {s:?}"
+                String::from_utf8_lossy(&crashed.stderr).contains(&format!("failpoint {point}"))
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let step = app.store.get_step(&steps[0]).await.unwrap();
+            assert_eq!(step.status, StepStatus::Running, "left mid-call at {point}");
+            let expected_before = usize::from(point == "after_call");
+            assert_eq!(effects(&app, "notes.draft").await, expected_before);
+
+            // Restart: the reconciler asks the ERP by key, then (if needed) the step runs again.
+            let worker = worker_on(&app.db_url())
+                .args(["worker", "--count", "1", "--stale-after", "0"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let _worker = KillOnDrop(worker);
+            let began = Instant::now();
+            loop {
+                let s = app.store.get_step(&steps[0]).await.unwrap();
+                if s.status == StepStatus::Done {
+                    break;
+                }
+                assert!(
+                    began.elapsed() < Duration::from_secs(30),
+                    "{point}: stuck at {s:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            drop(_worker);
+            assert_eq!(
+                effects(&app, "notes.draft").await,
+                1,
+                "exactly one effect after {point}"
+            );
+            let reconciled = app
+                .store
+                .audit_records(1, 1000)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.event == "reconciled")
+                .count();
+            assert_eq!(reconciled, 1);
+            assert!(app.store.verify_audit().await.unwrap().is_ok());
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            app
         }
-        drop(_worker);
-        assert_eq!(
-            effects(&app, "notes.draft").await,
-            1,
-            "exactly one effect after {point}"
-        );
-        let reconciled = app
-            .store
-            .audit_records(1, 1000)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.event == "reconciled")
-            .count();
-        assert_eq!(reconciled, 1);
-        assert!(app.store.verify_audit().await.unwrap().is_ok());
-        app
     })
     .await;
+    trials.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 #[tokio::test]
@@ -426,7 +436,7 @@ async fn runs_worker_killed_before_calling_the_target_runs_the_step_once_after_r
 /// `steps` planned note.draft steps in runs of ten, executed by `workers` real worker
 /// processes: every step done exactly once (one start, one effect), none left running after the
 /// workers stop cleanly (SIGTERM).
-async fn many_workers(app: &TestApp, workers: usize, steps: usize) {
+pub(crate) async fn many_workers(app: &TestApp, workers: usize, steps: usize) {
     use countersign_core::store::{NewRun, NewStep};
     use countersign_core::{CanonicalJson, Effect};
     let (planner, _) = agent(app, "planner-load", "planner").await;

@@ -8,7 +8,7 @@ use countersign_core::Backend;
 use crate::helpers::{example, spawn_app_with};
 
 /// Every `examples/<bundle>/scenarios/*.yaml`, as (bundle, path), sorted.
-fn scenario_files() -> Vec<(String, std::path::PathBuf)> {
+pub(crate) fn scenario_files() -> Vec<(String, std::path::PathBuf)> {
     let root = std::path::PathBuf::from(format!("{}/../examples", env!("CARGO_MANIFEST_DIR")));
     let mut out = Vec::new();
     for bundle in std::fs::read_dir(&root).unwrap() {
@@ -321,4 +321,86 @@ async fn scenarios_the_cli_plays_files_against_a_running_server() {
         "{stdout}"
     );
     app.stop().await;
+}
+
+/// The vocabulary StillOn's scenarios use fails closed too: false `runs` and `objects`
+/// expectations are reported, a person deciding "in the app" needs the tool's approver role
+/// (409, nothing decided), an agent acting for nobody cannot read the traveller's itinerary,
+/// and a `set` on a field that does not exist or a person with `acts_for` stops the scenario.
+#[tokio::test]
+async fn scenarios_the_stillon_vocabulary_reports_false_expectations() {
+    let text = r#"
+name: false stillon expectations
+actors:
+  maestro: {role: planner, acts_for: user-123}
+  stranger: {role: planner}
+  clerk: {person: pat, approver_role: approver}
+steps:
+  - as: stranger
+    call: itinerary.disruptions
+    arguments: {}
+    reply: {is_error: true, equal: {/code: not_owner}}
+  - as: maestro
+    call: plan.submit
+    arguments:
+      task: Cancel the dinner
+      steps:
+        - tool: reservation.cancel
+          arguments: {reservation_id: 8472, reason: "No table for the whole party at a reachable time"}
+          reason: No admissible option keeps the party together
+    save: {run: /run_id, cancel: /steps/0/step_id}
+  - wait: {step: "${cancel}", status: needs_approval}
+  - note: an approver who is not the traveller cannot decide it
+    as: clerk
+    decide: {step: "${cancel}", verdict: approved, reason: "Not mine to approve"}
+    reply: {http: 409}
+expect:
+  runs: [{run: "${run}", status: done}]
+  objects:
+    - {system: stillon, kind: reservation, id: "8472", is: {equal: {/status: cancelled}}}
+  steps: [{step: "${cancel}", status: needs_approval}]
+  effects: [{system: stillon, operation: dining.reservation.cancel, count: 0}]
+"#;
+    let parsed = scenario::parse(text).unwrap();
+    let registry = example("stillon");
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(app) =
+            spawn_app_with(backend, &[("COUNTERSIGN_REGISTRY", registry.as_str())]).await
+        else {
+            continue;
+        };
+        let target = Target {
+            url: format!("http://{}", app.addr),
+            origin: None,
+            store: app.store.clone(),
+            advance: None,
+        };
+        let report = scenario::run(&parsed, &target).await.unwrap();
+        let failed: Vec<&str> = report.failures().iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            failed,
+            ["run ${run} is done", "stillon reservation 8472"],
+            "{:?}",
+            report.checks
+        );
+        let bad_set = scenario::parse(
+            "name: a\nactors: {}\nsteps: [{set: {system: stillon, kind: flight, id: FLIGHT-TP1351, fields: {/no/such: 1}}}]\nexpect: {}\n",
+        )
+        .unwrap();
+        let err = scenario::run(&bad_set, &target)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nothing at /no/such"), "{err}");
+        let bad_actor = scenario::parse(
+            "name: a\nactors: {t: {person: user-123, acts_for: user-123}}\nsteps: []\nexpect: {}\n",
+        )
+        .unwrap();
+        let err = scenario::run(&bad_actor, &target)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("acts_for is for agents"), "{err}");
+        app.stop().await;
+    }
 }

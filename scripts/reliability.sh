@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Regenerates docs/reliability.md (generated: do not edit it by hand; run `make reliability`).
+# Plays every scenario file and fault test repeatedly on SQLite and Postgres, then soaks a
+# Postgres deployment (one `countersign serve`, `countersign worker` processes killed with
+# SIGKILL at random) and counts effects, losses, duplicates and unreconciled unknowns from the
+# database and the demo targets. The harness is the ignored test
+# `reliability::reliability_report` in server/tests/it/reliability.rs.
+#
+# Settings (environment):
+#   RELIABILITY_SOAK_MINUTES     soak length (default 10)
+#   RELIABILITY_KILL_EVERY_SECS  a random worker is killed this often (default 30)
+#   RELIABILITY_REPEAT           plays of each scenario / fault test per backend (default 3)
+#   RELIABILITY_AGENTS           concurrent scripted agents in the soak (default 4)
+#   RELIABILITY_RACE_STEPS       steps in the many-workers race (default 400)
+#   COUNTERSIGN_TEST_POSTGRES_URL  (default postgres://postgres@127.0.0.1:5432/postgres)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export RELIABILITY_DATE=${RELIABILITY_DATE:-$(date -u +%Y-%m-%dT%H:%MZ)}
+export RELIABILITY_HOST=${RELIABILITY_HOST:-"$(uname -sm), $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"}
+export RELIABILITY_COMMIT=${RELIABILITY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export RELIABILITY_OUT=${RELIABILITY_OUT:-$PWD/docs/reliability.md}
+
+# `cargo test` builds the `countersign` binary the harness starts (serve, worker) itself.
+echo "reliability: soak ${RELIABILITY_SOAK_MINUTES:-10} min; output $RELIABILITY_OUT" >&2
+cargo test -p countersign --test it -- --ignored --exact reliability::reliability_report --nocapture
