@@ -13,6 +13,9 @@
 //!   tag, then the run id as a u64 big-endian byte length followed by its bytes, then the seq
 //!   as a fixed 8-byte big-endian integer, then the inputs as a u64 big-endian byte length
 //!   followed by their bytes. No two distinct triples produce the same byte string.
+//! - A read's key ([`IdemKey::for_read`]) is the same function of `(step id, 0, inputs)`:
+//!   a read has no effect for a key to guard, and positions start at 1, so a read's key never
+//!   equals a write's.
 //! - Parsing is strict (exact prefix, exactly 64 lower-case hex digits) so one key has exactly
 //!   one spelling and can be compared as text.
 
@@ -80,6 +83,12 @@ impl IdemKey {
         h.update(seq.to_be_bytes());
         update_framed(&mut h, inputs.as_bytes());
         Self(h.finalize().into())
+    }
+
+    /// The key of read step `step_id` (see the module invariants): unique per step, known
+    /// before the step has a position.
+    pub fn for_read(step_id: &str, inputs: &CanonicalJson) -> Self {
+        Self::derive(step_id, 0, inputs)
     }
 
     /// The raw digest.

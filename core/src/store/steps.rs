@@ -355,7 +355,7 @@ impl Store {
                 })
             };
             let key = if read {
-                IdemKey::derive(&id, 0, &new.inputs)
+                IdemKey::for_read(&id, &new.inputs)
             } else {
                 IdemKey::derive(&new.run_id, seq.max(0) as u64, &new.inputs)
             };

@@ -174,3 +174,131 @@ async fn sqlite_creates_its_folder() {
     store.close().await;
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn opened_steps_are_what_is_stored_with_distinct_positions_and_keys() {
+    use countersign_core::CanonicalJson;
+    use countersign_core::keys::IdemKey;
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::{NewStep, RunGuard, Transition};
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let run = store.create_run(&new_run("acme")).await.unwrap();
+        let step = |i: usize, effect: Effect| NewStep {
+            run_id: run.id.clone(),
+            role: "worker".into(),
+            tool: if effect == Effect::Read {
+                "invoice.get"
+            } else {
+                "note.draft"
+            }
+            .into(),
+            effect,
+            inputs: CanonicalJson::from_value(&serde_json::json!({"n": i % 3})).unwrap(),
+            agent_id: Some("agent-1".into()),
+            reason: format!("reason {i}"),
+            evidence: vec!["INV-1".into()],
+            observed: None,
+            trace_id: format!("trace-{i}"),
+            status: StepStatus::Pending,
+        };
+        // Reads and writes opened concurrently in one run.
+        let mut tasks = Vec::new();
+        for i in 0..24 {
+            let store = store.clone();
+            let new = step(
+                i,
+                if i % 2 == 0 {
+                    Effect::Read
+                } else {
+                    Effect::Write
+                },
+            );
+            tasks.push(tokio::spawn(
+                async move { store.open_step(&new).await.unwrap() },
+            ));
+        }
+        let mut opened = Vec::new();
+        for t in tasks {
+            opened.push(t.await.unwrap());
+        }
+        let mut seqs = Vec::new();
+        for (s, created) in &opened {
+            // What open_step answers is exactly the stored row.
+            assert_eq!(&store.get_step(&s.id).await.unwrap(), s);
+            let inputs = CanonicalJson::from_canonical_text(&s.inputs).unwrap();
+            match s.effect {
+                Effect::Read => {
+                    assert!(created, "a read always opens a new step");
+                    assert_eq!(s.idem_key, IdemKey::for_read(&s.id, &inputs).to_string());
+                }
+                _ => assert_eq!(
+                    s.idem_key,
+                    IdemKey::derive(&run.id, s.seq as u64, &inputs).to_string()
+                ),
+            }
+            if *created {
+                seqs.push(s.seq);
+            }
+        }
+        // Twelve reads, and three distinct writes (identical writes share one step).
+        seqs.sort();
+        assert_eq!(
+            seqs,
+            (1..=15).collect::<Vec<i64>>(),
+            "positions 1..n, no gaps"
+        );
+        let mut keys: Vec<&str> = opened.iter().map(|(s, _)| s.idem_key.as_str()).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), 15);
+
+        // A guarded transition does not write once the run is no longer active.
+        let (read, _) = opened
+            .iter()
+            .find(|(s, _)| s.effect == Effect::Read)
+            .unwrap();
+        let guarded = |id: &str| Transition {
+            step_id: id.to_string(),
+            from: vec![StepStatus::Pending],
+            to: Some(StepStatus::Done),
+            guard: Some(RunGuard {
+                run_id: run.id.clone(),
+                allow_failed: false,
+                unless_switch: Some("emergency_stop".into()),
+            }),
+            ..Transition::default()
+        };
+        store
+            .set_switch("emergency_stop", "test", "t")
+            .await
+            .unwrap();
+        assert!(
+            !store.move_step(&guarded(&read.id)).await.unwrap(),
+            "stop set"
+        );
+        store.clear_switch("emergency_stop").await.unwrap();
+        store
+            .set_run_status(&run.id, RunStatus::Cancelled)
+            .await
+            .unwrap();
+        assert!(
+            !store.move_step(&guarded(&read.id)).await.unwrap(),
+            "run cancelled"
+        );
+        assert_eq!(
+            store.get_step(&read.id).await.unwrap().status,
+            StepStatus::Pending
+        );
+        store
+            .set_run_status(&run.id, RunStatus::Active)
+            .await
+            .unwrap();
+        assert!(store.move_step(&guarded(&read.id)).await.unwrap());
+        assert_eq!(
+            store.get_step(&read.id).await.unwrap().status,
+            StepStatus::Done
+        );
+    })
+    .await;
+}
