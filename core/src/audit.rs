@@ -672,6 +672,87 @@ macro_rules! insert_sealed {
 }
 pub(crate) use insert_sealed;
 
+/// Seals `$new` at `$head` (`&mut (next seq, prev hash)`) and advances the head without
+/// writing it: the caller inserts the sealed records (in order, with [`insert_all_pg`] or
+/// [`insert_all_sqlite`]) before its COMMIT. Evaluates to the `AuditRecord`.
+macro_rules! seal_next {
+    ($head:expr, $new:expr, $event:expr, $at:expr) => {{
+        let head: &mut (i64, String) = $head;
+        let sealed = $crate::audit::seal($new, $event, head.0, $at, &head.1)
+            .map_err(|e| $crate::store::StoreError::Conflict(format!("audit record: {e}")))?;
+        *head = (sealed.seq + 1, sealed.hash.clone());
+        sealed
+    }};
+}
+pub(crate) use seal_next;
+
+/// Inserts sealed `records` (consecutive, in chain order) in one statement (Postgres).
+pub(crate) async fn insert_all_pg(
+    tx: &mut sqlx::PgConnection,
+    records: &[AuditRecord],
+) -> Result<(), sqlx::Error> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    macro_rules! column {
+        ($f:ident) => {
+            records.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
+        };
+    }
+    sqlx::query(
+        "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
+         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::text[], $4::text[], $5::text[],
+                              $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
+                              $11::text[])",
+    )
+    .bind(column!(seq))
+    .bind(column!(at))
+    .bind(column!(event))
+    .bind(column!(run_id))
+    .bind(column!(step_id))
+    .bind(column!(tool))
+    .bind(column!(actor))
+    .bind(column!(rule))
+    .bind(column!(record))
+    .bind(column!(prev))
+    .bind(column!(hash))
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Inserts sealed `records` (consecutive, in chain order) in as few statements as SQLite's
+/// bound-parameter limit allows.
+pub(crate) async fn insert_all_sqlite(
+    tx: &mut sqlx::SqliteConnection,
+    records: &[AuditRecord],
+) -> Result<(), sqlx::Error> {
+    for chunk in records.chunks(64) {
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+        let sql = format!(
+            "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
+             VALUES {rows}"
+        );
+        let mut q = sqlx::query(&sql);
+        for r in chunk {
+            q = q
+                .bind(r.seq)
+                .bind(r.at)
+                .bind(&r.event)
+                .bind(&r.run_id)
+                .bind(&r.step_id)
+                .bind(&r.tool)
+                .bind(&r.actor)
+                .bind(&r.rule)
+                .bind(&r.record)
+                .bind(&r.prev)
+                .bind(&r.hash);
+        }
+        q.execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
 /// Takes the Postgres append lock when `$lock` (SQLite callers must have begun with
 /// `BEGIN IMMEDIATE`) and reads the head into `$head` (`&mut Option<(i64, String)>`) unless
 /// this transaction already holds it. Evaluates to `&mut (next seq, prev hash)`.

@@ -4,8 +4,8 @@
 //! advisory lock; SQLite's single writer) and each one holds that lock through its own COMMIT:
 //! alone, the chain advances one fsync at a time however many callers wait. The committer
 //! collects the step transitions and audit appends that callers submit concurrently and
-//! commits them together — one transaction, one lock acquisition, one head read, one COMMIT
-//! for the batch.
+//! commits them together — one transaction, one lock acquisition, one head read, one INSERT
+//! of all the batch's records and one COMMIT for the batch.
 //!
 //! Invariants:
 //! * A job's writes (status change, key state, its audit records) commit atomically, and its
@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::steps::apply_transition;
 use super::{Pool, Store, StoreError, Transition};
-use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, hold_head, insert_sealed};
+use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, hold_head, seal_next};
 
 /// At most this many jobs share one transaction.
 const MAX_BATCH: usize = 128;
@@ -115,31 +115,42 @@ impl Store {
     /// Writes `jobs` in one transaction, in order; one answer per job.
     async fn commit_batch(&self, jobs: &[Job]) -> Result<Vec<Done>, StoreError> {
         macro_rules! batch_in {
-            ($pool:expr, $begin:expr, $lock:expr) => {{
+            ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<(i64, String)> = None;
                 // The append lock first, before any row lock (see the module invariants).
                 hold_head!(&mut *tx, $lock, &mut head);
                 let mut out = Vec::with_capacity(jobs.len());
+                // Every record of the batch, sealed in chain order; inserted in one go.
+                let mut sealed: Vec<AuditRecord> = Vec::new();
                 for job in jobs {
                     let now = self.clock.now_ms();
                     out.push(match &job.work {
                         Work::Transition(t) => {
-                            Done::Moved(apply_transition!(&mut *tx, $lock, &mut head, t, now))
+                            let moved = apply_transition!(&mut *tx, $lock, &mut head, t, now);
+                            if let Some(records) = &moved {
+                                sealed.extend(records.iter().cloned());
+                            }
+                            Done::Moved(moved)
                         }
                         Work::Append(new, event) => {
                             let h = hold_head!(&mut *tx, $lock, &mut head);
-                            Done::Appended(Box::new(insert_sealed!(&mut *tx, h, new, *event, now)))
+                            let record = seal_next!(h, new, *event, now);
+                            sealed.push(record.clone());
+                            Done::Appended(Box::new(record))
                         }
                     });
                 }
+                $insert(&mut *tx, &sealed).await?;
                 tx.commit().await?;
                 out
             }};
         }
         Ok(match &self.pool {
-            Pool::Sqlite(p) => batch_in!(p, "BEGIN IMMEDIATE", false),
-            Pool::Postgres(p) => batch_in!(p, "BEGIN", true),
+            Pool::Sqlite(p) => {
+                batch_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
+            }
+            Pool::Postgres(p) => batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
         })
     }
 }

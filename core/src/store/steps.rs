@@ -724,7 +724,7 @@ impl Store {
     ) -> Result<Option<Vec<AuditRecord>>, StoreError> {
         let now = self.clock.now_ms();
         macro_rules! run_in {
-            ($pool:expr, $begin:expr, $lock:expr) => {{
+            ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<(i64, String)> = None;
                 if !t.records.is_empty() {
@@ -732,7 +732,8 @@ impl Store {
                     hold_head!(&mut *tx, $lock, &mut head);
                 }
                 let moved = apply_transition!(&mut *tx, $lock, &mut head, t, now);
-                if moved.is_some() {
+                if let Some(records) = &moved {
+                    $insert(&mut *tx, records).await?;
                     tx.commit().await?;
                 } else {
                     tx.rollback().await?;
@@ -741,8 +742,10 @@ impl Store {
             }};
         }
         Ok(match &self.pool {
-            Pool::Sqlite(p) => run_in!(p, "BEGIN IMMEDIATE", false),
-            Pool::Postgres(p) => run_in!(p, "BEGIN", true),
+            Pool::Sqlite(p) => {
+                run_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
+            }
+            Pool::Postgres(p) => run_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
         })
     }
 }
@@ -770,9 +773,10 @@ pub(crate) fn transition_sql(from: usize) -> String {
 }
 
 /// Applies transition `$t` inside open transaction `$tx` at time `$now`: the status change
-/// (only from `t.from`), the key and the records (appended at `$head`, an
+/// (only from `t.from`), the key and the records (sealed at `$head`, an
 /// `&mut Option<(i64, String)>` taken with `hold_head!` when first needed). Evaluates to
-/// `Some(records)`, or `None` when the step was not in `t.from` (nothing written).
+/// `Some(records)`, or `None` when the step was not in `t.from` (nothing written). The
+/// records are sealed, not yet inserted: the caller inserts them before its COMMIT.
 macro_rules! apply_transition {
     ($tx:expr, $lock:expr, $head:expr, $t:expr, $now:expr) => {{
         let t: &$crate::store::Transition = $t;
@@ -819,7 +823,7 @@ macro_rules! apply_transition {
             let mut records = Vec::with_capacity(t.records.len());
             for (event, new) in &t.records {
                 let head = $crate::audit::hold_head!($tx, $lock, $head);
-                records.push($crate::audit::insert_sealed!($tx, head, new, *event, now));
+                records.push($crate::audit::seal_next!(head, new, *event, now));
             }
             Some(records)
         }

@@ -470,6 +470,11 @@ pub fn rows() -> Vec<Row> {
         so("integral doubles are integers", "planner", "restaurant.search", json!({"city": "Lisbon", "date": "2026-06-11", "party_size": 4.0})).allow(),
         so("planner reads the customer's reservation", "planner", "reservation.get", json!({"reservation_id": 8472})).res(reservation(CUSTOMER, "confirmed")).allow(),
         so("planner cannot read someone else's reservation", "planner", "reservation.get", json!({"reservation_id": 8472})).res(reservation("cust-99", "confirmed")).deny("resource.not_owner"),
+        so("planner asks the disruption monitor", "planner", "itinerary.disruptions", json!({"date": "2026-06-11"})).allow(),
+        so("planner checks options against the customer's constraints", "planner", "intent.check", json!({"reservation_id": 8472, "options": [{"time": "20:00"}]}))
+            .res(reservation(CUSTOMER, "confirmed")).allow(),
+        so("constraints of someone else's reservation are not checked", "planner", "intent.check", json!({"reservation_id": 8472, "options": [{"time": "20:00"}]}))
+            .res(reservation("cust-99", "confirmed")).deny("resource.not_owner"),
         // --- StillOn: reservation.modify (gate: policy) and the standing authorization
         so("30-minute shift within the grant", "worker.travel", "reservation.modify", shift("20:00")).res(reservation(CUSTOMER, "confirmed")).grant(dinner_grant()).within("sa-dinner-30"),
         so("30 minutes earlier within the grant", "worker.travel", "reservation.modify", shift("19:00")).res(reservation(CUSTOMER, "confirmed")).grant(dinner_grant()).within("sa-dinner-30"),

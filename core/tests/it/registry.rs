@@ -638,7 +638,7 @@ fn the_example_registries_load() {
     let finance = example("finance");
     assert_eq!(finance.tools().count(), 16);
     let stillon = example("stillon");
-    assert_eq!(stillon.tools().count(), 15);
+    assert_eq!(stillon.tools().count(), 17);
 }
 
 #[test]
