@@ -1,13 +1,14 @@
 //! StillOn (seed 004) against the built-in partner systems, on both backends: a move within
 //! the traveller's standing authorization (hold, mutate once, read back), a cancel that waits
-//! for the traveller, the slot taken in flight (fail closed, no mutation, re-plan flag), and a
+//! for the traveller, the slot taken in flight (fail closed, no mutation, re-plan flag), a
+//! partner that accepts a move but applies another one (read-back fails closed), and a
 //! notification that fails after the move.
 
 use std::time::{Duration, Instant};
 
 use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
 use countersign::adapters::stillon::{HOLD_OPERATION, STILLON, TENANT, TRAVELLER};
-use countersign::revalidate::STATE_CHANGED;
+use countersign::revalidate::{BEFORE_CALL, READ_BACK, STATE_CHANGED};
 use countersign::standing::bind_party;
 use countersign_core::approvals::{Approver, Decider, GateRules, Verdict};
 use countersign_core::store::RunStatus;
@@ -312,7 +313,88 @@ async fn stillon_the_slot_taken_in_flight_fails_closed_without_a_mutation() {
         assert_eq!(detail["fields"][0]["field"], "slots.2000", "{detail}");
         assert_eq!(detail["fields"][0]["current"], "taken", "{detail}");
         assert_eq!(detail["effect_applied"], false, "{detail}");
+        assert_eq!(detail["check"], BEFORE_CALL, "{detail}");
         assert!(!audit.iter().any(|(e, _, _)| e == "succeeded"));
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_back() {
+    each_stillon_app(|app| async move {
+        // The partner accepts "20:00" and answers "20:00", but seats the party at 20:30.
+        inject_fault(
+            &app.store,
+            STILLON,
+            "dining.reservation.modify",
+            &Fault {
+                mode: FaultMode::Misapplied,
+                times: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let token = for_traveller(&app, "maestro", "planner").await;
+        let mut planner = Client::new(&app, &token);
+        planner.connect().await;
+        let calendar = json!({"tool": "calendar.update",
+            "arguments": {"event_id": "EVT-0000a1b2", "start": "2026-06-11T20:00:00+01:00",
+                          "end": "2026-06-11T22:00:00+01:00"},
+            "reason": "Keep the traveller's calendar in step with the dinner"});
+        let (run, steps) = submit(
+            &mut planner,
+            vec![move_step(observed_free_2000()), calendar],
+        )
+        .await;
+        let failed = wait_for(&app, &steps[0], StepStatus::Failed).await;
+        assert_eq!(failed.rule.as_deref(), Some(STATE_CHANGED), "{failed:?}");
+        wait_run(&app, &run, RunStatus::Failed).await;
+        assert!(app.store.get_run(&run).await.unwrap().replan, "re-plan flag");
+        // Never reported as a success, to the planner or anyone.
+        let status = planner.call("run.status", json!({"run_id": run})).await;
+        assert_eq!(content(&status)["replan"], true, "{status}");
+        assert_eq!(content(&status)["steps"][0]["status"], "failed", "{status}");
+        let outcome: Value = serde_json::from_str(failed.outcome.as_deref().unwrap()).unwrap();
+        assert_eq!(outcome["error"], true, "{outcome}");
+        assert_eq!(outcome["answer"]["rule"], STATE_CHANGED, "{outcome}");
+        // The target: one effect (not retried), the reservation where the partner put it, and
+        // the later step never started.
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 1);
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "20:30");
+        assert_eq!(
+            app.store.get_step(&steps[0]).await.unwrap().attempts,
+            1,
+            "an applied effect is never retried"
+        );
+        assert_eq!(
+            app.store.get_step(&steps[1]).await.unwrap().status,
+            StepStatus::Cancelled
+        );
+        assert_eq!(effects(&app, "calendar.update").await, 0);
+        assert_eq!(
+            object(&app, "calendar_event", "EVT-0000a1b2").await["revision"],
+            1
+        );
+        // The audit: started, then failed with the read-back's fields — no `succeeded`.
+        let audit = step_audit(&app, &run, &steps[0]).await;
+        let events: Vec<&str> = audit.iter().map(|(e, _, _)| e.as_str()).collect();
+        assert_eq!(events, ["proposed", "decided", "started", "failed"]);
+        let (_, rule, detail) = audit.last().unwrap().clone();
+        assert_eq!(rule.as_deref(), Some(STATE_CHANGED));
+        assert_eq!(detail["check"], READ_BACK, "{detail}");
+        assert_eq!(detail["effect_applied"], true, "{detail}");
+        assert_eq!(detail["replan"], true, "{detail}");
+        assert_eq!(detail["reference"], "8472@20:00", "what the partner claimed: {detail}");
+        let time = detail["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["field"] == "time")
+            .unwrap_or_else(|| panic!("no time field: {detail}"));
+        assert_eq!(time["expected"], "20:00", "{detail}");
+        assert_eq!(time["current"], "20:30", "{detail}");
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
         app
     })
     .await;
