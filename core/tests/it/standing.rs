@@ -8,7 +8,7 @@ use countersign_core::store::testing::each_backend;
 use countersign_core::store::{
     GRANTED_RULE, NewStanding, REVOKED_RULE, StandingError, StandingState,
 };
-use countersign_core::{Clock, Store};
+use countersign_core::Store;
 
 use crate::test_clock;
 

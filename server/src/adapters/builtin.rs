@@ -27,7 +27,43 @@ pub fn for_provider(name: &str, store: &Store) -> Option<Arc<dyn Adapter>> {
             store: store.clone(),
         })),
         super::stillon::STILLON => Some(Arc::new(super::stillon::StillOn::new(store))),
+        NOOP => Some(Arc::new(Noop)),
         _ => None,
+    }
+}
+
+/// The no-op system's provider name: for load tests of the gateway and executor themselves.
+pub const NOOP: &str = "noop";
+
+/// A target that does nothing: every operation answers `{"status": "ok", "operation": …}` at
+/// once and touches no state. It keeps no record, so reconciliation cannot tell whether a call
+/// happened ([`Adapter::lookup`] fails: an unknown step stays unknown, fail closed).
+#[derive(Debug)]
+pub struct Noop;
+
+impl Adapter for Noop {
+    fn invoke<'a>(&'a self, call: &'a Invocation) -> BoxFuture<'a, Result<Value, AdapterError>> {
+        Box::pin(async move { Ok(json!({"status": "ok", "operation": call.operation})) })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        _tenant: &'a str,
+        _idem_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, AdapterError>> {
+        Box::pin(async {
+            Err(AdapterError::Unavailable(
+                "the no-op system keeps no record of calls".into(),
+            ))
+        })
+    }
+
+    fn facts<'a>(
+        &'a self,
+        _kind: &'a str,
+        _id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ResourceFact>, AdapterError>> {
+        Box::pin(async { Ok(None) })
     }
 }
 
