@@ -94,8 +94,8 @@ pub enum FaultMode {
     /// held in flight, for the cancellation and stop races).
     Slow,
     /// The target accepts the call and answers as if it did what was asked, but applies
-    /// something else: the StillOn partner seats a moved reservation at the next free sitting
-    /// after the one asked for (only a read-back can tell). Operations with no "something
+    /// something else: the StillOn partner seats a moved reservation at the free sitting
+    /// nearest the one asked for (only a read-back can tell). Operations with no "something
     /// else" to apply refuse like [`FaultMode::Fail`] — an injected fault is never ignored.
     Misapplied,
 }

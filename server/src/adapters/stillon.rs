@@ -278,8 +278,8 @@ impl StillOn {
     }
 
     /// The move of a reservation, holding the target slot while it mutates. `misapply`: the
-    /// party is seated at the next free sitting after the one asked for (when there is one),
-    /// and the answer still names the time asked for.
+    /// party is seated at the free sitting nearest the one asked for (refused when there is
+    /// none), and the answer still names the time asked for.
     async fn modify(&self, call: &Invocation, misapply: bool) -> Result<Value, AdapterError> {
         let args = &call.arguments;
         let id = id_arg(args, "reservation_id")?;
@@ -292,11 +292,17 @@ impl StillOn {
         let date = res["date"].as_str().unwrap_or_default().to_string();
         let time = if misapply {
             let (_, r) = self.must_get("restaurant", &restaurant, &call.tenant).await?;
+            let asked_at = minutes(&asked).unwrap_or(0);
             free_slots(&r, &date)
                 .into_iter()
-                .filter(|t| minutes(t) > minutes(&asked))
-                .min_by_key(|t| minutes(t))
-                .unwrap_or_else(|| asked.clone())
+                .filter(|t| *t != asked)
+                .min_by_key(|t| (minutes(t).unwrap_or(i64::MAX) - asked_at).abs())
+                .ok_or_else(|| {
+                    rejected(
+                        "injected",
+                        "the partner refused (injected fault: no other sitting to misapply)",
+                    )
+                })?
         } else {
             asked.clone()
         };
@@ -568,7 +574,7 @@ impl StillOn {
     }
 
     /// One effect. `misapply` (an injected [`super::builtin::FaultMode::Misapplied`]): a
-    /// reservation move seats the party at the next free sitting after the one asked for and
+    /// reservation move seats the party at the free sitting nearest the one asked for and
     /// answers as if it had moved it as asked; any other operation refuses.
     async fn write(&self, call: &Invocation, misapply: bool) -> Result<Value, AdapterError> {
         // A key seen before answers with its first result, whatever the state is now.

@@ -324,7 +324,8 @@ async fn stillon_the_slot_taken_in_flight_fails_closed_without_a_mutation() {
 #[tokio::test]
 async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_back() {
     each_stillon_app(|app| async move {
-        // The partner accepts "20:00" and answers "20:00", but seats the party at 20:30.
+        // The partner accepts "20:00" and answers "20:00", but seats the party at 19:00 (the
+        // free sitting nearest 20:00: 20:30 and 21:00 are taken).
         inject_fault(
             &app.store,
             STILLON,
@@ -362,7 +363,7 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
         // The target: one effect (not retried), the reservation where the partner put it, and
         // the later step never started.
         assert_eq!(effects(&app, "dining.reservation.modify").await, 1);
-        assert_eq!(object(&app, "reservation", "8472").await["time"], "20:30");
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "19:00");
         assert_eq!(
             app.store.get_step(&steps[0]).await.unwrap().attempts,
             1,
@@ -394,7 +395,7 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
             .find(|f| f["field"] == "time")
             .unwrap_or_else(|| panic!("no time field: {detail}"));
         assert_eq!(time["expected"], "20:00", "{detail}");
-        assert_eq!(time["current"], "20:30", "{detail}");
+        assert_eq!(time["current"], "19:00", "{detail}");
         assert!(app.store.verify_audit().await.unwrap().is_ok());
         app
     })
@@ -622,7 +623,7 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
                 party: TRAVELLER.into(),
                 tool: "reservation.modify".into(),
                 conditions: vec![countersign_core::policy::AuthorizationCondition::OwnsResource],
-                expires_at: app.clock.now_ms() + 60_000,
+                expires_at: app.store.clock().now_ms() + 60_000,
                 reason: "one minute".into(),
                 granted_by: "ops".into(),
             })
