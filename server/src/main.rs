@@ -740,8 +740,10 @@ async fn standing_command(store: &Store, command: StandingCommand) -> Result<(),
 
 /// Unix ms as RFC 3339 (UTC), or the number when out of range.
 fn instant(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map_or_else(|| ms.to_string(), |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || ms.to_string(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
 }
 
 /// A CLI command's failure: a start-up failure, or a refusal with its reason.

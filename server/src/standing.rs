@@ -81,7 +81,9 @@ pub async fn seed_grant(
             tool: grant.tool.clone(),
             conditions: grant.conditions.clone(),
             expires_at: grant.expires_at.timestamp_millis(),
-            reason: "seed 004: the traveller lets a reservation of theirs move by at most 30 minutes".into(),
+            reason:
+                "seed 004: the traveller lets a reservation of theirs move by at most 30 minutes"
+                    .into(),
             granted_by: SEEDER.into(),
         })
         .await

@@ -360,7 +360,10 @@ impl Store {
             REVOKED_RULE,
             by,
             &current,
-            &[("reason", json!(reason)), ("granted_by", json!(current.granted_by))],
+            &[
+                ("reason", json!(reason)),
+                ("granted_by", json!(current.granted_by)),
+            ],
         )?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
@@ -440,8 +443,9 @@ impl Store {
                 })
             }
             None => {
-                let sql =
-                    format!("SELECT {COLUMNS} FROM standing_authorizations ORDER BY granted_at, id");
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM standing_authorizations ORDER BY granted_at, id"
+                );
                 on_pool!(self, |p| sqlx::query_as(&sql).fetch_all(p).await?)
             }
         };

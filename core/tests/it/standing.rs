@@ -3,12 +3,12 @@
 //! audit records — on SQLite and Postgres.
 
 use chrono::Duration;
+use countersign_core::Store;
 use countersign_core::policy::AuthorizationCondition as Cond;
 use countersign_core::store::testing::each_backend;
 use countersign_core::store::{
     GRANTED_RULE, NewStanding, REVOKED_RULE, StandingError, StandingState,
 };
-use countersign_core::Store;
 
 use crate::test_clock;
 
@@ -175,7 +175,9 @@ async fn standing_changes_are_audited_and_a_revoked_grant_stays_revoked() {
             .unwrap();
         assert_eq!(g.granted_by, "ops@stillon");
         assert!(matches!(
-            store.revoke_standing("SA-nope", "ops@stillon", "typo").await,
+            store
+                .revoke_standing("SA-nope", "ops@stillon", "typo")
+                .await,
             Err(StandingError::NotFound(_))
         ));
         assert!(matches!(

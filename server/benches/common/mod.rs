@@ -48,7 +48,11 @@ impl Server {
     /// Starts `countersign serve` in-process on `db` with the finance example and no
     /// executor workers (the benches drive those themselves).
     pub async fn start(db: &FreshDb) -> Self {
-        Self::start_with(db, &format!("{}/../examples/finance", env!("CARGO_MANIFEST_DIR"))).await
+        Self::start_with(
+            db,
+            &format!("{}/../examples/finance", env!("CARGO_MANIFEST_DIR")),
+        )
+        .await
     }
 
     /// [`Server::start`] with the registry file or folder at `registry`.

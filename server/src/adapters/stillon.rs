@@ -291,7 +291,9 @@ impl StillOn {
             .to_string();
         let date = res["date"].as_str().unwrap_or_default().to_string();
         let time = if misapply {
-            let (_, r) = self.must_get("restaurant", &restaurant, &call.tenant).await?;
+            let (_, r) = self
+                .must_get("restaurant", &restaurant, &call.tenant)
+                .await?;
             let asked_at = minutes(&asked).unwrap_or(0);
             free_slots(&r, &date)
                 .into_iter()

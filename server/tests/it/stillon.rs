@@ -352,7 +352,10 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
         let failed = wait_for(&app, &steps[0], StepStatus::Failed).await;
         assert_eq!(failed.rule.as_deref(), Some(STATE_CHANGED), "{failed:?}");
         wait_run(&app, &run, RunStatus::Failed).await;
-        assert!(app.store.get_run(&run).await.unwrap().replan, "re-plan flag");
+        assert!(
+            app.store.get_run(&run).await.unwrap().replan,
+            "re-plan flag"
+        );
         // Never reported as a success, to the planner or anyone.
         let status = planner.call("run.status", json!({"run_id": run})).await;
         assert_eq!(content(&status)["replan"], true, "{status}");
@@ -387,7 +390,10 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
         assert_eq!(detail["check"], READ_BACK, "{detail}");
         assert_eq!(detail["effect_applied"], true, "{detail}");
         assert_eq!(detail["replan"], true, "{detail}");
-        assert_eq!(detail["reference"], "8472@20:00", "what the partner claimed: {detail}");
+        assert_eq!(
+            detail["reference"], "8472@20:00",
+            "what the partner claimed: {detail}"
+        );
         let time = detail["fields"]
             .as_array()
             .unwrap()
@@ -550,15 +556,33 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
 
         // Refusals first. The CLI refuses what could never be a sound grant.
         let base = [
-            "grant", "--tenant", TENANT, "--party", TRAVELLER, "--expires", "30d", "--reason",
+            "grant",
+            "--tenant",
+            TENANT,
+            "--party",
+            TRAVELLER,
+            "--expires",
+            "30d",
+            "--reason",
             "the traveller lets dinner move",
         ];
         for (extra, why) in [
-            (&["--tool", "reservation.cancel", "--owns-resource"][..], "irreversible"),
-            (&["--tool", "reservation.modify"][..], "condition"),
-            (&["--tool", "reservation.nope", "--owns-resource"][..], "not a tool"),
             (
-                &["--tool", "reservation.modify", "--only-arguments", "reservation_id,party"][..],
+                &["--tool", "reservation.cancel", "--owns-resource"][..],
+                "irreversible",
+            ),
+            (&["--tool", "reservation.modify"][..], "condition"),
+            (
+                &["--tool", "reservation.nope", "--owns-resource"][..],
+                "not a tool",
+            ),
+            (
+                &[
+                    "--tool",
+                    "reservation.modify",
+                    "--only-arguments",
+                    "reservation_id,party",
+                ][..],
                 "no argument",
             ),
         ] {
@@ -571,7 +595,14 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
         // Revoked: the 30-minute move the seeded grant covered now waits for the traveller.
         let (code, out, err) = standing_cli(
             &app,
-            &["revoke", seeded, "--reason", "the traveller withdrew it", "--by", "ops"],
+            &[
+                "revoke",
+                seeded,
+                "--reason",
+                "the traveller withdrew it",
+                "--by",
+                "ops",
+            ],
         );
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("revoked"), "{out}");
@@ -579,7 +610,11 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
         assert_eq!(code, 1);
         assert!(err.contains("already revoked"), "{err}");
         let reply = move_to(&app, &token, "20:00").await;
-        assert_eq!(content(&reply)["status"], "needs_approval", "revoked: {reply}");
+        assert_eq!(
+            content(&reply)["status"],
+            "needs_approval",
+            "revoked: {reply}"
+        );
         assert_eq!(content(&reply)["rule"], "reservation.change", "{reply}");
 
         // Out of bounds: a 15-minute grant does not cover a 30-minute move.
@@ -587,32 +622,63 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
             .iter()
             .copied()
             .chain([
-                "--tool", "reservation.modify", "--owns-resource", "--max-shift-minutes", "15",
-                "--id", "SA-15",
+                "--tool",
+                "reservation.modify",
+                "--owns-resource",
+                "--max-shift-minutes",
+                "15",
+                "--id",
+                "SA-15",
             ])
             .collect();
         let (code, out, err) = standing_cli(&app, &args);
         assert_eq!(code, 0, "{err}");
         assert_eq!(out.trim(), "SA-15");
         let reply = move_to(&app, &token, "20:00").await;
-        assert_eq!(content(&reply)["status"], "needs_approval", "bounds: {reply}");
+        assert_eq!(
+            content(&reply)["status"],
+            "needs_approval",
+            "bounds: {reply}"
+        );
 
         // Another party's and another tenant's grants, and an expired one, cover nothing.
         let (code, _, err) = standing_cli(
             &app,
             &[
-                "grant", "--tenant", TENANT, "--party", "user-999", "--tool",
-                "reservation.modify", "--owns-resource", "--max-shift-minutes", "60",
-                "--expires", "30d", "--reason", "someone else's",
+                "grant",
+                "--tenant",
+                TENANT,
+                "--party",
+                "user-999",
+                "--tool",
+                "reservation.modify",
+                "--owns-resource",
+                "--max-shift-minutes",
+                "60",
+                "--expires",
+                "30d",
+                "--reason",
+                "someone else's",
             ],
         );
         assert_eq!(code, 0, "{err}");
         let (code, _, err) = standing_cli(
             &app,
             &[
-                "grant", "--tenant", "globex", "--party", TRAVELLER, "--tool",
-                "reservation.modify", "--owns-resource", "--max-shift-minutes", "60",
-                "--expires", "30d", "--reason", "another tenant's",
+                "grant",
+                "--tenant",
+                "globex",
+                "--party",
+                TRAVELLER,
+                "--tool",
+                "reservation.modify",
+                "--owns-resource",
+                "--max-shift-minutes",
+                "60",
+                "--expires",
+                "30d",
+                "--reason",
+                "another tenant's",
             ],
         );
         assert_eq!(code, 0, "{err}");
@@ -631,7 +697,11 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
             .unwrap();
         app.clock.advance(chrono::Duration::minutes(2));
         let reply = move_to(&app, &token, "20:00").await;
-        assert_eq!(content(&reply)["status"], "needs_approval", "others: {reply}");
+        assert_eq!(
+            content(&reply)["status"],
+            "needs_approval",
+            "others: {reply}"
+        );
         assert_eq!(effects(&app, "dining.reservation.modify").await, 0);
         assert_eq!(object(&app, "reservation", "8472").await["time"], "19:30");
 
@@ -640,8 +710,15 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
             .iter()
             .copied()
             .chain([
-                "--tool", "reservation.modify", "--owns-resource", "--max-shift-minutes", "30",
-                "--only-arguments", "reservation_id,requested_time,reason", "--id", "SA-30",
+                "--tool",
+                "reservation.modify",
+                "--owns-resource",
+                "--max-shift-minutes",
+                "30",
+                "--only-arguments",
+                "reservation_id,requested_time,reason",
+                "--id",
+                "SA-30",
             ])
             .collect();
         let (code, _, err) = standing_cli(&app, &args);
@@ -658,7 +735,10 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
             .filter(|r| r.event == "decided" && r.tool.as_deref() == Some("reservation.modify"))
             .filter_map(|r| r.rule)
             .collect::<Vec<_>>();
-        assert_eq!(decided.last().map(String::as_str), Some("authorization:SA-30"));
+        assert_eq!(
+            decided.last().map(String::as_str),
+            Some("authorization:SA-30")
+        );
 
         // Every change is in the audit trail, and the chain verifies.
         let changes: Vec<(String, Value)> = app
@@ -667,14 +747,24 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
             .await
             .unwrap()
             .into_iter()
-            .filter(|r| r.rule.as_deref().is_some_and(|x| x.starts_with("standing.")))
+            .filter(|r| {
+                r.rule
+                    .as_deref()
+                    .is_some_and(|x| x.starts_with("standing."))
+            })
             .map(|r| {
                 let v: Value = serde_json::from_str(&r.record).unwrap();
                 (r.rule.unwrap(), v["detail"]["id"].clone())
             })
             .collect();
-        let granted = changes.iter().filter(|(r, _)| r == "standing.granted").count();
-        assert_eq!(granted, 6, "seeded + SA-15 + other party + other tenant + SA-brief + SA-30: {changes:?}");
+        let granted = changes
+            .iter()
+            .filter(|(r, _)| r == "standing.granted")
+            .count();
+        assert_eq!(
+            granted, 6,
+            "seeded + SA-15 + other party + other tenant + SA-brief + SA-30: {changes:?}"
+        );
         assert!(
             changes.contains(&("standing.revoked".into(), json!(seeded))),
             "{changes:?}"
