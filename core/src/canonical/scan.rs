@@ -374,7 +374,11 @@ mod quote_tests {
                         }
                     }
                     let want = bytes.iter().position(|&c| c == b'"' || c == b'\\');
-                    assert_eq!(quote_or_backslash(&bytes), want, "len {len} at {at} filler {f}");
+                    assert_eq!(
+                        quote_or_backslash(&bytes),
+                        want,
+                        "len {len} at {at} filler {f}"
+                    );
                 }
             }
         }
