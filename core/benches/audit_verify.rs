@@ -83,6 +83,7 @@ fn chain(n: usize) -> Vec<AuditRecord> {
         .collect()
 }
 
+#[inline(never)]
 fn raw_sha256(records: &[AuditRecord]) -> u8 {
     let mut acc = 0u8;
     for r in records {
@@ -126,7 +127,29 @@ fn median(mut f: impl FnMut() -> Duration) -> Duration {
     times[times.len() / 2]
 }
 
+/// `AUDIT_VERIFY_PROFILE=1`: one pass of raw SHA-256 and one single-threaded verify over
+/// `AUDIT_VERIFY_RECORDS` (default 2,000) records and nothing else, for an instruction
+/// profile: `valgrind --tool=callgrind` on this binary, then compare the inclusive cost of
+/// `raw_sha256` with `verify_with_threads` (per record, independent of machine load).
+#[inline(never)]
+fn profile_once() {
+    let n: usize = std::env::var("AUDIT_VERIFY_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let records = chain(n);
+    black_box(raw_sha256(black_box(&records)));
+    assert_eq!(
+        verify_with_threads(black_box(&records), 1, GENESIS, 1),
+        Ok(n as i64)
+    );
+}
+
 fn main() {
+    if std::env::var_os("AUDIT_VERIFY_PROFILE").is_some() {
+        profile_once();
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
 

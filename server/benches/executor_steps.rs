@@ -1,23 +1,27 @@
 //! Executor throughput (issue 5): planned steps executed per second by 1, 4 and 16
-//! `countersign::executor::work_once` loops on Postgres, next to a raw SQL baseline doing the
-//! same claim and completion statements in a bare sqlx loop, in the same run.
+//! `countersign::executor::work_once` loops on Postgres against a no-op adapter, next to a raw
+//! SQL baseline doing the same claim and completion statements in a bare sqlx loop, in the same
+//! run, with the ratio per worker count.
 //!
-//! * Steps: `plan.submit` (over `/mcp`, as a planner) of runs of 20 `invoice.get` steps
-//!   against the built-in demo ERP (one indexed read: the nearest to a no-op adapter the
-//!   registry offers). `BENCH_STEP_TOOL=note.draft` runs writes instead (distinct text per
-//!   step, so key reservation and an effect per step) — but the demo ERP numbers notes by
-//!   counting all of them, so concurrent drafts collide and are retried with backoff; that
-//!   measures the demo target, not the executor. Each configuration executes `BENCH_STEPS`
-//!   (default 2,000) fresh steps.
+//! * Steps: `plan.submit` (over `/mcp`, as a planner) of runs of 20 `bench.noop` steps — a
+//!   `write` tool added to the finance example for this bench, served by the built-in `noop`
+//!   provider, which answers at once and touches nothing — so what is measured is the executor:
+//!   claim, policy, key reservation, status changes and audit records. `BENCH_STEP_TOOL`
+//!   picks another tool: `invoice.get` (a read against the demo ERP: one indexed read, no key
+//!   reservation) or `note.draft` (a write to the demo ERP, which numbers notes by counting all
+//!   of them, so concurrent drafts collide and are retried with backoff; that measures the demo
+//!   target, not the executor). Each configuration executes `BENCH_STEPS` (default 2,000)
+//!   fresh steps.
 //! * Ours: every step goes through the whole executor path — emergency-stop check, claim
-//!   (`FOR UPDATE SKIP LOCKED`), policy again, key reservation, the adapter, the status change
-//!   with its audit records, release, settling the run.
+//!   (`FOR UPDATE SKIP LOCKED`), run bounds, policy again, key reservation, the adapter, the
+//!   status change with its audit records, release, settling the run.
 //! * Baseline: the same claim statement, then one `UPDATE … SET status = 'done'` completing
 //!   the step, each autocommitted, through a 16-connection sqlx `PgPool`, on steps seeded the
 //!   same way.
 //!
-//! Run with `cargo bench -p countersign --bench executor_steps`. Prints a markdown section on
-//! stdout; progress on stderr.
+//! Run with `cargo bench -p countersign --bench executor_steps` (`BENCH_STEPS=200` for a quick
+//! check). Prints a markdown section on stdout; progress on stderr. Target: ≥ 60 % of the
+//! baseline at 4 workers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -49,6 +53,36 @@ const COMPLETE: &str = "UPDATE steps SET status = 'done', outcome = $1, attempts
        updated_at = $2, claimed_by = NULL, lease_until = NULL
      WHERE id = $3 AND claimed_by = $4";
 
+/// The no-op tool this bench adds to the finance example.
+const NOOP_TOOL: &str = "bench.noop";
+
+/// The finance example plus the `noop` provider and [`NOOP_TOOL`], in a fresh folder.
+fn bench_registry() -> std::path::PathBuf {
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/finance");
+    let dir = std::env::temp_dir().join(format!("cs-bench-registry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["policy.cedar", "policy.cedarschema"] {
+        std::fs::copy(example.join(file), dir.join(file)).unwrap();
+    }
+    let yaml = std::fs::read_to_string(example.join("registry.yaml")).unwrap();
+    assert!(yaml.contains("\nproviders:\n") && yaml.contains("\ntools:\n"));
+    let yaml = yaml
+        .replacen(
+            "\nproviders:\n",
+            "\nproviders:\n  noop:\n    kind: builtin\n    description: Does nothing (executor benchmark).\n",
+            1,
+        )
+        .replacen(
+            "\ntools:\n",
+            &format!(
+                "\ntools:\n  {NOOP_TOOL}:\n    title: Benchmark no-op\n    description: Does nothing at the no-op system (executor benchmark).\n    effect: write\n    gate: never\n    roles: [worker.finance]\n    handler: {{provider: noop, operation: noop.touch}}\n    inputSchema:\n      type: object\n      additionalProperties: false\n      required: [n]\n      properties:\n        n: {{type: integer, minimum: 0, maximum: 1000000000}}\n\n"
+            ),
+            1,
+        );
+    std::fs::write(dir.join("registry.yaml"), yaml).unwrap();
+    dir
+}
+
 /// Submits plans totalling `steps` steps of `tool`; `tag` keeps texts distinct across rounds.
 async fn seed(planner: &mut Mcp, tool: &str, steps: usize, tag: &str) {
     let mut left = steps;
@@ -59,6 +93,8 @@ async fn seed(planner: &mut Mcp, tool: &str, steps: usize, tag: &str) {
             .map(|i| {
                 let arguments = if tool == "note.draft" {
                     json!({"invoice_id": INVOICE, "text": format!("bench {tag} {plan}-{i}")})
+                } else if tool == NOOP_TOOL {
+                    json!({"n": plan * PLAN_STEPS + i})
                 } else {
                     json!({"invoice_id": INVOICE})
                 };
@@ -157,10 +193,11 @@ async fn baseline(pool: &PgPool, workers: usize, now: i64) -> (u64, Duration) {
 #[tokio::main]
 async fn main() {
     let steps = env_num("BENCH_STEPS", 2_000) as usize;
-    let tool = std::env::var("BENCH_STEP_TOOL").unwrap_or_else(|_| "invoice.get".into());
+    let tool = std::env::var("BENCH_STEP_TOOL").unwrap_or_else(|_| NOOP_TOOL.into());
     let tool = tool.as_str();
     let db = fresh_postgres().await;
-    let server = Server::start(&db).await;
+    let registry = bench_registry();
+    let server = Server::start_with(&db, registry.to_str().unwrap()).await;
     let store = server.state.store.clone();
     let token = server.agent("bench-planner", "planner").await;
     let mut planner = Mcp::new(server.addr, &token);
@@ -206,15 +243,21 @@ async fn main() {
     pool.close().await;
     server.stop().await;
     db.drop_db().await;
+    let _ = std::fs::remove_dir_all(&registry);
 
     println!("### Executor steps per second (issue 5)\n");
     println!(
         "{steps} planned `{tool}` steps per configuration (runs of {PLAN_STEPS}, submitted \
-         with `plan.submit`), executed by N `executor::work_once` loops against the built-in \
-         demo ERP adapter, on Postgres; each step is claimed, decided again, executed, recorded \
+         with `plan.submit`), executed by N `executor::work_once` loops on Postgres against {}; \
+         each step is claimed, decided again, executed, recorded \
          with its audit records, released, and its run settled. Baseline in the same run: the same claim statement \
          (`FOR UPDATE SKIP LOCKED`) plus one completing `UPDATE`, in a bare sqlx loop per \
-         worker over a 16-connection pool, on steps seeded the same way.\n"
+         worker over a 16-connection pool, on steps seeded the same way.\n",
+        if tool == NOOP_TOOL {
+            "the built-in no-op adapter (a write: its key is reserved)"
+        } else {
+            "the built-in demo ERP adapter"
+        }
     );
     println!(
         "| workers | executor steps/s | raw claim + complete steps/s | executor vs baseline |"

@@ -64,6 +64,13 @@ enum Command {
         #[command(subcommand)]
         command: AgentTokenCommand,
     },
+    /// Grant, list and revoke standing authorizations: a party (the person agents act for)
+    /// lets calls of one tool run without asking, within bounds, until they expire. Every
+    /// change is audited.
+    Standing {
+        #[command(subcommand)]
+        command: StandingCommand,
+    },
     /// Verify, export and checkpoint the hash-chained audit trail.
     Audit {
         #[command(subcommand)]
@@ -122,6 +129,68 @@ enum AgentTokenCommand {
     Revoke {
         /// Credential id, or the name of an active credential.
         id_or_name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum StandingCommand {
+    /// Grant one: calls of --tool made for --party (in --tenant) run without a person's
+    /// approval when every condition holds and policy would only have asked. It never lifts a
+    /// deny, a floor, or an irreversible tool's gate.
+    Grant {
+        /// The party that holds it: the person agents act for (e.g. user-123).
+        #[arg(long)]
+        party: String,
+        /// The one tool it covers (must be in the registry in force, and not irreversible).
+        #[arg(long)]
+        tool: String,
+        /// The tenant it belongs to.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Until when: a lifetime such as 30d or 12h, or an RFC 3339 instant. Required.
+        #[arg(long)]
+        expires: String,
+        /// Why (recorded in the audit trail).
+        #[arg(long)]
+        reason: String,
+        /// Condition: every record the call points at is owned by the party.
+        #[arg(long)]
+        owns_resource: bool,
+        /// Condition: `requested_time` is within this many minutes of the record's start.
+        #[arg(long, value_name = "MINUTES")]
+        max_shift_minutes: Option<u32>,
+        /// Condition: `amount` is at most this many minor units.
+        #[arg(long, value_name = "MINOR_UNITS")]
+        max_amount_minor: Option<i64>,
+        /// Condition: the call carries no argument outside this comma-separated list.
+        #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+        only_arguments: Option<Vec<String>>,
+        /// Allow a grant with no condition at all (it covers every call of the tool).
+        #[arg(long)]
+        unconditional: bool,
+        /// Its id (default: SA- and a random UUID).
+        #[arg(long)]
+        id: Option<String>,
+        /// Who grants it (recorded); defaults to $USER.
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// List grants (of --tenant) with their state: active, expired, revoked.
+    List {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke a grant by id: from the next call on it covers nothing.
+    Revoke {
+        /// The grant's id.
+        id: String,
+        /// Why (recorded in the audit trail).
+        #[arg(long)]
+        reason: String,
+        /// Who revokes it (recorded); defaults to $USER.
+        #[arg(long)]
+        by: Option<String>,
     },
 }
 
@@ -298,6 +367,14 @@ fn main() -> ExitCode {
                     .await
                     .map_err(StartError::Database)?;
                 let result = agent_token_command(&store, command).await;
+                store.close().await;
+                result
+            }
+            Command::Standing { command } => {
+                let store = countersign::connect_and_migrate(&config, clock)
+                    .await
+                    .map_err(StartError::Database)?;
+                let result = standing_command(&store, command).await;
                 store.close().await;
                 result
             }
@@ -500,6 +577,173 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
             Ok(())
         }
     }
+}
+
+async fn standing_command(store: &Store, command: StandingCommand) -> Result<(), CliError> {
+    use countersign_core::policy::AuthorizationCondition as Condition;
+    use countersign_core::store::{NewStanding, StandingError};
+    let refused = |e: StandingError| match e {
+        StandingError::Store(e) => CliError::Start(StartError::Database(e)),
+        other => CliError::Refused(other.to_string()),
+    };
+    match command {
+        StandingCommand::Grant {
+            party,
+            tool,
+            tenant,
+            expires,
+            reason,
+            owns_resource,
+            max_shift_minutes,
+            max_amount_minor,
+            only_arguments,
+            unconditional,
+            id,
+            by,
+        } => {
+            let Some((version, sources)) =
+                store.current_bundle().await.map_err(StartError::Database)?
+            else {
+                return Err(CliError::Refused(
+                    "the database holds no registry yet; import one first (countersign registry import)"
+                        .into(),
+                ));
+            };
+            let bundle = Bundle::load(sources).map_err(|e| CliError::Refused(e.to_string()))?;
+            let Some(found) = countersign_core::ToolName::parse(&tool)
+                .ok()
+                .and_then(|n| bundle.registry.tool(&n))
+            else {
+                return Err(CliError::Refused(format!(
+                    "--tool {tool:?} is not a tool in registry version {version}"
+                )));
+            };
+            if found.effect == countersign_core::Effect::Irreversible {
+                return Err(CliError::Refused(format!(
+                    "{tool} is irreversible: a person approves every call, a standing \
+                     authorization would never cover one"
+                )));
+            }
+            let mut conditions = Vec::new();
+            if owns_resource {
+                conditions.push(Condition::OwnsResource);
+            }
+            if let Some(m) = max_shift_minutes {
+                conditions.push(Condition::MaxShiftMinutes(m));
+            }
+            if let Some(m) = max_amount_minor {
+                if m < 0 {
+                    return Err(CliError::Refused(
+                        "--max-amount-minor must not be negative".into(),
+                    ));
+                }
+                conditions.push(Condition::MaxAmountMinor(m));
+            }
+            if let Some(names) = only_arguments {
+                let known = found
+                    .input_schema
+                    .get("properties")
+                    .and_then(serde_json::Value::as_object);
+                let names: Vec<String> = names
+                    .into_iter()
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect();
+                if let Some(bad) = names
+                    .iter()
+                    .find(|n| !known.is_some_and(|k| k.contains_key(n.as_str())))
+                {
+                    return Err(CliError::Refused(format!(
+                        "--only-arguments: {tool} has no argument {bad:?}"
+                    )));
+                }
+                conditions.push(Condition::OnlyArguments(names));
+            }
+            if conditions.is_empty() && !unconditional {
+                return Err(CliError::Refused(
+                    "a grant without conditions covers every call of the tool: give at least one \
+                     condition, or --unconditional"
+                        .into(),
+                ));
+            }
+            let expires_at = match chrono::DateTime::parse_from_rfc3339(&expires) {
+                Ok(t) => t.timestamp_millis(),
+                Err(_) => {
+                    let span = Span::parse(&expires).map_err(|e| {
+                        CliError::Refused(format!(
+                            "--expires {expires:?}: not an RFC 3339 instant, and {e}"
+                        ))
+                    })?;
+                    store.clock().now_ms() + span.to_chrono().num_milliseconds()
+                }
+            };
+            let granted = store
+                .grant_standing(&NewStanding {
+                    id,
+                    tenant,
+                    party,
+                    tool,
+                    conditions,
+                    expires_at,
+                    reason,
+                    granted_by: who(by),
+                })
+                .await
+                .map_err(refused)?;
+            println!("{}", granted.id);
+            eprintln!(
+                "granted {} to {} (tenant {}) for {} until {}",
+                granted.id,
+                granted.party,
+                granted.tenant,
+                granted.tool,
+                instant(granted.expires_at)
+            );
+            Ok(())
+        }
+        StandingCommand::List { tenant } => {
+            let now = store.clock().now_ms();
+            for g in store
+                .list_standing(tenant.as_deref())
+                .await
+                .map_err(StartError::Database)?
+            {
+                let conditions = g
+                    .conditions
+                    .as_ref()
+                    .and_then(|c| serde_json::to_string(c).ok())
+                    .unwrap_or_else(|| "(unreadable)".into());
+                println!(
+                    "{}  {:<10} tenant={} party={} tool={} expires={} conditions={} granted_by={}",
+                    g.id,
+                    g.state(now).as_str(),
+                    g.tenant,
+                    g.party,
+                    g.tool,
+                    instant(g.expires_at),
+                    conditions,
+                    g.granted_by
+                );
+            }
+            Ok(())
+        }
+        StandingCommand::Revoke { id, reason, by } => {
+            let g = store
+                .revoke_standing(&id, &who(by), &reason)
+                .await
+                .map_err(refused)?;
+            println!("revoked {} ({} for {})", g.id, g.tool, g.party);
+            Ok(())
+        }
+    }
+}
+
+/// Unix ms as RFC 3339 (UTC), or the number when out of range.
+fn instant(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || ms.to_string(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
 }
 
 /// A CLI command's failure: a start-up failure, or a refusal with its reason.

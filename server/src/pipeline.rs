@@ -906,8 +906,9 @@ fn closing(opening: Option<Opening>, mut t: Transition) -> Transition {
 }
 
 /// [revalidation] Records a step that failed closed on revalidation (`state.changed` before the
-/// call, `readback.*` after it): `failed` with the rule and the fields, its key settled so it is
-/// never retried, and its run flagged for re-planning.
+/// call or on read-back, `state.unverified` / `readback.unconfirmed` when the state could not
+/// be read): `failed` with the rule, the check and the fields, its key settled so it is never
+/// retried, and its run flagged for re-planning.
 async fn fail_closed(
     ctx: &Ctx<'_>,
     step: &Step,
@@ -917,12 +918,14 @@ async fn fail_closed(
 ) -> Result<Answer, Internal> {
     let answer = err(
         json!({"status": "failed", "step_id": step.id, "rule": failure.rule,
+                            "check": failure.check,
                             "message": failure.message, "fields": failure.fields,
                             "retryable": false, "replan": true}),
     );
     let mut d = detail(&[
         ("idem_key", json!(step.idem_key)),
         ("status", json!(StepStatus::Failed.as_str())),
+        ("check", json!(failure.check)),
         ("fields", json!(failure.fields)),
         ("effect_applied", json!(result.is_some())),
         ("replan", json!(true)),

@@ -20,9 +20,10 @@
 //! * Any mismatch, an observed state that cannot be parsed, an observed state on a tool with no
 //!   verify tool, or a verify read that fails → the call is not reported as a success. Before
 //!   the call that means it never happens ([`STATE_CHANGED`], [`STATE_UNVERIFIED`]); after it,
-//!   the effect has happened and is never retried ([`READBACK_MISMATCH`],
-//!   [`READBACK_UNCONFIRMED`]). Either way the pipeline records the step `failed` with the rule
-//!   and the fields, and flags the run for re-planning.
+//!   the effect has happened and is never retried ([`STATE_CHANGED`] again — the state is not
+//!   what the step was to make it — or [`READBACK_UNCONFIRMED`]); [`Failure::check`] says
+//!   which ([`BEFORE_CALL`], [`READ_BACK`]). Either way the pipeline records the step `failed`
+//!   with the rule, the check and the fields, and flags the run for re-planning.
 //! * The verify read is Countersign's own read: it carries the step's tenant and party and a key
 //!   derived from the step's (`<key>:verify:before|after`); it never mutates.
 
@@ -38,8 +39,6 @@ use countersign_core::store::Step;
 pub const STATE_CHANGED: &str = "state.changed";
 /// The observed state could not be re-read: nothing was called.
 pub const STATE_UNVERIFIED: &str = "state.unverified";
-/// The read-back disagrees with the call's intent: the effect happened, success is not reported.
-pub const READBACK_MISMATCH: &str = "readback.mismatch";
 /// The read-back could not be made: the effect happened, success is not reported.
 pub const READBACK_UNCONFIRMED: &str = "readback.unconfirmed";
 
@@ -47,11 +46,18 @@ pub const READBACK_UNCONFIRMED: &str = "readback.unconfirmed";
 /// filled with the call's key when reading back.
 pub const LOOKUP_KEY_ARGUMENT: &str = "idempotency_key";
 
+/// [`Failure::check`] of the re-read before the call (nothing was called).
+pub const BEFORE_CALL: &str = "before_call";
+/// [`Failure::check`] of the read-back after an accepted call (the effect happened).
+pub const READ_BACK: &str = "read_back";
+
 /// Why a step fails closed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failure {
     /// The rule recorded on the step and in the audit.
     pub rule: &'static str,
+    /// Which check failed: [`BEFORE_CALL`] or [`READ_BACK`].
+    pub check: &'static str,
     /// For people.
     pub message: String,
     /// The fields that did not hold: `{field, expected, current}`.
@@ -59,9 +65,10 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn new(rule: &'static str, message: impl Into<String>) -> Self {
+    fn new(rule: &'static str, check: &'static str, message: impl Into<String>) -> Self {
         Self {
             rule,
+            check,
             message: message.into(),
             fields: Vec::new(),
         }
@@ -85,7 +92,7 @@ pub async fn before(
     }
     let current = read(loaded, tool, call, "before")
         .await
-        .map_err(|e| Failure::new(STATE_UNVERIFIED, e))?;
+        .map_err(|e| Failure::new(STATE_UNVERIFIED, BEFORE_CALL, e))?;
     let mut fields = Vec::new();
     for (field, value) in &observed {
         let now = path(&current, field);
@@ -98,6 +105,7 @@ pub async fn before(
     }
     Err(Failure {
         rule: STATE_CHANGED,
+        check: BEFORE_CALL,
         message: "the state this step was planned on has changed; it was not executed".into(),
         fields,
     })
@@ -115,7 +123,7 @@ pub async fn after(
     }
     let current = read(loaded, tool, call, "after")
         .await
-        .map_err(|e| Failure::new(READBACK_UNCONFIRMED, e))?;
+        .map_err(|e| Failure::new(READBACK_UNCONFIRMED, READ_BACK, e))?;
     let aliases = loaded
         .adapters
         .get(tool.handler.provider.as_str())
@@ -151,14 +159,23 @@ pub async fn after(
         return Ok(());
     }
     Err(Failure {
-        rule: READBACK_MISMATCH,
-        message: "the target accepted the call but its state does not show it".into(),
+        rule: STATE_CHANGED,
+        check: READ_BACK,
+        message: "the target accepted the call but its state does not show it; the step is \
+                  not reported as a success and the run needs a new plan"
+            .into(),
         fields,
     })
 }
 
 fn parse_observed(text: &str) -> Result<Vec<(String, String)>, Failure> {
-    let unreadable = || Failure::new(STATE_CHANGED, "the observed state is unreadable");
+    let unreadable = || {
+        Failure::new(
+            STATE_CHANGED,
+            BEFORE_CALL,
+            "the observed state is unreadable",
+        )
+    };
     let items: Vec<Value> = serde_json::from_str(text).map_err(|_| unreadable())?;
     items
         .iter()

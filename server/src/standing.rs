@@ -1,32 +1,32 @@
 //! Who a call is made for, and the standing authorizations that party holds.
 //!
-//! INTERIM STORAGE (for the lead to replace with proper tables): both live in `demo_objects`
-//! under system [`SYSTEM`] (`countersign`):
-//! * kind [`ACTS_FOR`], id = an agent credential id, data `{"party": "user-123"}`: the person
-//!   that credential's runs act for (seed 004: the StillOn agents act for the traveller);
-//! * kind [`GRANT`], id = the grant id, data = a [`StandingAuthorization`] as JSON.
+//! * The party: INTERIM STORAGE in `demo_objects` under system [`SYSTEM`] (`countersign`),
+//!   kind [`ACTS_FOR`], id = an agent credential id, data `{"party": "user-123"}`: the person
+//!   that credential's runs act for (seed 004: the StillOn agents act for the traveller).
+//! * The grants: table `standing_authorizations` ([`countersign_core::store::Standing`]),
+//!   managed with `countersign standing grant|list|revoke`, each change audited.
 //!
 //! Invariants (fail closed):
-//! * A binding or grant of another tenant than the credential's is ignored.
+//! * A binding of another tenant than the credential's is ignored.
 //! * No binding → no `acts_for` (the policy engine then checks ownership against the agent
 //!   itself, which owns nothing).
-//! * A grant that does not parse covers nothing; only grants held by the call's party are
-//!   handed to the engine, which alone decides whether one covers the call (it never lifts a
-//!   deny or a floor).
+//! * Only grants of the credential's tenant, held by the call's party, not revoked and not
+//!   expired at the call's instant, with readable conditions, are handed to the engine
+//!   ([`Store::standing_for`]); the engine alone decides whether one covers the call and never
+//!   lets one lift a deny or a floor. A grant that does not cover it (out of its bounds,
+//!   another tool) leaves the call at its gate.
 
 use countersign_core::policy::{AuthorizationCondition, StandingAuthorization};
-use countersign_core::store::AgentCredential;
+use countersign_core::store::{AgentCredential, NewStanding, StandingError};
 use countersign_core::{Store, StoreError};
 use serde_json::{Value, json};
 
-/// The pseudo-system the interim records live under.
+/// The pseudo-system the interim party bindings live under.
 pub const SYSTEM: &str = "countersign";
 /// Kind of an agent → party binding.
 pub const ACTS_FOR: &str = "acts_for";
-/// Kind of a standing authorization.
-pub const GRANT: &str = "standing_authorization";
 
-/// The party `credential`'s calls are made for, and the grants that party holds.
+/// The party `credential`'s calls are made for, and the grants that party holds now.
 pub async fn party_of(
     store: &Store,
     credential: &AgentCredential,
@@ -39,13 +39,8 @@ pub async fn party_of(
         .and_then(|v| v.get("party").and_then(Value::as_str).map(str::to_string));
     let held_by = party.clone().unwrap_or_else(|| credential.id.clone());
     let grants = store
-        .demo_list(SYSTEM, GRANT)
-        .await?
-        .into_iter()
-        .filter(|o| o.tenant == credential.tenant)
-        .filter_map(|o| serde_json::from_str::<StandingAuthorization>(&o.data).ok())
-        .filter(|g| g.principal == held_by)
-        .collect();
+        .standing_for(&credential.tenant, &held_by, store.clock().now_ms())
+        .await?;
     Ok((party, grants))
 }
 
@@ -68,16 +63,34 @@ pub async fn bind_party(
     Ok(())
 }
 
-/// Stores `grant` for `tenant` unless a grant with its id exists.
+/// Who the demo's seeded grants are recorded as granted by.
+pub const SEEDER: &str = "seed:stillon";
+
+/// Stores `grant` for `tenant` unless a grant with its id exists (revoked or not: a revoked
+/// demo grant stays revoked). Audited when stored.
 pub async fn seed_grant(
     store: &Store,
     tenant: &str,
     grant: &StandingAuthorization,
 ) -> Result<(), StoreError> {
-    let data = serde_json::to_string(grant).map_err(|e| StoreError::Conflict(e.to_string()))?;
     store
-        .demo_seed(SYSTEM, GRANT, &grant.id, tenant, &data)
-        .await?;
+        .seed_standing(&NewStanding {
+            id: Some(grant.id.clone()),
+            tenant: tenant.to_string(),
+            party: grant.principal.clone(),
+            tool: grant.tool.clone(),
+            conditions: grant.conditions.clone(),
+            expires_at: grant.expires_at.timestamp_millis(),
+            reason:
+                "seed 004: the traveller lets a reservation of theirs move by at most 30 minutes"
+                    .into(),
+            granted_by: SEEDER.into(),
+        })
+        .await
+        .map_err(|e| match e {
+            StandingError::Store(e) => e,
+            other => StoreError::Conflict(other.to_string()),
+        })?;
     Ok(())
 }
 

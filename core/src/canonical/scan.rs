@@ -205,15 +205,8 @@ impl<'a> Scanner<'a> {
         let start = self.pos;
         let mut escaped = false;
         loop {
-            // Most strings are short: look at up to 16 bytes directly, then search with SIMD.
             let rest = self.bytes.get(self.pos..).unwrap_or_default();
-            let near = rest.iter().take(16).position(|&b| b == b'"' || b == b'\\');
-            let found = near.or_else(|| {
-                rest.get(16..)
-                    .and_then(|far| memchr::memchr2(b'"', b'\\', far))
-                    .map(|i| i + 16)
-            });
-            let Some(i) = found else {
+            let Some(i) = quote_or_backslash(rest) else {
                 return not_canonical();
             };
             self.pos += i;
@@ -266,6 +259,41 @@ impl<'a> Scanner<'a> {
             not_canonical()
         }
     }
+}
+
+/// Where the first `"` or `\\` in `bytes` is. Most strings are short: the first 32 bytes are
+/// searched eight at a time in a `u64` (the classic "has a zero byte" test on the bytes XOR
+/// the wanted byte: its lowest flagged byte is always a true match, since a false flag needs a
+/// borrow from a true match below it), the rest with SIMD (`memchr2`).
+fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const QUOTES: u64 = ONES * b'"' as u64;
+    const BACKSLASHES: u64 = ONES * b'\\' as u64;
+    let mut at = 0;
+    while at < 32
+        && let Some(chunk) = bytes.get(at..at + 8)
+    {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        let q = w ^ QUOTES;
+        let b = w ^ BACKSLASHES;
+        let hit = ((q.wrapping_sub(ONES) & !q) | (b.wrapping_sub(ONES) & !b)) & HIGH;
+        if hit != 0 {
+            return Some(at + (hit.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    let rest = bytes.get(at..)?;
+    if at < 32 {
+        // Fewer than eight bytes left.
+        return rest
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\')
+            .map(|i| at + i);
+    }
+    memchr::memchr2(b'"', b'\\', rest).map(|i| at + i)
 }
 
 /// The number tokens that need no parsing: `-?(0|[1-9][0-9]*)(\.[0-9]*[1-9])?` with at most
@@ -325,4 +353,34 @@ fn names_order(a: &str, a_plain: bool, b: &str, b_plain: bool) -> Result<Orderin
     let a = decode_raw_string(a)?;
     let b = decode_raw_string(b)?;
     Ok(cmp_utf16(&a, &b))
+}
+
+#[cfg(test)]
+mod quote_tests {
+    use super::quote_or_backslash;
+
+    #[test]
+    fn finds_the_first_quote_or_backslash_at_every_offset_and_length() {
+        let fillers: [u8; 6] = [b'a', 0x21, 0x23, 0x5b, 0x5d, 0xc3];
+        for len in 0..80 {
+            for at in 0..=len {
+                for (f, wanted) in fillers.iter().zip([b'"', b'\\'].iter().cycle()) {
+                    let mut bytes = vec![*f; len];
+                    if at < len {
+                        bytes[at] = *wanted;
+                        // A later match never hides the first.
+                        if at + 1 < len {
+                            bytes[len - 1] = b'"';
+                        }
+                    }
+                    let want = bytes.iter().position(|&c| c == b'"' || c == b'\\');
+                    assert_eq!(
+                        quote_or_backslash(&bytes),
+                        want,
+                        "len {len} at {at} filler {f}"
+                    );
+                }
+            }
+        }
+    }
 }

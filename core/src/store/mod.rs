@@ -23,6 +23,7 @@ pub(crate) mod group;
 mod proposals;
 mod registry;
 mod runs;
+mod standing;
 pub(crate) mod steps;
 mod views;
 
@@ -46,6 +47,9 @@ pub use proposals::{
 };
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
+pub use standing::{
+    GRANTED_RULE, NewStanding, REVOKED_RULE, Standing, StandingError, StandingState,
+};
 pub use steps::{KeyRecord, KeyState, NewStep, Reservation, RunGuard, Step, Transition};
 pub use views::{AuditCursor, AuditFilter, approver_parts};
 

@@ -13,6 +13,7 @@ mod redact;
 mod registry;
 mod registry_store;
 mod schema_fuzz;
+mod standing;
 mod store;
 
 use std::sync::Arc;

@@ -48,7 +48,16 @@ impl Server {
     /// Starts `countersign serve` in-process on `db` with the finance example and no
     /// executor workers (the benches drive those themselves).
     pub async fn start(db: &FreshDb) -> Self {
-        let registry = format!("{}/../examples/finance", env!("CARGO_MANIFEST_DIR"));
+        Self::start_with(
+            db,
+            &format!("{}/../examples/finance", env!("CARGO_MANIFEST_DIR")),
+        )
+        .await
+    }
+
+    /// [`Server::start`] with the registry file or folder at `registry`.
+    pub async fn start_with(db: &FreshDb, registry: &str) -> Self {
+        let registry = registry.to_string();
         let env = vec![
             (
                 "COUNTERSIGN_DATABASE_URL".to_string(),

@@ -6,8 +6,9 @@
 //! real state: every effect is applied at most once per idempotency key (a repeated key
 //! returns the first result), effects can be looked up by key for reconciliation, business
 //! rules refuse what a real ERP would (paying an invoice twice, another tenant's records),
-//! and faults can be injected per operation — fail, be unavailable, or time out after the
-//! effect was applied — by writing a `fault` object (see [`Fault`]).
+//! and faults can be injected per operation — fail, be unavailable, time out after the
+//! effect was applied, or accept the call and apply something else — by writing a `fault`
+//! object (see [`Fault`]).
 
 use std::sync::Arc;
 
@@ -26,7 +27,43 @@ pub fn for_provider(name: &str, store: &Store) -> Option<Arc<dyn Adapter>> {
             store: store.clone(),
         })),
         super::stillon::STILLON => Some(Arc::new(super::stillon::StillOn::new(store))),
+        NOOP => Some(Arc::new(Noop)),
         _ => None,
+    }
+}
+
+/// The no-op system's provider name: for load tests of the gateway and executor themselves.
+pub const NOOP: &str = "noop";
+
+/// A target that does nothing: every operation answers `{"status": "ok", "operation": …}` at
+/// once and touches no state. It keeps no record, so reconciliation cannot tell whether a call
+/// happened ([`Adapter::lookup`] fails: an unknown step stays unknown, fail closed).
+#[derive(Debug)]
+pub struct Noop;
+
+impl Adapter for Noop {
+    fn invoke<'a>(&'a self, call: &'a Invocation) -> BoxFuture<'a, Result<Value, AdapterError>> {
+        Box::pin(async move { Ok(json!({"status": "ok", "operation": call.operation})) })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        _tenant: &'a str,
+        _idem_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, AdapterError>> {
+        Box::pin(async {
+            Err(AdapterError::Unavailable(
+                "the no-op system keeps no record of calls".into(),
+            ))
+        })
+    }
+
+    fn facts<'a>(
+        &'a self,
+        _kind: &'a str,
+        _id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ResourceFact>, AdapterError>> {
+        Box::pin(async { Ok(None) })
     }
 }
 
@@ -56,6 +93,11 @@ pub enum FaultMode {
     /// The target takes [`SLOW_FAULT`] before applying the effect and answering (a call
     /// held in flight, for the cancellation and stop races).
     Slow,
+    /// The target accepts the call and answers as if it did what was asked, but applies
+    /// something else: the StillOn partner seats a moved reservation at the free sitting
+    /// nearest the one asked for (only a read-back can tell). Operations with no "something
+    /// else" to apply refuse like [`FaultMode::Fail`] — an injected fault is never ignored.
+    Misapplied,
 }
 
 /// How long a [`FaultMode::Slow`] call takes.
@@ -78,16 +120,18 @@ pub async fn inject_fault(
 
 /// Runs `call` on a demo system with its injected faults applied: `Fail` and `Unavailable`
 /// stop it before any effect; `TimeoutAfterEffect` lets it run, then loses the answer;
-/// `Slow` delays it.
+/// `Slow` delays it; `Misapplied` is handed to `call` (its argument is `true`), which applies
+/// something else or refuses.
 /// `refuser` names the system in the refusal message.
-pub(super) async fn with_faults<F>(
+pub(super) async fn with_faults<C, F>(
     store: &Store,
     system: &str,
     refuser: &str,
     operation: &str,
-    call: F,
+    call: C,
 ) -> Result<Value, AdapterError>
 where
+    C: FnOnce(bool) -> F,
     F: std::future::Future<Output = Result<Value, AdapterError>>,
 {
     let fault = take_fault(store, system, operation).await?;
@@ -102,9 +146,9 @@ where
             return Err(AdapterError::Unavailable("injected fault".into()));
         }
         Some(FaultMode::Slow) => tokio::time::sleep(SLOW_FAULT).await,
-        Some(FaultMode::TimeoutAfterEffect) | None => {}
+        Some(FaultMode::TimeoutAfterEffect | FaultMode::Misapplied) | None => {}
     }
-    let result = call.await?;
+    let result = call(fault == Some(FaultMode::Misapplied)).await?;
     if fault == Some(FaultMode::TimeoutAfterEffect) {
         return Err(AdapterError::Timeout);
     }
@@ -453,7 +497,13 @@ impl Adapter for Erp {
             ERP,
             "the ERP",
             &call.operation,
-            async move {
+            move |misapply| async move {
+                if misapply {
+                    return Err(rejected(
+                        "injected",
+                        "the ERP refused (injected fault: it has nothing else to apply)",
+                    ));
+                }
                 if READS.contains(&call.operation.as_str()) {
                     self.read(call).await
                 } else {

@@ -340,22 +340,48 @@ impl StillOn {
         }
     }
 
-    /// The move of a reservation, holding the target slot while it mutates.
-    async fn modify(&self, call: &Invocation) -> Result<Value, AdapterError> {
+    /// The move of a reservation, holding the target slot while it mutates. `misapply`: the
+    /// party is seated at the free sitting nearest the one asked for (refused when there is
+    /// none), and the answer still names the time asked for.
+    async fn modify(&self, call: &Invocation, misapply: bool) -> Result<Value, AdapterError> {
         let args = &call.arguments;
         let id = id_arg(args, "reservation_id")?;
-        let time = arg(args, "requested_time")?.to_string();
+        let asked = arg(args, "requested_time")?.to_string();
         let (_, res) = self.owned(call, "reservation", &id).await?;
         let restaurant = res["restaurant_id"]
             .as_str()
             .unwrap_or_default()
             .to_string();
         let date = res["date"].as_str().unwrap_or_default().to_string();
+        let time = if misapply {
+            let (_, r) = self
+                .must_get("restaurant", &restaurant, &call.tenant)
+                .await?;
+            let asked_at = minutes(&asked).unwrap_or(0);
+            free_slots(&r, &date)
+                .into_iter()
+                .filter(|t| *t != asked)
+                .min_by_key(|t| (minutes(t).unwrap_or(i64::MAX) - asked_at).abs())
+                .ok_or_else(|| {
+                    rejected(
+                        "injected",
+                        "the partner refused (injected fault: no other sitting to misapply)",
+                    )
+                })?
+        } else {
+            asked.clone()
+        };
         let hold = self.hold(call, &restaurant, &date, &time, &id).await?;
         for _ in 0..8 {
             let planned = self.plan_modify(call, &id, &time, &hold).await;
             let (result, writes) = match planned {
-                Ok(p) => p,
+                Ok((mut result, writes)) => {
+                    if time != asked {
+                        result["time"] = json!(asked);
+                        result["ref"] = json!(format!("{id}@{asked}"));
+                    }
+                    (result, writes)
+                }
                 Err(e) => {
                     self.release(call, &hold).await;
                     return Err(e);
@@ -614,7 +640,10 @@ impl StillOn {
         }
     }
 
-    async fn write(&self, call: &Invocation) -> Result<Value, AdapterError> {
+    /// One effect. `misapply` (an injected [`super::builtin::FaultMode::Misapplied`]): a
+    /// reservation move seats the party at the free sitting nearest the one asked for and
+    /// answers as if it had moved it as asked; any other operation refuses.
+    async fn write(&self, call: &Invocation, misapply: bool) -> Result<Value, AdapterError> {
         // A key seen before answers with its first result, whatever the state is now.
         if let Some(before) = self
             .store
@@ -625,7 +654,13 @@ impl StillOn {
             return serde_json::from_str(&before.result).map_err(unavailable);
         }
         if call.operation == "dining.reservation.modify" {
-            return self.modify(call).await;
+            return self.modify(call, misapply).await;
+        }
+        if misapply {
+            return Err(rejected(
+                "injected",
+                "the partner refused (injected fault: it has nothing else to apply)",
+            ));
         }
         for _ in 0..8 {
             let (result, writes) = self.plan(call).await?;
@@ -668,11 +703,11 @@ impl Adapter for StillOn {
             STILLON,
             "the partner",
             &call.operation,
-            async move {
+            move |misapply| async move {
                 if READS.contains(&call.operation.as_str()) {
                     self.read(call).await
                 } else {
-                    self.write(call).await
+                    self.write(call, misapply).await
                 }
             },
         ))

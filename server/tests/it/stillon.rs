@@ -1,20 +1,22 @@
 //! StillOn (seed 004) against the built-in partner systems, on both backends: a move within
 //! the traveller's standing authorization (hold, mutate once, read back), a cancel that waits
-//! for the traveller, the slot taken in flight (fail closed, no mutation, re-plan flag), and a
-//! notification that fails after the move.
+//! for the traveller, the slot taken in flight (fail closed, no mutation, re-plan flag), a
+//! partner that accepts a move but applies another one (read-back fails closed), a
+//! notification that fails after the move, and standing authorizations managed from the CLI
+//! (revoked, out of bounds, another party's, another tenant's or expired → the gate).
 
 use std::time::{Duration, Instant};
 
 use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
 use countersign::adapters::stillon::{HOLD_OPERATION, STILLON, TENANT, TRAVELLER};
-use countersign::revalidate::STATE_CHANGED;
+use countersign::revalidate::{BEFORE_CALL, READ_BACK, STATE_CHANGED};
 use countersign::standing::bind_party;
 use countersign_core::approvals::{Approver, Decider, GateRules, Verdict};
 use countersign_core::store::RunStatus;
 use countersign_core::{Backend, StepStatus};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, example, spawn_app_with};
+use crate::helpers::{TestApp, countersign_on, example, spawn_app_with};
 use crate::mcp::{Client, agent};
 
 const GRANT: &str = "authorization:SA-user-123-dining-shift-30";
@@ -312,7 +314,95 @@ async fn stillon_the_slot_taken_in_flight_fails_closed_without_a_mutation() {
         assert_eq!(detail["fields"][0]["field"], "slots.2000", "{detail}");
         assert_eq!(detail["fields"][0]["current"], "taken", "{detail}");
         assert_eq!(detail["effect_applied"], false, "{detail}");
+        assert_eq!(detail["check"], BEFORE_CALL, "{detail}");
         assert!(!audit.iter().any(|(e, _, _)| e == "succeeded"));
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_back() {
+    each_stillon_app(|app| async move {
+        // The partner accepts "20:00" and answers "20:00", but seats the party at 19:00 (the
+        // free sitting nearest 20:00: 20:30 and 21:00 are taken).
+        inject_fault(
+            &app.store,
+            STILLON,
+            "dining.reservation.modify",
+            &Fault {
+                mode: FaultMode::Misapplied,
+                times: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let token = for_traveller(&app, "maestro", "planner").await;
+        let mut planner = Client::new(&app, &token);
+        planner.connect().await;
+        let calendar = json!({"tool": "calendar.update",
+            "arguments": {"event_id": "EVT-0000a1b2", "start": "2026-06-11T20:00:00+01:00",
+                          "end": "2026-06-11T22:00:00+01:00"},
+            "reason": "Keep the traveller's calendar in step with the dinner"});
+        let (run, steps) = submit(
+            &mut planner,
+            vec![move_step(observed_free_2000()), calendar],
+        )
+        .await;
+        let failed = wait_for(&app, &steps[0], StepStatus::Failed).await;
+        assert_eq!(failed.rule.as_deref(), Some(STATE_CHANGED), "{failed:?}");
+        wait_run(&app, &run, RunStatus::Failed).await;
+        assert!(
+            app.store.get_run(&run).await.unwrap().replan,
+            "re-plan flag"
+        );
+        // Never reported as a success, to the planner or anyone.
+        let status = planner.call("run.status", json!({"run_id": run})).await;
+        assert_eq!(content(&status)["replan"], true, "{status}");
+        assert_eq!(content(&status)["steps"][0]["status"], "failed", "{status}");
+        let outcome: Value = serde_json::from_str(failed.outcome.as_deref().unwrap()).unwrap();
+        assert_eq!(outcome["error"], true, "{outcome}");
+        assert_eq!(outcome["answer"]["rule"], STATE_CHANGED, "{outcome}");
+        // The target: one effect (not retried), the reservation where the partner put it, and
+        // the later step never started.
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 1);
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "19:00");
+        assert_eq!(
+            app.store.get_step(&steps[0]).await.unwrap().attempts,
+            1,
+            "an applied effect is never retried"
+        );
+        assert_eq!(
+            app.store.get_step(&steps[1]).await.unwrap().status,
+            StepStatus::Cancelled
+        );
+        assert_eq!(effects(&app, "calendar.update").await, 0);
+        assert_eq!(
+            object(&app, "calendar_event", "EVT-0000a1b2").await["revision"],
+            1
+        );
+        // The audit: started, then failed with the read-back's fields — no `succeeded`.
+        let audit = step_audit(&app, &run, &steps[0]).await;
+        let events: Vec<&str> = audit.iter().map(|(e, _, _)| e.as_str()).collect();
+        assert_eq!(events, ["proposed", "decided", "started", "failed"]);
+        let (_, rule, detail) = audit.last().unwrap().clone();
+        assert_eq!(rule.as_deref(), Some(STATE_CHANGED));
+        assert_eq!(detail["check"], READ_BACK, "{detail}");
+        assert_eq!(detail["effect_applied"], true, "{detail}");
+        assert_eq!(detail["replan"], true, "{detail}");
+        assert_eq!(
+            detail["reference"], "8472@20:00",
+            "what the partner claimed: {detail}"
+        );
+        let time = detail["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["field"] == "time")
+            .unwrap_or_else(|| panic!("no time field: {detail}"));
+        assert_eq!(time["expected"], "20:00", "{detail}");
+        assert_eq!(time["current"], "19:00", "{detail}");
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
         app
     })
     .await;
@@ -429,6 +519,260 @@ async fn stillon_notify_failing_after_the_move_is_recorded() {
             (event.as_str(), rule.as_deref()),
             ("failed", Some("target.failed"))
         );
+        app
+    })
+    .await;
+}
+
+/// `countersign standing ARGS…` on `app`'s database: (exit code, stdout, stderr).
+fn standing_cli(app: &TestApp, args: &[&str]) -> (i32, String, String) {
+    let out = countersign_on(&app.db_url())
+        .arg("standing")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A fresh session (so a fresh run and step) asks to move dinner to `time`; the reply.
+async fn move_to(app: &TestApp, token: &str, time: &str) -> Value {
+    let mut client = Client::new(app, token);
+    client.connect().await;
+    client.call("reservation.modify", move_args(time)).await
+}
+
+#[tokio::test]
+async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
+    each_stillon_app(|app| async move {
+        let seeded = GRANT.trim_start_matches("authorization:");
+        let (code, out, err) = standing_cli(&app, &["list", "--tenant", TENANT]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains(seeded) && out.contains("active"), "{out}");
+        let token = for_traveller(&app, "travel-1", "worker.travel").await;
+
+        // Refusals first. The CLI refuses what could never be a sound grant.
+        let base = [
+            "grant",
+            "--tenant",
+            TENANT,
+            "--party",
+            TRAVELLER,
+            "--expires",
+            "30d",
+            "--reason",
+            "the traveller lets dinner move",
+        ];
+        for (extra, why) in [
+            (
+                &["--tool", "reservation.cancel", "--owns-resource"][..],
+                "irreversible",
+            ),
+            (&["--tool", "reservation.modify"][..], "condition"),
+            (
+                &["--tool", "reservation.nope", "--owns-resource"][..],
+                "not a tool",
+            ),
+            (
+                &[
+                    "--tool",
+                    "reservation.modify",
+                    "--only-arguments",
+                    "reservation_id,party",
+                ][..],
+                "no argument",
+            ),
+        ] {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            let (code, _, err) = standing_cli(&app, &args);
+            assert_eq!(code, 1, "{extra:?}: {err}");
+            assert!(err.contains(why), "{extra:?}: {err}");
+        }
+
+        // Revoked: the 30-minute move the seeded grant covered now waits for the traveller.
+        let (code, out, err) = standing_cli(
+            &app,
+            &[
+                "revoke",
+                seeded,
+                "--reason",
+                "the traveller withdrew it",
+                "--by",
+                "ops",
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("revoked"), "{out}");
+        let (code, _, err) = standing_cli(&app, &["revoke", seeded, "--reason", "again"]);
+        assert_eq!(code, 1);
+        assert!(err.contains("already revoked"), "{err}");
+        let reply = move_to(&app, &token, "20:00").await;
+        assert_eq!(
+            content(&reply)["status"],
+            "needs_approval",
+            "revoked: {reply}"
+        );
+        assert_eq!(content(&reply)["rule"], "reservation.change", "{reply}");
+
+        // Out of bounds: a 15-minute grant does not cover a 30-minute move.
+        let args: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain([
+                "--tool",
+                "reservation.modify",
+                "--owns-resource",
+                "--max-shift-minutes",
+                "15",
+                "--id",
+                "SA-15",
+            ])
+            .collect();
+        let (code, out, err) = standing_cli(&app, &args);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out.trim(), "SA-15");
+        let reply = move_to(&app, &token, "20:00").await;
+        assert_eq!(
+            content(&reply)["status"],
+            "needs_approval",
+            "bounds: {reply}"
+        );
+
+        // Another party's and another tenant's grants, and an expired one, cover nothing.
+        let (code, _, err) = standing_cli(
+            &app,
+            &[
+                "grant",
+                "--tenant",
+                TENANT,
+                "--party",
+                "user-999",
+                "--tool",
+                "reservation.modify",
+                "--owns-resource",
+                "--max-shift-minutes",
+                "60",
+                "--expires",
+                "30d",
+                "--reason",
+                "someone else's",
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = standing_cli(
+            &app,
+            &[
+                "grant",
+                "--tenant",
+                "globex",
+                "--party",
+                TRAVELLER,
+                "--tool",
+                "reservation.modify",
+                "--owns-resource",
+                "--max-shift-minutes",
+                "60",
+                "--expires",
+                "30d",
+                "--reason",
+                "another tenant's",
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        app.store
+            .grant_standing(&countersign_core::store::NewStanding {
+                id: Some("SA-brief".into()),
+                tenant: TENANT.into(),
+                party: TRAVELLER.into(),
+                tool: "reservation.modify".into(),
+                conditions: vec![countersign_core::policy::AuthorizationCondition::OwnsResource],
+                expires_at: app.store.clock().now_ms() + 60_000,
+                reason: "one minute".into(),
+                granted_by: "ops".into(),
+            })
+            .await
+            .unwrap();
+        app.clock.advance(chrono::Duration::minutes(2));
+        let reply = move_to(&app, &token, "20:00").await;
+        assert_eq!(
+            content(&reply)["status"],
+            "needs_approval",
+            "others: {reply}"
+        );
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 0);
+        assert_eq!(object(&app, "reservation", "8472").await["time"], "19:30");
+
+        // A grant that holds: the move runs within it, once.
+        let args: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain([
+                "--tool",
+                "reservation.modify",
+                "--owns-resource",
+                "--max-shift-minutes",
+                "30",
+                "--only-arguments",
+                "reservation_id,requested_time,reason",
+                "--id",
+                "SA-30",
+            ])
+            .collect();
+        let (code, _, err) = standing_cli(&app, &args);
+        assert_eq!(code, 0, "{err}");
+        let reply = move_to(&app, &token, "20:00").await;
+        assert_eq!(reply["result"]["isError"], false, "{reply}");
+        assert_eq!(effects(&app, "dining.reservation.modify").await, 1);
+        let decided = app
+            .store
+            .audit_records(1, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "decided" && r.tool.as_deref() == Some("reservation.modify"))
+            .filter_map(|r| r.rule)
+            .collect::<Vec<_>>();
+        assert_eq!(
+            decided.last().map(String::as_str),
+            Some("authorization:SA-30")
+        );
+
+        // Every change is in the audit trail, and the chain verifies.
+        let changes: Vec<(String, Value)> = app
+            .store
+            .audit_records(1, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| {
+                r.rule
+                    .as_deref()
+                    .is_some_and(|x| x.starts_with("standing."))
+            })
+            .map(|r| {
+                let v: Value = serde_json::from_str(&r.record).unwrap();
+                (r.rule.unwrap(), v["detail"]["id"].clone())
+            })
+            .collect();
+        let granted = changes
+            .iter()
+            .filter(|(r, _)| r == "standing.granted")
+            .count();
+        assert_eq!(
+            granted, 6,
+            "seeded + SA-15 + other party + other tenant + SA-brief + SA-30: {changes:?}"
+        );
+        assert!(
+            changes.contains(&("standing.revoked".into(), json!(seeded))),
+            "{changes:?}"
+        );
+        let (_, out, _) = standing_cli(&app, &["list"]);
+        assert!(out.contains(&format!("{seeded}  revoked")), "{out}");
+        assert!(out.contains("tenant=globex"), "{out}");
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
         app
     })
     .await;

@@ -1,0 +1,485 @@
+//! Standing authorizations in the database (table `standing_authorizations`, migration 0008):
+//! grant, list, revoke, and the grants a party holds now — the ones the policy engine is
+//! handed for a call made for that party.
+//!
+//! Invariants (fail closed):
+//! * [`Store::standing_for`] returns only grants of exactly that tenant, held by exactly that
+//!   party, not revoked, and with `now < expires_at`; a row whose conditions do not parse is
+//!   left out (it covers nothing). Whether a grant covers a call (tool, conditions, bounds) is
+//!   the policy engine's decision ([`crate::policy`]), which checks party and expiry again and
+//!   never lets a grant lift a deny or a floor.
+//! * A grant is never edited. Granting inserts a row; revoking stamps `revoked_*` once (a
+//!   revoked grant cannot be revoked again or revived; a new grant needs a new id). Each change
+//!   commits in one transaction with its `operational` audit record (rule `standing.granted`
+//!   or `standing.revoked`), so no grant exists or ends without its record.
+//! * A grant must name a tenant, a party, a tool, who grants it and why, and expire in the
+//!   future: an already-expired or unbounded grant is refused.
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use super::{Pool, Store, StoreError, on_pool};
+use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
+use crate::policy::{AuthorizationCondition, StandingAuthorization};
+
+/// Rule of the audit record of a grant.
+pub const GRANTED_RULE: &str = "standing.granted";
+/// Rule of the audit record of a revocation.
+pub const REVOKED_RULE: &str = "standing.revoked";
+
+/// What is needed to grant a standing authorization.
+#[derive(Debug, Clone)]
+pub struct NewStanding {
+    /// Its id; `None` makes one up (`SA-` + a UUID).
+    pub id: Option<String>,
+    /// The tenant it belongs to (only calls of this tenant see it).
+    pub tenant: String,
+    /// The party that holds it: the person the agent's calls are made for.
+    pub party: String,
+    /// The one tool it covers.
+    pub tool: String,
+    /// What must hold for it to cover a call; all of them.
+    pub conditions: Vec<AuthorizationCondition>,
+    /// Unix ms; from this instant on it covers nothing.
+    pub expires_at: i64,
+    /// Why (recorded).
+    pub reason: String,
+    /// Who grants it (recorded).
+    pub granted_by: String,
+}
+
+/// A stored standing authorization.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Standing {
+    /// Id.
+    pub id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// The party that holds it.
+    pub party: String,
+    /// The tool it covers.
+    pub tool: String,
+    /// Its conditions; `None` when the stored text does not parse (then it covers nothing).
+    pub conditions: Option<Vec<AuthorizationCondition>>,
+    /// Unix ms.
+    pub expires_at: i64,
+    /// Why it was granted.
+    pub reason: String,
+    /// Who granted it.
+    pub granted_by: String,
+    /// Unix ms.
+    pub granted_at: i64,
+    /// Unix ms, if revoked.
+    pub revoked_at: Option<i64>,
+    /// Who revoked it.
+    pub revoked_by: Option<String>,
+    /// Why it was revoked.
+    pub revoke_reason: Option<String>,
+}
+
+/// Where a grant stands at an instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandingState {
+    /// It may cover calls.
+    Active,
+    /// Past its expiry.
+    Expired,
+    /// Revoked.
+    Revoked,
+    /// Its stored conditions do not parse: it covers nothing.
+    Unreadable,
+}
+
+impl StandingState {
+    /// Lowercase text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Expired => "expired",
+            Self::Revoked => "revoked",
+            Self::Unreadable => "unreadable",
+        }
+    }
+}
+
+impl Standing {
+    /// Its state at `now_ms`.
+    pub fn state(&self, now_ms: i64) -> StandingState {
+        if self.revoked_at.is_some() {
+            StandingState::Revoked
+        } else if self.conditions.is_none() {
+            StandingState::Unreadable
+        } else if now_ms >= self.expires_at {
+            StandingState::Expired
+        } else {
+            StandingState::Active
+        }
+    }
+
+    /// The grant as the policy engine reads it; `None` when its conditions do not parse or
+    /// its expiry is not a representable instant.
+    pub fn to_policy(&self) -> Option<StandingAuthorization> {
+        Some(StandingAuthorization {
+            id: self.id.clone(),
+            principal: self.party.clone(),
+            tool: self.tool.clone(),
+            conditions: self.conditions.clone()?,
+            expires_at: chrono::DateTime::from_timestamp_millis(self.expires_at)?,
+        })
+    }
+}
+
+/// Why a grant or revocation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StandingError {
+    /// A field is empty, the expiry is not in the future, or the id is taken.
+    #[error("{0}")]
+    Invalid(String),
+    /// No grant has that id.
+    #[error("no standing authorization {0}")]
+    NotFound(String),
+    /// It was revoked already.
+    #[error("standing authorization {0} is already revoked")]
+    AlreadyRevoked(String),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+type Row = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    String,
+    String,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+);
+
+const COLUMNS: &str = "id, tenant, party, tool, conditions, expires_at, reason, granted_by, \
+                       granted_at, revoked_at, revoked_by, revoke_reason";
+
+fn from_row(r: Row) -> Standing {
+    Standing {
+        id: r.0,
+        tenant: r.1,
+        party: r.2,
+        tool: r.3,
+        conditions: serde_json::from_str(&r.4).ok(),
+        expires_at: r.5,
+        reason: r.6,
+        granted_by: r.7,
+        granted_at: r.8,
+        revoked_at: r.9,
+        revoked_by: r.10,
+        revoke_reason: r.11,
+    }
+}
+
+fn record(
+    rule: &str,
+    actor: &str,
+    s: &Standing,
+    extra: &[(&str, Value)],
+) -> Result<NewAuditRecord, StoreError> {
+    let mut detail = Map::new();
+    detail.insert("kind".into(), json!("standing_authorization"));
+    detail.insert("id".into(), json!(s.id));
+    detail.insert("tenant".into(), json!(s.tenant));
+    detail.insert("party".into(), json!(s.party));
+    detail.insert(
+        "conditions".into(),
+        serde_json::to_value(&s.conditions).map_err(|e| StoreError::Conflict(e.to_string()))?,
+    );
+    detail.insert("expires_at".into(), json!(s.expires_at));
+    for (k, v) in extra {
+        detail.insert((*k).to_string(), v.clone());
+    }
+    Ok(NewAuditRecord {
+        event: Some(AuditEvent::Operational),
+        run_id: None,
+        step_id: None,
+        tool: Some(s.tool.clone()),
+        actor: Some(actor.to_string()),
+        rule: Some(rule.to_string()),
+        detail,
+    })
+}
+
+impl Store {
+    /// Grants a standing authorization (refused if a field is empty, it expires at or before
+    /// now, or its id is taken), with its audit record in the same transaction.
+    pub async fn grant_standing(&self, new: &NewStanding) -> Result<Standing, StandingError> {
+        match self.insert_standing(new).await? {
+            Some(s) => Ok(s),
+            None => Err(StandingError::Invalid(format!(
+                "a standing authorization with id {:?} exists",
+                new.id.as_deref().unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// Grants `new` unless a grant with its id exists (revoked or not): for seeding demo
+    /// data. Returns whether it was inserted (and audited).
+    pub async fn seed_standing(&self, new: &NewStanding) -> Result<bool, StandingError> {
+        Ok(self.insert_standing(new).await?.is_some())
+    }
+
+    async fn insert_standing(&self, new: &NewStanding) -> Result<Option<Standing>, StandingError> {
+        for (field, value) in [
+            ("tenant", &new.tenant),
+            ("party", &new.party),
+            ("tool", &new.tool),
+            ("reason", &new.reason),
+            ("granted_by", &new.granted_by),
+        ] {
+            if value.trim().is_empty() {
+                return Err(StandingError::Invalid(format!("{field} must not be empty")));
+            }
+        }
+        let now = self.clock.now_ms();
+        if new.expires_at <= now {
+            return Err(StandingError::Invalid(
+                "a standing authorization must expire in the future".into(),
+            ));
+        }
+        let id = match &new.id {
+            Some(id) if id.trim().is_empty() => {
+                return Err(StandingError::Invalid("id must not be empty".into()));
+            }
+            Some(id) => id.clone(),
+            None => format!("SA-{}", Uuid::new_v4()),
+        };
+        let conditions = serde_json::to_string(&new.conditions)
+            .map_err(|e| StandingError::Invalid(e.to_string()))?;
+        let stored = Standing {
+            id,
+            tenant: new.tenant.clone(),
+            party: new.party.clone(),
+            tool: new.tool.clone(),
+            conditions: Some(new.conditions.clone()),
+            expires_at: new.expires_at,
+            reason: new.reason.clone(),
+            granted_by: new.granted_by.clone(),
+            granted_at: now,
+            revoked_at: None,
+            revoked_by: None,
+            revoke_reason: None,
+        };
+        let audit = record(
+            GRANTED_RULE,
+            &new.granted_by,
+            &stored,
+            &[("reason", json!(new.reason))],
+        )?;
+        macro_rules! run_in {
+            ($pool:expr, $begin:expr, $lock:expr) => {{
+                let mut tx = $pool.begin_with($begin).await.map_err(StoreError::from)?;
+                // The chain's lock first (lock order), then the row.
+                if $lock {
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(crate::audit::PG_AUDIT_LOCK)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(StoreError::from)?;
+                }
+                let n = sqlx::query(
+                    "INSERT INTO standing_authorizations
+                       (id, tenant, party, tool, conditions, expires_at, reason, granted_by,
+                        granted_at, revoked_at, revoked_by, revoke_reason)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, NULL, NULL)
+                     ON CONFLICT (id) DO NOTHING",
+                )
+                .bind(&stored.id)
+                .bind(&stored.tenant)
+                .bind(&stored.party)
+                .bind(&stored.tool)
+                .bind(&conditions)
+                .bind(stored.expires_at)
+                .bind(&stored.reason)
+                .bind(&stored.granted_by)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?
+                .rows_affected();
+                if n != 1 {
+                    tx.rollback().await.map_err(StoreError::from)?;
+                    false
+                } else {
+                    let appended: Result<_, StoreError> = async {
+                        Ok(append_in_tx!(
+                            &mut *tx,
+                            $lock,
+                            &audit,
+                            AuditEvent::Operational,
+                            now
+                        ))
+                    }
+                    .await;
+                    appended?;
+                    tx.commit().await.map_err(StoreError::from)?;
+                    true
+                }
+            }};
+        }
+        let inserted = match &self.pool {
+            Pool::Sqlite(p) => run_in!(p, "BEGIN IMMEDIATE", false),
+            Pool::Postgres(p) => run_in!(p, "BEGIN", true),
+        };
+        Ok(inserted.then_some(stored))
+    }
+
+    /// Revokes grant `id` as `by`, with its audit record in the same transaction. From then on
+    /// it covers nothing.
+    pub async fn revoke_standing(
+        &self,
+        id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<Standing, StandingError> {
+        if by.trim().is_empty() || reason.trim().is_empty() {
+            return Err(StandingError::Invalid(
+                "a revocation needs who and why".into(),
+            ));
+        }
+        let Some(current) = self.get_standing(id).await? else {
+            return Err(StandingError::NotFound(id.to_string()));
+        };
+        if current.revoked_at.is_some() {
+            return Err(StandingError::AlreadyRevoked(id.to_string()));
+        }
+        let now = self.clock.now_ms();
+        let audit = record(
+            REVOKED_RULE,
+            by,
+            &current,
+            &[
+                ("reason", json!(reason)),
+                ("granted_by", json!(current.granted_by)),
+            ],
+        )?;
+        macro_rules! run_in {
+            ($pool:expr, $begin:expr, $lock:expr) => {{
+                let mut tx = $pool.begin_with($begin).await.map_err(StoreError::from)?;
+                if $lock {
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(crate::audit::PG_AUDIT_LOCK)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(StoreError::from)?;
+                }
+                let n = sqlx::query(
+                    "UPDATE standing_authorizations
+                        SET revoked_at = $1, revoked_by = $2, revoke_reason = $3
+                      WHERE id = $4 AND revoked_at IS NULL",
+                )
+                .bind(now)
+                .bind(by)
+                .bind(reason)
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?
+                .rows_affected();
+                if n != 1 {
+                    tx.rollback().await.map_err(StoreError::from)?;
+                    false
+                } else {
+                    let appended: Result<_, StoreError> = async {
+                        Ok(append_in_tx!(
+                            &mut *tx,
+                            $lock,
+                            &audit,
+                            AuditEvent::Operational,
+                            now
+                        ))
+                    }
+                    .await;
+                    appended?;
+                    tx.commit().await.map_err(StoreError::from)?;
+                    true
+                }
+            }};
+        }
+        let revoked = match &self.pool {
+            Pool::Sqlite(p) => run_in!(p, "BEGIN IMMEDIATE", false),
+            Pool::Postgres(p) => run_in!(p, "BEGIN", true),
+        };
+        if !revoked {
+            // Revoked by someone else in between.
+            return Err(StandingError::AlreadyRevoked(id.to_string()));
+        }
+        self.get_standing(id)
+            .await?
+            .ok_or_else(|| StandingError::NotFound(id.to_string()))
+    }
+
+    /// Grant `id`, whatever its state.
+    pub async fn get_standing(&self, id: &str) -> Result<Option<Standing>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM standing_authorizations WHERE id = $1");
+        let row: Option<Row> = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(id).fetch_optional(p).await?
+        });
+        Ok(row.map(from_row))
+    }
+
+    /// Every grant (of `tenant`, if given), in any state, oldest first.
+    pub async fn list_standing(&self, tenant: Option<&str>) -> Result<Vec<Standing>, StoreError> {
+        let rows: Vec<Row> = match tenant {
+            Some(t) => {
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM standing_authorizations WHERE tenant = $1 \
+                     ORDER BY granted_at, id"
+                );
+                on_pool!(self, |p| {
+                    sqlx::query_as(&sql).bind(t).fetch_all(p).await?
+                })
+            }
+            None => {
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM standing_authorizations ORDER BY granted_at, id"
+                );
+                on_pool!(self, |p| sqlx::query_as(&sql).fetch_all(p).await?)
+            }
+        };
+        Ok(rows.into_iter().map(from_row).collect())
+    }
+
+    /// The grants `party` of `tenant` holds at `now_ms`, as the policy engine reads them:
+    /// not revoked, not expired, conditions readable (see the module's invariants).
+    pub async fn standing_for(
+        &self,
+        tenant: &str,
+        party: &str,
+        now_ms: i64,
+    ) -> Result<Vec<StandingAuthorization>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM standing_authorizations
+              WHERE tenant = $1 AND party = $2 AND revoked_at IS NULL AND expires_at > $3
+              ORDER BY granted_at, id"
+        );
+        let rows: Vec<Row> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(tenant)
+                .bind(party)
+                .bind(now_ms)
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows
+            .into_iter()
+            .map(from_row)
+            // INVARIANT: re-checked in code, whatever the query matched.
+            .filter(|s| s.tenant == tenant && s.party == party)
+            .filter(|s| s.state(now_ms) == StandingState::Active)
+            .filter_map(|s| s.to_policy())
+            .collect())
+    }
+}

@@ -1,0 +1,238 @@
+//! Standing authorizations in the store: refusals first (expired, revoked, another party,
+//! another tenant, unreadable conditions cover nothing), then grants and revocations with their
+//! audit records — on SQLite and Postgres.
+
+use chrono::Duration;
+use countersign_core::Store;
+use countersign_core::policy::AuthorizationCondition as Cond;
+use countersign_core::store::testing::each_backend;
+use countersign_core::store::{
+    GRANTED_RULE, NewStanding, REVOKED_RULE, StandingError, StandingState,
+};
+
+use crate::test_clock;
+
+const HOUR_MS: i64 = 3_600_000;
+
+fn grant(store: &Store, id: &str, tenant: &str, party: &str, expires_in_ms: i64) -> NewStanding {
+    NewStanding {
+        id: Some(id.into()),
+        tenant: tenant.into(),
+        party: party.into(),
+        tool: "reservation.modify".into(),
+        conditions: vec![Cond::OwnsResource, Cond::MaxShiftMinutes(30)],
+        expires_at: store.clock().now_ms() + expires_in_ms,
+        reason: "the traveller lets dinner move by half an hour".into(),
+        granted_by: "ops@stillon".into(),
+    }
+}
+
+fn ids(grants: &[countersign_core::policy::StandingAuthorization]) -> Vec<&str> {
+    grants.iter().map(|g| g.id.as_str()).collect()
+}
+
+#[tokio::test]
+async fn standing_expired_revoked_and_other_parties_grants_cover_nothing() {
+    let (manual, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            let day = 24 * HOUR_MS;
+            for g in [
+                grant(&store, "SA-long", "stillon", "user-123", 30 * day),
+                grant(&store, "SA-short", "stillon", "user-123", HOUR_MS),
+                grant(&store, "SA-revoked", "stillon", "user-123", 30 * day),
+                grant(&store, "SA-other-party", "stillon", "user-999", 30 * day),
+                grant(&store, "SA-other-tenant", "globex", "user-123", 30 * day),
+            ] {
+                store.grant_standing(&g).await.unwrap();
+            }
+            store
+                .revoke_standing("SA-revoked", "ops@stillon", "the traveller withdrew it")
+                .await
+                .unwrap();
+            // A row whose conditions no longer parse (written by hand, or a newer build).
+            store
+                .execute_sql(&format!(
+                    "INSERT INTO standing_authorizations (id, tenant, party, tool, conditions, \
+                     expires_at, reason, granted_by, granted_at) VALUES ('SA-garbled', 'stillon', \
+                     'user-123', 'reservation.modify', '[{{\"max_shift_minutes\": \"lots\"}}]', {}, \
+                     'by hand', 'someone', 0)",
+                    store.clock().now_ms() + 30 * day
+                ))
+                .await
+                .unwrap();
+
+            let now = store.clock().now_ms();
+            let held = store.standing_for("stillon", "user-123", now).await.unwrap();
+            assert_eq!(ids(&held), ["SA-long", "SA-short"]);
+            assert_eq!(held[0].principal, "user-123");
+            assert_eq!(
+                held[0].conditions,
+                [Cond::OwnsResource, Cond::MaxShiftMinutes(30)]
+            );
+            assert_eq!(
+                ids(&store.standing_for("stillon", "user-999", now).await.unwrap()),
+                ["SA-other-party"]
+            );
+            assert_eq!(
+                ids(&store.standing_for("globex", "user-123", now).await.unwrap()),
+                ["SA-other-tenant"]
+            );
+            assert!(
+                store
+                    .standing_for("stillon", "nobody", now)
+                    .await
+                    .unwrap()
+                    .is_empty()
+            );
+
+            // At its expiry instant a grant covers nothing any more.
+            manual.advance(Duration::hours(1));
+            let now = store.clock().now_ms();
+            let held = store.standing_for("stillon", "user-123", now).await.unwrap();
+            assert_eq!(ids(&held), ["SA-long"]);
+
+            let states: Vec<(String, StandingState)> = store
+                .list_standing(Some("stillon"))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|g| (g.id.clone(), g.state(now)))
+                .collect();
+            for (id, want) in [
+                ("SA-long", StandingState::Active),
+                ("SA-short", StandingState::Expired),
+                ("SA-revoked", StandingState::Revoked),
+                ("SA-other-party", StandingState::Active),
+                ("SA-garbled", StandingState::Unreadable),
+            ] {
+                assert!(
+                    states.iter().any(|(i, s)| i == id && *s == want),
+                    "{id} should be {want:?}: {states:?}"
+                );
+            }
+            assert!(!states.iter().any(|(i, _)| i == "SA-other-tenant"));
+            assert_eq!(store.list_standing(None).await.unwrap().len(), 6);
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn standing_grants_without_a_future_expiry_who_why_or_a_free_id_are_refused() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let refused = |r: Result<_, StandingError>| match r {
+            Err(StandingError::Invalid(why)) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let expired = grant(&store, "SA-1", "stillon", "user-123", 0);
+        assert!(refused(store.grant_standing(&expired).await).contains("future"));
+        let past = grant(&store, "SA-1", "stillon", "user-123", -HOUR_MS);
+        assert!(refused(store.grant_standing(&past).await).contains("future"));
+        for blank in ["party", "tenant", "tool", "reason", "granted_by"] {
+            let mut g = grant(&store, "SA-1", "stillon", "user-123", HOUR_MS);
+            match blank {
+                "party" => g.party = " ".into(),
+                "tenant" => g.tenant = String::new(),
+                "tool" => g.tool = String::new(),
+                "reason" => g.reason = String::new(),
+                _ => g.granted_by = String::new(),
+            }
+            assert!(refused(store.grant_standing(&g).await).contains(blank));
+        }
+        assert!(store.list_standing(None).await.unwrap().is_empty());
+        // Nothing refused was audited.
+        assert!(store.audit_records(1, 100).await.unwrap().is_empty());
+
+        store
+            .grant_standing(&grant(&store, "SA-1", "stillon", "user-123", HOUR_MS))
+            .await
+            .unwrap();
+        let again = grant(&store, "SA-1", "stillon", "user-999", 2 * HOUR_MS);
+        assert!(refused(store.grant_standing(&again).await).contains("exists"));
+        let kept = store.get_standing("SA-1").await.unwrap().unwrap();
+        assert_eq!(kept.party, "user-123", "the first grant is untouched");
+        // Seeding the same id is a no-op, not an error.
+        assert!(!store.seed_standing(&again).await.unwrap());
+        // Without an id, one is made up.
+        let mut anon = grant(&store, "x", "stillon", "user-123", HOUR_MS);
+        anon.id = None;
+        let made = store.grant_standing(&anon).await.unwrap();
+        assert!(made.id.starts_with("SA-"), "{}", made.id);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn standing_changes_are_audited_and_a_revoked_grant_stays_revoked() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let g = store
+            .grant_standing(&grant(&store, "SA-1", "stillon", "user-123", HOUR_MS))
+            .await
+            .unwrap();
+        assert_eq!(g.granted_by, "ops@stillon");
+        assert!(matches!(
+            store
+                .revoke_standing("SA-nope", "ops@stillon", "typo")
+                .await,
+            Err(StandingError::NotFound(_))
+        ));
+        assert!(matches!(
+            store.revoke_standing("SA-1", "ops@stillon", "").await,
+            Err(StandingError::Invalid(_))
+        ));
+        let revoked = store
+            .revoke_standing("SA-1", "lead@stillon", "the traveller withdrew it")
+            .await
+            .unwrap();
+        assert_eq!(revoked.revoked_by.as_deref(), Some("lead@stillon"));
+        assert!(revoked.revoked_at.is_some());
+        assert!(matches!(
+            store.revoke_standing("SA-1", "lead@stillon", "again").await,
+            Err(StandingError::AlreadyRevoked(_))
+        ));
+        // Re-granting the same id does not revive it.
+        assert!(
+            !store
+                .seed_standing(&grant(&store, "SA-1", "stillon", "user-123", HOUR_MS))
+                .await
+                .unwrap()
+        );
+        let now = store.clock().now_ms();
+        assert!(
+            store
+                .standing_for("stillon", "user-123", now)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        let records = store.audit_records(1, 100).await.unwrap();
+        let rules: Vec<(&str, Option<&str>, Option<&str>)> = records
+            .iter()
+            .map(|r| (r.event.as_str(), r.rule.as_deref(), r.actor.as_deref()))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                ("operational", Some(GRANTED_RULE), Some("ops@stillon")),
+                ("operational", Some(REVOKED_RULE), Some("lead@stillon")),
+            ]
+        );
+        let granted: serde_json::Value = serde_json::from_str(&records[0].record).unwrap();
+        assert_eq!(granted["tool"], "reservation.modify");
+        assert_eq!(granted["detail"]["id"], "SA-1");
+        assert_eq!(granted["detail"]["party"], "user-123");
+        assert_eq!(
+            granted["detail"]["conditions"],
+            serde_json::json!(["owns_resource", {"max_shift_minutes": 30}])
+        );
+        let revoked: serde_json::Value = serde_json::from_str(&records[1].record).unwrap();
+        assert_eq!(revoked["detail"]["reason"], "the traveller withdrew it");
+        assert_eq!(store.verify_audit().await.unwrap(), Ok(2));
+    })
+    .await;
+}
