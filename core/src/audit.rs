@@ -877,6 +877,23 @@ impl Store {
         Ok(rows)
     }
 
+    /// How many attempts of run `run_id` failed in a row since its last success (looking at
+    /// no more than `limit` outcome records, newest first).
+    pub async fn failures_in_a_row(&self, run_id: &str, limit: i64) -> Result<i64, StoreError> {
+        let events: Vec<String> = crate::store::on_pool!(self, |p| {
+            sqlx::query_scalar(
+                "SELECT event FROM audit WHERE run_id = $1
+                   AND event IN ('failed', 'succeeded', 'reconciled')
+                 ORDER BY seq DESC LIMIT $2",
+            )
+            .bind(run_id)
+            .bind(limit)
+            .fetch_all(p)
+            .await?
+        });
+        Ok(events.iter().take_while(|e| e.as_str() == "failed").count() as i64)
+    }
+
     /// Verifies the whole stored chain in pages; returns the number of records.
     pub async fn verify_audit(&self) -> Result<Result<i64, ChainBreak>, StoreError> {
         self.verify_audit_with(ChainVerifier::new(1, GENESIS).threads(default_threads()))

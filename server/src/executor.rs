@@ -135,8 +135,8 @@ async fn bounds_breach(state: &AppState, step: &Step) -> Result<Option<String>, 
     if now - run.created_at > bounds.max_minutes.saturating_mul(60_000) {
         return Ok(Some("bounds.wall_time".into()));
     }
-    let steps = store.steps_for_run(&run.id).await?;
     if let Some(cap) = bounds.max_spend_minor {
+        let steps = store.steps_for_run(&run.id).await?;
         let spent: i64 = steps
             .iter()
             .filter(|s| s.status == StepStatus::Done)
@@ -146,14 +146,8 @@ async fn bounds_breach(state: &AppState, step: &Step) -> Result<Option<String>, 
             return Ok(Some("bounds.spend".into()));
         }
     }
-    let mut in_a_row = 0;
-    for r in store.audit_for_run(&run.id).await?.iter().rev() {
-        match r.event.as_str() {
-            "failed" => in_a_row += 1,
-            "succeeded" | "reconciled" => break,
-            _ => {}
-        }
-    }
+    let limit = i64::try_from(bounds.max_failures.max(1)).unwrap_or(i64::MAX);
+    let in_a_row = usize::try_from(store.failures_in_a_row(&run.id, limit).await?).unwrap_or(0);
     if in_a_row >= bounds.max_failures {
         return Ok(Some("bounds.failures".into()));
     }

@@ -818,3 +818,42 @@ async fn runs_a_read_that_raced_the_emergency_stop_is_cancelled_and_its_result_w
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_stop_after_their_bound_of_failures_in_a_row() {
+    use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
+    each_finance_app_with(&[("COUNTERSIGN_RUN_MAX_FAILURES", "2")], |app| async move {
+        inject_fault(
+            &app.store,
+            ERP,
+            "notes.draft",
+            &Fault {
+                mode: FaultMode::Unavailable,
+                times: 10,
+            },
+        )
+        .await
+        .unwrap();
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let (run, steps) = submit(&mut client, vec![note_step()]).await;
+        wait_for(&app, &steps[0], StepStatus::Cancelled).await;
+        let stopped = app.store.get_run(&run).await.unwrap();
+        assert_eq!(stopped.status, RunStatus::Failed);
+        assert_eq!(stopped.reason, "bounds.failures");
+        let trail = app.store.audit_for_run(&run).await.unwrap();
+        let failed = trail.iter().filter(|r| r.event == "failed").count();
+        assert_eq!(failed, 2, "two attempts failed, the third never started");
+        assert_eq!(
+            trail
+                .iter()
+                .filter(|r| r.rule.as_deref() == Some("bounds.failures"))
+                .count(),
+            1
+        );
+        assert_eq!(effects(&app, "notes.draft").await, 0);
+        app
+    })
+    .await;
+}
