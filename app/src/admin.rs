@@ -510,7 +510,8 @@ fn ToolSettings(version: Option<i64>, tools: Vec<ToolRow>) -> AnyView {
                             let options = choices
                                 .iter()
                                 .map(|c| {
-                                    view! { <option value=*c selected=*c == value.as_str()>{*c}</option> }
+                                    let selected = *c == value.as_str();
+                                    view! { <option value=*c selected=selected>{*c}</option> }
                                 })
                                 .collect_view();
                             view! {

@@ -145,4 +145,17 @@ test('a gate opened while the inbox is open appears without reload and keeps the
   await expect(secondRow.locator('a')).toBeFocused();
   await page.keyboard.press('k');
   await expect(firstLink).toBeFocused();
+
+  // Decided elsewhere (the JSON API, same person): the rows leave the open page too, and the
+  // inbox is empty again for the specs after this one.
+  for (const step of [firstStep, secondStep]) {
+    const resp = await page.request.post(`/api/steps/${step}/decision`, {
+      headers: { origin: baseURL! },
+      data: { verdict: 'rejected', reason: 'e2e: closing the live-inbox gates' },
+    });
+    expect(resp.ok()).toBe(true);
+  }
+  await expect(page.locator('[data-testid="gate-row"]')).toHaveCount(0, { timeout: 15_000 });
+  await expect(page.getByText('No gated calls are waiting for approval.')).toBeVisible();
+  expect(await page.evaluate(() => (window as unknown as { inboxMarker?: string }).inboxMarker)).toBe('same page');
 });
