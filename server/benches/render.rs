@@ -147,13 +147,24 @@ async fn seed(db: &FreshDb, gates: i64, records: i64, base: i64) {
     macro_rules! run_on {
         ($conn:expr, $analyze:expr) => {{
             let conn = &mut $conn;
-            let head: i64 = sqlx::query_scalar("SELECT CAST(COALESCE(MAX(seq), 0) AS BIGINT) FROM audit")
-                .fetch_one(&mut *conn)
+            let head: i64 =
+                sqlx::query_scalar("SELECT CAST(COALESCE(MAX(seq), 0) AS BIGINT) FROM audit")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+            let mut tx = conn.begin().await.unwrap();
+            sqlx::query(runs)
+                .bind(base)
+                .bind(gates)
+                .execute(&mut *tx)
                 .await
                 .unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            sqlx::query(runs).bind(base).bind(gates).execute(&mut *tx).await.unwrap();
-            sqlx::query(steps).bind(base).bind(gates).execute(&mut *tx).await.unwrap();
+            sqlx::query(steps)
+                .bind(base)
+                .bind(gates)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
             sqlx::query(audit)
                 .bind(base)
                 .bind(records)
@@ -195,7 +206,11 @@ async fn signed_in(server: &Server, user: &str) -> reqwest::Client {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), reqwest::StatusCode::SEE_OTHER, "demo sign-in");
+    assert_eq!(
+        resp.status(),
+        reqwest::StatusCode::SEE_OTHER,
+        "demo sign-in"
+    );
     client
 }
 

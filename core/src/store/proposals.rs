@@ -128,9 +128,7 @@ impl ToolSetting {
     pub fn in_approval(self) -> bool {
         match self {
             Self::Effect | Self::Gate => false,
-            Self::Expires | Self::StepUpMaxAge | Self::FourEyes | Self::SecondApprovalAbove => {
-                true
-            }
+            Self::Expires | Self::StepUpMaxAge | Self::FourEyes | Self::SecondApprovalAbove => true,
         }
     }
 
@@ -516,7 +514,11 @@ pub fn apply_changes(base: &BundleSources, changes: &[Change]) -> Result<BundleS
                     ));
                 }
                 if c.to == current {
-                    return Err(format!("{} {} is already {current:?}", c.tool, c.setting.key()));
+                    return Err(format!(
+                        "{} {} is already {current:?}",
+                        c.tool,
+                        c.setting.key()
+                    ));
                 }
                 values.push((c, c.setting.yaml(&c.to)?));
             }
@@ -857,8 +859,8 @@ impl Store {
         let current = self.current_bundle().await?;
         let applied = match &current {
             Some((version, sources)) if *version == proposal.base_version => {
-                let new_sources = apply_changes(sources, &proposal.changes)
-                    .map_err(ProposalError::Invalid)?;
+                let new_sources =
+                    apply_changes(sources, &proposal.changes).map_err(ProposalError::Invalid)?;
                 let new = Bundle::load(new_sources.clone())
                     .map_err(|e| ProposalError::Invalid(e.to_string()))?;
                 let diff = version_diff(Some((*version, sources)), &new.registry, &new_sources)

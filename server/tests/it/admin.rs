@@ -646,7 +646,10 @@ async fn settings_form(
     let mut form = vec![
         ("base", base.to_string()),
         ("tool", tool.to_string()),
-        ("note", "holds are disputes: a person looks at each".to_string()),
+        (
+            "note",
+            "holds are disputes: a person looks at each".to_string(),
+        ),
     ];
     form.extend(set.iter().map(|(k, v)| (*k, (*v).to_string())));
     form
@@ -697,7 +700,11 @@ async fn admin_tool_settings_change_only_after_a_second_admin_and_refuse_everyon
             let form = settings_form(&app, tool, &[set]).await;
             let resp = post(&ada, &app, "/admin/tools/settings", &form).await;
             assert_eq!(resp.status(), StatusCode::SEE_OTHER);
-            assert_eq!(location(&resp), format!("/admin?error={code}"), "{tool} {set:?}");
+            assert_eq!(
+                location(&resp),
+                format!("/admin?error={code}"),
+                "{tool} {set:?}"
+            );
         }
         let mut no_note = always.clone();
         no_note.retain(|(k, _)| *k != "note");
@@ -709,29 +716,47 @@ async fn admin_tool_settings_change_only_after_a_second_admin_and_refuse_everyon
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
         let mut client = Client::new(&app, &fin);
         client.connect().await;
-        let reply = client.call("invoice.hold", crate::mcp::hold(json!(50))).await;
+        let reply = client
+            .call("invoice.hold", crate::mcp::hold(json!(50)))
+            .await;
         assert_ne!(
             reply["result"]["structuredContent"]["status"], "needs_approval",
             "{reply}"
         );
-        let holds = || async { app.store.demo_effects(ERP, "invoices.hold").await.unwrap().len() };
+        let holds = || async {
+            app.store
+                .demo_effects(ERP, "invoices.hold")
+                .await
+                .unwrap()
+                .len()
+        };
         assert_eq!(holds().await, 1);
 
         // Ada proposes gate always and a 24h approval window.
-        let form = settings_form(&app, "invoice.hold", &[("gate", "always"), ("expires", "24h")]).await;
+        let form = settings_form(
+            &app,
+            "invoice.hold",
+            &[("gate", "always"), ("expires", "24h")],
+        )
+        .await;
         let resp = post(&ada, &app, "/admin/tools/settings", &form).await;
         assert_eq!(location(&resp), "/admin?done=proposed");
         app.clock.advance(chrono::Duration::seconds(1));
         let p = newest_proposal(&app).await;
         assert_eq!(
-            p.changes.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            p.changes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
             vec![
                 "~ invoice.hold gate: policy → always",
                 "~ invoice.hold expires: 72h → 24h",
             ]
         );
         // Proposed is not in force: another small hold still runs ungated.
-        let reply = client.call("invoice.hold", crate::mcp::hold(json!(51))).await;
+        let reply = client
+            .call("invoice.hold", crate::mcp::hold(json!(51)))
+            .await;
         assert_ne!(
             reply["result"]["structuredContent"]["status"], "needs_approval",
             "{reply}"
@@ -744,8 +769,18 @@ async fn admin_tool_settings_change_only_after_a_second_admin_and_refuse_everyon
             "/admin?error=own"
         );
         assert_eq!(listing(&app).await.0, v1);
-        let html = bob.get(app.url("/admin")).send().await.unwrap().text().await.unwrap();
-        assert!(html.contains("~ invoice.hold gate: policy → always"), "{html}");
+        let html = bob
+            .get(app.url("/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            html.contains("~ invoice.hold gate: policy → always"),
+            "{html}"
+        );
         assert!(html.contains("data-testid=\"tool-settings\""), "{html}");
 
         // Bob approves: in force at once, and the same small hold now waits for a person.
@@ -754,13 +789,22 @@ async fn admin_tool_settings_change_only_after_a_second_admin_and_refuse_everyon
             "/admin?done=approved"
         );
         assert_eq!(listing(&app).await.0, v1 + 1);
-        let reply = client.call("invoice.hold", crate::mcp::hold(json!(52))).await;
+        let reply = client
+            .call("invoice.hold", crate::mcp::hold(json!(52)))
+            .await;
         assert_eq!(
             reply["result"]["structuredContent"]["status"], "needs_approval",
             "{reply}"
         );
         assert_eq!(holds().await, 2);
-        let html = bob.get(app.url("/admin")).send().await.unwrap().text().await.unwrap();
+        let html = bob
+            .get(app.url("/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         let row = html
             .split("data-tool=\"invoice.hold\"")
             .nth(1)
@@ -768,7 +812,11 @@ async fn admin_tool_settings_change_only_after_a_second_admin_and_refuse_everyon
             .unwrap_or_default();
         assert!(row.contains("always"), "{row}");
         assert!(row.contains("expires after 24h"), "{row}");
-        let rules: Vec<String> = proposal_audit(&app).await.into_iter().map(|(r, _)| r).collect();
+        let rules: Vec<String> = proposal_audit(&app)
+            .await
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
         assert_eq!(rules, vec!["proposed", "refused_own", "approved"]);
         app
     })
