@@ -340,6 +340,46 @@ async fn inbox_poll_returns_gates_opened_after_the_page_loaded_to_approvers_only
         assert_eq!(rows[0].step_id, step);
         assert_eq!(rows[0].amount.as_deref(), Some("4,180.00 EUR"));
 
+        // Another tenant's gate never reaches this tenant's approver.
+        let (_, globex) = app
+            .store
+            .create_agent(&countersign_core::store::NewAgent {
+                name: "globex-fin".into(),
+                role: "worker.finance".into(),
+                tenant: "globex".into(),
+                created_by: "test".into(),
+                expires_at: None,
+            })
+            .await
+            .unwrap();
+        let globex = globex.reveal().to_string();
+        let mut other = Client::new(&app, &globex);
+        other.connect().await;
+        let reply = other
+            .call(
+                "payment.schedule",
+                crate::mcp::payment_for("INV-20269001", json!(2500.00)),
+            )
+            .await;
+        assert_eq!(status_of(&reply), "needs_approval", "{reply}");
+        let foreign = reply["result"]["structuredContent"]["step_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let InboxView::Gates(rows) = poll(&ana, &app, &own)
+            .await
+            .json::<InboxView>()
+            .await
+            .unwrap()
+        else {
+            panic!("ana is an approver");
+        };
+        assert_eq!(
+            rows.iter().map(|r| r.step_id.as_str()).collect::<Vec<_>>(),
+            vec![step.as_str()]
+        );
+        assert!(!page(&ana, &app, "/inbox").await.contains(&foreign));
+
         // A manager polls and gets no gate; signed out and cross-origin polls are refused.
         let max = app.demo_client("max").await;
         let resp = poll(&max, &app, &own).await;
