@@ -21,6 +21,8 @@ step "gateway_load"
 cargo bench -p countersign --bench gateway_load >"$logs/gateway.md"
 step "executor_steps"
 cargo bench -p countersign --bench executor_steps >"$logs/executor.md"
+step "render (seeds 10,000 gates and 1,000,000 audit records per backend)"
+cargo bench -p countersign --bench render >"$logs/render.md"
 step "decide (criterion)"
 cargo bench -p countersign-core --bench decide >"$logs/decide.txt"
 step "audit_verify (criterion)"
@@ -57,6 +59,9 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo
   cat "$logs/executor.md"
   echo "Reproduce: \`cargo bench -p countersign --bench executor_steps\` (\`BENCH_STEPS\`, \`BENCH_STEP_TOOL\`)."
+  echo
+  cat "$logs/render.md"
+  echo "Reproduce: \`cargo bench -p countersign --bench render\` (\`BENCH_GATES\`, \`BENCH_AUDIT\`, \`BENCH_RENDERS\`)."
   echo
   echo "### Policy decision (core, criterion)"
   echo

@@ -1,5 +1,5 @@
 //! The admin page (`/admin`): the role × tool matrix with each tool's effect class and gate
-//! settings, registry change proposals and their review, registry versions with their diffs,
+//! settings (each editable as a proposal), registry change proposals and their review, registry versions with their diffs,
 //! agent credentials, and the emergency stop.
 //!
 //! Invariants:
@@ -7,7 +7,8 @@
 //!   everyone else gets [`AdminView::NotAdmin`] and nothing else (the page answers 403).
 //! * Nothing changes here: every form posts to a server endpoint (`/admin/...`) that checks
 //!   the admin role and the request's origin itself, behind the router's CSRF origin check.
-//!   A change to the matrix is only ever a proposal; a second admin approves it.
+//!   A change to the matrix or to a tool's settings is only ever a proposal; a second admin
+//!   approves it.
 //! * Messages shown after an action come from fixed codes ([`notice_text`], [`error_text`]);
 //!   no text from the query string is ever shown.
 
@@ -41,6 +42,9 @@ pub struct ToolRow {
     pub compensate: Option<String>,
     /// Per role, in [`AdminData::roles`] order: whether the tool is listed for it.
     pub listed: Vec<bool>,
+    /// The settings an admin may propose to change, as (form field / registry key, value in
+    /// force; empty: unset). Approval settings appear only for tools that have them.
+    pub settings: Vec<(String, String)>,
 }
 
 /// One registry change proposal.
@@ -56,8 +60,8 @@ pub struct ProposalRow {
     pub created: String,
     /// The registry version it was made against.
     pub base_version: i64,
-    /// The diff: (`+` or `-`, tool, role).
-    pub changes: Vec<(char, String, String)>,
+    /// The diff: (`+`, `-` or `~`, the change in words).
+    pub changes: Vec<(char, String)>,
     /// The proposer's note.
     pub note: String,
     /// `proposed`, `approved`, `rejected` or `superseded`.
@@ -200,7 +204,7 @@ pub fn notice_text(code: &str) -> Option<&'static str> {
 /// The message for a `?error=` code.
 pub fn error_text(code: &str) -> Option<&'static str> {
     Some(match code {
-        "no_change" => "The matrix is unchanged: there is nothing to propose.",
+        "no_change" => "Nothing was changed in the form: there is nothing to propose.",
         "note" => "Say why: a proposal needs a note. Nothing was proposed.",
         "reason" => "A reason is required. Nothing was changed.",
         "stale" => {
@@ -209,11 +213,12 @@ pub fn error_text(code: &str) -> Option<&'static str> {
         }
         "invalid" => {
             "That change would leave the registry invalid (for instance a tool listed for no \
-             role). Nothing was proposed."
+             role, a gated tool without approval settings, or a value that is not well \
+             formed). Nothing was proposed."
         }
         "own" => "You proposed this change, so a second admin must approve it.",
         "not_pending" => "This proposal is no longer waiting for a decision.",
-        "not_found" => "There is no such proposal or credential.",
+        "not_found" => "There is no such proposal, tool or credential.",
         "verdict" => "Choose approve or reject. Nothing was decided.",
         "agent" => {
             "The credential could not be created: name, a known role and a tenant are \
@@ -315,7 +320,8 @@ fn AdminBody(data: AdminData) -> AnyView {
             </span>
         </p>
         <StopSwitch stop/>
-        <Matrix version roles tools/>
+        <Matrix version roles tools=tools.clone()/>
+        <ToolSettings version tools/>
         <Proposals proposals/>
         <Versions versions/>
         <Agents agents roles=role_names tenant/>
@@ -463,6 +469,113 @@ fn Matrix(version: Option<i64>, roles: Vec<RoleCol>, tools: Vec<ToolRow>) -> Any
     .into_any()
 }
 
+/// The choices a setting's field offers, when it is a closed set.
+fn setting_choices(key: &str) -> Option<&'static [&'static str]> {
+    match key {
+        "effect" => Some(&["read", "write", "irreversible"]),
+        "gate" => Some(&["never", "always", "policy"]),
+        "four_eyes" => Some(&["false", "true"]),
+        _ => None,
+    }
+}
+
+/// What a setting's field is called on the page.
+fn setting_label(key: &str) -> &'static str {
+    match key {
+        "effect" => "Effect class",
+        "gate" => "Gate",
+        "expires" => "Approval valid for (e.g. 72h)",
+        "step_up_max_age" => "Sign-in at most this old (e.g. 15m; empty: no step-up)",
+        "four_eyes" => "Four eyes (two distinct approvers)",
+        "second_approval_above" => "Second approver above amount (empty: never)",
+        _ => "Setting",
+    }
+}
+
+/// Each tool's effect class and gate settings, editable as a proposal a second admin approves.
+#[component]
+fn ToolSettings(version: Option<i64>, tools: Vec<ToolRow>) -> AnyView {
+    let base = version.unwrap_or(0).to_string();
+    let items = tools
+        .into_iter()
+        .map(|t| {
+            let fields = t
+                .settings
+                .iter()
+                .map(|(key, value)| {
+                    let id = format!("setting-{}-{key}", t.name);
+                    let label = setting_label(key);
+                    let input = match setting_choices(key) {
+                        Some(choices) => {
+                            let options = choices
+                                .iter()
+                                .map(|c| {
+                                    let selected = *c == value.as_str();
+                                    view! { <option value=*c selected=selected>{*c}</option> }
+                                })
+                                .collect_view();
+                            view! {
+                                <select id=id.clone() name=key.clone() class=INPUT data-testid=format!("setting:{key}")>
+                                    {options}
+                                </select>
+                            }
+                            .into_any()
+                        }
+                        None => view! {
+                            <input
+                                id=id.clone()
+                                name=key.clone()
+                                value=value.clone()
+                                class=INPUT
+                                data-testid=format!("setting:{key}")
+                            />
+                        }
+                        .into_any(),
+                    };
+                    view! {
+                        <div class="flex flex-col text-sm">
+                            <label for=id>{label}</label>
+                            {input}
+                        </div>
+                    }
+                })
+                .collect_view();
+            let note_id = format!("settings-note-{}", t.name);
+            view! {
+                <details class="rounded border border-slate-200 p-2" data-testid="tool-settings" data-tool=t.name.clone()>
+                    <summary class="cursor-pointer text-sm">
+                        <span class="font-mono">{t.name.clone()}</span>
+                        {format!(" · {} · gate {}", t.effect, t.gate)}
+                    </summary>
+                    <form method="post" action="/admin/tools/settings" class="mt-2 space-y-2">
+                        <input type="hidden" name="base" value=base.clone()/>
+                        <input type="hidden" name="tool" value=t.name.clone()/>
+                        <div class="flex flex-wrap items-end gap-3">{fields}</div>
+                        <div class="flex flex-col text-sm">
+                            <label for=note_id.clone()>"Why (required)"</label>
+                            <textarea id=note_id name="note" required rows="2" class=INPUT data-testid="settings-note"></textarea>
+                        </div>
+                        <button type="submit" class=BUTTON data-testid="propose-settings">
+                            "Propose these settings"
+                        </button>
+                    </form>
+                </details>
+            }
+        })
+        .collect_view();
+    view! {
+        <section aria-labelledby="settings-h" class=CARD>
+            <h2 id="settings-h" class=H2>"Tool settings"</h2>
+            <p class="text-sm text-slate-600">
+                "Effect class and gate settings per tool. A change is a proposal: it takes effect only when a \
+                 second admin approves it. A tool without approval settings cannot be gated from here."
+            </p>
+            {items}
+        </section>
+    }
+    .into_any()
+}
+
 #[component]
 fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
     let empty = proposals.is_empty();
@@ -472,13 +585,13 @@ fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
             let diff = p
                 .changes
                 .iter()
-                .map(|(sign, tool, role)| {
-                    let (class, words) = if *sign == '+' {
-                        ("text-emerald-900 bg-emerald-50", format!("+ {tool} for {role}"))
-                    } else {
-                        ("text-red-900 bg-red-50", format!("- {tool} no longer for {role}"))
+                .map(|(sign, words)| {
+                    let class = match sign {
+                        '+' => "text-emerald-900 bg-emerald-50",
+                        '-' => "text-red-900 bg-red-50",
+                        _ => "text-amber-950 bg-amber-50",
                     };
-                    view! { <li class=format!("px-2 font-mono {class}")>{words}</li> }
+                    view! { <li class=format!("px-2 font-mono {class}")>{words.clone()}</li> }
                 })
                 .collect_view();
             let waiting = p.status == "proposed";

@@ -149,8 +149,15 @@ pub fn App() -> impl IntoView {
         <Stylesheet id="leptos" href="/pkg/countersign.css"/>
         <Title text="Countersign"/>
         <Router>
+            // First in the focus order: keyboard users skip the navigation.
+            <a
+                href="#main"
+                class="sr-only focus:not-sr-only focus:absolute focus:left-2 focus:top-2 focus:z-50 focus:rounded focus:bg-white focus:px-3 focus:py-2 focus:text-indigo-800 focus:ring-2 focus:ring-indigo-500"
+            >
+                "Skip to the page content"
+            </a>
             <Header/>
-            <main id="main" class="mx-auto max-w-6xl px-4 py-8">
+            <main id="main" tabindex="-1" class="mx-auto max-w-6xl px-4 py-8 focus:outline-none">
                 <Routes fallback=|| view! { <pages::NotFound/> }>
                     <Route path=path!("/") view=pages::Home/>
                     <Route path=path!("/inbox") view=pages::Inbox ssr=SsrMode::Async/>

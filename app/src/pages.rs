@@ -86,15 +86,7 @@ pub fn Inbox() -> impl IntoView {
                 {move || Suspend::new(async move {
                     match gates.await {
                         Ok(InboxView::NotApprover) => view! { <NotApprover/> }.into_any(),
-                        Ok(InboxView::Gates(rows)) if rows.is_empty() => {
-                            view! {
-                                <p class="rounded border border-dashed border-slate-300 bg-white p-6 text-slate-600">
-                                    "No gated calls are waiting for approval."
-                                </p>
-                            }
-                                .into_any()
-                        }
-                        Ok(InboxView::Gates(rows)) => view! { <GateTable rows/> }.into_any(),
+                        Ok(InboxView::Gates(rows)) => view! { <LiveGates initial=rows/> }.into_any(),
                         Err(e) => view! { <LoadError error=e.to_string()/> }.into_any(),
                     }
                 })}
@@ -215,8 +207,83 @@ fn KeyboardHelp() -> impl IntoView {
     }
 }
 
+/// How often the open inbox asks the server for the waiting gates (browser only).
+#[cfg(feature = "hydrate")]
+const POLL_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The waiting gates, kept current while the page is open: the hydrated page asks the
+/// inbox server function again every [`POLL_EVERY`] and updates the table in place. Rows are
+/// keyed by step id, so a row that stays keeps its DOM node (and the focus, and with it the
+/// j/k position); new gates are appended and announced politely, never focused.
 #[component]
-fn GateTable(rows: Vec<GateRow>) -> impl IntoView {
+fn LiveGates(initial: Vec<GateRow>) -> impl IntoView {
+    let rows = RwSignal::new(initial);
+    // Effects run only in the browser: `data-live="on"` marks a page that is polling.
+    let (live, set_live) = signal(false);
+    Effect::new(move |_| set_live.set(true));
+    #[cfg(feature = "hydrate")]
+    poll_gates(rows);
+    let count = move || rows.with(Vec::len);
+    view! {
+        <p
+            role="status"
+            aria-live="polite"
+            data-testid="gate-count"
+            data-live=move || if live.get() { "on" } else { "off" }
+            class="text-sm text-slate-600"
+        >
+            {move || match count() {
+                0 => String::new(),
+                1 => "1 gated call waiting; this list updates by itself.".to_string(),
+                n => format!("{n} gated calls waiting; this list updates by itself."),
+            }}
+        </p>
+        <Show
+            when=move || { count() > 0 }
+            fallback=|| {
+                view! {
+                    <p class="rounded border border-dashed border-slate-300 bg-white p-6 text-slate-600">
+                        "No gated calls are waiting for approval."
+                    </p>
+                }
+            }
+        >
+            <GateTable rows/>
+        </Show>
+    }
+}
+
+/// Asks for the waiting gates every [`POLL_EVERY`] while the page is open; one request at a
+/// time; a failed request leaves the list as it was.
+#[cfg(feature = "hydrate")]
+fn poll_gates(rows: RwSignal<Vec<GateRow>>) {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let busy = Rc::new(Cell::new(false));
+    let handle = set_interval_with_handle(
+        move || {
+            if busy.replace(true) {
+                return;
+            }
+            let busy = Rc::clone(&busy);
+            leptos::task::spawn_local(async move {
+                if let Ok(InboxView::Gates(fresh)) = load_gates().await
+                    && rows.with_untracked(|now| *now != fresh)
+                {
+                    rows.set(fresh);
+                }
+                busy.set(false);
+            });
+        },
+        POLL_EVERY,
+    );
+    if let Ok(handle) = handle {
+        on_cleanup(move || handle.clear());
+    }
+}
+
+#[component]
+fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
     view! {
         <table class="w-full border-collapse overflow-hidden rounded border border-slate-200 bg-white text-left text-sm">
             <caption class="sr-only">"Gated calls waiting for approval, oldest first"</caption>
@@ -233,40 +300,59 @@ fn GateTable(rows: Vec<GateRow>) -> impl IntoView {
                 </tr>
             </thead>
             <tbody>
-                {rows
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, row)| {
-                        let href = format!("/inbox/{}", row.step_id);
-                        view! {
-                            <tr
-                                data-testid="gate-row"
-                                data-step-id=row.step_id.clone()
-                                class="border-t border-slate-200 focus-within:bg-indigo-50"
-                            >
-                                <td class="px-3 py-2 font-mono">{row.tool.clone()}</td>
-                                <td data-testid="gate-amount" class="px-3 py-2 text-right tabular-nums">
-                                    {row.amount.clone().unwrap_or_else(|| "—".into())}
-                                </td>
-                                <td class="px-3 py-2">{row.target.clone().unwrap_or_else(|| "—".into())}</td>
-                                <td class="px-3 py-2">{row.expires.clone()}</td>
-                                <td class="px-3 py-2 text-slate-600">{row.waiting_since.clone()}</td>
-                                <td class="px-3 py-2">
-                                    <a
-                                        href=href
-                                        id=format!("gate-link-{i}")
-                                        class="rounded px-2 py-1 font-medium text-indigo-700 underline hover:bg-indigo-50 focus:outline-none focus:ring-2 focus:ring-indigo-500"
-                                    >
-                                        "Review"
-                                        <span class="sr-only">{format!(" {}", row.tool)}</span>
-                                    </a>
-                                </td>
-                            </tr>
-                        }
-                    })
-                    .collect_view()}
+                <For each=move || rows.get() key=|row| row.step_id.clone() let:row>
+                    <GateLine row rows/>
+                </For>
             </tbody>
         </table>
+    }
+}
+
+/// One row. Its link id (`gate-link-N`, N its position, which j/k walk) and its countdown
+/// follow the list; everything else is fixed for a step.
+#[component]
+fn GateLine(row: GateRow, rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
+    let href = format!("/inbox/{}", row.step_id);
+    let id = row.step_id.clone();
+    let link_id = {
+        let id = id.clone();
+        move || {
+            let at = rows.with(|all| all.iter().position(|r| r.step_id == id));
+            format!("gate-link-{}", at.unwrap_or(usize::MAX))
+        }
+    };
+    let expires = move || {
+        rows.with(|all| {
+            all.iter()
+                .find(|r| r.step_id == id)
+                .map(|r| r.expires.clone())
+                .unwrap_or_default()
+        })
+    };
+    view! {
+        <tr
+            data-testid="gate-row"
+            data-step-id=row.step_id.clone()
+            class="border-t border-slate-200 focus-within:bg-indigo-50"
+        >
+            <td class="px-3 py-2 font-mono">{row.tool.clone()}</td>
+            <td data-testid="gate-amount" class="px-3 py-2 text-right tabular-nums">
+                {row.amount.clone().unwrap_or_else(|| "—".into())}
+            </td>
+            <td class="px-3 py-2">{row.target.clone().unwrap_or_else(|| "—".into())}</td>
+            <td class="px-3 py-2">{expires}</td>
+            <td class="px-3 py-2 text-slate-600">{row.waiting_since.clone()}</td>
+            <td class="px-3 py-2">
+                <a
+                    href=href
+                    id=link_id
+                    class="rounded px-2 py-1 font-medium text-indigo-700 underline hover:bg-indigo-50 focus:outline-none focus:ring-2 focus:ring-indigo-500"
+                >
+                    "Review"
+                    <span class="sr-only">{format!(" {}", row.tool)}</span>
+                </a>
+            </td>
+        </tr>
     }
 }
 

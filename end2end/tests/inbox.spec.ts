@@ -102,3 +102,60 @@ test('ana opens the inbox, sees the gated payment and approves it with a reason'
   const again = await mcp(baseURL!, token, session, 3, 'tools/call', { name: 'payment.schedule', arguments: args });
   expect(again.reply.result.structuredContent.status).toBe('scheduled');
 });
+
+test('a gate opened while the inbox is open appears without reload and keeps the j/k position', async ({ page, baseURL }) => {
+  const token = agentToken();
+  const init = await mcp(baseURL!, token, undefined, 1, 'initialize', {
+    protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'e2e-live', version: '0' },
+  });
+  const session = init.session;
+  await mcp(baseURL!, token, session, null, 'notifications/initialized', {});
+  const pay = (amount: number) => ({
+    invoice_id: 'INV-20260615', amount, currency: 'EUR', value_date: '2026-06-30',
+    reason: 'Warehouse racking instalment agreed with the supplier',
+  });
+  const first = await mcp(baseURL!, token, session, 2, 'tools/call', { name: 'payment.schedule', arguments: pay(900.0) });
+  expect(first.reply.result.structuredContent.status).toBe('needs_approval');
+  const firstStep: string = first.reply.result.structuredContent.step_id;
+
+  await page.goto('/auth/demo');
+  await page.getByRole('button', { name: /Sign in as Ana/ }).click();
+  await page.goto('/inbox');
+  // Hydrated: the list now polls the server.
+  await expect(page.getByTestId('gate-count')).toHaveAttribute('data-live', 'on');
+  const firstLink = page.locator(`[data-testid="gate-row"][data-step-id="${firstStep}"] a`);
+  await firstLink.focus();
+  await expect(firstLink).toBeFocused();
+  // A marker that a reload would wipe.
+  await page.evaluate(() => { (window as unknown as { inboxMarker: string }).inboxMarker = 'same page'; });
+
+  const second = await mcp(baseURL!, token, session, 3, 'tools/call', { name: 'payment.schedule', arguments: pay(950.0) });
+  expect(second.reply.result.structuredContent.status).toBe('needs_approval');
+  const secondStep: string = second.reply.result.structuredContent.step_id;
+
+  const secondRow = page.locator(`[data-testid="gate-row"][data-step-id="${secondStep}"]`);
+  await expect(secondRow).toContainText('950.00 EUR', { timeout: 15_000 });
+  expect(await page.evaluate(() => (window as unknown as { inboxMarker?: string }).inboxMarker)).toBe('same page');
+  // The new row did not take the focus, and j moves on from where the person was.
+  await expect(firstLink).toBeFocused();
+  await expect(page.getByTestId('gate-count')).toContainText('waiting');
+  mkdirSync(shots, { recursive: true });
+  await page.screenshot({ path: join(shots, 'inbox-live.png'), fullPage: true });
+  await page.keyboard.press('j');
+  await expect(secondRow.locator('a')).toBeFocused();
+  await page.keyboard.press('k');
+  await expect(firstLink).toBeFocused();
+
+  // Decided elsewhere (the JSON API, same person): the rows leave the open page too, and the
+  // inbox is empty again for the specs after this one.
+  for (const step of [firstStep, secondStep]) {
+    const resp = await page.request.post(`/api/steps/${step}/decision`, {
+      headers: { origin: baseURL! },
+      data: { verdict: 'rejected', reason: 'e2e: closing the live-inbox gates' },
+    });
+    expect(resp.ok()).toBe(true);
+  }
+  await expect(page.locator('[data-testid="gate-row"]')).toHaveCount(0, { timeout: 15_000 });
+  await expect(page.getByText('No gated calls are waiting for approval.')).toBeVisible();
+  expect(await page.evaluate(() => (window as unknown as { inboxMarker?: string }).inboxMarker)).toBe('same page');
+});

@@ -42,8 +42,8 @@ use crate::secret::Secret;
 pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use proposals::{
-    ApproveOutcome, ChangeOp, ListingChange, NewProposal, Proposal, ProposalError, ProposalStatus,
-    apply_listing_changes,
+    ApproveOutcome, Change, ChangeOp, ListingChange, NewProposal, Proposal, ProposalError,
+    ProposalStatus, SettingChange, ToolSetting, apply_changes,
 };
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};

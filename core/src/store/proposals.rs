@@ -1,13 +1,19 @@
-//! Proposed registry changes: the two-admin review of the role × tool listing.
+//! Proposed registry changes: the two-admin review of the role × tool listing and of each
+//! tool's effect class and gate settings.
 //!
-//! An admin proposes adding or removing tools for roles against a base registry version; a
-//! second admin approves (a new registry version is stored) or rejects it.
+//! An admin proposes adding or removing tools for roles, or changing a tool's settings
+//! ([`ToolSetting`]: effect class, gate, approval expiry, step-up age, four eyes, second
+//! approver threshold), against a base registry version; a second admin approves (a new
+//! registry version is stored) or rejects it.
 //!
 //! # Invariants (each fails closed)
 //!
 //! * A proposal is checked when it is made: every change names an existing tool and role,
-//!   adds only what is not listed and removes only what is, and the changed bundle loads
-//!   (a tool left with no role is refused). Nothing is stored otherwise.
+//!   adds only what is not listed and removes only what is, changes a setting from the value
+//!   in force to a different well-formed value (approval settings only where the tool has
+//!   approval settings), and the changed bundle loads (a tool left with no role, a gated tool
+//!   without approvers, … are refused). Nothing is stored otherwise. Approval applies the
+//!   same checks again.
 //! * The proposer never approves their own proposal ([`ApproveOutcome::OwnProposal`]); the
 //!   refusal is audited.
 //! * Approval re-checks, inside one transaction that also stores the new version, that the
@@ -51,6 +57,7 @@ impl ChangeOp {
 
 /// One change to the role × tool listing.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListingChange {
     /// The tool.
     pub tool: String,
@@ -73,6 +80,214 @@ impl std::fmt::Display for ListingChange {
             self.tool,
             self.role
         )
+    }
+}
+
+/// A tool setting a proposal may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolSetting {
+    /// `read`, `write` or `irreversible`.
+    Effect,
+    /// `never`, `always` or `policy`.
+    Gate,
+    /// How long an approval stays valid (`72h`); needs approval settings.
+    Expires,
+    /// How recent the approver's sign-in must be (`15m`, empty: no step-up).
+    StepUpMaxAge,
+    /// `true` or `false`: two distinct approvers always.
+    FourEyes,
+    /// Above this `amount` a second approver is needed (empty: never).
+    SecondApprovalAbove,
+}
+
+impl ToolSetting {
+    /// Every setting, in the order forms show them.
+    pub const ALL: [Self; 6] = [
+        Self::Effect,
+        Self::Gate,
+        Self::Expires,
+        Self::StepUpMaxAge,
+        Self::FourEyes,
+        Self::SecondApprovalAbove,
+    ];
+
+    /// The registry key (under `approval:` for approval settings) and the form field name.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Effect => "effect",
+            Self::Gate => "gate",
+            Self::Expires => "expires",
+            Self::StepUpMaxAge => "step_up_max_age",
+            Self::FourEyes => "four_eyes",
+            Self::SecondApprovalAbove => "second_approval_above",
+        }
+    }
+
+    /// Whether the setting lives under the tool's `approval:`.
+    pub fn in_approval(self) -> bool {
+        match self {
+            Self::Effect | Self::Gate => false,
+            Self::Expires | Self::StepUpMaxAge | Self::FourEyes | Self::SecondApprovalAbove => true,
+        }
+    }
+
+    /// The setting's value in force for `tool`, as text (empty: unset or no approval
+    /// settings).
+    pub fn value_of(self, tool: &crate::registry::Tool) -> String {
+        let approval = tool.approval.as_ref();
+        match self {
+            Self::Effect => tool.effect.as_str().to_string(),
+            Self::Gate => match tool.gate {
+                crate::Gate::Never => "never",
+                crate::Gate::Always => "always",
+                crate::Gate::Policy => "policy",
+            }
+            .to_string(),
+            Self::Expires => approval.map(|a| a.expires.to_string()).unwrap_or_default(),
+            Self::StepUpMaxAge => approval
+                .and_then(|a| a.step_up_max_age)
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+            Self::FourEyes => approval
+                .map(|a| a.four_eyes.to_string())
+                .unwrap_or_default(),
+            Self::SecondApprovalAbove => approval
+                .and_then(|a| a.second_approval_above.as_ref())
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+        }
+    }
+
+    /// `to` as the registry value; `None` removes the key. Refuses malformed values.
+    fn yaml(self, to: &str) -> Result<Option<serde_norway::Value>, String> {
+        use serde_norway::Value as Y;
+        let bad = || format!("{:?} is not a valid {}", to, self.key());
+        Ok(Some(match self {
+            Self::Effect => {
+                crate::Effect::parse(to).ok_or_else(bad)?;
+                Y::String(to.into())
+            }
+            Self::Gate => {
+                if !matches!(to, "never" | "always" | "policy") {
+                    return Err(bad());
+                }
+                Y::String(to.into())
+            }
+            Self::Expires => {
+                crate::registry::Span::parse(to).map_err(|_| bad())?;
+                Y::String(to.into())
+            }
+            Self::StepUpMaxAge => {
+                if to.is_empty() {
+                    return Ok(None);
+                }
+                crate::registry::Span::parse(to).map_err(|_| bad())?;
+                Y::String(to.into())
+            }
+            Self::FourEyes => match to {
+                "true" => Y::Bool(true),
+                "false" => Y::Bool(false),
+                _ => return Err(bad()),
+            },
+            Self::SecondApprovalAbove => {
+                if to.is_empty() {
+                    return Ok(None);
+                }
+                let number: serde_json::Number = to.parse().map_err(|_| bad())?;
+                if number.as_f64().is_none_or(|n| !n.is_finite() || n < 0.0) {
+                    return Err(bad());
+                }
+                serde_norway::from_str::<Y>(to)
+                    .ok()
+                    .filter(Y::is_number)
+                    .ok_or_else(bad)?
+            }
+        }))
+    }
+}
+
+/// One change to a tool's settings.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettingChange {
+    /// The tool.
+    pub tool: String,
+    /// Which setting.
+    pub setting: ToolSetting,
+    /// Its value in the base version (text; empty: unset).
+    pub from: String,
+    /// The proposed value (text; empty: unset).
+    pub to: String,
+}
+
+impl std::fmt::Display for SettingChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = |v: &str| {
+            if v.is_empty() {
+                "(unset)".to_string()
+            } else {
+                v.to_string()
+            }
+        };
+        write!(
+            f,
+            "~ {} {}: {} → {}",
+            self.tool,
+            self.setting.key(),
+            shown(&self.from),
+            shown(&self.to)
+        )
+    }
+}
+
+/// One change a proposal makes: to the listing, or to a tool's settings. Stored as JSON; a
+/// listing change keeps the shape it had before settings could be proposed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Change {
+    /// Add or remove a tool for a role.
+    Listing(ListingChange),
+    /// Change a tool setting.
+    Setting(SettingChange),
+}
+
+impl Change {
+    /// The tool it changes.
+    pub fn tool(&self) -> &str {
+        match self {
+            Self::Listing(c) => &c.tool,
+            Self::Setting(c) => &c.tool,
+        }
+    }
+
+    /// `+`, `-` (listing) or `~` (setting), as the diff view shows it.
+    pub fn sign(&self) -> char {
+        match self {
+            Self::Listing(c) => c.op.sign(),
+            Self::Setting(_) => '~',
+        }
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Listing(c) => c.fmt(f),
+            Self::Setting(c) => c.fmt(f),
+        }
+    }
+}
+
+impl From<ListingChange> for Change {
+    fn from(c: ListingChange) -> Self {
+        Self::Listing(c)
+    }
+}
+
+impl From<SettingChange> for Change {
+    fn from(c: SettingChange) -> Self {
+        Self::Setting(c)
     }
 }
 
@@ -127,7 +342,7 @@ pub struct Proposal {
     /// The registry version the changes were made against.
     pub base_version: i64,
     /// The changes, sorted.
-    pub changes: Vec<ListingChange>,
+    pub changes: Vec<Change>,
     /// Why (the proposer's words).
     pub note: String,
     /// Status.
@@ -195,7 +410,7 @@ pub struct NewProposal {
     /// The version the changes were made against (must be the newest).
     pub base_version: i64,
     /// The changes (at least one).
-    pub changes: Vec<ListingChange>,
+    pub changes: Vec<Change>,
     /// Why.
     pub note: String,
 }
@@ -244,43 +459,78 @@ pub enum ApproveOutcome {
 /// Applies `changes` to the registry of `base` and returns the new bundle texts (the
 /// registry written in its canonical export form; policies and entity schema unchanged),
 /// checked to load as a bundle.
-pub fn apply_listing_changes(
-    base: &BundleSources,
-    changes: &[ListingChange],
-) -> Result<BundleSources, String> {
+pub fn apply_changes(base: &BundleSources, changes: &[Change]) -> Result<BundleSources, String> {
     if changes.is_empty() {
         return Err("the proposal changes nothing".into());
     }
     let registry = Registry::from_sources(&base.registry_sources())
         .map_err(|e| format!("the base registry does not load: {e}"))?;
-    let mut seen = BTreeSet::new();
-    for c in changes {
-        if !seen.insert((&c.tool, &c.role)) {
-            return Err(format!("{} {} is changed twice", c.tool, c.role));
-        }
-        let tool = ToolName::parse(&c.tool)
+    let mut seen_listing = BTreeSet::new();
+    let mut seen_setting = BTreeSet::new();
+    let mut values = Vec::new();
+    for change in changes {
+        let tool = ToolName::parse(change.tool())
             .ok()
             .and_then(|t| registry.tool(&t))
-            .ok_or_else(|| format!("there is no tool {:?}", c.tool))?;
-        let role = RoleName::parse(&c.role)
-            .ok()
-            .filter(|r| registry.role(r).is_some())
-            .ok_or_else(|| format!("there is no role {:?}", c.role))?;
-        let listed = tool.roles.contains(&role);
-        match (c.op, listed) {
-            (ChangeOp::Add, true) => {
-                return Err(format!("{} is already listed for {}", c.tool, c.role));
+            .ok_or_else(|| format!("there is no tool {:?}", change.tool()))?;
+        match change {
+            Change::Listing(c) => {
+                if !seen_listing.insert((&c.tool, &c.role)) {
+                    return Err(format!("{} {} is changed twice", c.tool, c.role));
+                }
+                let role = RoleName::parse(&c.role)
+                    .ok()
+                    .filter(|r| registry.role(r).is_some())
+                    .ok_or_else(|| format!("there is no role {:?}", c.role))?;
+                let listed = tool.roles.contains(&role);
+                match (c.op, listed) {
+                    (ChangeOp::Add, true) => {
+                        return Err(format!("{} is already listed for {}", c.tool, c.role));
+                    }
+                    (ChangeOp::Remove, false) => {
+                        return Err(format!("{} is not listed for {}", c.tool, c.role));
+                    }
+                    (ChangeOp::Add, false) | (ChangeOp::Remove, true) => {}
+                }
             }
-            (ChangeOp::Remove, false) => {
-                return Err(format!("{} is not listed for {}", c.tool, c.role));
+            Change::Setting(c) => {
+                if !seen_setting.insert((&c.tool, c.setting)) {
+                    return Err(format!("{} {} is changed twice", c.tool, c.setting.key()));
+                }
+                if c.setting.in_approval() && tool.approval.is_none() {
+                    return Err(format!(
+                        "{} has no approval settings to change ({})",
+                        c.tool,
+                        c.setting.key()
+                    ));
+                }
+                let current = c.setting.value_of(tool);
+                if current != c.from {
+                    return Err(format!(
+                        "{} {} is {current:?}, not {:?}",
+                        c.tool,
+                        c.setting.key(),
+                        c.from
+                    ));
+                }
+                if c.to == current {
+                    return Err(format!(
+                        "{} {} is already {current:?}",
+                        c.tool,
+                        c.setting.key()
+                    ));
+                }
+                values.push((c, c.setting.yaml(&c.to)?));
             }
-            (ChangeOp::Add, false) | (ChangeOp::Remove, true) => {}
         }
     }
     let yaml = registry.to_yaml().map_err(|e| e.to_string())?;
     let mut doc: serde_norway::Value =
         serde_norway::from_str(&yaml).map_err(|e| format!("re-reading the export: {e}"))?;
-    for c in changes {
+    for change in changes {
+        let Change::Listing(c) = change else {
+            continue;
+        };
         let roles = doc
             .get_mut("tools")
             .and_then(|t| t.get_mut(c.tool.as_str()))
@@ -290,6 +540,28 @@ pub fn apply_listing_changes(
         match c.op {
             ChangeOp::Add => roles.push(serde_norway::Value::String(c.role.clone())),
             ChangeOp::Remove => roles.retain(|r| r.as_str() != Some(c.role.as_str())),
+        }
+    }
+    for (c, value) in values {
+        let tool = doc
+            .get_mut("tools")
+            .and_then(|t| t.get_mut(c.tool.as_str()))
+            .ok_or_else(|| format!("the export has no tool {}", c.tool))?;
+        let map = if c.setting.in_approval() {
+            tool.get_mut("approval")
+        } else {
+            Some(tool)
+        }
+        .and_then(serde_norway::Value::as_mapping_mut)
+        .ok_or_else(|| format!("the export has no settings for {}", c.tool))?;
+        let key = serde_norway::Value::String(c.setting.key().into());
+        match value {
+            Some(v) => {
+                map.insert(key, v);
+            }
+            None => {
+                map.remove(&key);
+            }
         }
     }
     let registry_yaml = serde_norway::to_string(&doc).map_err(|e| e.to_string())?;
@@ -366,7 +638,7 @@ impl Store {
         let mut changes = new.changes.clone();
         changes.sort();
         changes.dedup();
-        apply_listing_changes(&sources, &changes).map_err(ProposalError::Invalid)?;
+        apply_changes(&sources, &changes).map_err(ProposalError::Invalid)?;
         let proposal = Proposal {
             id: Uuid::new_v4().to_string(),
             proposer: new.proposer.clone(),
@@ -587,8 +859,8 @@ impl Store {
         let current = self.current_bundle().await?;
         let applied = match &current {
             Some((version, sources)) if *version == proposal.base_version => {
-                let new_sources = apply_listing_changes(sources, &proposal.changes)
-                    .map_err(ProposalError::Invalid)?;
+                let new_sources =
+                    apply_changes(sources, &proposal.changes).map_err(ProposalError::Invalid)?;
                 let new = Bundle::load(new_sources.clone())
                     .map_err(|e| ProposalError::Invalid(e.to_string()))?;
                 let diff = version_diff(Some((*version, sources)), &new.registry, &new_sources)

@@ -492,6 +492,28 @@ impl Store {
         rows.into_iter().map(Step::try_from).collect()
     }
 
+    /// Steps waiting for approval in runs of `tenant`, oldest first (`updated_at`, `id`), at
+    /// most `limit`: the inbox's list, one query whatever the number of gates or tenants.
+    pub async fn waiting_for_tenant(
+        &self,
+        tenant: &str,
+        limit: i64,
+    ) -> Result<Vec<Step>, StoreError> {
+        let sql = format!(
+            "SELECT {STEP_COLUMNS} FROM steps WHERE status = 'needs_approval' \
+             AND EXISTS (SELECT 1 FROM runs r WHERE r.id = steps.run_id AND r.tenant = $1) \
+             ORDER BY updated_at, id LIMIT $2"
+        );
+        let rows: Vec<StepRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(tenant)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        });
+        rows.into_iter().map(Step::try_from).collect()
+    }
+
     /// Claims the next executable step of a planned, active run for `worker` until
     /// `lease_until`: pending, due, not leased by a live worker, and every earlier step of its
     /// run done (an unknown or failed step blocks the rest). Postgres claims with

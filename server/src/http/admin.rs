@@ -6,7 +6,8 @@
 //! * Every endpoint here needs a live session holding the `admin` role ([`RequireRole`]:
 //!   401 signed out, 403 otherwise) and a same-origin `Origin`/`Referer` (checked here and by
 //!   the router's CSRF layer in front); a refused request changes nothing.
-//! * A matrix change is only ever a proposal against the version the admin saw; it applies
+//! * A matrix change or a tool settings change (effect class, gate, approval settings) is
+//!   only ever a proposal against the version the admin saw; it applies
 //!   when a *different* admin approves it and its base version is still current
 //!   ([`Store::approve_proposal`]); then this server swaps the new version in at once (other
 //!   replicas within [`crate::REGISTRY_POLL`]), so `tools/list` changes without a restart.
@@ -28,7 +29,8 @@ use countersign_app::admin::{
 use countersign_app::inbox::BoxFuture;
 use countersign_core::registry::Span;
 use countersign_core::store::{
-    ApproveOutcome, ChangeOp, ListingChange, NewAgent, NewProposal, ProposalError,
+    ApproveOutcome, Change, ChangeOp, ListingChange, NewAgent, NewProposal, ProposalError,
+    SettingChange, ToolSetting,
 };
 use countersign_core::{Gate, Person, RoleName, StoreError};
 
@@ -111,6 +113,11 @@ impl AdminBackend {
                             approval,
                             compensate: t.compensate.as_ref().map(ToString::to_string),
                             listed: reg.roles().map(|r| t.roles.contains(&r.name)).collect(),
+                            settings: ToolSetting::ALL
+                                .iter()
+                                .filter(|s| !s.in_approval() || t.approval.is_some())
+                                .map(|s| (s.key().to_string(), s.value_of(t)))
+                                .collect(),
                         }
                     })
                     .collect();
@@ -141,11 +148,7 @@ impl AdminBackend {
                 proposer: p.proposer_name,
                 created: utc(p.created_at),
                 base_version: p.base_version,
-                changes: p
-                    .changes
-                    .iter()
-                    .map(|c| (c.op.sign(), c.tool.clone(), c.role.clone()))
-                    .collect(),
+                changes: p.changes.iter().map(diff_line).collect(),
                 note: p.note,
                 status: p.status.as_str().to_string(),
                 applied_version: p.applied_version,
@@ -201,6 +204,18 @@ impl AdminBackend {
             stop,
         })
     }
+}
+
+/// How the page's diff view shows one change: its sign and its words.
+fn diff_line(change: &Change) -> (char, String) {
+    let words = match change {
+        Change::Listing(c) => match c.op {
+            ChangeOp::Add => format!("+ {} for {}", c.tool, c.role),
+            ChangeOp::Remove => format!("- {} no longer for {}", c.tool, c.role),
+        },
+        Change::Setting(c) => c.to_string(),
+    };
+    (change.sign(), words)
 }
 
 impl AdminSource for AdminBackend {
@@ -320,6 +335,76 @@ pub async fn propose(
     if changes.is_empty() {
         return back(None, Some("no_change"));
     }
+    let changes = changes.into_iter().map(Change::from).collect();
+    propose_changes(&state, &person, base, changes, &note).await
+}
+
+/// The setting changes that turn `tool`'s settings in force into the form's values: one per
+/// setting whose field is present and differs. Approval settings of a tool without
+/// approval settings are not offered, so their fields are ignored.
+pub fn setting_changes(
+    tool: &countersign_core::registry::Tool,
+    form: &[(String, String)],
+) -> Vec<SettingChange> {
+    ToolSetting::ALL
+        .iter()
+        .filter(|s| !s.in_approval() || tool.approval.is_some())
+        .filter_map(|s| {
+            let (_, wanted) = form.iter().find(|(k, _)| k == s.key())?;
+            let wanted = wanted.trim();
+            let current = s.value_of(tool);
+            (wanted != current).then(|| SettingChange {
+                tool: tool.name.to_string(),
+                setting: *s,
+                from: current,
+                to: wanted.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// `POST /admin/tools/settings` (form: `base`, `tool`, `note`, and a field per setting,
+/// named by [`ToolSetting::key`]): proposes the settings that differ from version `base`.
+pub async fn propose_settings(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    let person = admin.0;
+    let form = fields(&body);
+    let note = field(&form, "note").trim().to_string();
+    if note.is_empty() {
+        return back(None, Some("note"));
+    }
+    let Ok(base) = field(&form, "base").parse::<i64>() else {
+        return back(None, Some("stale"));
+    };
+    let current = match state.store.current_bundle().await {
+        Ok(Some((v, sources))) if v == base => sources,
+        Ok(_) => return back(None, Some("stale")),
+        Err(e) => {
+            tracing::error!(error = %e, "admin: reading the registry failed");
+            return back(None, Some("unavailable"));
+        }
+    };
+    let Ok(registry) = countersign_core::Registry::from_sources(&current.registry_sources()) else {
+        return back(None, Some("invalid"));
+    };
+    let Some(tool) = countersign_core::ToolName::parse(field(&form, "tool"))
+        .ok()
+        .and_then(|t| registry.tool(&t))
+    else {
+        return back(None, Some("not_found"));
+    };
+    let changes = setting_changes(tool, &form);
+    if changes.is_empty() {
+        return back(None, Some("no_change"));
+    }
+    let changes = changes.into_iter().map(Change::from).collect();
     propose_changes(&state, &person, base, changes, &note).await
 }
 
@@ -328,7 +413,7 @@ pub async fn propose_changes(
     state: &AppState,
     person: &Person,
     base: i64,
-    changes: Vec<ListingChange>,
+    changes: Vec<Change>,
     note: &str,
 ) -> Response {
     let result = state

@@ -60,13 +60,17 @@ pub async fn visible(state: &AppState, person: &Person, step: &Step) -> Result<b
         return Ok(false);
     };
     let run = state.store.get_run(&step.run_id).await?;
+    Ok(person.tenant.as_deref() == Some(run.tenant.as_str()) && approves(person, tool, step))
+}
+
+/// Whether `person` holds one of the approver roles `tool`'s rules name for `step`'s inputs
+/// (the tenant is checked by the caller).
+pub fn approves(person: &Person, tool: &countersign_core::registry::Tool, step: &Step) -> bool {
     let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
-    let rules = gate_rules(tool, &inputs);
-    Ok(person.tenant.as_deref() == Some(run.tenant.as_str())
-        && rules
-            .approver_roles
-            .iter()
-            .any(|r| person.roles.iter().any(|have| have.as_str() == r)))
+    gate_rules(tool, &inputs)
+        .approver_roles
+        .iter()
+        .any(|r| person.roles.iter().any(|have| have.as_str() == r))
 }
 
 /// `GET /api/gates`: steps waiting for a person, oldest first.

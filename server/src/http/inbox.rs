@@ -5,7 +5,9 @@
 //! * Only a signed-in approver gets gate data (the app's server functions check the role
 //!   before asking [`InboxBackend`]); a gate is visible exactly when
 //!   [`approvals::visible`] says so (tenant, the tool's approver roles), the same check the
-//!   JSON API uses.
+//!   JSON API uses. The list asks the store for the person's tenant's gates only
+//!   ([`countersign_core::Store::waiting_for_tenant`], one query) and applies the same role
+//!   check ([`approvals::approves`]); a person without a tenant sees none.
 //! * `POST /inbox/{id}/decision` needs the `approver` role, passes the CSRF origin check in
 //!   front of the router, and decides through [`approvals::decide_as`], the one decision path
 //!   (reason required, four eyes, self-approval, step-up, second approver). It answers with a
@@ -94,13 +96,25 @@ impl InboxBackend {
     async fn list(&self, person: &Person) -> Result<Vec<GateRow>, StoreError> {
         let state = &self.0;
         let now = state.store.clock().now_ms();
-        let steps = state
-            .store
-            .steps_in_status(StepStatus::NeedsApproval, LIST_LIMIT)
-            .await?;
+        // A person without a tenant sees no gate (fails closed).
+        let Some(tenant) = person.tenant.as_deref().filter(|t| !t.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        let Some(loaded) = state.registry.current() else {
+            return Ok(Vec::new());
+        };
+        // One query for the tenant's gates (no lookup per gate); the role check is the one
+        // `approvals::visible` applies.
+        let steps = state.store.waiting_for_tenant(tenant, LIST_LIMIT).await?;
         let mut rows = Vec::new();
         for step in steps {
-            if approvals::visible(state, person, &step).await? {
+            let Some(tool) = ToolName::parse(&step.tool)
+                .ok()
+                .and_then(|n| loaded.bundle.registry.tool(&n))
+            else {
+                continue;
+            };
+            if approvals::approves(person, tool, &step) {
                 let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
                 rows.push(row(&step, &inputs, now));
             }

@@ -40,6 +40,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/admin/proposals", axum::routing::post(admin::propose))
         .route(
+            "/admin/tools/settings",
+            axum::routing::post(admin::propose_settings),
+        )
+        .route(
             "/admin/proposals/{id}/decision",
             axum::routing::post(admin::decide),
         )

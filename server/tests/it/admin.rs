@@ -635,3 +635,190 @@ async fn admin_credentials_and_the_emergency_stop_switch() {
     })
     .await;
 }
+
+/// The tool settings form for `tool` against the current version, with `set` applied.
+async fn settings_form(
+    app: &TestApp,
+    tool: &str,
+    set: &[(&'static str, &str)],
+) -> Vec<(&'static str, String)> {
+    let (base, _) = listing(app).await;
+    let mut form = vec![
+        ("base", base.to_string()),
+        ("tool", tool.to_string()),
+        (
+            "note",
+            "holds are disputes: a person looks at each".to_string(),
+        ),
+    ];
+    form.extend(set.iter().map(|(k, v)| (*k, (*v).to_string())));
+    form
+}
+
+#[tokio::test]
+async fn admin_tool_settings_change_only_after_a_second_admin_and_refuse_everyone_else() {
+    each_finance_app(|app| async move {
+        use countersign::adapters::builtin::ERP;
+        let (v1, _) = listing(&app).await;
+        let always = settings_form(&app, "invoice.hold", &[("gate", "always")]).await;
+
+        // Signed out: 401; an approver and a manager: 403; an admin from another origin:
+        // 403. Nothing is proposed.
+        let anon = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let resp = post(&anon, &app, "/admin/tools/settings", &always).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        for user in ["ana", "max"] {
+            let client = app.demo_client(user).await;
+            let resp = post(&client, &app, "/admin/tools/settings", &always).await;
+            assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{user}");
+        }
+        let ada = app.demo_client("ada").await;
+        let bob = app.demo_client("bob").await;
+        let resp = ada
+            .post(app.url("/admin/tools/settings"))
+            .header("origin", "http://evil.example")
+            .form(&always)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        assert!(app.store.list_proposals(10).await.unwrap().is_empty());
+
+        // Malformed or impossible settings are refused: nothing stored.
+        for (tool, set, code) in [
+            ("invoice.hold", ("gate", "sometimes"), "invalid"),
+            ("invoice.hold", ("effect", "harmless"), "invalid"),
+            ("invoice.hold", ("expires", "soon"), "invalid"),
+            ("invoice.hold", ("gate", "policy"), "no_change"),
+            ("no.such_tool", ("gate", "always"), "not_found"),
+            // note.draft has no approval settings: gating it cannot load.
+            ("note.draft", ("gate", "always"), "invalid"),
+        ] {
+            let form = settings_form(&app, tool, &[set]).await;
+            let resp = post(&ada, &app, "/admin/tools/settings", &form).await;
+            assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+            assert_eq!(
+                location(&resp),
+                format!("/admin?error={code}"),
+                "{tool} {set:?}"
+            );
+        }
+        let mut no_note = always.clone();
+        no_note.retain(|(k, _)| *k != "note");
+        let resp = post(&ada, &app, "/admin/tools/settings", &no_note).await;
+        assert_eq!(location(&resp), "/admin?error=note");
+        assert!(app.store.list_proposals(10).await.unwrap().is_empty());
+
+        // Before any change: a small hold is below the policy's gate and runs at once.
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let reply = client
+            .call("invoice.hold", crate::mcp::hold(json!(50)))
+            .await;
+        assert_ne!(
+            reply["result"]["structuredContent"]["status"], "needs_approval",
+            "{reply}"
+        );
+        let holds = || async {
+            app.store
+                .demo_effects(ERP, "invoices.hold")
+                .await
+                .unwrap()
+                .len()
+        };
+        assert_eq!(holds().await, 1);
+
+        // Ada proposes gate always and a 24h approval window.
+        let form = settings_form(
+            &app,
+            "invoice.hold",
+            &[("gate", "always"), ("expires", "24h")],
+        )
+        .await;
+        let resp = post(&ada, &app, "/admin/tools/settings", &form).await;
+        assert_eq!(location(&resp), "/admin?done=proposed");
+        app.clock.advance(chrono::Duration::seconds(1));
+        let p = newest_proposal(&app).await;
+        assert_eq!(
+            p.changes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            vec![
+                "~ invoice.hold gate: policy → always",
+                "~ invoice.hold expires: 72h → 24h",
+            ]
+        );
+        // Proposed is not in force: another small hold still runs ungated.
+        let reply = client
+            .call("invoice.hold", crate::mcp::hold(json!(51)))
+            .await;
+        assert_ne!(
+            reply["result"]["structuredContent"]["status"], "needs_approval",
+            "{reply}"
+        );
+        assert_eq!(holds().await, 2);
+
+        // The proposer cannot approve it.
+        assert_eq!(
+            decide(&ada, &app, &p.id, "approve", "fine").await,
+            "/admin?error=own"
+        );
+        assert_eq!(listing(&app).await.0, v1);
+        let html = bob
+            .get(app.url("/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            html.contains("~ invoice.hold gate: policy → always"),
+            "{html}"
+        );
+        assert!(html.contains("data-testid=\"tool-settings\""), "{html}");
+
+        // Bob approves: in force at once, and the same small hold now waits for a person.
+        assert_eq!(
+            decide(&bob, &app, &p.id, "approve", "agreed").await,
+            "/admin?done=approved"
+        );
+        assert_eq!(listing(&app).await.0, v1 + 1);
+        let reply = client
+            .call("invoice.hold", crate::mcp::hold(json!(52)))
+            .await;
+        assert_eq!(
+            reply["result"]["structuredContent"]["status"], "needs_approval",
+            "{reply}"
+        );
+        assert_eq!(holds().await, 2);
+        let html = bob
+            .get(app.url("/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let row = html
+            .split("data-tool=\"invoice.hold\"")
+            .nth(1)
+            .and_then(|rest| rest.split("</tr>").next())
+            .unwrap_or_default();
+        assert!(row.contains("always"), "{row}");
+        assert!(row.contains("expires after 24h"), "{row}");
+        let rules: Vec<String> = proposal_audit(&app)
+            .await
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        assert_eq!(rules, vec!["proposed", "refused_own", "approved"]);
+        app
+    })
+    .await;
+}

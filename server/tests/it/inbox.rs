@@ -297,3 +297,112 @@ async fn inbox_form_rejection_with_a_reason_refuses_the_step_for_good() {
     })
     .await;
 }
+
+/// POSTs to the inbox's server function (what the open page polls) from `origin`.
+async fn poll(client: &reqwest::Client, app: &TestApp, origin: &str) -> reqwest::Response {
+    use leptos::server_fn::ServerFn;
+    client
+        .post(app.url(countersign_app::inbox::LoadGates::PATH))
+        .header("origin", origin)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("")
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn inbox_poll_returns_gates_opened_after_the_page_loaded_to_approvers_only() {
+    use countersign_app::inbox::InboxView;
+    each_finance_app(|app| async move {
+        let own = format!("http://{}", app.addr);
+        let ana = app.demo_client("ana").await;
+        let html = page(&ana, &app, "/inbox").await;
+        assert!(html.contains("No gated calls are waiting"), "{html}");
+        let resp = poll(&ana, &app, &own).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            resp.json::<InboxView>().await.unwrap(),
+            InboxView::Gates(Vec::new())
+        );
+
+        // A gate opens while the page is open: the next poll carries it.
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step = gated_payment(&mut client).await;
+        let resp = poll(&ana, &app, &own).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let InboxView::Gates(rows) = resp.json::<InboxView>().await.unwrap() else {
+            panic!("ana is an approver");
+        };
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].step_id, step);
+        assert_eq!(rows[0].amount.as_deref(), Some("4,180.00 EUR"));
+
+        // Another tenant's gate never reaches this tenant's approver.
+        let (_, globex) = app
+            .store
+            .create_agent(&countersign_core::store::NewAgent {
+                name: "globex-fin".into(),
+                role: "worker.finance".into(),
+                tenant: "globex".into(),
+                created_by: "test".into(),
+                expires_at: None,
+            })
+            .await
+            .unwrap();
+        let globex = globex.reveal().to_string();
+        let mut other = Client::new(&app, &globex);
+        other.connect().await;
+        let reply = other
+            .call(
+                "payment.schedule",
+                crate::mcp::payment_for("INV-20269001", json!(2500.00)),
+            )
+            .await;
+        assert_eq!(status_of(&reply), "needs_approval", "{reply}");
+        let foreign = reply["result"]["structuredContent"]["step_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let InboxView::Gates(rows) = poll(&ana, &app, &own)
+            .await
+            .json::<InboxView>()
+            .await
+            .unwrap()
+        else {
+            panic!("ana is an approver");
+        };
+        assert_eq!(
+            rows.iter().map(|r| r.step_id.as_str()).collect::<Vec<_>>(),
+            vec![step.as_str()]
+        );
+        assert!(!page(&ana, &app, "/inbox").await.contains(&foreign));
+
+        // A manager polls and gets no gate; signed out and cross-origin polls are refused.
+        let max = app.demo_client("max").await;
+        let resp = poll(&max, &app, &own).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            resp.json::<InboxView>().await.unwrap(),
+            InboxView::NotApprover
+        );
+        let anon = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let resp = poll(&anon, &app, &own).await;
+        assert!(
+            resp.status() == StatusCode::UNAUTHORIZED || resp.status().is_redirection(),
+            "{}",
+            resp.status()
+        );
+        assert!(!resp.text().await.unwrap().contains(&step));
+        let resp = poll(&ana, &app, "https://evil.example").await;
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        assert!(!resp.text().await.unwrap().contains(&step));
+        app
+    })
+    .await;
+}
