@@ -838,7 +838,16 @@ async fn runs_stop_after_their_bound_of_failures_in_a_row() {
         let mut client = Client::new(&app, &planner);
         client.connect().await;
         let (run, steps) = submit(&mut client, vec![note_step()]).await;
-        wait_for(&app, &steps[0], StepStatus::Cancelled).await;
+        // Each failed attempt is retried after a backoff on the test's clock: move it on.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while app.store.get_step(&steps[0]).await.unwrap().status != StepStatus::Cancelled {
+            assert!(
+                Instant::now() < deadline,
+                "the run never hit its failures bound"
+            );
+            app.clock.advance(chrono::Duration::seconds(30));
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
         let stopped = app.store.get_run(&run).await.unwrap();
         assert_eq!(stopped.status, RunStatus::Failed);
         assert_eq!(stopped.reason, "bounds.failures");
