@@ -860,6 +860,15 @@ fn halt_guard(ctx: &Ctx<'_>, run_id: &str) -> RunGuard {
     }
 }
 
+/// [reads] A read whose closing write found its run cancelled or stopped (while it was in
+/// flight, or before it started): its result is withheld and the step recorded as cancelled.
+async fn withheld(ctx: &Ctx<'_>, step: &Step) -> Result<Answer, Internal> {
+    let rule = halted(ctx, &step.run_id)
+        .await?
+        .unwrap_or_else(|| "run.cancelled".to_string());
+    cancel_halted(ctx, step, rule).await
+}
+
 /// Records `step` as `cancelled` by `rule` (a stop or a run no longer active).
 async fn cancel_halted(ctx: &Ctx<'_>, step: &Step, rule: String) -> Result<Answer, Internal> {
     let answer = err(json!({"status": "cancelled", "step_id": step.id, "rule": rule}));
@@ -953,10 +962,7 @@ async fn fail_closed(
         ))
         .await?;
     if !moved && read {
-        let rule = halted(ctx, &step.run_id)
-            .await?
-            .unwrap_or_else(|| "run.cancelled".to_string());
-        return cancel_halted(ctx, step, rule).await;
+        return withheld(ctx, step).await;
     }
     if !moved {
         return Err(Internal(format!(
@@ -1236,12 +1242,7 @@ async fn finish(
         ))
         .await?;
     if !moved && read {
-        // The run was cancelled or stopped while the read was in flight (or before it
-        // started): its result is withheld and the step recorded as cancelled.
-        let rule = halted(ctx, &step.run_id)
-            .await?
-            .unwrap_or_else(|| "run.cancelled".to_string());
-        return cancel_halted(ctx, step, rule).await;
+        return withheld(ctx, step).await;
     }
     if !moved {
         return Err(Internal(format!(
