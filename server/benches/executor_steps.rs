@@ -85,6 +85,9 @@ fn bench_registry() -> std::path::PathBuf {
 
 /// Submits plans totalling `steps` steps of `tool`; `tag` keeps texts distinct across rounds.
 async fn seed(planner: &mut Mcp, tool: &str, steps: usize, tag: &str) {
+    // A fresh MCP session per round: the server forgets sessions idle for minutes, and a
+    // round of workers can take that long.
+    planner.connect().await;
     let mut left = steps;
     let mut plan = 0;
     while left > 0 {
