@@ -79,7 +79,8 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo "Verifying the hash-chained audit log against raw SHA-256 over the same bytes."
   echo
   echo '```'
-  grep -E '% of raw SHA-256' "$logs/audit.txt" || echo "(no summary line found)"
+  grep -E '% of raw SHA-256|^audit verify over|^  (raw SHA-256|verify|single-threaded|[0-9]+-thread)' "$logs/audit.txt" \
+    || echo "(no summary line found)"
   echo '```'
   echo
   echo "Reproduce: \`cargo bench -p countersign-core --bench audit_verify\`."
