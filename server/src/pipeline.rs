@@ -830,27 +830,28 @@ async fn execute(
     finish(ctx, &step, opening, outcome, began.elapsed()).await
 }
 
-/// Why a step of `run_id` may not start now: the emergency stop (unless the tool is one of
-/// Countersign's own run tools) or a run that is not active (failed is fine for compensations).
+/// Why a step of `run_id` may not start now: the conditions of [`halt_guard`], read now —
+/// the emergency stop (unless the tool is one of Countersign's own run tools) or a run that is
+/// not active (failed is fine for compensations).
 async fn halted(ctx: &Ctx<'_>, run_id: &str) -> Result<Option<String>, Internal> {
-    let compensating = ctx.caller.executor.as_deref() == Some(COMPENSATOR);
-    let own_tool = ctx.tool.handler.provider.as_str() == crate::runs::PROVIDER;
+    let guard = halt_guard(ctx, run_id);
     let (status, stopped) = ctx
         .state
         .store
         .run_status_and_switch(run_id, crate::executor::EMERGENCY_STOP)
         .await?;
-    if stopped && !own_tool {
+    if stopped && guard.unless_switch.is_some() {
         return Ok(Some("emergency.stop".to_string()));
     }
     Ok(match status {
         RunStatus::Active => None,
-        RunStatus::Failed if compensating => None,
+        RunStatus::Failed if guard.allow_failed => None,
         other => Some(format!("run.{}", other.as_str())),
     })
 }
 
-/// The conditions of [`halted`], for a closing write to check itself.
+/// When a step may start or commit: in an active run (or a failed one, for compensations),
+/// with the emergency stop off (unless the tool is one of Countersign's own run tools).
 fn halt_guard(ctx: &Ctx<'_>, run_id: &str) -> RunGuard {
     let own_tool = ctx.tool.handler.provider.as_str() == crate::runs::PROVIDER;
     RunGuard {

@@ -289,6 +289,33 @@ pub fn listing_changes(
     all
 }
 
+/// What every proposal form starts from: its required `note`, and the registry of version
+/// `base` — which must still be the version in force (else the form is stale).
+async fn proposal_base(
+    state: &AppState,
+    form: &[(String, String)],
+) -> Result<(i64, String, countersign_core::Registry), Response> {
+    let note = field(form, "note").trim().to_string();
+    if note.is_empty() {
+        return Err(back(None, Some("note")));
+    }
+    let Ok(base) = field(form, "base").parse::<i64>() else {
+        return Err(back(None, Some("stale")));
+    };
+    let current = match state.store.current_bundle().await {
+        Ok(Some((v, sources))) if v == base => sources,
+        Ok(_) => return Err(back(None, Some("stale"))),
+        Err(e) => {
+            tracing::error!(error = %e, "admin: reading the registry failed");
+            return Err(back(None, Some("unavailable")));
+        }
+    };
+    let Ok(registry) = countersign_core::Registry::from_sources(&current.registry_sources()) else {
+        return Err(back(None, Some("invalid")));
+    };
+    Ok((base, note, registry))
+}
+
 /// `POST /admin/proposals` (form: `base`, `note`, `cell=role|tool` for every ticked box):
 /// proposes the difference between the ticked matrix and version `base`.
 pub async fn propose(
@@ -302,23 +329,9 @@ pub async fn propose(
     }
     let person = admin.0;
     let form = fields(&body);
-    let note = field(&form, "note").trim().to_string();
-    if note.is_empty() {
-        return back(None, Some("note"));
-    }
-    let Ok(base) = field(&form, "base").parse::<i64>() else {
-        return back(None, Some("stale"));
-    };
-    let current = match state.store.current_bundle().await {
-        Ok(Some((v, sources))) if v == base => sources,
-        Ok(_) => return back(None, Some("stale")),
-        Err(e) => {
-            tracing::error!(error = %e, "admin: reading the registry failed");
-            return back(None, Some("unavailable"));
-        }
-    };
-    let Ok(registry) = countersign_core::Registry::from_sources(&current.registry_sources()) else {
-        return back(None, Some("invalid"));
+    let (base, note, registry) = match proposal_base(&state, &form).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     let listed: BTreeSet<(String, String)> = registry
         .listing()
@@ -376,23 +389,9 @@ pub async fn propose_settings(
     }
     let person = admin.0;
     let form = fields(&body);
-    let note = field(&form, "note").trim().to_string();
-    if note.is_empty() {
-        return back(None, Some("note"));
-    }
-    let Ok(base) = field(&form, "base").parse::<i64>() else {
-        return back(None, Some("stale"));
-    };
-    let current = match state.store.current_bundle().await {
-        Ok(Some((v, sources))) if v == base => sources,
-        Ok(_) => return back(None, Some("stale")),
-        Err(e) => {
-            tracing::error!(error = %e, "admin: reading the registry failed");
-            return back(None, Some("unavailable"));
-        }
-    };
-    let Ok(registry) = countersign_core::Registry::from_sources(&current.registry_sources()) else {
-        return back(None, Some("invalid"));
+    let (base, note, registry) = match proposal_base(&state, &form).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     let Some(tool) = countersign_core::ToolName::parse(field(&form, "tool"))
         .ok()
