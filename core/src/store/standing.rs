@@ -212,6 +212,53 @@ fn record(
     })
 }
 
+/// Runs `$query` (one row's INSERT or UPDATE) and, when it touched exactly one row, appends
+/// `$audit` in the same transaction: the chain's lock first (lock order), then the row.
+/// Evaluates to `true` when written; `false` (rolled back) when the row was not touched.
+macro_rules! write_audited {
+    ($store:expr, $audit:expr, $now:expr, $query:expr) => {{
+        macro_rules! run_in {
+            ($pool:expr, $begin:expr, $lock:expr) => {{
+                let mut tx = $pool.begin_with($begin).await.map_err(StoreError::from)?;
+                if $lock {
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(crate::audit::PG_AUDIT_LOCK)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(StoreError::from)?;
+                }
+                let n = $query
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?
+                    .rows_affected();
+                if n != 1 {
+                    tx.rollback().await.map_err(StoreError::from)?;
+                    false
+                } else {
+                    let appended: Result<_, StoreError> = async {
+                        Ok(append_in_tx!(
+                            &mut *tx,
+                            $lock,
+                            &$audit,
+                            AuditEvent::Operational,
+                            $now
+                        ))
+                    }
+                    .await;
+                    appended?;
+                    tx.commit().await.map_err(StoreError::from)?;
+                    true
+                }
+            }};
+        }
+        match &$store.pool {
+            Pool::Sqlite(p) => run_in!(p, "BEGIN IMMEDIATE", false),
+            Pool::Postgres(p) => run_in!(p, "BEGIN", true),
+        }
+    }};
+}
+
 impl Store {
     /// Grants a standing authorization (refused if a field is empty, it expires at or before
     /// now, or its id is taken), with its audit record in the same transaction.
@@ -278,61 +325,27 @@ impl Store {
             &stored,
             &[("reason", json!(new.reason))],
         )?;
-        macro_rules! run_in {
-            ($pool:expr, $begin:expr, $lock:expr) => {{
-                let mut tx = $pool.begin_with($begin).await.map_err(StoreError::from)?;
-                // The chain's lock first (lock order), then the row.
-                if $lock {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(crate::audit::PG_AUDIT_LOCK)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(StoreError::from)?;
-                }
-                let n = sqlx::query(
-                    "INSERT INTO standing_authorizations
+        let inserted = write_audited!(
+            self,
+            audit,
+            now,
+            sqlx::query(
+                "INSERT INTO standing_authorizations
                        (id, tenant, party, tool, conditions, expires_at, reason, granted_by,
                         granted_at, revoked_at, revoked_by, revoke_reason)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, NULL, NULL)
                      ON CONFLICT (id) DO NOTHING",
-                )
-                .bind(&stored.id)
-                .bind(&stored.tenant)
-                .bind(&stored.party)
-                .bind(&stored.tool)
-                .bind(&conditions)
-                .bind(stored.expires_at)
-                .bind(&stored.reason)
-                .bind(&stored.granted_by)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from)?
-                .rows_affected();
-                if n != 1 {
-                    tx.rollback().await.map_err(StoreError::from)?;
-                    false
-                } else {
-                    let appended: Result<_, StoreError> = async {
-                        Ok(append_in_tx!(
-                            &mut *tx,
-                            $lock,
-                            &audit,
-                            AuditEvent::Operational,
-                            now
-                        ))
-                    }
-                    .await;
-                    appended?;
-                    tx.commit().await.map_err(StoreError::from)?;
-                    true
-                }
-            }};
-        }
-        let inserted = match &self.pool {
-            Pool::Sqlite(p) => run_in!(p, "BEGIN IMMEDIATE", false),
-            Pool::Postgres(p) => run_in!(p, "BEGIN", true),
-        };
+            )
+            .bind(&stored.id)
+            .bind(&stored.tenant)
+            .bind(&stored.party)
+            .bind(&stored.tool)
+            .bind(&conditions)
+            .bind(stored.expires_at)
+            .bind(&stored.reason)
+            .bind(&stored.granted_by)
+            .bind(now)
+        );
         Ok(inserted.then_some(stored))
     }
 
@@ -365,53 +378,20 @@ impl Store {
                 ("granted_by", json!(current.granted_by)),
             ],
         )?;
-        macro_rules! run_in {
-            ($pool:expr, $begin:expr, $lock:expr) => {{
-                let mut tx = $pool.begin_with($begin).await.map_err(StoreError::from)?;
-                if $lock {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(crate::audit::PG_AUDIT_LOCK)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(StoreError::from)?;
-                }
-                let n = sqlx::query(
-                    "UPDATE standing_authorizations
+        let revoked = write_audited!(
+            self,
+            audit,
+            now,
+            sqlx::query(
+                "UPDATE standing_authorizations
                         SET revoked_at = $1, revoked_by = $2, revoke_reason = $3
                       WHERE id = $4 AND revoked_at IS NULL",
-                )
-                .bind(now)
-                .bind(by)
-                .bind(reason)
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from)?
-                .rows_affected();
-                if n != 1 {
-                    tx.rollback().await.map_err(StoreError::from)?;
-                    false
-                } else {
-                    let appended: Result<_, StoreError> = async {
-                        Ok(append_in_tx!(
-                            &mut *tx,
-                            $lock,
-                            &audit,
-                            AuditEvent::Operational,
-                            now
-                        ))
-                    }
-                    .await;
-                    appended?;
-                    tx.commit().await.map_err(StoreError::from)?;
-                    true
-                }
-            }};
-        }
-        let revoked = match &self.pool {
-            Pool::Sqlite(p) => run_in!(p, "BEGIN IMMEDIATE", false),
-            Pool::Postgres(p) => run_in!(p, "BEGIN", true),
-        };
+            )
+            .bind(now)
+            .bind(by)
+            .bind(reason)
+            .bind(id)
+        );
         if !revoked {
             // Revoked by someone else in between.
             return Err(StandingError::AlreadyRevoked(id.to_string()));
