@@ -327,22 +327,22 @@ async fn call_inner(
         }
     }
     let new_step = NewStep {
-            run_id: run.id.clone(),
-            role: credential.role.clone(),
-            tool: tool.name.as_str().to_string(),
-            effect: tool.effect,
-            inputs: canonical.clone(),
-            agent_id: Some(credential.id.clone()),
-            // The proposer's reason: a direct call states it in its `reason` argument.
-            reason: arguments
-                .get("reason")
-                .and_then(Value::as_str)
-                .map(|r| r.chars().take(400).collect())
-                .unwrap_or_default(),
-            evidence: Vec::new(),
-            observed: None,
-            trace_id: ctx.trace_id.clone(),
-            status: StepStatus::Pending,
+        run_id: run.id.clone(),
+        role: credential.role.clone(),
+        tool: tool.name.as_str().to_string(),
+        effect: tool.effect,
+        inputs: canonical.clone(),
+        agent_id: Some(credential.id.clone()),
+        // The proposer's reason: a direct call states it in its `reason` argument.
+        reason: arguments
+            .get("reason")
+            .and_then(Value::as_str)
+            .map(|r| r.chars().take(400).collect())
+            .unwrap_or_default(),
+        evidence: Vec::new(),
+        observed: None,
+        trace_id: ctx.trace_id.clone(),
+        status: StepStatus::Pending,
     };
     // [reads] A read's row is written with its outcome (or when it is parked or refused
     // first): no row is opened before it runs. A write opens its row, the key's owner.
@@ -617,7 +617,11 @@ async fn execute(
                 .await?
         }
     };
-    if let Some(rule) = halt_rule(&halt_guard(ctx, &run.id), world.run_status, world.switch_set) {
+    if let Some(rule) = halt_rule(
+        &halt_guard(ctx, &run.id),
+        world.run_status,
+        world.switch_set,
+    ) {
         let step = write_prepared(ctx, step, written).await?;
         return cancel_halted(ctx, &step, rule).await;
     }

@@ -870,7 +870,6 @@ impl Store {
     }
 }
 
-
 /// [reads] The INSERT of a prepared step's row already moved by a transition (status,
 /// attempts, decision, rule, outcome, expiry, approval), written only while the transition's
 /// [`RunGuard`] holds (`$24`–`$26`, as in [`transition_sql`]).
@@ -964,29 +963,29 @@ macro_rules! apply_transition {
                 n
             }
             None => {
-        let sql = $crate::store::steps::transition_sql(t.from.len());
-        let mut q = sqlx::query(&sql)
-            .bind(t.to.map(|s| s.as_str()))
-            .bind(&t.decision)
-            .bind(&t.rule)
-            .bind(&t.outcome)
-            .bind(t.expires_at)
-            .bind(&t.approval)
-            .bind(i64::from(t.bump_attempts))
-            .bind(now)
-            .bind(&t.step_id)
-            .bind(t.not_before)
-            .bind(t.guard.as_ref().map(|g| g.run_id.as_str()))
-            .bind(
-                t.guard
-                    .as_ref()
-                    .and_then(|g| g.allow_failed.then_some("failed")),
-            )
-            .bind(t.guard.as_ref().and_then(|g| g.unless_switch.as_deref()));
-        for f in &t.from {
-            q = q.bind(f.as_str());
-        }
-        q.execute(&mut *$tx).await?.rows_affected()
+                let sql = $crate::store::steps::transition_sql(t.from.len());
+                let mut q = sqlx::query(&sql)
+                    .bind(t.to.map(|s| s.as_str()))
+                    .bind(&t.decision)
+                    .bind(&t.rule)
+                    .bind(&t.outcome)
+                    .bind(t.expires_at)
+                    .bind(&t.approval)
+                    .bind(i64::from(t.bump_attempts))
+                    .bind(now)
+                    .bind(&t.step_id)
+                    .bind(t.not_before)
+                    .bind(t.guard.as_ref().map(|g| g.run_id.as_str()))
+                    .bind(
+                        t.guard
+                            .as_ref()
+                            .and_then(|g| g.allow_failed.then_some("failed")),
+                    )
+                    .bind(t.guard.as_ref().and_then(|g| g.unless_switch.as_deref()));
+                for f in &t.from {
+                    q = q.bind(f.as_str());
+                }
+                q.execute(&mut *$tx).await?.rows_affected()
             }
         };
         if n != 1 {

@@ -276,7 +276,14 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
                 let run_id = run.id.clone();
                 async move {
                     store
-                        .call_context(&run_id, "emergency_stop", "stillon", "agent-7", binding, now)
+                        .call_context(
+                            &run_id,
+                            "emergency_stop",
+                            "stillon",
+                            "agent-7",
+                            binding,
+                            now,
+                        )
                         .await
                 }
             };
@@ -290,7 +297,13 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
 
             // A binding of another tenant binds nothing.
             store
-                .demo_put(binding.0, binding.1, "agent-7", "globex", r#"{"party": "user-123"}"#)
+                .demo_put(
+                    binding.0,
+                    binding.1,
+                    "agent-7",
+                    "globex",
+                    r#"{"party": "user-123"}"#,
+                )
                 .await
                 .unwrap();
             let c = context(now).await.unwrap();
@@ -300,7 +313,13 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
             // Bound to the traveller: the traveller's live grants of this tenant, the same as
             // standing_for, in the same order.
             store
-                .demo_put(binding.0, binding.1, "agent-7", "stillon", r#"{"party": "user-123"}"#)
+                .demo_put(
+                    binding.0,
+                    binding.1,
+                    "agent-7",
+                    "stillon",
+                    r#"{"party": "user-123"}"#,
+                )
                 .await
                 .unwrap();
             let c = context(now).await.unwrap();
@@ -308,7 +327,10 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
             assert_eq!(ids(&c.grants), ["SA-short", "SA-traveller"]);
             assert_eq!(
                 c.grants,
-                store.standing_for("stillon", "user-123", now).await.unwrap()
+                store
+                    .standing_for("stillon", "user-123", now)
+                    .await
+                    .unwrap()
             );
 
             // Expiry, the stop and the run's status are read at the instant asked.
@@ -329,7 +351,14 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
             // No such run: not found, never an empty context.
             assert!(matches!(
                 store
-                    .call_context("no-such-run", "emergency_stop", "stillon", "agent-7", binding, now)
+                    .call_context(
+                        "no-such-run",
+                        "emergency_stop",
+                        "stillon",
+                        "agent-7",
+                        binding,
+                        now
+                    )
                     .await,
                 Err(StoreError::NotFound)
             ));

@@ -318,8 +318,7 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
             role: "worker".into(),
             tool: "invoice.get".into(),
             effect,
-            inputs: CanonicalJson::from_value(&serde_json::json!({"invoice_id": "INV-1"}))
-                .unwrap(),
+            inputs: CanonicalJson::from_value(&serde_json::json!({"invoice_id": "INV-1"})).unwrap(),
             agent_id: Some("agent-1".into()),
             reason: "check the invoice".into(),
             evidence: vec![],
@@ -334,7 +333,10 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
 
         let prepared = store.prepare_read(&new(Effect::Read)).unwrap();
         assert!(
-            matches!(store.get_step(&prepared.id).await, Err(StoreError::NotFound)),
+            matches!(
+                store.get_step(&prepared.id).await,
+                Err(StoreError::NotFound)
+            ),
             "preparing writes nothing"
         );
         let guard = RunGuard {

@@ -115,9 +115,7 @@ pub async fn inject_fault(
 ) -> Result<(), countersign_core::StoreError> {
     let data = serde_json::to_string(fault)
         .map_err(|e| countersign_core::StoreError::Conflict(e.to_string()))?;
-    store
-        .demo_put(system, FAULT, operation, "*", &data)
-        .await?;
+    store.demo_put(system, FAULT, operation, "*", &data).await?;
     Ok(())
 }
 

@@ -131,7 +131,11 @@ async fn admit(
                 let prefetched = context.map(|c| (run_id.clone(), c));
                 (checked, prefetched)
             }),
-        None => state.store.authenticate_agent(&token).await.map(|c| (c, None)),
+        None => state
+            .store
+            .authenticate_agent(&token)
+            .await
+            .map(|c| (c, None)),
     };
     match checked.map(|(c, prefetched)| {
         c.map(|credential| {

@@ -793,7 +793,11 @@ async fn gateway_a_session_id_presented_with_another_agents_token_stays_out_of_i
         assert_eq!(a_runs.len(), 1);
         let a_steps = app.store.steps_for_run(&a_runs[0].id).await.unwrap();
         assert_eq!(a_steps.len(), 2, "only A's own calls are in A's run");
-        assert!(a_steps.iter().all(|s| s.agent_id.as_deref() == Some(a_id.as_str())));
+        assert!(
+            a_steps
+                .iter()
+                .all(|s| s.agent_id.as_deref() == Some(a_id.as_str()))
+        );
         if status == reqwest::StatusCode::OK {
             let reply = reply.unwrap();
             assert_eq!(reply["result"]["isError"], false, "{reply}");
