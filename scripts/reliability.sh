@@ -11,6 +11,10 @@
 #   RELIABILITY_KILL_EVERY_SECS  a random worker is killed this often (default 30)
 #   RELIABILITY_REPEAT           plays of each scenario / fault test per backend (default 3)
 #   RELIABILITY_AGENTS           concurrent scripted agents in the soak (default 4)
+#   RELIABILITY_READERS          concurrent short-lived reading agents in the soak (default 2)
+#   RELIABILITY_TARGET_LATENCY_MS  how long the demo ERP's writes take in the soak, half
+#                                before the effect and half after (default 2000), so kills
+#                                land mid-call
 #   RELIABILITY_RACE_STEPS       steps in the many-workers race (default 400)
 #   COUNTERSIGN_TEST_POSTGRES_URL  (default postgres://postgres@127.0.0.1:5432/postgres)
 set -euo pipefail

@@ -118,10 +118,51 @@ pub async fn inject_fault(
     Ok(())
 }
 
-/// Runs `call` on a demo system with its injected faults applied: `Fail` and `Unavailable`
-/// stop it before any effect; `TimeoutAfterEffect` lets it run, then loses the answer;
-/// `Slow` delays it; `Misapplied` is handed to `call` (its argument is `true`), which applies
-/// something else or refuses.
+/// A latency set on one operation of a demo system (object kind `latency`, id = the
+/// operation): every call waits `before_ms` before applying its effect and `after_ms` after
+/// it, before answering — a realistic target, so a worker killed mid-call is killed with the
+/// effect not yet applied or applied but not yet answered. Unlike a [`Fault`] it is not used
+/// up; [`set_latency`] with zeros clears it.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Latency {
+    /// Milliseconds before the effect.
+    pub before_ms: u64,
+    /// Milliseconds after the effect, before the answer.
+    pub after_ms: u64,
+}
+
+/// Sets `latency` on `operation` of `system`.
+pub async fn set_latency(
+    store: &Store,
+    system: &str,
+    operation: &str,
+    latency: Latency,
+) -> Result<(), countersign_core::StoreError> {
+    let data = serde_json::to_string(&latency)
+        .map_err(|e| countersign_core::StoreError::Conflict(e.to_string()))?;
+    store
+        .demo_put(system, "latency", operation, "*", &data)
+        .await?;
+    Ok(())
+}
+
+async fn latency(store: &Store, system: &str, operation: &str) -> Result<Latency, AdapterError> {
+    Ok(store
+        .demo_get(system, "latency", operation)
+        .await
+        .map_err(unavailable)?
+        .and_then(|obj| serde_json::from_str(&obj.data).ok())
+        .unwrap_or_default())
+}
+
+fn pause(ms: u64) -> impl std::future::Future<Output = ()> {
+    tokio::time::sleep(std::time::Duration::from_millis(ms))
+}
+
+/// Runs `call` on a demo system with its [`Latency`] and injected faults applied: `Fail` and
+/// `Unavailable` stop it before any effect; `TimeoutAfterEffect` lets it run, then loses the
+/// answer; `Slow` delays it; `Misapplied` is handed to `call` (its argument is `true`), which
+/// applies something else or refuses.
 /// `refuser` names the system in the refusal message.
 pub(super) async fn with_faults<C, F>(
     store: &Store,
@@ -134,7 +175,11 @@ where
     C: FnOnce(bool) -> F,
     F: std::future::Future<Output = Result<Value, AdapterError>>,
 {
+    let latency = latency(store, system, operation).await?;
     let fault = take_fault(store, system, operation).await?;
+    if latency.before_ms > 0 {
+        pause(latency.before_ms).await;
+    }
     match fault {
         Some(FaultMode::Fail) => {
             return Err(rejected(
@@ -148,7 +193,11 @@ where
         Some(FaultMode::Slow) => tokio::time::sleep(SLOW_FAULT).await,
         Some(FaultMode::TimeoutAfterEffect | FaultMode::Misapplied) | None => {}
     }
-    let result = call(fault == Some(FaultMode::Misapplied)).await?;
+    let result = call(fault == Some(FaultMode::Misapplied)).await;
+    if latency.after_ms > 0 {
+        pause(latency.after_ms).await;
+    }
+    let result = result?;
     if fault == Some(FaultMode::TimeoutAfterEffect) {
         return Err(AdapterError::Timeout);
     }
