@@ -26,5 +26,7 @@ export RELIABILITY_COMMIT=${RELIABILITY_COMMIT:-$(git rev-parse --short HEAD 2>/
 export RELIABILITY_OUT=${RELIABILITY_OUT:-$PWD/docs/reliability.md}
 
 # `cargo test` builds the `countersign` binary the harness starts (serve, worker) itself.
+# `--workspace --test it` (not `-p countersign`) resolves features as `make test` does, so a
+# tree built by `make test` is reused instead of rebuilt; core's `it` has no such test.
 echo "reliability: soak ${RELIABILITY_SOAK_MINUTES:-10} min; output $RELIABILITY_OUT" >&2
-cargo test -p countersign --test it -- --ignored --exact reliability::reliability_report --nocapture
+cargo test --workspace --test it -- --ignored --exact reliability::reliability_report --nocapture
