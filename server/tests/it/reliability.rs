@@ -802,22 +802,16 @@ async fn reliability_report() {
     let agents = env_u64("RELIABILITY_AGENTS", 4);
     let latency_ms = env_u64("RELIABILITY_TARGET_LATENCY_MS", 2000);
     let readers = env_u64("RELIABILITY_READERS", 2);
-    let mut notes = Vec::new();
-    // The soak first: the longest part, and the one whose failure should show soonest.
-    eprintln!("reliability: soak {minutes} min");
-    let s = soak(minutes, kill_every, agents, readers, latency_ms).await;
-    eprintln!(
-        "reliability: soak done: {} kills, {} caught in flight, {} other endings, lost {} duplicated {} unknown {}",
-        s.kills,
-        s.kills_caught,
-        s.ends.other.len(),
-        s.tally.lost,
-        s.tally.duplicated,
-        s.tally.unknown
-    );
+    // RELIABILITY_CONCURRENT=1 plays the scenarios and fault tests while the soak runs (on
+    // the same machine, each on its own database) instead of after it.
+    let concurrent = env_u64("RELIABILITY_CONCURRENT", 0) == 1;
     let path = std::env::var("RELIABILITY_OUT")
         .unwrap_or_else(|_| format!("{}/../docs/reliability.md", env!("CARGO_MANIFEST_DIR")));
-    let render = |scenario_rows: &[Row], fault_rows: &[Row], notes: &[String], done: bool| {
+    let render = |s: &Soak,
+                  scenario_rows: &[Row],
+                  fault_rows: &[Row],
+                  notes: &[String],
+                  done: bool| {
         let mut out = String::new();
         out.push_str("# Reliability report\n\n");
         out.push_str(
@@ -835,6 +829,9 @@ async fn reliability_report() {
         );
         if !done {
             out.push_str("**Provisional: written after the soak; the scenarios and fault tests were still running.**\n\n");
+        }
+        if concurrent {
+            out.push_str("- the scenarios and fault tests were played while the soak ran (`RELIABILITY_CONCURRENT=1`), each on its own database\n");
         }
         let _ = writeln!(
             out,
@@ -966,10 +963,36 @@ async fn reliability_report() {
         }
         out
     };
-    std::fs::write(&path, render(&[], &[], &[], false)).unwrap();
-    let scenario_rows = scenarios(repeat, &mut notes).await;
-    let fault_rows = faults(repeat).await;
-    let out = render(&scenario_rows, &fault_rows, &notes, true);
+    let soak_part = async {
+        eprintln!("reliability: soak {minutes} min");
+        let s = soak(minutes, kill_every, agents, readers, latency_ms).await;
+        eprintln!(
+            "reliability: soak done: {} kills, {} caught in flight, {} other endings, lost {} \
+             duplicated {} unknown {}",
+            s.kills,
+            s.kills_caught,
+            s.ends.other.len(),
+            s.tally.lost,
+            s.tally.duplicated,
+            s.tally.unknown
+        );
+        std::fs::write(&path, render(&s, &[], &[], &[], false)).unwrap();
+        s
+    };
+    let plays = async {
+        let mut notes = Vec::new();
+        let scenario_rows = scenarios(repeat, &mut notes).await;
+        let fault_rows = faults(repeat).await;
+        (scenario_rows, fault_rows, notes)
+    };
+    // The soak first (the longest part, whose failure should show soonest), or alongside.
+    let (s, (scenario_rows, fault_rows, notes)) = if concurrent {
+        tokio::join!(soak_part, plays)
+    } else {
+        let s = soak_part.await;
+        (s, plays.await)
+    };
+    let out = render(&s, &scenario_rows, &fault_rows, &notes, true);
     std::fs::write(&path, &out).unwrap();
     eprintln!("{out}");
     let bad = scenario_rows
