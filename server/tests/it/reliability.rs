@@ -1146,11 +1146,10 @@ async fn reliability_demo_latency_holds_a_call_on_both_sides_of_its_effect() {
     let mut client = Client::new(&app, &token);
     client.connect().await;
     let began = Instant::now();
-    let call = client.call(
+    let mut call = Box::pin(client.call(
         "note.draft",
-        json!({"invoice_id": "INV-20260611", "text": "slow note"}),
-    );
-    tokio::pin!(call);
+        json!({"invoice_id": "INV-20260611", "text": "slow note"})
+    ));
     // Watch the target while the call is in flight: its effect shows up before the answer.
     let mut effect_seen_at = None;
     let reply = loop {
@@ -1180,5 +1179,6 @@ async fn reliability_demo_latency_holds_a_call_on_both_sides_of_its_effect() {
             .len(),
         1
     );
+    drop(call);
     app.stop().await;
 }
