@@ -1148,7 +1148,7 @@ async fn reliability_demo_latency_holds_a_call_on_both_sides_of_its_effect() {
     let began = Instant::now();
     let mut call = Box::pin(client.call(
         "note.draft",
-        json!({"invoice_id": "INV-20260611", "text": "slow note"})
+        json!({"invoice_id": "INV-20260611", "text": "slow note"}),
     ));
     // Watch the target while the call is in flight: its effect shows up before the answer.
     let mut effect_seen_at = None;
