@@ -11,7 +11,13 @@
 #   RELIABILITY_KILL_EVERY_SECS  a random worker is killed this often (default 30)
 #   RELIABILITY_REPEAT           plays of each scenario / fault test per backend (default 3)
 #   RELIABILITY_AGENTS           concurrent scripted agents in the soak (default 4)
+#   RELIABILITY_READERS          concurrent short-lived reading agents in the soak (default 2)
+#   RELIABILITY_TARGET_LATENCY_MS  how long the demo ERP's writes take in the soak, half
+#                                before the effect and half after (default 2000), so kills
+#                                land mid-call
 #   RELIABILITY_RACE_STEPS       steps in the many-workers race (default 400)
+#   RELIABILITY_CONCURRENT       1: play the scenarios and fault tests while the soak runs
+#                                (default 0: after it)
 #   COUNTERSIGN_TEST_POSTGRES_URL  (default postgres://postgres@127.0.0.1:5432/postgres)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,5 +28,7 @@ export RELIABILITY_COMMIT=${RELIABILITY_COMMIT:-$(git rev-parse --short HEAD 2>/
 export RELIABILITY_OUT=${RELIABILITY_OUT:-$PWD/docs/reliability.md}
 
 # `cargo test` builds the `countersign` binary the harness starts (serve, worker) itself.
+# `--workspace --test it` (not `-p countersign`) resolves features as `make test` does, so a
+# tree built by `make test` is reused instead of rebuilt; core's `it` has no such test.
 echo "reliability: soak ${RELIABILITY_SOAK_MINUTES:-10} min; output $RELIABILITY_OUT" >&2
-cargo test -p countersign --test it -- --ignored --exact reliability::reliability_report --nocapture
+cargo test --workspace --test it -- --ignored --exact reliability::reliability_report --nocapture

@@ -6,18 +6,21 @@
 //! * `countersign_gate_queue_depth` — steps waiting for a person (read from the database at
 //!   scrape time, so every replica reports the shared queue).
 //! * `countersign_steps_unknown` — steps whose outcome is being reconciled.
+//! * `countersign_mcp_sessions` — MCP sessions this process holds open (closed by the
+//!   client's `DELETE /mcp`, or by rmcp after they sit idle).
 //!
 //! Counters live in this process; with several replicas, sum them in Prometheus.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use countersign_core::StepStatus;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
 use crate::AppState;
 
@@ -43,9 +46,24 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    /// The `/mcp` endpoint's session manager, once mounted.
+    mcp_sessions: OnceLock<Weak<LocalSessionManager>>,
 }
 
 impl Metrics {
+    /// Reports the open sessions of `manager` (the `/mcp` endpoint's) as
+    /// `countersign_mcp_sessions`.
+    pub fn track_mcp_sessions(&self, manager: &Arc<LocalSessionManager>) {
+        let _ = self.mcp_sessions.set(Arc::downgrade(manager));
+    }
+
+    /// How many MCP sessions are open, if the endpoint is mounted.
+    pub async fn mcp_sessions(&self) -> Option<usize> {
+        let manager = self.mcp_sessions.get()?.upgrade()?;
+        let n = manager.sessions.read().await.len();
+        Some(n)
+    }
+
     /// Counts one call of `tool` with its `decision` and `outcome`, taking `latency`.
     pub fn observe_call(&self, tool: &str, decision: &str, outcome: &str, latency: Duration) {
         let mut inner = match self.inner.lock() {
@@ -153,6 +171,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
                 return StatusCode::SERVICE_UNAVAILABLE.into_response();
             }
         }
+    }
+    if let Some(n) = state.metrics.mcp_sessions().await {
+        let _ = write!(
+            text,
+            "# HELP countersign_mcp_sessions MCP sessions open in this process.\n\
+             # TYPE countersign_mcp_sessions gauge\ncountersign_mcp_sessions {n}\n"
+        );
     }
     (
         [(

@@ -14,7 +14,9 @@
 //!   the audit chain verifies, no gated step has an effect without a recorded approval, and
 //!   no idempotency key has more than one effect;
 //! * agents never choose idempotency keys: the runner sends what the script says, and the
-//!   gateway stamps keys (scripts may send a client key to show that it is ignored).
+//!   gateway stamps keys (scripts may send a client key to show that it is ignored);
+//! * agents behave as well-behaved MCP clients: every session opened is ended with
+//!   `DELETE /mcp` when the play ends, finished or not (check `sessions closed`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -556,6 +558,30 @@ impl Session {
         read_response(resp, id).await
     }
 
+    /// Ends the session (`DELETE /mcp` with its id): the server answers 202 and forgets it.
+    /// A session the server no longer has (404) or a credential it no longer accepts (401:
+    /// revoked or expired during the play) has nothing left to close from this side.
+    async fn close(self) -> Result<(), String> {
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        let resp = self
+            .http
+            .delete(&self.url)
+            .bearer_auth(&self.token)
+            .header("Mcp-Session-Id", session)
+            .header("MCP-Protocol-Version", PROTOCOL)
+            .send()
+            .await
+            .map_err(|e| format!("closing the session: {e}"))?;
+        match resp.status() {
+            reqwest::StatusCode::ACCEPTED
+            | reqwest::StatusCode::NOT_FOUND
+            | reqwest::StatusCode::UNAUTHORIZED => Ok(()),
+            other => Err(format!("closing the session answered {other}")),
+        }
+    }
+
     async fn tool_names(&mut self) -> Result<Vec<String>, String> {
         let list = self.request("tools/list", json!({})).await?;
         let tools = list["result"]["tools"]
@@ -789,11 +815,10 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
             }
         }
     }
+    let mut played = Ok(());
     for (i, action) in scenario.steps.iter().enumerate() {
-        runner
-            .step(action)
-            .await
-            .map_err(|message| ScenarioError::Step {
+        if let Err(message) = runner.step(action).await {
+            played = Err(ScenarioError::Step {
                 index: i + 1,
                 what: action
                     .note
@@ -801,9 +826,20 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
                     .or_else(|| action.call.clone())
                     .unwrap_or_else(|| "step".into()),
                 message,
-            })?;
+            });
+            break;
+        }
     }
-    let checks = runner.expectations().await;
+    // A well-behaved client ends its sessions (HTTP DELETE) rather than leaving the server to
+    // expire them; played or not, every agent's session is closed.
+    let closed = runner.close_sessions().await;
+    played?;
+    let mut checks = runner.expectations().await;
+    checks.push(Check {
+        name: "sessions closed".into(),
+        ok: closed.is_ok(),
+        detail: closed.err().unwrap_or_default(),
+    });
     Ok(Report {
         scenario: scenario.name.clone(),
         checks,
@@ -812,6 +848,19 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
 }
 
 impl Runner<'_, '_> {
+    /// Ends every agent's MCP session with `DELETE /mcp`; the first failure, if any.
+    async fn close_sessions(&mut self) -> Result<(), String> {
+        let mut result = Ok(());
+        for (actor, session) in std::mem::take(&mut self.sessions) {
+            if let Err(e) = session.close().await
+                && result.is_ok()
+            {
+                result = Err(format!("{actor}: {e}"));
+            }
+        }
+        result
+    }
+
     async fn session(&mut self, actor: &str) -> Result<&mut Session, String> {
         if !self.sessions.contains_key(actor) {
             let token = self

@@ -152,37 +152,39 @@ impl Store {
         }))
     }
 
-    /// Two objects of `system` in one round trip (`(kind, id)` each): what a demo target
-    /// reads for one call (the operation's injected fault and the record it serves).
-    pub async fn demo_get_pair(
+    /// Objects of `system` in one round trip, one answer per `(kind, id)` asked (in order):
+    /// what a demo target reads for one call (the operation's injected fault and latency, and
+    /// the record it serves).
+    pub async fn demo_get_many(
         &self,
         system: &str,
-        first: (&str, &str),
-        second: (&str, &str),
-    ) -> Result<(Option<DemoObject>, Option<DemoObject>), StoreError> {
+        wanted: &[(&str, &str)],
+    ) -> Result<Vec<Option<DemoObject>>, StoreError> {
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pairs: Vec<String> = (0..wanted.len())
+            .map(|i| format!("(kind = ${} AND id = ${})", 2 * i + 2, 2 * i + 3))
+            .collect();
         let sql = format!(
-            "SELECT {OBJECT_COLUMNS} FROM demo_objects
-              WHERE system = $1 AND ((kind = $2 AND id = $3) OR (kind = $4 AND id = $5))"
+            "SELECT {OBJECT_COLUMNS} FROM demo_objects WHERE system = $1 AND ({})",
+            pairs.join(" OR ")
         );
         let rows: Vec<DemoObject> = on_pool!(self, |p| {
-            sqlx::query_as(&sql)
-                .bind(system)
-                .bind(first.0)
-                .bind(first.1)
-                .bind(second.0)
-                .bind(second.1)
-                .fetch_all(p)
-                .await?
-        });
-        let mut out = (None, None);
-        for obj in rows {
-            if obj.kind == first.0 && obj.id == first.1 {
-                out.0 = Some(obj);
-            } else if obj.kind == second.0 && obj.id == second.1 {
-                out.1 = Some(obj);
+            let mut q = sqlx::query_as(&sql).bind(system);
+            for (kind, id) in wanted {
+                q = q.bind(*kind).bind(*id);
             }
-        }
-        Ok(out)
+            q.fetch_all(p).await?
+        });
+        Ok(wanted
+            .iter()
+            .map(|(kind, id)| {
+                rows.iter()
+                    .find(|o| o.kind == *kind && o.id == *id)
+                    .cloned()
+            })
+            .collect())
     }
 
     /// Every object of a kind, by id.

@@ -119,10 +119,69 @@ pub async fn inject_fault(
     Ok(())
 }
 
-/// Runs `call` on a demo system with its injected faults applied: `Fail` and `Unavailable`
-/// stop it before any effect; `TimeoutAfterEffect` lets it run, then loses the answer;
-/// `Slow` delays it; `Misapplied` is handed to `call` (its argument is `true`), which applies
-/// something else or refuses.
+/// A latency set on one operation of a demo system (object kind `latency`, id = the
+/// operation): every call waits `before_ms` before applying its effect and `after_ms` after
+/// it, before answering — a realistic target, so a worker killed mid-call is killed with the
+/// effect not yet applied or applied but not yet answered. Unlike a [`Fault`] it is not used
+/// up; [`set_latency`] with zeros clears it.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Latency {
+    /// Milliseconds before the effect.
+    pub before_ms: u64,
+    /// Milliseconds after the effect, before the answer.
+    pub after_ms: u64,
+}
+
+/// Sets `latency` on `operation` of `system`.
+pub async fn set_latency(
+    store: &Store,
+    system: &str,
+    operation: &str,
+    latency: Latency,
+) -> Result<(), countersign_core::StoreError> {
+    let data = serde_json::to_string(&latency)
+        .map_err(|e| countersign_core::StoreError::Conflict(e.to_string()))?;
+    store
+        .demo_put(system, LATENCY, operation, "*", &data)
+        .await?;
+    Ok(())
+}
+
+/// The object kind latencies are stored as (id = the operation).
+const LATENCY: &str = "latency";
+
+/// One use of `operation`'s fault (taken), its latency and, when asked, the record `(kind,
+/// id)` the call serves — read in one round trip.
+async fn fault_and_latency(
+    store: &Store,
+    system: &str,
+    operation: &str,
+    record: Option<(&str, &str)>,
+) -> Result<(Option<FaultMode>, Latency, Option<DemoObject>), AdapterError> {
+    let mut wanted = vec![(FAULT, operation), (LATENCY, operation)];
+    wanted.extend(record);
+    let mut found = store
+        .demo_get_many(system, &wanted)
+        .await
+        .map_err(unavailable)?
+        .into_iter();
+    let (fault, latency) = (found.next().flatten(), found.next().flatten());
+    let record = found.next().flatten();
+    let latency = latency
+        .and_then(|obj| serde_json::from_str(&obj.data).ok())
+        .unwrap_or_default();
+    let fault = consume_fault(store, system, operation, fault).await?;
+    Ok((fault, latency, record))
+}
+
+fn pause(ms: u64) -> impl std::future::Future<Output = ()> {
+    tokio::time::sleep(std::time::Duration::from_millis(ms))
+}
+
+/// Runs `call` on a demo system with its [`Latency`] and injected faults applied: `Fail` and
+/// `Unavailable` stop it before any effect; `TimeoutAfterEffect` lets it run, then loses the
+/// answer; `Slow` delays it; `Misapplied` is handed to `call` (its argument is `true`), which
+/// applies something else or refuses.
 /// `refuser` names the system in the refusal message.
 pub(super) async fn with_faults<C, F>(
     store: &Store,
@@ -135,13 +194,14 @@ where
     C: FnOnce(bool) -> F,
     F: std::future::Future<Output = Result<Value, AdapterError>>,
 {
-    let fault = take_fault(store, system, operation).await?;
-    faulted(fault, refuser, call).await
+    let (fault, latency, _) = fault_and_latency(store, system, operation, None).await?;
+    faulted(fault, latency, refuser, call).await
 }
 
-/// [`with_faults`] once the fault has been taken.
+/// [`with_faults`] once the fault has been taken and the latency read.
 async fn faulted<C, F>(
     fault: Option<FaultMode>,
+    latency: Latency,
     refuser: &str,
     call: C,
 ) -> Result<Value, AdapterError>
@@ -149,6 +209,9 @@ where
     C: FnOnce(bool) -> F,
     F: std::future::Future<Output = Result<Value, AdapterError>>,
 {
+    if latency.before_ms > 0 {
+        pause(latency.before_ms).await;
+    }
     match fault {
         Some(FaultMode::Fail) => {
             return Err(rejected(
@@ -162,24 +225,15 @@ where
         Some(FaultMode::Slow) => tokio::time::sleep(SLOW_FAULT).await,
         Some(FaultMode::TimeoutAfterEffect | FaultMode::Misapplied) | None => {}
     }
-    let result = call(fault == Some(FaultMode::Misapplied)).await?;
+    let result = call(fault == Some(FaultMode::Misapplied)).await;
+    if latency.after_ms > 0 {
+        pause(latency.after_ms).await;
+    }
+    let result = result?;
     if fault == Some(FaultMode::TimeoutAfterEffect) {
         return Err(AdapterError::Timeout);
     }
     Ok(result)
-}
-
-/// Takes one use of the fault on `operation`, if any.
-pub(super) async fn take_fault(
-    store: &Store,
-    system: &str,
-    operation: &str,
-) -> Result<Option<FaultMode>, AdapterError> {
-    let obj = store
-        .demo_get(system, FAULT, operation)
-        .await
-        .map_err(unavailable)?;
-    consume_fault(store, system, operation, obj).await
 }
 
 /// Takes one use of the fault `obj` (the stored `fault` object of `operation`, if any).
@@ -513,8 +567,8 @@ fn record_read(operation: &str) -> Option<(&'static str, &'static str)> {
 }
 
 impl Erp {
-    /// A read of one record: its operation's fault and the record in one round trip; the
-    /// record only in the caller's tenant, else `not_found`.
+    /// A read of one record: its operation's fault and latency and the record in one round
+    /// trip; the record only in the caller's tenant, else `not_found`.
     async fn read_record(
         &self,
         call: &Invocation,
@@ -522,13 +576,9 @@ impl Erp {
         id_arg: &str,
     ) -> Result<Value, AdapterError> {
         let id = arg(&call.arguments, id_arg)?;
-        let (fault, record) = self
-            .store
-            .demo_get_pair(ERP, (FAULT, &call.operation), (kind, id))
-            .await
-            .map_err(unavailable)?;
-        let fault = consume_fault(&self.store, ERP, &call.operation, fault).await?;
-        faulted(fault, "the ERP", move |misapply| async move {
+        let (fault, latency, record) =
+            fault_and_latency(&self.store, ERP, &call.operation, Some((kind, id))).await?;
+        faulted(fault, latency, "the ERP", move |misapply| async move {
             if misapply {
                 return Err(rejected(
                     "injected",

@@ -50,9 +50,11 @@ pub const TOOLS_PAGE_SIZE: usize = 50;
 /// The `/mcp` routes with the guard in front, ready to merge into the main router.
 pub fn routes(state: AppState) -> Router<AppState> {
     let handler_state = state.clone();
+    let sessions = Arc::new(LocalSessionManager::default());
+    state.metrics.track_mcp_sessions(&sessions);
     let service = StreamableHttpService::new(
         move || Ok(Gateway::new(handler_state.clone())),
-        Arc::new(LocalSessionManager::default()),
+        sessions,
         transport_config(&state),
     );
     Router::new()

@@ -745,7 +745,17 @@ async fn upstream_mcp_annotations_are_ignored_and_the_key_travels_in_meta() {
 /// a person approved exactly this call, and then exactly once.
 #[tokio::test]
 async fn forged_upstream_annotations_never_change_the_class_policy_or_audit() {
-    each_target_app(|env| async move {
+    forged_annotations_trial().await;
+}
+
+/// One trial of the forged-annotations case on each backend (the reliability report repeats
+/// it); returns the plays, each of which asserted exactly one purge upstream.
+pub(crate) async fn forged_annotations_trial() -> usize {
+    let plays = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = plays.clone();
+    each_target_app(move |env| {
+        let counted = counted.clone();
+        async move {
         let mut client = Client::new(&env.app, &env.token);
         client.connect().await;
         let list = client.request("tools/list", json!({})).await;
@@ -822,7 +832,10 @@ async fn forged_upstream_annotations_never_change_the_class_policy_or_audit() {
         assert!(approved < started, "{events:?}");
         assert_eq!(events.iter().filter(|e| **e == "succeeded").count(), 1, "{events:?}");
         assert_eq!(env.upstream.lists.load(Ordering::SeqCst), 0);
+        counted.fetch_add(1, Ordering::SeqCst);
         env
+        }
     })
     .await;
+    plays.load(Ordering::SeqCst)
 }
