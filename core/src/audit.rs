@@ -7,6 +7,9 @@
 //! * `seq` starts at 1 and is the head's `seq + 1`; it is the table's primary key, so two
 //!   appenders that read the same head collide and one retries — the chain never forks.
 //!   On Postgres appenders also take a transaction-scoped advisory lock to avoid the retry.
+//! * `at` never decreases along `seq`: an appender holding the head seals at max(now, the
+//!   head's `at`) ([`ChainHead::at_for`]), so a time range is a `seq` range (the audit search
+//!   relies on it). `at` is hashed like every field; only how it is chosen at append differs.
 //! * The database refuses UPDATE, DELETE (and TRUNCATE on Postgres) on the table (migration
 //!   0001 triggers); this module only ever INSERTs.
 //! * [`verify`] / [`ChainVerifier`] fail closed: the first record that does not parse, is not
@@ -623,31 +626,74 @@ fn raw_is(raw: &str, want: Option<&str>) -> bool {
     }
 }
 
-/// The chain head seen inside transaction `$tx`, as `(next seq, prev hash)`. Callers must
-/// hold the append lock (Postgres advisory lock, or SQLite's `BEGIN IMMEDIATE`).
+/// What an appender holding the append lock knows of the chain: the next record's `seq`, the
+/// hash it links to, and the earliest `at` it may carry.
+///
+/// INVARIANT (time order): `at` never decreases along `seq`. Every append seals its record at
+/// [`ChainHead::at_for`]`(now)` = max(now, the head record's `at`), so a clock that steps back
+/// (NTP, another replica's skew, a test clock) repeats the head's time instead of writing an
+/// earlier one. The audit search turns a time range into a `seq` range on the strength of
+/// this ([`crate::store::AuditFilter`]). Records written before this rule (schema < 9) may
+/// hold small inversions; nothing rewrites them (the chain is append-only and hashed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChainHead {
+    /// The next record's `seq`.
+    pub(crate) seq: i64,
+    /// The hash the next record links to.
+    pub(crate) prev: String,
+    /// The head record's `at` (`i64::MIN` for an empty chain).
+    pub(crate) at: i64,
+}
+
+impl ChainHead {
+    /// The time a record sealed now at this head carries: `now`, or the head's own time when
+    /// the clock reads earlier (see the time-order invariant).
+    pub(crate) fn at_for(&self, now: i64) -> i64 {
+        now.max(self.at)
+    }
+
+    /// Moves the head past `sealed`.
+    pub(crate) fn advance(&mut self, sealed: &AuditRecord) {
+        self.seq = sealed.seq + 1;
+        self.prev.clone_from(&sealed.hash);
+        self.at = sealed.at;
+    }
+}
+
+/// The chain head seen inside transaction `$tx`. Callers must hold the append lock (Postgres
+/// advisory lock, or SQLite's `BEGIN IMMEDIATE`).
 macro_rules! chain_head {
     ($tx:expr) => {{
-        let head: Option<(i64, String)> =
-            sqlx::query_as("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
+        let head: Option<(i64, String, i64)> =
+            sqlx::query_as("SELECT seq, hash, at FROM audit ORDER BY seq DESC LIMIT 1")
                 .fetch_optional(&mut *$tx)
                 .await?;
         match head {
-            Some((s, h)) => (s + 1, h),
-            None => (1, $crate::audit::GENESIS.to_string()),
+            Some((seq, prev, at)) => $crate::audit::ChainHead {
+                seq: seq + 1,
+                prev,
+                at,
+            },
+            None => $crate::audit::ChainHead {
+                seq: 1,
+                prev: $crate::audit::GENESIS.to_string(),
+                at: i64::MIN,
+            },
         }
     }};
 }
 pub(crate) use chain_head;
 
-/// Seals `$new` at `$head` (`&mut (next seq, prev hash)`), inserts it and advances the head.
-/// Evaluates to the `AuditRecord`; `?` propagates errors.
+/// Seals `$new` at `$head` (`&mut ChainHead`) at time `$at` (clamped to the head's, see
+/// [`ChainHead`]), inserts it and advances the head. Evaluates to the `AuditRecord`; `?`
+/// propagates errors.
 macro_rules! insert_sealed {
     ($tx:expr, $head:expr, $new:expr, $event:expr, $at:expr) => {{
-        let head: &mut (i64, String) = $head;
+        let head: &mut $crate::audit::ChainHead = $head;
         let new: &$crate::audit::NewAuditRecord = $new;
         let event: $crate::audit::AuditEvent = $event;
-        let at: i64 = $at;
-        let sealed = $crate::audit::seal(new, event, head.0, at, &head.1)
+        let at: i64 = head.at_for($at);
+        let sealed = $crate::audit::seal(new, event, head.seq, at, &head.prev)
             .map_err(|e| $crate::store::StoreError::Conflict(format!("audit record: {e}")))?;
         sqlx::query(
             "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
@@ -666,21 +712,23 @@ macro_rules! insert_sealed {
         .bind(&sealed.hash)
         .execute(&mut *$tx)
         .await?;
-        *head = (sealed.seq + 1, sealed.hash.clone());
+        head.advance(&sealed);
         sealed
     }};
 }
 pub(crate) use insert_sealed;
 
-/// Seals `$new` at `$head` (`&mut (next seq, prev hash)`) and advances the head without
-/// writing it: the caller inserts the sealed records (in order, with [`insert_all_pg`] or
-/// [`insert_all_sqlite`]) before its COMMIT. Evaluates to the `AuditRecord`.
+/// Seals `$new` at `$head` (`&mut ChainHead`) at time `$at` (clamped to the head's, see
+/// [`ChainHead`]) and advances the head without writing it: the caller inserts the sealed
+/// records (in order, with [`insert_all_pg`] or [`insert_all_sqlite`]) before its COMMIT.
+/// Evaluates to the `AuditRecord`.
 macro_rules! seal_next {
     ($head:expr, $new:expr, $event:expr, $at:expr) => {{
-        let head: &mut (i64, String) = $head;
-        let sealed = $crate::audit::seal($new, $event, head.0, $at, &head.1)
+        let head: &mut $crate::audit::ChainHead = $head;
+        let at: i64 = head.at_for($at);
+        let sealed = $crate::audit::seal($new, $event, head.seq, at, &head.prev)
             .map_err(|e| $crate::store::StoreError::Conflict(format!("audit record: {e}")))?;
-        *head = (sealed.seq + 1, sealed.hash.clone());
+        head.advance(&sealed);
         sealed
     }};
 }
@@ -754,11 +802,11 @@ pub(crate) async fn insert_all_sqlite(
 }
 
 /// Takes the Postgres append lock when `$lock` (SQLite callers must have begun with
-/// `BEGIN IMMEDIATE`) and reads the head into `$head` (`&mut Option<(i64, String)>`) unless
-/// this transaction already holds it. Evaluates to `&mut (next seq, prev hash)`.
+/// `BEGIN IMMEDIATE`) and reads the head into `$head` (`&mut Option<ChainHead>`) unless
+/// this transaction already holds it. Evaluates to `&mut ChainHead`.
 macro_rules! hold_head {
     ($tx:expr, $lock:expr, $head:expr) => {{
-        let slot: &mut Option<(i64, String)> = $head;
+        let slot: &mut Option<$crate::audit::ChainHead> = $head;
         if slot.is_none() {
             if $lock {
                 sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -786,7 +834,7 @@ pub(crate) use hold_head;
 /// transitions and the group committer ([`crate::store`]) use its parts directly.
 macro_rules! append_in_tx {
     ($tx:expr, $lock:expr, $new:expr, $event:expr, $at:expr) => {{
-        let mut head: Option<(i64, String)> = None;
+        let mut head: Option<$crate::audit::ChainHead> = None;
         let head = $crate::audit::hold_head!($tx, $lock, &mut head);
         $crate::audit::insert_sealed!($tx, head, $new, $event, $at)
     }};

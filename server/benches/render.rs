@@ -8,7 +8,9 @@
 //!   approval with canonical inputs and an expiry; audit records carry seq, time, event, run,
 //!   step, tool, actor, rule and a canonical record text with `prev` and a unique `hash`.
 //!   The chain is not a valid hash chain (its hashes are not SHA-256 of the records); the
-//!   page then reports it as not checked, as for any chain longer than its tail limit.
+//!   page then reports it as not checked, as for any chain longer than its tail limit. It
+//!   keeps the chain's time order (`at` never decreases along `seq`): the seeded records
+//!   start after the server's own newest one, one per millisecond.
 //!   `ANALYZE` runs after seeding, as autovacuum would on a live database.
 //! * Each page is fetched `BENCH_RENDERS` times (default 60) in a row by one signed-in
 //!   browser-like client (demo sign-in: Ana the approver for the inbox, Aud the auditor for
@@ -141,17 +143,21 @@ fn seed_sql(backend: Backend) -> [&'static str; 3] {
     }
 }
 
-/// Seeds `gates` waiting gates and `records` audit records after the server's own ones.
-async fn seed(db: &FreshDb, gates: i64, records: i64, base: i64) {
+/// Seeds `gates` waiting gates (created from `base`) and `records` audit records after the
+/// server's own ones, one per millisecond from the returned time (after the head's `at`).
+async fn seed(db: &FreshDb, gates: i64, records: i64, base: i64) -> i64 {
     let [runs, steps, audit] = seed_sql(db.backend);
     macro_rules! run_on {
         ($conn:expr, $analyze:expr) => {{
             let conn = &mut $conn;
-            let head: i64 =
-                sqlx::query_scalar("SELECT CAST(COALESCE(MAX(seq), 0) AS BIGINT) FROM audit")
-                    .fetch_one(&mut *conn)
-                    .await
-                    .unwrap();
+            let (head, head_at): (i64, i64) = sqlx::query_as(
+                "SELECT CAST(COALESCE(MAX(seq), 0) AS BIGINT), CAST(COALESCE(MAX(at), 0) AS BIGINT) \
+                 FROM audit",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+            let audit_base = head_at.max(base);
             let mut tx = conn.begin().await.unwrap();
             sqlx::query(runs)
                 .bind(base)
@@ -166,7 +172,7 @@ async fn seed(db: &FreshDb, gates: i64, records: i64, base: i64) {
                 .await
                 .unwrap();
             sqlx::query(audit)
-                .bind(base)
+                .bind(audit_base)
                 .bind(records)
                 .bind(head + 1)
                 .bind(gates.max(1))
@@ -175,18 +181,19 @@ async fn seed(db: &FreshDb, gates: i64, records: i64, base: i64) {
                 .unwrap();
             tx.commit().await.unwrap();
             sqlx::query($analyze).execute(&mut *conn).await.unwrap();
+            audit_base
         }};
     }
     match db.backend {
         Backend::Postgres => {
             let mut conn = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
-            run_on!(conn, "ANALYZE");
+            run_on!(conn, "ANALYZE")
         }
         Backend::Sqlite => {
             let mut conn = sqlx::SqliteConnection::connect(db.url.expose())
                 .await
                 .unwrap();
-            run_on!(conn, "ANALYZE");
+            run_on!(conn, "ANALYZE")
         }
     }
 }
@@ -254,7 +261,7 @@ async fn run(db: FreshDb, label: &'static str, gates: i64, records: i64, n: u64)
     let base = server.state.store.clock().now_ms() - 86_400_000;
     eprintln!("bench: {label}: seeding {gates} gates and {records} audit records");
     let began = Instant::now();
-    seed(&db, gates, records, base).await;
+    let audit_base = seed(&db, gates, records, base).await;
     let seed_time = began.elapsed();
     eprintln!("bench: {label}: seeded in {:.1} s", seed_time.as_secs_f64());
 
@@ -262,7 +269,7 @@ async fn run(db: FreshDb, label: &'static str, gates: i64, records: i64, n: u64)
     let aud = signed_in(&server, "aud").await;
     let baseline = measure(&server, &ana, "home page (baseline)", "/", "Countersign", n).await;
     let day = |offset_ms: i64| {
-        chrono::DateTime::from_timestamp_millis(base + offset_ms)
+        chrono::DateTime::from_timestamp_millis(audit_base + offset_ms)
             .unwrap()
             .format("%Y-%m-%dT%H:%M")
             .to_string()

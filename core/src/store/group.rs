@@ -117,7 +117,7 @@ impl Store {
         macro_rules! batch_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
-                let mut head: Option<(i64, String)> = None;
+                let mut head: Option<crate::audit::ChainHead> = None;
                 // The append lock first, before any row lock (see the module invariants).
                 hold_head!(&mut *tx, $lock, &mut head);
                 let mut out = Vec::with_capacity(jobs.len());

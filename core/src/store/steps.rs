@@ -843,7 +843,7 @@ impl Store {
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
-                let mut head: Option<(i64, String)> = None;
+                let mut head: Option<crate::audit::ChainHead> = None;
                 if !t.records.is_empty() {
                     // The append lock before any row lock (see `group`): no lock cycles.
                     hold_head!(&mut *tx, $lock, &mut head);
@@ -907,7 +907,7 @@ pub(crate) fn transition_sql(from: usize) -> String {
 
 /// Applies transition `$t` inside open transaction `$tx` at time `$now`: the status change
 /// (only from `t.from`), the key and the records (sealed at `$head`, an
-/// `&mut Option<(i64, String)>` taken with `hold_head!` when first needed). Evaluates to
+/// `&mut Option<ChainHead>` taken with `hold_head!` when first needed). Evaluates to
 /// `Some(records)`, or `None` when the step was not in `t.from` (nothing written). The
 /// records are sealed, not yet inserted: the caller inserts them before its COMMIT.
 macro_rules! apply_transition {

@@ -10,6 +10,13 @@
 //!   (the callers refuse before asking).
 //! * The audit search pages by keyset on `seq` (never OFFSET), newest first; each filter
 //!   column has an index with `seq` (migration 0007), so a page costs its own rows.
+//! * A time range is searched as a `seq` range: `at` never decreases along `seq` (the
+//!   appender seals at max(now, head's `at`), see `crate::audit`), so the records at or after
+//!   a time are exactly those from the first `seq` at or after it ([`Store::audit_seq_at`],
+//!   one index probe on `audit_at`). The `at` conditions stay in the query as a guard: a
+//!   record outside the range is never returned, even in a chain written before the rule
+//!   (where an inverted record next to a bound could be missed, never wrongly shown). Filter
+//!   indexes with `seq` then serve "actor + time range" as one index range.
 
 use super::{Run, Store, StoreError, on_pool};
 use crate::audit::AuditRecord;
@@ -70,8 +77,15 @@ pub fn approver_parts(text: &str) -> (Option<&str>, &str) {
     }
 }
 
-/// `WHERE …` conditions and their binds for `f` (placeholders numbered from 1).
-fn conditions(f: &AuditFilter) -> (Vec<String>, Vec<Bind>) {
+/// The `seq` range a filter's time range covers: `seq >= from` and `seq < to` when set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct SeqRange {
+    from: Option<i64>,
+    to: Option<i64>,
+}
+
+/// `WHERE …` conditions and their binds for `f` within `seqs` (placeholders numbered from 1).
+fn conditions(f: &AuditFilter, seqs: SeqRange) -> (Vec<String>, Vec<Bind>) {
     let mut conds = Vec::new();
     let mut binds = Vec::new();
     fn add(cond: &str, value: Bind, conds: &mut Vec<String>, binds: &mut Vec<Bind>) {
@@ -119,6 +133,12 @@ fn conditions(f: &AuditFilter) -> (Vec<String>, Vec<Bind>) {
             ),
         }
     }
+    if let Some(from) = seqs.from {
+        add("a.seq >= ?", Bind::Int(from), &mut conds, &mut binds);
+    }
+    if let Some(to) = seqs.to {
+        add("a.seq < ?", Bind::Int(to), &mut conds, &mut binds);
+    }
     if let Some(from) = f.from_ms {
         add("a.at >= ?", Bind::Int(from), &mut conds, &mut binds);
     }
@@ -146,6 +166,40 @@ macro_rules! fetch_records {
 }
 
 impl Store {
+    /// The first `seq` whose record is at or after `at_ms` (Unix ms), if any: one probe of
+    /// the `audit_at` index. Exact because `at` never decreases along `seq` (module docs).
+    pub async fn audit_seq_at(&self, at_ms: i64) -> Result<Option<i64>, StoreError> {
+        let seq: Option<i64> = on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT seq FROM audit WHERE at >= $1 ORDER BY at, seq LIMIT 1")
+                .bind(at_ms)
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(seq)
+    }
+
+    /// The `seq` range of `f`'s time range, or `None` when no record can be in it.
+    async fn seq_range(&self, f: &AuditFilter) -> Result<Option<SeqRange>, StoreError> {
+        let mut range = SeqRange::default();
+        if let Some(from) = f.from_ms {
+            match self.audit_seq_at(from).await? {
+                Some(seq) => range.from = Some(seq),
+                // Nothing at or after `from`.
+                None => return Ok(None),
+            }
+        }
+        if let Some(to) = f.to_ms {
+            // None: every record is before `to`, no upper bound.
+            range.to = self.audit_seq_at(to).await?;
+        }
+        if let (Some(from), Some(to)) = (range.from, range.to)
+            && from >= to
+        {
+            return Ok(None);
+        }
+        Ok(Some(range))
+    }
+
     /// One page of audit records matching `f`, newest first: at most `limit` records from
     /// `cursor`.
     pub async fn search_audit(
@@ -154,7 +208,10 @@ impl Store {
         cursor: AuditCursor,
         limit: i64,
     ) -> Result<Vec<AuditRecord>, StoreError> {
-        let (mut conds, mut binds) = conditions(f);
+        let Some(seqs) = self.seq_range(f).await? else {
+            return Ok(Vec::new());
+        };
+        let (mut conds, mut binds) = conditions(f, seqs);
         let order = match cursor {
             AuditCursor::Newest => "DESC",
             AuditCursor::Before(seq) => {
@@ -188,7 +245,10 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Vec<AuditRecord>, StoreError> {
-        let (mut conds, mut binds) = conditions(f);
+        let Some(seqs) = self.seq_range(f).await? else {
+            return Ok(Vec::new());
+        };
+        let (mut conds, mut binds) = conditions(f, seqs);
         binds.push(Bind::Int(after));
         conds.push(format!("a.seq > ${}", binds.len()));
         binds.push(Bind::Int(limit.max(0)));
@@ -268,13 +328,14 @@ impl Store {
     }
 
     /// The gate records (`waiting_approval`, `approved`, `rejected`, `expired`) at or after
-    /// `since_ms`, in chain order, scoped to `tenant`'s runs when given.
+    /// `since_ms` (from the first `seq` at or after it, [`Store::audit_seq_at`]), in chain
+    /// order, scoped to `tenant`'s runs when given.
     pub async fn gate_records(
         &self,
         tenant: Option<&str>,
         since_ms: i64,
     ) -> Result<Vec<AuditRecord>, StoreError> {
-        let Some(first) = self.audit_first_seq_since(since_ms).await? else {
+        let Some(first) = self.audit_seq_at(since_ms).await? else {
             return Ok(Vec::new());
         };
         let mut conds = vec![
@@ -334,11 +395,15 @@ mod tests {
             from_ms: Some(5),
             ..AuditFilter::default()
         };
-        let (conds, binds) = conditions(&f);
+        let seqs = SeqRange {
+            from: Some(3),
+            to: Some(9),
+        };
+        let (conds, binds) = conditions(&f, seqs);
         let sql = conds.join(" AND ");
         assert!(!sql.contains("DROP"), "{sql}");
-        assert_eq!(binds.len(), 5);
-        for n in 1..=5 {
+        assert_eq!(binds.len(), 7);
+        for n in 1..=7 {
             assert!(sql.contains(&format!("${n}")), "{sql}");
         }
         assert!(!sql.contains('?'), "{sql}");

@@ -4,6 +4,7 @@
 mod agents;
 mod approvals;
 mod audit;
+mod audit_time;
 mod bundle;
 mod canonical;
 mod keys;

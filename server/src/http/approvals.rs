@@ -73,14 +73,43 @@ pub fn approves(person: &Person, tool: &countersign_core::registry::Tool, step: 
         .any(|r| person.roles.iter().any(|have| have.as_str() == r))
 }
 
-/// `GET /api/gates`: steps waiting for a person, oldest first.
+/// How many waiting steps a list (`GET /api/gates`, the inbox) looks at.
+pub const LIST_LIMIT: i64 = 500;
+
+/// The steps waiting for `person`, oldest first: one query for their tenant's gates
+/// ([`countersign_core::Store::waiting_for_tenant`], no lookup per gate), then the role check
+/// [`visible`] applies ([`approves`]), against the registry in force. A person without a
+/// tenant, or no registry in force, sees none (fails closed).
+pub async fn waiting_for(
+    state: &AppState,
+    person: &Person,
+) -> Result<Vec<(Step, Value)>, StoreError> {
+    let Some(tenant) = person.tenant.as_deref().filter(|t| !t.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let Some(loaded) = state.registry.current() else {
+        return Ok(Vec::new());
+    };
+    let steps = state.store.waiting_for_tenant(tenant, LIST_LIMIT).await?;
+    Ok(steps
+        .into_iter()
+        .filter(|step| {
+            ToolName::parse(&step.tool)
+                .ok()
+                .and_then(|n| loaded.bundle.registry.tool(&n))
+                .is_some_and(|tool| approves(person, tool, step))
+        })
+        .map(|step| {
+            let inputs = serde_json::from_str::<Value>(&step.inputs).unwrap_or(Value::Null);
+            (step, inputs)
+        })
+        .collect())
+}
+
+/// `GET /api/gates`: steps waiting for this person, oldest first ([`waiting_for`]).
 pub async fn pending(State(state): State<AppState>, approver: RequireRole<Approver>) -> Response {
     let person = approver.0;
-    let steps = match state
-        .store
-        .steps_in_status(StepStatus::NeedsApproval, 500)
-        .await
-    {
+    let steps = match waiting_for(&state, &person).await {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "gates: listing failed");
@@ -90,25 +119,17 @@ pub async fn pending(State(state): State<AppState>, approver: RequireRole<Approv
             );
         }
     };
-    let mut out = Vec::new();
-    for step in steps {
-        match visible(&state, &person, &step).await {
-            Ok(true) => out.push(json!({
+    let out: Vec<Value> = steps
+        .into_iter()
+        .map(|(step, inputs)| {
+            json!({
                 "step_id": step.id, "run_id": step.run_id, "tool": step.tool,
-                "inputs": serde_json::from_str::<Value>(&step.inputs).unwrap_or(Value::Null),
+                "inputs": inputs,
                 "inputs_hash": step.inputs_hash, "rule": step.rule, "reason": step.reason,
                 "expires_at": step.expires_at, "created_at": step.created_at,
-            })),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "gates: visibility check failed");
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the database did not answer",
-                );
-            }
-        }
-    }
+            })
+        })
+        .collect();
     Json(json!({"gates": out})).into_response()
 }
 

@@ -5,9 +5,8 @@
 //! * Only a signed-in approver gets gate data (the app's server functions check the role
 //!   before asking [`InboxBackend`]); a gate is visible exactly when
 //!   [`approvals::visible`] says so (tenant, the tool's approver roles), the same check the
-//!   JSON API uses. The list asks the store for the person's tenant's gates only
-//!   ([`countersign_core::Store::waiting_for_tenant`], one query) and applies the same role
-//!   check ([`approvals::approves`]); a person without a tenant sees none.
+//!   JSON API uses. The list is the JSON API's ([`approvals::waiting_for`]): the person's
+//!   tenant's gates in one query, the same role check; a person without a tenant sees none.
 //! * `POST /inbox/{id}/decision` needs the `approver` role, passes the CSRF origin check in
 //!   front of the router, and decides through [`approvals::decide_as`], the one decision path
 //!   (reason required, four eyes, self-approval, step-up, second approver). It answers with a
@@ -32,9 +31,6 @@ use super::approvals::{self, Decided, Refusal};
 use crate::AppState;
 use crate::auth::{Approver, RequireRole};
 use crate::pipeline::gate_rules;
-
-/// How many waiting steps the inbox looks at.
-const LIST_LIMIT: i64 = 500;
 
 /// The store-backed [`InboxSource`].
 pub struct InboxBackend(pub AppState);
@@ -94,32 +90,14 @@ fn row(step: &Step, inputs: &Value, now: i64) -> GateRow {
 
 impl InboxBackend {
     async fn list(&self, person: &Person) -> Result<Vec<GateRow>, StoreError> {
-        let state = &self.0;
-        let now = state.store.clock().now_ms();
-        // A person without a tenant sees no gate (fails closed).
-        let Some(tenant) = person.tenant.as_deref().filter(|t| !t.is_empty()) else {
-            return Ok(Vec::new());
-        };
-        let Some(loaded) = state.registry.current() else {
-            return Ok(Vec::new());
-        };
-        // One query for the tenant's gates (no lookup per gate); the role check is the one
+        let now = self.0.store.clock().now_ms();
+        // The same list as `GET /api/gates`: one query for the tenant's gates, the role check
         // `approvals::visible` applies.
-        let steps = state.store.waiting_for_tenant(tenant, LIST_LIMIT).await?;
-        let mut rows = Vec::new();
-        for step in steps {
-            let Some(tool) = ToolName::parse(&step.tool)
-                .ok()
-                .and_then(|n| loaded.bundle.registry.tool(&n))
-            else {
-                continue;
-            };
-            if approvals::approves(person, tool, &step) {
-                let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
-                rows.push(row(&step, &inputs, now));
-            }
-        }
-        Ok(rows)
+        Ok(approvals::waiting_for(&self.0, person)
+            .await?
+            .iter()
+            .map(|(step, inputs)| row(step, inputs, now))
+            .collect())
     }
 
     async fn detail(
