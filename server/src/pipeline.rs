@@ -64,6 +64,8 @@ pub struct Caller {
     pub session: Option<String>,
     /// The executor worker running a planned step on the credential's behalf, if any.
     pub executor: Option<String>,
+    /// What the `/mcp` guard read with the authentication, if anything.
+    pub admission: Option<crate::mcp::guard::Admission>,
 }
 
 /// One proposed call.
@@ -324,31 +326,35 @@ async fn call_inner(
             Err(e) => return Err(e.into()),
         }
     }
-    let (step, created) = state
-        .store
-        .open_step(&NewStep {
-            run_id: run.id.clone(),
-            role: credential.role.clone(),
-            tool: tool.name.as_str().to_string(),
-            effect: tool.effect,
-            inputs: canonical.clone(),
-            agent_id: Some(credential.id.clone()),
-            // The proposer's reason: a direct call states it in its `reason` argument.
-            reason: arguments
-                .get("reason")
-                .and_then(Value::as_str)
-                .map(|r| r.chars().take(400).collect())
-                .unwrap_or_default(),
-            evidence: Vec::new(),
-            observed: None,
-            trace_id: ctx.trace_id.clone(),
-            status: StepStatus::Pending,
-        })
-        .await?;
+    let new_step = NewStep {
+        run_id: run.id.clone(),
+        role: credential.role.clone(),
+        tool: tool.name.as_str().to_string(),
+        effect: tool.effect,
+        inputs: canonical.clone(),
+        agent_id: Some(credential.id.clone()),
+        // The proposer's reason: a direct call states it in its `reason` argument.
+        reason: arguments
+            .get("reason")
+            .and_then(Value::as_str)
+            .map(|r| r.chars().take(400).collect())
+            .unwrap_or_default(),
+        evidence: Vec::new(),
+        observed: None,
+        trace_id: ctx.trace_id.clone(),
+        status: StepStatus::Pending,
+    };
+    // [reads] A read's row is written with its outcome (or when it is parked or refused
+    // first): no row is opened before it runs. A write opens its row, the key's owner.
+    if tool.effect == Effect::Read {
+        let step = state.store.prepare_read(&new_step)?;
+        return execute(&ctx, &run, step, true, false, &canonical).await;
+    }
+    let (step, created) = state.store.open_step(&new_step).await?;
     if !created && let Some(answer) = replay(&ctx, &step).await? {
         return Ok(answer);
     }
-    execute(&ctx, &run, step, created, &canonical).await
+    execute(&ctx, &run, step, created, true, &canonical).await
 }
 
 /// The run this call belongs to: the caller's own run named in `_meta.run_id`, else the run
@@ -373,7 +379,7 @@ async fn resolve_run(ctx: &Ctx<'_>, requested: Option<&str>) -> Result<Run, Inte
         Some(_) => format!("MCP session of agent {}", credential.name),
         None => format!("direct calls of agent {}", credential.name),
     };
-    Ok(ctx
+    let run = ctx
         .state
         .store
         .session_run(
@@ -387,7 +393,18 @@ async fn resolve_run(ctx: &Ctx<'_>, requested: Option<&str>) -> Result<Run, Inte
                 planned: false,
             },
         )
-        .await?)
+        .await?;
+    if let Some(key) = ctx
+        .caller
+        .admission
+        .as_ref()
+        .and_then(|a| a.hint_key.as_deref())
+    {
+        ctx.state
+            .store
+            .remember_call_hint(key, &credential.id, &run.id);
+    }
+    Ok(run)
 }
 
 /// An identical write already has a step: answer with where it stands, or `None` to carry on
@@ -553,13 +570,16 @@ fn decision_text(d: &Decision) -> (&'static str, String) {
 }
 
 /// Steps 5–12 for a step that may run: policy, gate, key, adapter, outcome.
-/// Runs `step` through policy, gate, key and adapter. `fresh`: the step was opened by this
-/// very call (so no approval can name it yet).
+/// Runs `step` through policy, gate, key and adapter. `fresh`: the step was made by this
+/// very call (so no approval can name it yet). `written`: its row exists; a prepared read's
+/// (`false`, [`Store::prepare_read`]) is written by its closing transition, or here first
+/// when it is parked or refused before it runs.
 async fn execute(
     ctx: &Ctx<'_>,
     run: &Run,
     step: Step,
     fresh: bool,
+    written: bool,
     canonical: &CanonicalJson,
 ) -> Result<Answer, Internal> {
     let store = &ctx.state.store;
@@ -572,7 +592,37 @@ async fn execute(
     // agents able to look and to cancel. [reads] A read's closing write checks the same
     // conditions again ([`halt_guard`]): a read that raced a cancel or a stop is answered
     // `cancelled`, its result withheld.
-    if let Some(rule) = halted(ctx, &run.id).await? {
+    // One read of the world for this call: the run's status, the stop, the party the
+    // credential acts for and the grants it holds ([stillon] seed 004: ownership and the
+    // ≤ 30-minute grant are checked against the traveller).
+    let prefetched = ctx
+        .caller
+        .admission
+        .as_ref()
+        .and_then(|a| a.prefetched.as_ref())
+        .filter(|(run_id, _)| *run_id == run.id)
+        .map(|(_, context)| context.clone());
+    let world = match prefetched {
+        Some(world) => world,
+        None => {
+            store
+                .call_context(
+                    &run.id,
+                    crate::executor::EMERGENCY_STOP,
+                    &credential.tenant,
+                    &credential.id,
+                    (crate::standing::SYSTEM, crate::standing::ACTS_FOR),
+                    store.clock().now_ms(),
+                )
+                .await?
+        }
+    };
+    if let Some(rule) = halt_rule(
+        &halt_guard(ctx, &run.id),
+        world.run_status,
+        world.switch_set,
+    ) {
+        let step = write_prepared(ctx, step, written).await?;
         return cancel_halted(ctx, &step, rule).await;
     }
     let arguments = canonical
@@ -602,9 +652,7 @@ async fn execute(
         "external" => TaskOrigin::External,
         _ => TaskOrigin::User,
     };
-    // [stillon] The party the credential acts for and the standing authorizations it holds
-    // (seed 004: ownership and the ≤ 30-minute grant are checked against the traveller).
-    let (acts_for, authorizations) = crate::standing::party_of(store, credential).await?;
+    let (acts_for, authorizations) = (world.party, world.grants);
     let report = ctx.loaded.bundle.policy.decide(&Request {
         principal: Principal {
             kind: PrincipalKind::Agent,
@@ -644,6 +692,18 @@ async fn execute(
         ]),
     );
     let movable = vec![StepStatus::Pending, StepStatus::Failed];
+
+    // A prepared read that is refused or parked is written now (it does not run).
+    let stops_here = match &report.decision {
+        Decision::Deny(_) => true,
+        Decision::RequireApproval(_) => approval.is_none(),
+        Decision::Allow | Decision::AllowWithinAuthorization(_) => false,
+    };
+    let (step, written) = if stops_here {
+        (write_prepared(ctx, step, written).await?, true)
+    } else {
+        (step, written)
+    };
 
     // Deny: the step is refused for good.
     if let Decision::Deny(deny) = &report.decision {
@@ -746,6 +806,7 @@ async fn execute(
             rule: rule.clone(),
             records: vec![decided, started_record],
             guard: halt_guard(ctx, &run.id),
+            insert: (!written).then(|| Box::new(step.clone())),
         };
         (step, Some(opening))
     } else {
@@ -843,20 +904,33 @@ async fn execute(
 /// the emergency stop (unless the tool is one of Countersign's own run tools) or a run that is
 /// not active (failed is fine for compensations).
 async fn halted(ctx: &Ctx<'_>, run_id: &str) -> Result<Option<String>, Internal> {
-    let guard = halt_guard(ctx, run_id);
     let (status, stopped) = ctx
         .state
         .store
         .run_status_and_switch(run_id, crate::executor::EMERGENCY_STOP)
         .await?;
+    Ok(halt_rule(&halt_guard(ctx, run_id), status, stopped))
+}
+
+/// The rule that keeps a step of a run in `status` from starting under `guard`, with the
+/// emergency stop `stopped` or not; `None` when it may start.
+fn halt_rule(guard: &RunGuard, status: RunStatus, stopped: bool) -> Option<String> {
     if stopped && guard.unless_switch.is_some() {
-        return Ok(Some("emergency.stop".to_string()));
+        return Some("emergency.stop".to_string());
     }
-    Ok(match status {
+    match status {
         RunStatus::Active => None,
         RunStatus::Failed if guard.allow_failed => None,
         other => Some(format!("run.{}", other.as_str())),
-    })
+    }
+}
+
+/// [reads] `step` with its row written: a prepared read's is written now, as prepared.
+async fn write_prepared(ctx: &Ctx<'_>, step: Step, written: bool) -> Result<Step, Internal> {
+    if written {
+        return Ok(step);
+    }
+    Ok(ctx.state.store.insert_prepared(&step).await?)
 }
 
 /// When a step may start or commit: in an active run (or a failed one, for compensations),
@@ -906,6 +980,8 @@ struct Opening {
     records: Vec<(AuditEvent, NewAuditRecord)>,
     /// The stop and run conditions the call skipped checking before it ran.
     guard: RunGuard,
+    /// A prepared read's row, written by the closing transition ([`Transition::insert`]).
+    insert: Option<Box<Step>>,
 }
 
 /// `t` (a transition out of `running`), or for a read the same transition out of
@@ -917,6 +993,7 @@ fn closing(opening: Option<Opening>, mut t: Transition) -> Transition {
         t.rule = t.rule.or(Some(o.rule));
         t.bump_attempts = true;
         t.guard = Some(o.guard);
+        t.insert = o.insert;
         let mut records = o.records;
         records.append(&mut t.records);
         t.records = records;
@@ -1064,6 +1141,7 @@ pub async fn execute_claimed_in(
         credential,
         session: None,
         executor: Some(worker.to_string()),
+        admission: None,
     };
     let role = RoleName::parse(&step.role).map_err(|e| Internal(e.to_string()))?;
     let Some(tool) = loaded.bundle.registry.tool_for_role(&role, &step.tool) else {
@@ -1100,7 +1178,7 @@ pub async fn execute_claimed_in(
     };
     let canonical = CanonicalJson::from_canonical_text(&step.inputs)
         .map_err(|e| Internal(format!("stored inputs: {e}")))?;
-    execute(&ctx, &run, step, false, &canonical).await
+    execute(&ctx, &run, step, false, true, &canonical).await
 }
 
 /// The step's key was reserved before (an earlier attempt). `None`: this caller took it over

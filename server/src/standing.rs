@@ -10,6 +10,8 @@
 //! * A binding of another tenant than the credential's is ignored.
 //! * No binding → no `acts_for` (the policy engine then checks ownership against the agent
 //!   itself, which owns nothing).
+//! * Both are read for a call by [`Store::call_context`] (on `/mcp` with the credential check),
+//!   which applies exactly these rules.
 //! * Only grants of the credential's tenant, held by the call's party, not revoked and not
 //!   expired at the call's instant, with readable conditions, are handed to the engine
 //!   ([`Store::standing_for`]); the engine alone decides whether one covers the call and never
@@ -17,32 +19,14 @@
 //!   another tool) leaves the call at its gate.
 
 use countersign_core::policy::{AuthorizationCondition, StandingAuthorization};
-use countersign_core::store::{AgentCredential, NewStanding, StandingError};
+use countersign_core::store::{NewStanding, StandingError};
 use countersign_core::{Store, StoreError};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// The pseudo-system the interim party bindings live under.
 pub const SYSTEM: &str = "countersign";
 /// Kind of an agent → party binding.
 pub const ACTS_FOR: &str = "acts_for";
-
-/// The party `credential`'s calls are made for, and the grants that party holds now.
-pub async fn party_of(
-    store: &Store,
-    credential: &AgentCredential,
-) -> Result<(Option<String>, Vec<StandingAuthorization>), StoreError> {
-    let party = store
-        .demo_get(SYSTEM, ACTS_FOR, &credential.id)
-        .await?
-        .filter(|o| o.tenant == credential.tenant)
-        .and_then(|o| serde_json::from_str::<Value>(&o.data).ok())
-        .and_then(|v| v.get("party").and_then(Value::as_str).map(str::to_string));
-    let held_by = party.clone().unwrap_or_else(|| credential.id.clone());
-    let grants = store
-        .standing_for(&credential.tenant, &held_by, store.clock().now_ms())
-        .await?;
-    Ok((party, grants))
-}
 
 /// Records that `credential_id`'s calls are made for `party` (tenant `tenant`).
 pub async fn bind_party(

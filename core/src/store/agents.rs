@@ -3,7 +3,12 @@
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{Store, StoreError, on_pool};
+use sqlx::{FromRow, Row};
+
+use super::standing::{
+    CONTEXT_COLUMNS, CONTEXT_CTE, CONTEXT_GRANTS_JOIN, ContextRow, context_from_rows, party_sql,
+};
+use super::{CallContext, Store, StoreError, on_pool};
 use crate::agents::{AgentToken, RandomnessError};
 
 /// What is needed to create a credential.
@@ -40,6 +45,20 @@ pub struct AgentCredential {
     pub expires_at: Option<i64>,
     /// Unix ms, if revoked.
     pub revoked_at: Option<i64>,
+}
+
+/// What [`Store::authenticate_for_call`] also reads: the context of a call the token is
+/// expected to make (from an earlier call of the same MCP session).
+#[derive(Debug, Clone, Copy)]
+pub struct ContextHint<'a> {
+    /// The agent the token was last seen to be.
+    pub agent_id: &'a str,
+    /// That agent's run for this session.
+    pub run_id: &'a str,
+    /// The switch the call checks (the emergency stop).
+    pub switch: &'a str,
+    /// Where the agent → party binding lives: `(system, kind)` in `demo_objects`.
+    pub binding: (&'a str, &'a str),
 }
 
 /// Why a presented token was refused. The client only ever sees "unauthorized".
@@ -173,6 +192,84 @@ impl Store {
         self.get_agent(&id).await
     }
 
+    /// [`Store::authenticate_agent`] and, in the same statement, the [`CallContext`] of the call
+    /// `hint` expects this token to make (its agent's run; see [`Store::call_context`]). The
+    /// context is answered only when the token turns out to be `hint.agent_id`'s and the run
+    /// exists; the credential is checked exactly as [`Store::authenticate_agent`] checks it.
+    pub async fn authenticate_for_call(
+        &self,
+        token: &AgentToken,
+        hint: &ContextHint<'_>,
+    ) -> Result<(Result<AgentCredential, AuthError>, Option<CallContext>), StoreError> {
+        if !token.is_well_formed() {
+            return Ok((Err(AuthError::Unknown), None));
+        }
+        let now = self.clock.now_ms();
+        let sql = format!(
+            "WITH c AS (SELECT {COLUMNS} FROM agent_credentials WHERE token_hash = $1), {CONTEXT_CTE}
+             SELECT c.id, c.name, c.role, c.tenant, c.created_by, c.created_at, c.expires_at,
+                    c.revoked_at, {CONTEXT_COLUMNS}
+               FROM c LEFT JOIN runs r ON r.id = $2 {CONTEXT_GRANTS_JOIN}
+              ORDER BY s.granted_at, s.id"
+        )
+        .replace("{tenant}", "(SELECT tenant FROM c)")
+        .replace("{party}", party_sql(&self.pool));
+        let hash = token.hash();
+        macro_rules! decode {
+            ($rows:expr) => {{
+                let mut cred: Option<AgentCredential> = None;
+                let mut ctx: Vec<ContextRow> = Vec::new();
+                for r in $rows {
+                    if cred.is_none() {
+                        cred = Some(AgentCredential::from_row(&r)?);
+                    }
+                    ctx.push((
+                        r.try_get(8)?,
+                        r.try_get(9)?,
+                        r.try_get(10)?,
+                        r.try_get(11)?,
+                        r.try_get(12)?,
+                        r.try_get(13)?,
+                        r.try_get(14)?,
+                        r.try_get(15)?,
+                        r.try_get(16)?,
+                        r.try_get(17)?,
+                        r.try_get(18)?,
+                        r.try_get(19)?,
+                        r.try_get(20)?,
+                        r.try_get(21)?,
+                        r.try_get(22)?,
+                    ));
+                }
+                (cred, ctx)
+            }};
+        }
+        let (cred, rows) = on_pool!(self, |p| {
+            let rows = sqlx::query(&sql)
+                .bind(&hash)
+                .bind(hint.run_id)
+                .bind(hint.switch)
+                .bind(hint.binding.0)
+                .bind(hint.binding.1)
+                .bind(hint.agent_id)
+                .bind(now)
+                .fetch_all(p)
+                .await?;
+            decode!(rows)
+        });
+        let Some(cred) = cred else {
+            return Ok((Err(AuthError::Unknown), None));
+        };
+        let checked = self.check_credential(cred);
+        let context = match &checked {
+            Ok(c) if c.id == hint.agent_id => {
+                context_from_rows(hint.run_id, rows, &c.tenant, &c.id, now)?
+            }
+            _ => None,
+        };
+        Ok((checked, context))
+    }
+
     /// Checks a presented token: the credential if it is known, not revoked and not expired
     /// at the store clock's now.
     pub async fn authenticate_agent(
@@ -190,12 +287,17 @@ impl Store {
         let Some(cred) = row else {
             return Ok(Err(AuthError::Unknown));
         };
+        Ok(self.check_credential(cred))
+    }
+
+    /// A known credential, unless revoked or expired at the store clock's now.
+    fn check_credential(&self, cred: AgentCredential) -> Result<AgentCredential, AuthError> {
         if cred.revoked_at.is_some() {
-            return Ok(Err(AuthError::Revoked(cred.id)));
+            return Err(AuthError::Revoked(cred.id));
         }
         if cred.expires_at.is_some_and(|t| t <= self.clock.now_ms()) {
-            return Ok(Err(AuthError::Expired(cred.id)));
+            return Err(AuthError::Expired(cred.id));
         }
-        Ok(Ok(cred))
+        Ok(cred)
     }
 }

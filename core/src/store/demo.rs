@@ -152,6 +152,39 @@ impl Store {
         }))
     }
 
+    /// Two objects of `system` in one round trip (`(kind, id)` each): what a demo target
+    /// reads for one call (the operation's injected fault and the record it serves).
+    pub async fn demo_get_pair(
+        &self,
+        system: &str,
+        first: (&str, &str),
+        second: (&str, &str),
+    ) -> Result<(Option<DemoObject>, Option<DemoObject>), StoreError> {
+        let sql = format!(
+            "SELECT {OBJECT_COLUMNS} FROM demo_objects
+              WHERE system = $1 AND ((kind = $2 AND id = $3) OR (kind = $4 AND id = $5))"
+        );
+        let rows: Vec<DemoObject> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(system)
+                .bind(first.0)
+                .bind(first.1)
+                .bind(second.0)
+                .bind(second.1)
+                .fetch_all(p)
+                .await?
+        });
+        let mut out = (None, None);
+        for obj in rows {
+            if obj.kind == first.0 && obj.id == first.1 {
+                out.0 = Some(obj);
+            } else if obj.kind == second.0 && obj.id == second.1 {
+                out.1 = Some(obj);
+            }
+        }
+        Ok(out)
+    }
+
     /// Every object of a kind, by id.
     pub async fn demo_list(&self, system: &str, kind: &str) -> Result<Vec<DemoObject>, StoreError> {
         let sql = format!(

@@ -39,7 +39,7 @@ use sqlx::{Connection, PgPool, SqlitePool};
 use crate::clock::Clock;
 use crate::secret::Secret;
 
-pub use agents::{AgentCredential, AuthError, CreateAgentError, NewAgent};
+pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use proposals::{
     ApproveOutcome, Change, ChangeOp, ListingChange, NewProposal, Proposal, ProposalError,
@@ -48,7 +48,7 @@ pub use proposals::{
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
 pub use standing::{
-    GRANTED_RULE, NewStanding, REVOKED_RULE, Standing, StandingError, StandingState,
+    CallContext, GRANTED_RULE, NewStanding, REVOKED_RULE, Standing, StandingError, StandingState,
 };
 pub use steps::{KeyRecord, KeyState, NewStep, Reservation, RunGuard, Step, Transition};
 pub use views::{AuditCursor, AuditFilter, approver_parts};
@@ -182,6 +182,7 @@ pub struct Store {
     pub(crate) committer: Option<group::Committer>,
     /// Runs of MCP sessions already looked up ([`Store::session_run`]); shared by clones.
     pub(crate) session_runs: runs::SessionRuns,
+    pub(crate) call_hints: runs::CallHints,
     /// Postgres only: a few connections whose commits do not wait for the WAL flush, for rows
     /// that a later synchronous commit makes durable (a read's opening step row). Never for
     /// anything that must survive a crash on its own.
@@ -286,6 +287,7 @@ impl Store {
             clock,
             committer: None,
             session_runs: runs::SessionRuns::default(),
+            call_hints: runs::CallHints::default(),
             lazy,
         };
         Ok(Self {

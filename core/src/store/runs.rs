@@ -395,3 +395,33 @@ impl SessionRuns {
         }
     }
 }
+
+/// [`Store::call_hint`]: which agent and run an MCP session's calls were last seen to be,
+/// keyed by what the `/mcp` guard can compute before it authenticates. Bounded like
+/// [`SessionRuns`]. A hint only chooses what is read with the authentication; it grants
+/// nothing (the read context is used only when the credential and the run it resolves match).
+#[derive(Clone, Default)]
+pub(crate) struct CallHints(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (String, String)>>>,
+);
+
+impl CallHints {
+    const MAX: usize = 50_000;
+}
+
+impl Store {
+    /// The `(agent id, run id)` remembered for `key` ([`Store::remember_call_hint`]).
+    pub fn call_hint(&self, key: &str) -> Option<(String, String)> {
+        self.call_hints.0.lock().ok()?.get(key).cloned()
+    }
+
+    /// Remembers that calls under `key` were `agent_id`'s, in run `run_id`.
+    pub fn remember_call_hint(&self, key: &str, agent_id: &str, run_id: &str) {
+        if let Ok(mut map) = self.call_hints.0.lock() {
+            if map.len() >= CallHints::MAX {
+                map.clear();
+            }
+            map.insert(key.to_string(), (agent_id.to_string(), run_id.to_string()));
+        }
+    }
+}

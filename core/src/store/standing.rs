@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use super::{Pool, Store, StoreError, on_pool};
+use super::{Pool, RunStatus, Store, StoreError, on_pool};
 use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
 use crate::policy::{AuthorizationCondition, StandingAuthorization};
 
@@ -76,6 +76,19 @@ pub struct Standing {
     pub revoked_by: Option<String>,
     /// Why it was revoked.
     pub revoke_reason: Option<String>,
+}
+
+/// What [`Store::call_context`] reads for a call as it starts.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    /// The run's status now.
+    pub run_status: RunStatus,
+    /// Whether the switch asked about (the emergency stop) is set.
+    pub switch_set: bool,
+    /// The party the agent's calls are made for, when it is bound to one.
+    pub party: Option<String>,
+    /// The grants that party (or the agent itself, unbound) holds now.
+    pub grants: Vec<StandingAuthorization>,
 }
 
 /// Where a grant stands at an instant.
@@ -179,6 +192,108 @@ fn from_row(r: Row) -> Standing {
         revoked_at: r.9,
         revoked_by: r.10,
         revoke_reason: r.11,
+    }
+}
+
+/// One row of a call's context query: the run's status (NULL: no such run), whether the
+/// switch is set, the bound party, then one grant's columns (all NULL when none joined).
+pub(crate) type ContextRow = (
+    Option<String>,
+    bool,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+);
+
+/// The [`CallContext`] of a context query's rows; `None` when the run does not exist. Grants
+/// are filtered in code exactly as [`Store::standing_for`] filters them (tenant, the party held
+/// by — the bound party, else the agent itself —, live at `now_ms`, readable conditions).
+pub(crate) fn context_from_rows(
+    run_id: &str,
+    rows: Vec<ContextRow>,
+    tenant: &str,
+    agent_id: &str,
+    now_ms: i64,
+) -> Result<Option<CallContext>, StoreError> {
+    let Some((Some(status), switch_set, party)) =
+        rows.first().map(|r| (r.0.clone(), r.1, r.2.clone()))
+    else {
+        return Ok(None);
+    };
+    let run_status = RunStatus::parse(&status)
+        .ok_or_else(|| StoreError::Conflict(format!("run {run_id}: unknown status {status}")))?;
+    let held_by = party.clone().unwrap_or_else(|| agent_id.to_string());
+    let mut grants = Vec::new();
+    for r in rows {
+        // A run with no grants joins one row of NULLs.
+        let (
+            Some(id),
+            Some(g_tenant),
+            Some(g_party),
+            Some(tool),
+            Some(conditions),
+            Some(expires_at),
+            Some(reason),
+            Some(granted_by),
+            Some(granted_at),
+        ) = (r.3, r.4, r.5, r.6, r.7, r.8, r.9, r.10, r.11)
+        else {
+            continue;
+        };
+        grants.push(from_row((
+            id, g_tenant, g_party, tool, conditions, expires_at, reason, granted_by, granted_at,
+            r.12, r.13, r.14,
+        )));
+    }
+    let grants = grants
+        .into_iter()
+        // INVARIANT: re-checked in code, whatever the query matched.
+        .filter(|s| s.tenant == tenant && s.party == held_by)
+        .filter(|s| s.state(now_ms) == StandingState::Active)
+        .filter_map(|s| s.to_policy())
+        .collect();
+    Ok(Some(CallContext {
+        run_status,
+        switch_set,
+        party,
+        grants,
+    }))
+}
+
+/// The select list and joins of a call's context query, shared by [`Store::call_context`] and
+/// the credential check that fetches it with the authentication: `$2` run, `$3` switch, `$4`
+/// `$5` the party binding's system and kind, `$6` agent id, `$7` now; `{tenant}` and `{party}`
+/// filled in per use and dialect.
+pub(crate) const CONTEXT_CTE: &str = "p AS (SELECT {party} AS party FROM demo_objects
+       WHERE system = $4 AND kind = $5 AND id = $6 AND tenant = {tenant})";
+// Aliased: the credential check selects the credential's own columns beside these.
+pub(crate) const CONTEXT_COLUMNS: &str = "r.status AS run_status,
+       EXISTS (SELECT 1 FROM switches WHERE name = $3) AS switch_set,
+       (SELECT party FROM p) AS bound_party,
+       s.id AS g_id, s.tenant AS g_tenant, s.party AS g_party, s.tool AS g_tool,
+       s.conditions AS g_conditions, s.expires_at AS g_expires_at, s.reason AS g_reason,
+       s.granted_by AS g_granted_by, s.granted_at AS g_granted_at,
+       s.revoked_at AS g_revoked_at, s.revoked_by AS g_revoked_by,
+       s.revoke_reason AS g_revoke_reason";
+pub(crate) const CONTEXT_GRANTS_JOIN: &str = "LEFT JOIN standing_authorizations s
+         ON s.tenant = {tenant} AND s.party = COALESCE((SELECT party FROM p), $6)
+        AND s.revoked_at IS NULL AND s.expires_at > $7";
+
+/// How a dialect reads the party out of a binding's `data` (`{"party": …}`, as text).
+pub(crate) fn party_sql(pool: &Pool) -> &'static str {
+    match pool {
+        Pool::Sqlite(_) => "json_extract(data, '$.party')",
+        Pool::Postgres(_) => "(CAST(data AS jsonb) ->> 'party')",
     }
 }
 
@@ -430,6 +545,44 @@ impl Store {
             }
         };
         Ok(rows.into_iter().map(from_row).collect())
+    }
+
+    /// What a call must know of the world as it starts, read in ONE statement: the run's
+    /// status, whether switch `switch` is set, the party `agent_id`'s calls are made for (its
+    /// binding under `binding = (system, kind)` in `demo_objects`, of `tenant` only) and the
+    /// grants that party — or, with no binding, the agent itself — holds at `now_ms`, filtered
+    /// exactly as [`Store::standing_for`] filters them (see the module's invariants).
+    /// [`StoreError::NotFound`] when the run does not exist.
+    pub async fn call_context(
+        &self,
+        run_id: &str,
+        switch: &str,
+        tenant: &str,
+        agent_id: &str,
+        binding: (&str, &str),
+        now_ms: i64,
+    ) -> Result<CallContext, StoreError> {
+        // The party is the binding's `data.party` (text); a binding of another tenant is not
+        // read (the `tenant` condition), so it binds nothing.
+        let sql = format!(
+            "WITH {CONTEXT_CTE} SELECT {CONTEXT_COLUMNS} FROM runs r {CONTEXT_GRANTS_JOIN}
+              WHERE r.id = $2 ORDER BY s.granted_at, s.id"
+        )
+        .replace("{tenant}", "$1")
+        .replace("{party}", party_sql(&self.pool));
+        let rows: Vec<ContextRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(tenant)
+                .bind(run_id)
+                .bind(switch)
+                .bind(binding.0)
+                .bind(binding.1)
+                .bind(agent_id)
+                .bind(now_ms)
+                .fetch_all(p)
+                .await?
+        });
+        context_from_rows(run_id, rows, tenant, agent_id, now_ms)?.ok_or(StoreError::NotFound)
     }
 
     /// The grants `party` of `tenant` holds at `now_ms`, as the policy engine reads them:

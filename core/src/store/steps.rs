@@ -20,6 +20,39 @@ use crate::canonical::CanonicalJson;
 use crate::keys::{IdemKey, InputsHash};
 use crate::model::{Effect, StepStatus};
 
+/// [reads] The INSERT of a prepared step's row as prepared, its position the run's next;
+/// returns the position. Binds: see [`prepared_insert`].
+pub(crate) const PREPARED_INSERT_SQL: &str = "INSERT INTO steps (id, run_id, seq, role, tool,
+        effect, inputs, inputs_hash, idem_key, status, attempts, reason, evidence, observed,
+        trace_id, not_before, created_at, updated_at, agent_id)
+     VALUES ($1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2), $3, $4,
+        $5, $6, $7, $8, $9, 0, $10, $11, $12, $13, $14, $15, $15, $16)
+     RETURNING CAST(seq AS BIGINT)";
+
+/// Binds a prepared [`Step`] to [`PREPARED_INSERT_SQL`].
+macro_rules! prepared_insert {
+    ($q:expr, $step:expr) => {{
+        let step: &$crate::store::Step = $step;
+        $q.bind(&step.id)
+            .bind(&step.run_id)
+            .bind(&step.role)
+            .bind(&step.tool)
+            .bind(step.effect.as_str())
+            .bind(&step.inputs)
+            .bind(&step.inputs_hash)
+            .bind(&step.idem_key)
+            .bind(step.status.as_str())
+            .bind(&step.reason)
+            .bind(&step.evidence)
+            .bind(&step.observed)
+            .bind(&step.trace_id)
+            .bind(step.not_before)
+            .bind(step.created_at)
+            .bind(&step.agent_id)
+    }};
+}
+pub(crate) use prepared_insert;
+
 /// A stored step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Step {
@@ -300,6 +333,11 @@ pub struct Transition {
     pub records: Vec<(AuditEvent, NewAuditRecord)>,
     /// Write only while the world still allows the step (checked in the same statement).
     pub guard: Option<RunGuard>,
+    /// [reads] The step's row is not written yet ([`Store::prepare_read`]): this transition
+    /// writes it, already moved (one INSERT, its position taken in the statement, the guard
+    /// checked in it). When the guard refuses, the row is written as prepared (`pending`) and
+    /// the transition reports `None`, so the caller can record why it did not run.
+    pub insert: Option<Box<Step>>,
 }
 
 /// Conditions a [`Transition`] checks in its own UPDATE, so that a call that read the world
@@ -317,6 +355,63 @@ pub struct RunGuard {
 }
 
 impl Store {
+    /// [reads] A read's step as it will be stored, without writing it: a read has no effect
+    /// to guard, so its row is written with its outcome ([`Transition::insert`]) or, on a path
+    /// that parks or refuses it first, by [`Store::insert_prepared`]. Its key comes from its own
+    /// id ([`IdemKey::for_read`]); its position is taken when the row is written (`seq` 0 here).
+    pub fn prepare_read(&self, new: &NewStep) -> Result<Step, StoreError> {
+        if new.effect != Effect::Read {
+            return Err(StoreError::Conflict(format!(
+                "{} is not a read: its step opens before it runs",
+                new.tool
+            )));
+        }
+        let evidence = serde_json::to_string(&new.evidence)
+            .map_err(|e| StoreError::Conflict(format!("evidence: {e}")))?;
+        let now = self.clock.now_ms();
+        let id = Uuid::new_v4().to_string();
+        let key = IdemKey::for_read(&id, &new.inputs);
+        Ok(Step {
+            id,
+            run_id: new.run_id.clone(),
+            seq: 0,
+            role: new.role.clone(),
+            tool: new.tool.clone(),
+            effect: new.effect,
+            inputs: new.inputs.as_str().to_string(),
+            inputs_hash: InputsHash::of(&new.inputs).to_string(),
+            idem_key: key.to_string(),
+            status: new.status,
+            attempts: 0,
+            decision: None,
+            rule: None,
+            approval: None,
+            outcome: None,
+            reason: new.reason.clone(),
+            evidence,
+            observed: new.observed.clone(),
+            trace_id: Some(new.trace_id.clone()),
+            not_before: 0,
+            expires_at: None,
+            agent_id: new.agent_id.clone(),
+            created_at: now,
+            updated_at: now,
+        })
+    }
+
+    /// Writes a [`Store::prepare_read`] step's row as prepared; the step with its position.
+    pub async fn insert_prepared(&self, step: &Step) -> Result<Step, StoreError> {
+        let seq: i64 = on_pool!(self, |p| {
+            prepared_insert!(sqlx::query_scalar(PREPARED_INSERT_SQL), step)
+                .fetch_one(p)
+                .await?
+        });
+        Ok(Step {
+            seq,
+            ..step.clone()
+        })
+    }
+
     /// Opens a step, or for a write returns the identical one already open in its run
     /// (`false` = it existed).
     pub async fn open_step(&self, new: &NewStep) -> Result<(Step, bool), StoreError> {
@@ -806,6 +901,9 @@ impl Store {
                 if let Some(records) = &moved {
                     $insert(&mut *tx, records).await?;
                     tx.commit().await?;
+                } else if t.insert.is_some() {
+                    // The prepared row was written (refused by the guard): keep it.
+                    tx.commit().await?;
                 } else {
                     tx.rollback().await?;
                 }
@@ -820,6 +918,19 @@ impl Store {
         })
     }
 }
+
+/// [reads] The INSERT of a prepared step's row already moved by a transition (status,
+/// attempts, decision, rule, outcome, expiry, approval), written only while the transition's
+/// [`RunGuard`] holds (`$24`–`$26`, as in [`transition_sql`]).
+pub(crate) const INSERT_MOVED_SQL: &str = "INSERT INTO steps (id, run_id, seq, role, tool, effect,
+        inputs, inputs_hash, idem_key, status, attempts, reason, evidence, observed, trace_id,
+        not_before, created_at, updated_at, agent_id, decision, rule, outcome, expires_at,
+        approval)
+     SELECT $1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2), $3, $4,
+        $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23
+      WHERE ($24 IS NULL OR EXISTS (SELECT 1 FROM runs
+                WHERE runs.id = $24 AND (runs.status = 'active' OR runs.status = $25)))
+        AND ($26 IS NULL OR NOT EXISTS (SELECT 1 FROM switches WHERE name = $26))";
 
 /// The UPDATE of a transition leaving one of `from` statuses (`$14…`); `$11`–`$13` are the
 /// [`RunGuard`] (run id, its second accepted status, switch name; NULL = unchecked).
@@ -852,29 +963,80 @@ macro_rules! apply_transition {
     ($tx:expr, $lock:expr, $head:expr, $t:expr, $now:expr) => {{
         let t: &$crate::store::Transition = $t;
         let now: i64 = $now;
-        let sql = $crate::store::steps::transition_sql(t.from.len());
-        let mut q = sqlx::query(&sql)
-            .bind(t.to.map(|s| s.as_str()))
-            .bind(&t.decision)
-            .bind(&t.rule)
-            .bind(&t.outcome)
-            .bind(t.expires_at)
-            .bind(&t.approval)
-            .bind(i64::from(t.bump_attempts))
-            .bind(now)
-            .bind(&t.step_id)
-            .bind(t.not_before)
-            .bind(t.guard.as_ref().map(|g| g.run_id.as_str()))
-            .bind(
-                t.guard
-                    .as_ref()
-                    .and_then(|g| g.allow_failed.then_some("failed")),
-            )
-            .bind(t.guard.as_ref().and_then(|g| g.unless_switch.as_deref()));
-        for f in &t.from {
-            q = q.bind(f.as_str());
-        }
-        let n = q.execute(&mut *$tx).await?.rows_affected();
+        let n: u64 = match &t.insert {
+            Some(step) => {
+                let step: &$crate::store::Step = step;
+                let n = sqlx::query($crate::store::steps::INSERT_MOVED_SQL)
+                    .bind(&step.id)
+                    .bind(&step.run_id)
+                    .bind(&step.role)
+                    .bind(&step.tool)
+                    .bind(step.effect.as_str())
+                    .bind(&step.inputs)
+                    .bind(&step.inputs_hash)
+                    .bind(&step.idem_key)
+                    .bind(t.to.unwrap_or(step.status).as_str())
+                    .bind(i64::from(t.bump_attempts))
+                    .bind(&step.reason)
+                    .bind(&step.evidence)
+                    .bind(&step.observed)
+                    .bind(&step.trace_id)
+                    .bind(t.not_before.unwrap_or(step.not_before))
+                    .bind(step.created_at)
+                    .bind(now)
+                    .bind(&step.agent_id)
+                    .bind(&t.decision)
+                    .bind(&t.rule)
+                    .bind(&t.outcome)
+                    .bind(t.expires_at)
+                    .bind(&t.approval)
+                    .bind(t.guard.as_ref().map(|g| g.run_id.as_str()))
+                    .bind(
+                        t.guard
+                            .as_ref()
+                            .and_then(|g| g.allow_failed.then_some("failed")),
+                    )
+                    .bind(t.guard.as_ref().and_then(|g| g.unless_switch.as_deref()))
+                    .execute(&mut *$tx)
+                    .await?
+                    .rows_affected();
+                if n != 1 {
+                    // Refused by the guard: the row as prepared, for the caller to record.
+                    $crate::store::steps::prepared_insert!(
+                        sqlx::query($crate::store::steps::PREPARED_INSERT_SQL),
+                        step
+                    )
+                    .execute(&mut *$tx)
+                    .await?;
+                }
+                n
+            }
+            None => {
+                let sql = $crate::store::steps::transition_sql(t.from.len());
+                let mut q = sqlx::query(&sql)
+                    .bind(t.to.map(|s| s.as_str()))
+                    .bind(&t.decision)
+                    .bind(&t.rule)
+                    .bind(&t.outcome)
+                    .bind(t.expires_at)
+                    .bind(&t.approval)
+                    .bind(i64::from(t.bump_attempts))
+                    .bind(now)
+                    .bind(&t.step_id)
+                    .bind(t.not_before)
+                    .bind(t.guard.as_ref().map(|g| g.run_id.as_str()))
+                    .bind(
+                        t.guard
+                            .as_ref()
+                            .and_then(|g| g.allow_failed.then_some("failed")),
+                    )
+                    .bind(t.guard.as_ref().and_then(|g| g.unless_switch.as_deref()));
+                for f in &t.from {
+                    q = q.bind(f.as_str());
+                }
+                q.execute(&mut *$tx).await?.rows_affected()
+            }
+        };
         if n != 1 {
             None
         } else {

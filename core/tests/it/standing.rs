@@ -236,3 +236,133 @@ async fn standing_changes_are_audited_and_a_revoked_grant_stays_revoked() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_standing_for() {
+    use countersign_core::store::{NewRun, RunStatus, StoreError};
+    let (manual, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            let day = 24 * HOUR_MS;
+            for g in [
+                grant(&store, "SA-traveller", "stillon", "user-123", 30 * day),
+                grant(&store, "SA-short", "stillon", "user-123", HOUR_MS),
+                grant(&store, "SA-revoked", "stillon", "user-123", 30 * day),
+                grant(&store, "SA-agent", "stillon", "agent-7", 30 * day),
+                grant(&store, "SA-other-tenant", "globex", "user-123", 30 * day),
+            ] {
+                store.grant_standing(&g).await.unwrap();
+            }
+            store
+                .revoke_standing("SA-revoked", "ops@stillon", "withdrawn")
+                .await
+                .unwrap();
+            let run = store
+                .create_run(&NewRun {
+                    tenant: "stillon".into(),
+                    principal: "agent:agent-7".into(),
+                    agent_id: None,
+                    task: "keep dinner".into(),
+                    origin: "monitor".into(),
+                    planned: false,
+                })
+                .await
+                .unwrap();
+            let binding = ("countersign", "acts_for");
+            let now = store.clock().now_ms();
+            let context = |now: i64| {
+                let store = store.clone();
+                let run_id = run.id.clone();
+                async move {
+                    store
+                        .call_context(
+                            &run_id,
+                            "emergency_stop",
+                            "stillon",
+                            "agent-7",
+                            binding,
+                            now,
+                        )
+                        .await
+                }
+            };
+
+            // Unbound: the agent itself holds the grants (its own only).
+            let c = context(now).await.unwrap();
+            assert_eq!(c.run_status, RunStatus::Active);
+            assert!(!c.switch_set);
+            assert_eq!(c.party, None);
+            assert_eq!(ids(&c.grants), ["SA-agent"]);
+
+            // A binding of another tenant binds nothing.
+            store
+                .demo_put(
+                    binding.0,
+                    binding.1,
+                    "agent-7",
+                    "globex",
+                    r#"{"party": "user-123"}"#,
+                )
+                .await
+                .unwrap();
+            let c = context(now).await.unwrap();
+            assert_eq!(c.party, None);
+            assert_eq!(ids(&c.grants), ["SA-agent"]);
+
+            // Bound to the traveller: the traveller's live grants of this tenant, the same as
+            // standing_for, in the same order.
+            store
+                .demo_put(
+                    binding.0,
+                    binding.1,
+                    "agent-7",
+                    "stillon",
+                    r#"{"party": "user-123"}"#,
+                )
+                .await
+                .unwrap();
+            let c = context(now).await.unwrap();
+            assert_eq!(c.party.as_deref(), Some("user-123"));
+            assert_eq!(ids(&c.grants), ["SA-short", "SA-traveller"]);
+            assert_eq!(
+                c.grants,
+                store
+                    .standing_for("stillon", "user-123", now)
+                    .await
+                    .unwrap()
+            );
+
+            // Expiry, the stop and the run's status are read at the instant asked.
+            manual.advance(Duration::hours(1));
+            store
+                .set_switch("emergency_stop", "drill", "ops")
+                .await
+                .unwrap();
+            store
+                .set_run_status(&run.id, RunStatus::Cancelled)
+                .await
+                .unwrap();
+            let c = context(store.clock().now_ms()).await.unwrap();
+            assert_eq!(ids(&c.grants), ["SA-traveller"]);
+            assert!(c.switch_set);
+            assert_eq!(c.run_status, RunStatus::Cancelled);
+
+            // No such run: not found, never an empty context.
+            assert!(matches!(
+                store
+                    .call_context(
+                        "no-such-run",
+                        "emergency_stop",
+                        "stillon",
+                        "agent-7",
+                        binding,
+                        now
+                    )
+                    .await,
+                Err(StoreError::NotFound)
+            ));
+        }
+    })
+    .await;
+}

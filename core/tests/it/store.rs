@@ -422,3 +422,110 @@ async fn claims_take_the_oldest_ready_step_of_planned_runs_once_and_read_nothing
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepared_when_its_guard_refuses()
+ {
+    use countersign_core::CanonicalJson;
+    use countersign_core::audit::AuditEvent;
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::{NewStep, RunGuard, Transition};
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let run = store.create_run(&new_run("acme")).await.unwrap();
+        let new = |effect: Effect| NewStep {
+            run_id: run.id.clone(),
+            role: "worker".into(),
+            tool: "invoice.get".into(),
+            effect,
+            inputs: CanonicalJson::from_value(&serde_json::json!({"invoice_id": "INV-1"})).unwrap(),
+            agent_id: Some("agent-1".into()),
+            reason: "check the invoice".into(),
+            evidence: vec![],
+            observed: None,
+            trace_id: "trace-r".into(),
+            status: StepStatus::Pending,
+        };
+        // Only a read is prepared without its row.
+        assert!(store.prepare_read(&new(Effect::Write)).is_err());
+        let (write, _) = store.open_step(&new(Effect::Write)).await.unwrap();
+        assert_eq!(write.seq, 1);
+
+        let prepared = store.prepare_read(&new(Effect::Read)).unwrap();
+        assert!(
+            matches!(
+                store.get_step(&prepared.id).await,
+                Err(StoreError::NotFound)
+            ),
+            "preparing writes nothing"
+        );
+        let guard = RunGuard {
+            run_id: run.id.clone(),
+            allow_failed: false,
+            unless_switch: Some("emergency_stop".into()),
+        };
+        let record = |event: AuditEvent| {
+            (
+                event,
+                countersign_core::audit::NewAuditRecord {
+                    event: Some(event),
+                    run_id: Some(run.id.clone()),
+                    step_id: Some(prepared.id.clone()),
+                    tool: Some("invoice.get".into()),
+                    actor: Some("agent:agent-1".into()),
+                    rule: None,
+                    detail: Default::default(),
+                },
+            )
+        };
+        let closing = |step: &countersign_core::store::Step| Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending, StepStatus::Failed],
+            to: Some(StepStatus::Done),
+            decision: Some("allow".into()),
+            rule: Some("policy.allow".into()),
+            outcome: Some("{\"ok\":true}".into()),
+            bump_attempts: true,
+            records: vec![record(AuditEvent::Decided), record(AuditEvent::Succeeded)],
+            guard: Some(guard.clone()),
+            insert: Some(Box::new(step.clone())),
+            ..Transition::default()
+        };
+        let before = store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0);
+        assert!(store.move_step(&closing(&prepared)).await.unwrap());
+        let stored = store.get_step(&prepared.id).await.unwrap();
+        assert_eq!(stored.status, StepStatus::Done);
+        assert_eq!(stored.seq, 2, "the run's next position, taken when written");
+        assert_eq!(stored.attempts, 1);
+        assert_eq!(stored.decision.as_deref(), Some("allow"));
+        assert_eq!(stored.outcome.as_deref(), Some("{\"ok\":true}"));
+        assert_eq!(stored.idem_key, prepared.idem_key);
+        assert_eq!(stored.inputs_hash, prepared.inputs_hash);
+        let after = store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0);
+        assert_eq!(after - before, 2, "its records commit with it");
+
+        // Once the run is cancelled the guard refuses: no outcome, no record, and the row
+        // exists as prepared so the caller can record why it did not run.
+        let second = store.prepare_read(&new(Effect::Read)).unwrap();
+        store
+            .set_run_status(&run.id, RunStatus::Cancelled)
+            .await
+            .unwrap();
+        assert!(!store.move_step(&closing(&second)).await.unwrap());
+        let kept = store.get_step(&second.id).await.unwrap();
+        assert_eq!(kept.status, StepStatus::Pending);
+        assert_eq!(kept.outcome, None);
+        assert_eq!(kept.seq, 3);
+        assert_eq!(
+            store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0),
+            after,
+            "nothing recorded"
+        );
+        // insert_prepared writes a prepared read as it is.
+        let third = store.prepare_read(&new(Effect::Read)).unwrap();
+        let written = store.insert_prepared(&third).await.unwrap();
+        assert_eq!(written.seq, 4);
+        assert_eq!(store.get_step(&third.id).await.unwrap(), written);
+    })
+    .await;
+}

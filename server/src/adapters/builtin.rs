@@ -100,6 +100,9 @@ pub enum FaultMode {
     Misapplied,
 }
 
+/// The object kind injected faults are stored as (id = the operation).
+const FAULT: &str = "fault";
+
 /// How long a [`FaultMode::Slow`] call takes.
 pub const SLOW_FAULT: std::time::Duration = std::time::Duration::from_millis(1500);
 
@@ -112,9 +115,7 @@ pub async fn inject_fault(
 ) -> Result<(), countersign_core::StoreError> {
     let data = serde_json::to_string(fault)
         .map_err(|e| countersign_core::StoreError::Conflict(e.to_string()))?;
-    store
-        .demo_put(system, "fault", operation, "*", &data)
-        .await?;
+    store.demo_put(system, FAULT, operation, "*", &data).await?;
     Ok(())
 }
 
@@ -135,6 +136,19 @@ where
     F: std::future::Future<Output = Result<Value, AdapterError>>,
 {
     let fault = take_fault(store, system, operation).await?;
+    faulted(fault, refuser, call).await
+}
+
+/// [`with_faults`] once the fault has been taken.
+async fn faulted<C, F>(
+    fault: Option<FaultMode>,
+    refuser: &str,
+    call: C,
+) -> Result<Value, AdapterError>
+where
+    C: FnOnce(bool) -> F,
+    F: std::future::Future<Output = Result<Value, AdapterError>>,
+{
     match fault {
         Some(FaultMode::Fail) => {
             return Err(rejected(
@@ -161,11 +175,21 @@ pub(super) async fn take_fault(
     system: &str,
     operation: &str,
 ) -> Result<Option<FaultMode>, AdapterError> {
-    let Some(obj) = store
-        .demo_get(system, "fault", operation)
+    let obj = store
+        .demo_get(system, FAULT, operation)
         .await
-        .map_err(unavailable)?
-    else {
+        .map_err(unavailable)?;
+    consume_fault(store, system, operation, obj).await
+}
+
+/// Takes one use of the fault `obj` (the stored `fault` object of `operation`, if any).
+async fn consume_fault(
+    store: &Store,
+    system: &str,
+    operation: &str,
+    obj: Option<DemoObject>,
+) -> Result<Option<FaultMode>, AdapterError> {
+    let Some(obj) = obj else {
         return Ok(None);
     };
     let Ok(fault) = serde_json::from_str::<Fault>(&obj.data) else {
@@ -260,18 +284,6 @@ impl Erp {
         let args = &call.arguments;
         let tenant = call.tenant.as_str();
         match call.operation.as_str() {
-            "invoices.get" => Ok(self
-                .must_get("invoice", arg(args, "invoice_id")?, tenant)
-                .await?
-                .1),
-            "purchase_orders.get" => Ok(self
-                .must_get("purchase_order", arg(args, "po_id")?, tenant)
-                .await?
-                .1),
-            "suppliers.get" => Ok(self
-                .must_get("supplier", arg(args, "supplier_id")?, tenant)
-                .await?
-                .1),
             "invoices.search" => {
                 let limit = args.get("limit").and_then(Value::as_u64).unwrap_or(20) as usize;
                 let mut found = Vec::new();
@@ -490,8 +502,53 @@ const READS: &[&str] = &[
     "payments.lookup",
 ];
 
+/// The ERP's reads of one record: operation → (object kind, id argument).
+fn record_read(operation: &str) -> Option<(&'static str, &'static str)> {
+    match operation {
+        "invoices.get" => Some(("invoice", "invoice_id")),
+        "purchase_orders.get" => Some(("purchase_order", "po_id")),
+        "suppliers.get" => Some(("supplier", "supplier_id")),
+        _ => None,
+    }
+}
+
+impl Erp {
+    /// A read of one record: its operation's fault and the record in one round trip; the
+    /// record only in the caller's tenant, else `not_found`.
+    async fn read_record(
+        &self,
+        call: &Invocation,
+        kind: &str,
+        id_arg: &str,
+    ) -> Result<Value, AdapterError> {
+        let id = arg(&call.arguments, id_arg)?;
+        let (fault, record) = self
+            .store
+            .demo_get_pair(ERP, (FAULT, &call.operation), (kind, id))
+            .await
+            .map_err(unavailable)?;
+        let fault = consume_fault(&self.store, ERP, &call.operation, fault).await?;
+        faulted(fault, "the ERP", move |misapply| async move {
+            if misapply {
+                return Err(rejected(
+                    "injected",
+                    "the ERP refused (injected fault: it has nothing else to apply)",
+                ));
+            }
+            match record {
+                Some(obj) if obj.tenant == call.tenant => parse(&obj),
+                _ => Err(rejected("not_found", format!("no {kind} {id}"))),
+            }
+        })
+        .await
+    }
+}
+
 impl Adapter for Erp {
     fn invoke<'a>(&'a self, call: &'a Invocation) -> BoxFuture<'a, Result<Value, AdapterError>> {
+        if let Some((kind, id_arg)) = record_read(&call.operation) {
+            return Box::pin(self.read_record(call, kind, id_arg));
+        }
         Box::pin(with_faults(
             &self.store,
             ERP,

@@ -8,6 +8,10 @@
 //! * Only a request that passes carries an [`AgentCredential`] in its extensions; the MCP
 //!   handler reads the caller's role and tenant from there and nowhere else. Its
 //!   `Authorization` header is removed first, so the token goes no further than this module.
+//! * The call context read with the authentication ([`Admission::prefetched`]) is chosen by an
+//!   in-memory hint and grants nothing: it is read in the same statement as the credential,
+//!   only for the agent the token proves to be, and the pipeline uses it only for the run the
+//!   call resolves to on its own; otherwise it reads the context itself.
 
 use axum::Json;
 use axum::extract::{Request, State};
@@ -16,8 +20,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use countersign_core::agents::AgentToken;
-use countersign_core::store::AgentCredential;
+use countersign_core::store::{AgentCredential, CallContext, ContextHint};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 use crate::AppState;
 use crate::config::parse_origin;
@@ -61,18 +66,32 @@ impl IntoResponse for Refusal {
 /// credential in the request's extensions.
 pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     match admit(&state, req.headers()).await {
-        Ok(credential) => {
+        Ok((credential, admission)) => {
             // The token has done its job: nothing behind the guard (rmcp, handlers, their
             // logs) ever holds it.
             req.headers_mut().remove(AUTHORIZATION);
             req.extensions_mut().insert(credential);
+            req.extensions_mut().insert(admission);
             next.run(req).await
         }
         Err(refusal) => refusal.into_response(),
     }
 }
 
-async fn admit(state: &AppState, headers: &HeaderMap) -> Result<AgentCredential, Refusal> {
+/// The key [`Admission::hint_key`] is: a digest of the token's hash and the MCP session id, so
+/// the guard can look up what the session's calls were before it authenticates.
+fn hint_key(token: &AgentToken, session: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(token.hash().as_bytes());
+    h.update([0]);
+    h.update(session.as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn admit(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<(AgentCredential, Admission), Refusal> {
     if let Some(origin) = headers.get(ORIGIN) {
         let allowed = origin
             .to_str()
@@ -88,8 +107,48 @@ async fn admit(state: &AppState, headers: &HeaderMap) -> Result<AgentCredential,
         tracing::info!("mcp: request without a bearer token");
         return Err(Refusal::Unauthorized);
     };
-    match state.store.authenticate_agent(&token).await {
-        Ok(Ok(credential)) => Ok(credential),
+    // [perf] When this session's calls were seen before, the call's context (its run, the
+    // stop, the party and its grants) is read in the same statement as the credential.
+    let hint_key = headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|session| hint_key(&token, session));
+    let hint = hint_key.as_deref().and_then(|k| state.store.call_hint(k));
+    let checked = match &hint {
+        Some((agent_id, run_id)) => state
+            .store
+            .authenticate_for_call(
+                &token,
+                &ContextHint {
+                    agent_id,
+                    run_id,
+                    switch: crate::executor::EMERGENCY_STOP,
+                    binding: (crate::standing::SYSTEM, crate::standing::ACTS_FOR),
+                },
+            )
+            .await
+            .map(|(checked, context)| {
+                let prefetched = context.map(|c| (run_id.clone(), c));
+                (checked, prefetched)
+            }),
+        None => state
+            .store
+            .authenticate_agent(&token)
+            .await
+            .map(|c| (c, None)),
+    };
+    match checked.map(|(c, prefetched)| {
+        c.map(|credential| {
+            (
+                credential,
+                Admission {
+                    hint_key,
+                    prefetched,
+                },
+            )
+        })
+    }) {
+        Ok(Ok(admitted)) => Ok(admitted),
         Ok(Err(reason)) => {
             tracing::info!(%reason, "mcp: agent credential refused");
             Err(Refusal::Unauthorized)
@@ -99,6 +158,17 @@ async fn admit(state: &AppState, headers: &HeaderMap) -> Result<AgentCredential,
             Err(Refusal::Internal)
         }
     }
+}
+
+/// What the guard hands the handler beside the credential.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// Where the pipeline remembers this session's agent and run ([`Store::call_hint`]);
+    /// `None` without an MCP session.
+    pub hint_key: Option<String>,
+    /// The context read with the authentication, for the run named (used only when the
+    /// call resolves to exactly that run).
+    pub prefetched: Option<(String, CallContext)>,
 }
 
 /// The token of an `Authorization: Bearer …` header; `None` when absent or malformed.

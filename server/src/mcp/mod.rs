@@ -240,10 +240,16 @@ impl ServerHandler for Gateway {
             .and_then(|parts| parts.headers.get("mcp-session-id"))
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let admission = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<guard::Admission>())
+            .cloned();
         let caller = crate::pipeline::Caller {
             credential,
             session,
             executor: None,
+            admission,
         };
         call::call(&self.state, &caller, request, &context.meta.0.0)
             .await

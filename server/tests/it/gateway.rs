@@ -713,3 +713,101 @@ async fn gateway_gate_notifications_are_retried_and_never_block_the_call() {
     })
     .await;
 }
+
+/// The runs `agent_id` has in tenant acme.
+async fn runs_of(app: &TestApp, agent_id: &str) -> Vec<countersign_core::store::Run> {
+    app.store
+        .list_runs("acme", 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.agent_id.as_deref() == Some(agent_id))
+        .collect()
+}
+
+#[tokio::test]
+async fn gateway_a_run_cancelled_between_two_calls_of_a_session_withholds_the_second() {
+    // The second call's context is read with its authentication: the cancel is seen, even
+    // though the session's run was looked up (and remembered) by the first call.
+    each_finance_app(|app| async move {
+        let (id, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let first = client.call("invoice.get", json!({"invoice_id": INV})).await;
+        assert_eq!(first["result"]["isError"], false, "{first}");
+        assert_eq!(content(&first)["invoice_id"], INV, "{first}");
+        let runs = runs_of(&app, &id).await;
+        assert_eq!(runs.len(), 1);
+        app.store
+            .set_run_status(&runs[0].id, countersign_core::store::RunStatus::Cancelled)
+            .await
+            .unwrap();
+        let second = client.call("invoice.get", json!({"invoice_id": INV})).await;
+        assert_eq!(second["result"]["isError"], true, "{second}");
+        assert_eq!(content(&second)["status"], "cancelled", "{second}");
+        assert_eq!(content(&second)["rule"], "run.cancelled", "{second}");
+        assert!(content(&second).get("invoice_id").is_none(), "{second}");
+        let mut steps: Vec<(String, StepStatus)> = app
+            .store
+            .steps_for_run(&runs[0].id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.tool, s.status))
+            .collect();
+        steps.sort_by_key(|(_, s)| s.as_str());
+        assert_eq!(
+            steps,
+            vec![
+                ("invoice.get".to_string(), StepStatus::Cancelled),
+                ("invoice.get".to_string(), StepStatus::Done),
+            ]
+        );
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn gateway_a_session_id_presented_with_another_agents_token_stays_out_of_its_run() {
+    // What the guard reads with a credential is chosen by the session a call names; another
+    // agent naming that session reads and writes nothing of the first agent's run.
+    each_finance_app(|app| async move {
+        let (a_id, a_token) = agent(&app, "fin-a", "worker.finance").await;
+        let (b_id, b_token) = agent(&app, "fin-b", "worker.finance").await;
+        let mut a = Client::new(&app, &a_token);
+        a.connect().await;
+        for _ in 0..2 {
+            let reply = a.call("invoice.get", json!({"invoice_id": INV})).await;
+            assert_eq!(reply["result"]["isError"], false, "{reply}");
+        }
+        let mut b = Client::new(&app, &b_token);
+        b.use_session(a.session());
+        let (status, reply) = b
+            .try_request(
+                "tools/call",
+                json!({"name": "invoice.get", "arguments": {"invoice_id": INV}}),
+            )
+            .await;
+        let a_runs = runs_of(&app, &a_id).await;
+        assert_eq!(a_runs.len(), 1);
+        let a_steps = app.store.steps_for_run(&a_runs[0].id).await.unwrap();
+        assert_eq!(a_steps.len(), 2, "only A's own calls are in A's run");
+        assert!(
+            a_steps
+                .iter()
+                .all(|s| s.agent_id.as_deref() == Some(a_id.as_str()))
+        );
+        if status == reqwest::StatusCode::OK {
+            let reply = reply.unwrap();
+            assert_eq!(reply["result"]["isError"], false, "{reply}");
+            let b_runs = runs_of(&app, &b_id).await;
+            assert_eq!(b_runs.len(), 1, "B's call is in B's own run");
+            let b_steps = app.store.steps_for_run(&b_runs[0].id).await.unwrap();
+            assert_eq!(b_steps.len(), 1);
+            assert_eq!(b_steps[0].agent_id.as_deref(), Some(b_id.as_str()));
+        }
+        app
+    })
+    .await;
+}

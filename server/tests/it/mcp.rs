@@ -156,6 +156,11 @@ impl<'a> Client<'a> {
         self.session.clone()
     }
 
+    /// Presents `session` as this client's MCP session id from now on.
+    pub fn use_session(&mut self, session: Option<String>) {
+        self.session = session;
+    }
+
     /// `tools/call` with `_meta`.
     pub async fn call_meta(&mut self, name: &str, arguments: Value, meta: Value) -> Value {
         self.request(
