@@ -1,9 +1,14 @@
 import { test, expect } from '@playwright/test';
-import { shot, signIn } from './support';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+const shots = join(__dirname, '..', 'test-results', 'screenshots');
 
 // The e2e server has no OIDC issuer and listens on loopback: sign in through the demo page.
 test.beforeEach(async ({ page }) => {
-  await signIn(page, /Sign in as Ana/);
+  await page.goto('/auth/demo');
+  await page.getByRole('button', { name: /Sign in as Ana/ }).click();
+  await expect(page).toHaveURL(/\/$/);
 });
 
 test('the dashboard shell renders, is styled, and hydrates', async ({ page }) => {
@@ -31,7 +36,8 @@ test('the dashboard shell renders, is styled, and hydrates', async ({ page }) =>
   await button.click();
   await expect(page.getByTestId('hydration-clicks')).toHaveText('Clicks: 2');
 
-  await page.screenshot({ path: shot('home'), fullPage: true });
+  mkdirSync(shots, { recursive: true });
+  await page.screenshot({ path: join(shots, 'home.png'), fullPage: true });
   expect(errors).toEqual([]);
 });
 
@@ -51,8 +57,8 @@ test('every page is reachable from the navigation and says when it is empty', as
     await expect(page.getByRole('heading', { level: 1, name: heading })).toBeVisible();
     await expect(page.getByText(empty).first()).toBeVisible();
     // admin.png is the admin spec's (an admin's view); here Ana is refused.
-    const name = link === 'Admin' ? 'admin-refused' : link.toLowerCase();
-    await page.screenshot({ path: shot(name), fullPage: true });
+    const shot = link === 'Admin' ? 'admin-refused' : link.toLowerCase();
+    await page.screenshot({ path: join(shots, `${shot}.png`), fullPage: true });
   }
 });
 
