@@ -1,7 +1,7 @@
 //! Executor throughput (issue 5): planned steps executed per second by 1, 4 and 16
 //! `countersign::executor::work_once` loops on Postgres against a no-op adapter, next to a raw
-//! SQL baseline doing the same claim and completion statements in a bare sqlx loop, in the same
-//! run, with the ratio per worker count.
+//! SQL baseline doing the same claim and a completing statement in a bare sqlx loop, in the
+//! same run, with the ratio per worker count.
 //!
 //! * Steps: `plan.submit` (over `/mcp`, as a planner) of runs of 20 `bench.noop` steps — a
 //!   `write` tool added to the finance example for this bench, served by the built-in `noop`
@@ -11,13 +11,25 @@
 //!   reservation) or `note.draft` (a write to the demo ERP, which numbers notes by counting all
 //!   of them, so concurrent drafts collide and are retried with backoff; that measures the demo
 //!   target, not the executor). Each configuration executes `BENCH_STEPS` (default 2,000)
-//!   fresh steps.
-//! * Ours: every step goes through the whole executor path — emergency-stop check, claim
-//!   (`FOR UPDATE SKIP LOCKED`), run bounds, policy again, key reservation, the adapter, the
-//!   status change with its audit records, release, settling the run.
-//! * Baseline: the same claim statement, then one `UPDATE … SET status = 'done'` completing
-//!   the step, each autocommitted, through a 16-connection sqlx `PgPool`, on steps seeded the
-//!   same way.
+//!   fresh steps. After seeding, `ANALYZE steps, runs` gives the planner the statistics a
+//!   running system has (autovacuum's); a fresh table without them gets a plan that sorts
+//!   every pending step, for both sides alike.
+//! * Ours: every step goes through the whole executor path — claim (`FOR UPDATE SKIP
+//!   LOCKED`, the emergency stop checked in the same statement), run bounds, policy again, key
+//!   reservation, the adapter, the status changes with their audit records, release, settling
+//!   the run.
+//! * Baseline: [`countersign_core::Store::claim_statement`] itself — the executor's claim,
+//!   on a connection that, like the store's claim, does not wait for the WAL flush — then one
+//!   `UPDATE … SET status = 'done'` completing the step, committed durably (as any recorded
+//!   outcome must be), each autocommitted, through 16-connection sqlx `PgPool`s, on steps
+//!   seeded the same way. The floor of a durable queue: one claim and one synchronous commit
+//!   per step.
+//!
+//! `BENCH_PROFILE=1` also profiles the 4-worker runs (both sides): `pg_stat_activity` and
+//! ungranted `pg_locks` sampled every 20 ms, `EXPLAIN (ANALYZE, BUFFERS)` of the claim half
+//! way through, every sqlx statement's latency (its `tracing` events) and the executor's
+//! per-step phase timings ([`countersign::executor::TIMING`]). Profiling costs time itself:
+//! the table of a profiled run is not the one to quote.
 //!
 //! Run with `cargo bench -p countersign --bench executor_steps` (`BENCH_STEPS=200` for a quick
 //! check). Prints a markdown section on stdout; progress on stderr. Target: ≥ 60 % of the
@@ -26,27 +38,21 @@
 
 mod common;
 
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Mcp, Server, env_num, fresh_postgres, pct};
-use countersign::executor::{Timings, work_once};
-use countersign_core::StepStatus;
+use countersign::executor::{EMERGENCY_STOP, TIMING, Timings, work_once};
+use countersign_core::{Clock, StepStatus};
 use serde_json::{Value, json};
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Row};
 
 const INVOICE: &str = "INV-20260611";
 const PLAN_STEPS: usize = 20;
-
-/// The claim statement of `Store::claim_step` on Postgres (the baseline repeats it verbatim).
-const CLAIM: &str = "UPDATE steps SET claimed_by = $1, lease_until = $2 WHERE id = (
-       SELECT s.id FROM steps s JOIN runs r ON r.id = s.run_id
-       WHERE s.status = 'pending' AND r.planned AND r.status = 'active'
-         AND s.not_before <= $3 AND (s.lease_until IS NULL OR s.lease_until < $3)
-         AND NOT EXISTS (SELECT 1 FROM steps e WHERE e.run_id = s.run_id
-                         AND e.seq < s.seq AND e.status <> 'done')
-       ORDER BY s.not_before, s.created_at, s.seq LIMIT 1 FOR UPDATE OF s SKIP LOCKED)
-     RETURNING id";
 
 /// Completes a claimed step: done, outcome recorded, attempt counted, lease released.
 const COMPLETE: &str = "UPDATE steps SET status = 'done', outcome = $1, attempts = attempts + 1,
@@ -84,7 +90,8 @@ fn bench_registry() -> std::path::PathBuf {
 }
 
 /// Submits plans totalling `steps` steps of `tool`; `tag` keeps texts distinct across rounds.
-async fn seed(planner: &mut Mcp, tool: &str, steps: usize, tag: &str) {
+/// Then analyzes the queue tables (see the module docs).
+async fn seed(planner: &mut Mcp, pool: &PgPool, tool: &str, steps: usize, tag: &str) {
     // A fresh MCP session per round: the server forgets sessions idle for minutes, and a
     // round of workers can take that long.
     planner.connect().await;
@@ -121,20 +128,26 @@ async fn seed(planner: &mut Mcp, tool: &str, steps: usize, tag: &str) {
         left -= n;
         plan += 1;
     }
+    sqlx::query("ANALYZE steps, runs")
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
 /// `workers` executor loops until no step is left; (steps executed, elapsed).
-async fn ours(server: &Server, workers: usize) -> (u64, Duration) {
+async fn ours(server: &Server, workers: usize, progress: &Arc<AtomicU64>) -> (u64, Duration) {
     let began = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..workers {
         let state = server.state.clone();
+        let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
             let id = format!("bench-worker-{w}");
             let mut done = 0_u64;
             loop {
                 if work_once(&state, &id, Timings::default()).await.unwrap() {
                     done += 1;
+                    progress.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 // Nothing ready: finished, or a retry waits out its backoff.
@@ -153,35 +166,54 @@ async fn ours(server: &Server, workers: usize) -> (u64, Duration) {
     (total, began.elapsed())
 }
 
-/// The same claim + completion statements in a bare sqlx loop per worker.
-async fn baseline(pool: &PgPool, workers: usize, now: i64) -> (u64, Duration) {
+/// The pools of the baseline: claims on connections that do not wait for the WAL flush (as
+/// the store's claims), completions on ordinary ones.
+struct Raw {
+    claim: String,
+    claims: PgPool,
+    completions: PgPool,
+}
+
+/// The executor's claim statement + one completing UPDATE in a bare sqlx loop per worker.
+async fn baseline(
+    raw: &Raw,
+    workers: usize,
+    now: i64,
+    progress: &Arc<AtomicU64>,
+) -> (u64, Duration) {
     let began = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let pool = pool.clone();
+        let claims = raw.claims.clone();
+        let completions = raw.completions.clone();
+        let claim = raw.claim.clone();
+        let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
             let id = format!("raw-worker-{w}");
             let mut done = 0_u64;
             loop {
-                let claimed: Option<String> = sqlx::query_scalar(CLAIM)
+                let claimed = sqlx::query(&claim)
                     .bind(&id)
                     .bind(now + 60_000)
                     .bind(now)
-                    .fetch_optional(&pool)
+                    .bind(EMERGENCY_STOP)
+                    .fetch_optional(&claims)
                     .await
                     .unwrap();
-                let Some(step) = claimed else { break };
+                let Some(row) = claimed else { break };
+                let step: String = row.get("id");
                 let n = sqlx::query(COMPLETE)
                     .bind(r#"{"answer":{"status":"drafted"}}"#)
                     .bind(now)
                     .bind(&step)
                     .bind(&id)
-                    .execute(&pool)
+                    .execute(&completions)
                     .await
                     .unwrap()
                     .rows_affected();
                 assert_eq!(n, 1, "step {step} completed once");
                 done += 1;
+                progress.fetch_add(1, Ordering::Relaxed);
             }
             done
         }));
@@ -193,11 +225,256 @@ async fn baseline(pool: &PgPool, workers: usize, now: i64) -> (u64, Duration) {
     (total, began.elapsed())
 }
 
+// ---- profiling (BENCH_PROFILE=1) -------------------------------------------------------------
+
+/// Statement latencies (from sqlx's `tracing` events) and executor phase timings, recorded
+/// under the label in force.
+#[derive(Default)]
+struct Profile {
+    label: Mutex<Option<String>>,
+    /// (label, statement) → (count, seconds).
+    statements: Mutex<HashMap<(String, String), (u64, f64)>>,
+    /// (label, phase) → (count, microseconds).
+    phases: Mutex<HashMap<(String, String), (u64, u64)>>,
+}
+
+#[derive(Default)]
+struct Fields {
+    statement: String,
+    summary: String,
+    elapsed_secs: f64,
+    numbers: Vec<(String, u64)>,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        match field.name() {
+            "db.statement" => self.statement = value.to_string(),
+            "summary" => self.summary = value.to_string(),
+            _ => {}
+        }
+    }
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        if field.name() == "elapsed_secs" {
+            self.elapsed_secs = value;
+        }
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.numbers.push((field.name().to_string(), value));
+    }
+    fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+}
+
+struct ProfileLayer(Arc<Profile>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ProfileLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let target = event.metadata().target();
+        if target != "sqlx::query" && target != TIMING {
+            return;
+        }
+        let Some(label) = self.0.label.lock().unwrap().clone() else {
+            return;
+        };
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if target == TIMING {
+            let mut phases = self.0.phases.lock().unwrap();
+            for (name, us) in f.numbers {
+                let e = phases.entry((label.clone(), name)).or_default();
+                e.0 += 1;
+                e.1 += us;
+            }
+            return;
+        }
+        let text = if f.statement.trim().is_empty() {
+            f.summary
+        } else {
+            f.statement
+        };
+        let text: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let key: String = text.chars().take(72).collect();
+        let mut statements = self.0.statements.lock().unwrap();
+        let e = statements.entry((label, key)).or_default();
+        e.0 += 1;
+        e.1 += f.elapsed_secs;
+    }
+}
+
+/// What the sampler saw: (wait | statement) and ungranted locks, with counts.
+#[derive(Default)]
+struct Waits {
+    sessions: HashMap<String, usize>,
+    locks: HashMap<String, usize>,
+    samples: usize,
+    explain: Vec<String>,
+}
+
+/// Samples the database's active sessions and lock waits every 20 ms until `stop`, and
+/// explains the claim once `progress` reaches `half`.
+async fn sample(
+    url: String,
+    claim: String,
+    stop: Arc<AtomicBool>,
+    progress: Arc<AtomicU64>,
+    half: u64,
+) -> Waits {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut out = Waits::default();
+    while !stop.load(Ordering::Relaxed) {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT COALESCE(wait_event_type || ' / ' || wait_event, 'on CPU'),
+                    LEFT(REGEXP_REPLACE(query, '\\s+', ' ', 'g'), 56)
+             FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        out.samples += 1;
+        for (wait, query) in rows {
+            let query = query.replace('|', "\\|");
+            *out.sessions
+                .entry(format!("{wait} | `{query}`"))
+                .or_default() += 1;
+        }
+        let locks: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT l.locktype, l.mode,
+                    COALESCE(l.relation::regclass::text, l.classid::text || ':' || l.objid::text, '')
+             FROM pg_locks l
+             WHERE NOT l.granted
+               AND (l.database IS NULL OR l.database =
+                    (SELECT oid FROM pg_database WHERE datname = current_database()))",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        for (kind, mode, what) in locks {
+            *out.locks
+                .entry(format!("{kind} | {mode} | {what}"))
+                .or_default() += 1;
+        }
+        if out.explain.is_empty() && progress.load(Ordering::Relaxed) >= half {
+            let now = countersign_core::clock::SystemClock.now_ms();
+            let mut tx = conn.begin().await.unwrap();
+            let plan: Vec<String> =
+                sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {claim}"))
+                    .bind("bench-explain")
+                    .bind(now + 60_000)
+                    .bind(now)
+                    .bind(EMERGENCY_STOP)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .unwrap();
+            tx.rollback().await.unwrap();
+            out.explain = plan;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = conn.close().await;
+    out
+}
+
+fn print_profile(label: &str, waits: &Waits, profile: &Profile, steps: usize) {
+    println!("#### Profile: {label}\n");
+    let busy: usize = waits.sessions.values().sum();
+    println!(
+        "`pg_stat_activity` every 20 ms ({} samples; {:.2} busy sessions on average):\n",
+        waits.samples,
+        busy as f64 / waits.samples.max(1) as f64
+    );
+    println!("| wait | statement | share |");
+    println!("|---|---|---:|");
+    let mut sessions: Vec<_> = waits.sessions.iter().collect();
+    sessions.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    for (what, n) in sessions.iter().take(12) {
+        println!("| {what} | {} |", pct(**n as f64, busy as f64));
+    }
+    println!();
+    if waits.locks.is_empty() {
+        println!("Ungranted `pg_locks`: none seen.\n");
+    } else {
+        println!("Ungranted `pg_locks` (sessions waiting, summed over samples):\n");
+        println!("| lock | mode | on | samples |");
+        println!("|---|---|---|---:|");
+        let mut locks: Vec<_> = waits.locks.iter().collect();
+        locks.sort_by(|a, b| b.1.cmp(a.1));
+        for (what, n) in locks {
+            println!("| {what} | {n} |");
+        }
+        println!();
+    }
+    if !waits.explain.is_empty() {
+        println!("The claim half way through, `EXPLAIN (ANALYZE, BUFFERS)`:\n");
+        println!("```");
+        for line in &waits.explain {
+            println!("{line}");
+        }
+        println!("```\n");
+    }
+    let statements = profile.statements.lock().unwrap();
+    let mut rows: Vec<_> = statements
+        .iter()
+        .filter(|((l, _), _)| l == label)
+        .map(|((_, s), (n, secs))| (s.clone(), *n, *secs))
+        .collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    if !rows.is_empty() {
+        let total: f64 = rows.iter().map(|r| r.2).sum();
+        println!(
+            "Statements as the client timed them (sqlx; {:.1} ms of statements per step):\n",
+            1000.0 * total / steps as f64
+        );
+        println!("| statement | per step | mean ms | share of statement time |");
+        println!("|---|---:|---:|---:|");
+        for (s, n, secs) in rows.iter().take(16) {
+            println!(
+                "| `{}` | {:.2} | {:.2} | {} |",
+                s.replace('|', "\\|"),
+                *n as f64 / steps as f64,
+                1000.0 * secs / *n as f64,
+                pct(*secs, total)
+            );
+        }
+        println!();
+    }
+    let phases = profile.phases.lock().unwrap();
+    let mut rows: Vec<_> = phases
+        .iter()
+        .filter(|((l, _), _)| l == label)
+        .map(|((_, p), (n, us))| (p.clone(), *n, *us))
+        .collect();
+    if !rows.is_empty() {
+        rows.sort();
+        println!("Executor phases per step (`work_once`, mean):\n");
+        println!("| phase | ms |");
+        println!("|---|---:|");
+        for (p, n, us) in rows {
+            println!("| {p} | {:.2} |", us as f64 / 1000.0 / n.max(1) as f64);
+        }
+        println!();
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let steps = env_num("BENCH_STEPS", 2_000) as usize;
     let tool = std::env::var("BENCH_STEP_TOOL").unwrap_or_else(|_| NOOP_TOOL.into());
     let tool = tool.as_str();
+    let profiling = env_num("BENCH_PROFILE", 0) == 1;
+    let profile = Arc::new(Profile::default());
+    if profiling {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry()
+            .with(ProfileLayer(profile.clone()))
+            .with(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target("sqlx::query", tracing::Level::DEBUG)
+                    .with_target(TIMING, tracing::Level::DEBUG),
+            );
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+    }
     let db = fresh_postgres().await;
     let registry = bench_registry();
     let server = Server::start_with(&db, registry.to_str().unwrap()).await;
@@ -205,33 +482,74 @@ async fn main() {
     let token = server.agent("bench-planner", "planner").await;
     let mut planner = Mcp::new(server.addr, &token);
     planner.connect().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .connect(db.url.expose())
-        .await
-        .unwrap();
-    eprintln!("executor_steps: {steps} {tool} steps per configuration");
+    let options = PgConnectOptions::from_str(db.url.expose()).unwrap();
+    let raw = Raw {
+        claim: store.claim_statement(),
+        claims: PgPoolOptions::new()
+            .max_connections(16)
+            .connect_with(options.clone().options([("synchronous_commit", "off")]))
+            .await
+            .unwrap(),
+        completions: PgPoolOptions::new()
+            .max_connections(16)
+            .connect_with(options)
+            .await
+            .unwrap(),
+    };
+    let pool = &raw.completions;
+    eprintln!(
+        "executor_steps: {steps} {tool} steps per configuration{}",
+        if profiling { " (profiling)" } else { "" }
+    );
+    let progress = Arc::new(AtomicU64::new(0));
 
     // Warm-up: a small round through both paths (connections, caches, plans).
-    seed(&mut planner, tool, 100, "warm-ours").await;
-    ours(&server, 4).await;
-    seed(&mut planner, tool, 100, "warm-raw").await;
-    baseline(&pool, 4, store.clock().now_ms()).await;
+    seed(&mut planner, pool, tool, 100, "warm-ours").await;
+    ours(&server, 4, &progress).await;
+    seed(&mut planner, pool, tool, 100, "warm-raw").await;
+    baseline(&raw, 4, store.clock().now_ms(), &progress).await;
 
     let mut rows = Vec::new();
+    let mut profiles = Vec::new();
     for workers in [1_usize, 4, 16] {
-        seed(&mut planner, tool, steps, &format!("ours-{workers}")).await;
+        let profiled = profiling && workers == 4;
+        seed(&mut planner, pool, tool, steps, &format!("ours-{workers}")).await;
         // plan.submit is itself a step of the planner's session run: count after seeding.
         let expected_done = store.count_steps(StepStatus::Done).await.unwrap() + steps as i64;
-        let (n_ours, t_ours) = ours(&server, workers).await;
+        let sampler = |label: &str| {
+            *profile.label.lock().unwrap() = Some(label.to_string());
+            progress.store(0, Ordering::Relaxed);
+            let stop = Arc::new(AtomicBool::new(false));
+            let handle = tokio::spawn(sample(
+                db.url.expose().clone(),
+                raw.claim.clone(),
+                stop.clone(),
+                progress.clone(),
+                steps as u64 / 2,
+            ));
+            (stop, handle)
+        };
+        let watch = profiled.then(|| sampler("ours, 4 workers"));
+        let (n_ours, t_ours) = ours(&server, workers, &progress).await;
+        if let Some((stop, handle)) = watch {
+            *profile.label.lock().unwrap() = None;
+            stop.store(true, Ordering::Relaxed);
+            profiles.push(("ours, 4 workers", handle.await.unwrap()));
+        }
         assert!(n_ours as usize >= steps, "every seeded step executed");
         assert_eq!(
             store.count_steps(StepStatus::Done).await.unwrap(),
             expected_done,
             "every step done, none twice"
         );
-        seed(&mut planner, tool, steps, &format!("raw-{workers}")).await;
-        let (n_raw, t_raw) = baseline(&pool, workers, store.clock().now_ms()).await;
+        seed(&mut planner, pool, tool, steps, &format!("raw-{workers}")).await;
+        let watch = profiled.then(|| sampler("baseline, 4 workers"));
+        let (n_raw, t_raw) = baseline(&raw, workers, store.clock().now_ms(), &progress).await;
+        if let Some((stop, handle)) = watch {
+            *profile.label.lock().unwrap() = None;
+            stop.store(true, Ordering::Relaxed);
+            profiles.push(("baseline, 4 workers", handle.await.unwrap()));
+        }
         assert_eq!(n_raw as usize, steps, "every seeded step completed");
         let ours_per_s = steps as f64 / t_ours.as_secs_f64();
         let raw_per_s = n_raw as f64 / t_raw.as_secs_f64();
@@ -243,7 +561,8 @@ async fn main() {
         0,
         "no step left running"
     );
-    pool.close().await;
+    raw.claims.close().await;
+    raw.completions.close().await;
     server.stop().await;
     db.drop_db().await;
     let _ = std::fs::remove_dir_all(&registry);
@@ -251,15 +570,22 @@ async fn main() {
     println!("### Executor steps per second (issue 5)\n");
     println!(
         "{steps} planned `{tool}` steps per configuration (runs of {PLAN_STEPS}, submitted \
-         with `plan.submit`), executed by N `executor::work_once` loops on Postgres against {}; \
-         each step is claimed, decided again, executed, recorded \
-         with its audit records, released, and its run settled. Baseline in the same run: the same claim statement \
-         (`FOR UPDATE SKIP LOCKED`) plus one completing `UPDATE`, in a bare sqlx loop per \
-         worker over a 16-connection pool, on steps seeded the same way.\n",
+         with `plan.submit`, tables analyzed after seeding), executed by N \
+         `executor::work_once` loops on Postgres against {}; each step is claimed, decided \
+         again, executed, recorded with its audit records, released, and its run settled. \
+         Baseline in the same run: the executor's own claim statement (`FOR UPDATE SKIP \
+         LOCKED`, committed like the executor's without waiting for the WAL flush) plus one \
+         completing `UPDATE` committed durably, in a bare sqlx loop per worker, on steps \
+         seeded the same way.{}\n",
         if tool == NOOP_TOOL {
             "the built-in no-op adapter (a write: its key is reserved)"
         } else {
             "the built-in demo ERP adapter"
+        },
+        if profiling {
+            " **Profiled run** (statement tracing and sampling on): slower than an unprofiled one."
+        } else {
+            ""
         }
     );
     println!(
@@ -275,5 +601,8 @@ async fn main() {
             if o / r >= 0.6 { "met" } else { "missed" },
             pct(*o, *r)
         );
+    }
+    for (label, waits) in &profiles {
+        print_profile(label, waits, &profile, steps);
     }
 }

@@ -14,10 +14,10 @@
 //!   result; the target confirms it never happened → `pending` (it may run again under the
 //!   same key); cannot tell → left as it is.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use countersign_core::audit::{AuditEvent, NewAuditRecord};
-use countersign_core::store::{KeyState, NewStep, RunStatus, Step, Transition};
+use countersign_core::store::{KeyState, NewStep, Run, RunStatus, Step, Transition};
 use countersign_core::{CanonicalJson, Effect, RoleName, StepStatus, StoreError, ToolName};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
@@ -80,40 +80,68 @@ pub async fn worker(
     tracing::info!(worker = %id, "executor worker stopped");
 }
 
-/// Claims and executes one step; `false` when none was ready.
+/// Claims and executes one step; `false` when none was ready (or the emergency stop is on:
+/// the claim itself checks the switch).
 pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Result<bool, String> {
-    if stopped(state).await.map_err(|e| e.to_string())? {
-        return Ok(false);
-    }
     let store = &state.store;
+    let began = Instant::now();
     let lease_until = store.clock().now_ms() + ms(timings.lease);
     let Some(step) = store
-        .claim_step(worker, lease_until)
+        .claim_step(worker, lease_until, Some(EMERGENCY_STOP))
         .await
         .map_err(|e| e.to_string())?
     else {
         return Ok(false);
     };
+    let claimed = began.elapsed();
     let step_id = step.id.clone();
-    let run_id = step.run_id.clone();
-    if let Some(breach) = bounds_breach(state, &step)
-        .await
-        .map_err(|e| e.to_string())?
-    {
+    let run = match store.get_run(&step.run_id).await {
+        Ok(run) => run,
+        Err(e) => {
+            let _ = store.release_step(&step_id, worker).await;
+            return Err(e.to_string());
+        }
+    };
+    let run_id = run.id.clone();
+    let breach = match bounds_breach(state, &run, &step).await {
+        Ok(breach) => breach,
+        Err(e) => {
+            let _ = store.release_step(&step_id, worker).await;
+            return Err(e.to_string());
+        }
+    };
+    if let Some(breach) = breach {
         let _ = store.release_step(&step_id, worker).await;
         stop_run_for(state, &step, &breach)
             .await
             .map_err(|e| e.to_string())?;
         return Ok(true);
     }
-    let answer = pipeline::execute_claimed(state, step, worker).await;
+    let checked = began.elapsed();
+    let answer = pipeline::execute_claimed_in(state, run, step, worker).await;
+    let executed = began.elapsed();
     let _ = store.release_step(&step_id, worker).await;
+    let released = began.elapsed();
     let answer = answer.map_err(|e| e.to_string())?;
     settle(state, &run_id, &step_id, &answer)
         .await
         .map_err(|e| e.to_string())?;
+    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    tracing::debug!(
+        target: TIMING,
+        claim_us = us(claimed),
+        run_and_bounds_us = us(checked - claimed),
+        execute_us = us(executed - checked),
+        release_us = us(released - executed),
+        settle_us = us(began.elapsed() - released),
+        "step executed"
+    );
     Ok(true)
 }
+
+/// The `tracing` target of the per-step phase timings [`work_once`] emits at debug level
+/// (claim, run and bounds reads, execution, release, settling; microseconds).
+pub const TIMING: &str = "countersign::executor::timing";
 
 /// Minor units of a step's `amount` (two decimals), if it has one.
 fn amount_minor(inputs: &str) -> i64 {
@@ -127,10 +155,13 @@ fn amount_minor(inputs: &str) -> i64 {
 /// The run bound `step` would break by starting now, if any: `bounds.wall_time`,
 /// `bounds.spend` (done steps' amounts plus this one's above the cap) or `bounds.failures`
 /// (failed attempts in a row).
-async fn bounds_breach(state: &AppState, step: &Step) -> Result<Option<String>, StoreError> {
+async fn bounds_breach(
+    state: &AppState,
+    run: &Run,
+    step: &Step,
+) -> Result<Option<String>, StoreError> {
     let bounds = state.config.run_bounds;
     let store = &state.store;
-    let run = store.get_run(&step.run_id).await?;
     let now = store.clock().now_ms();
     if now - run.created_at > bounds.max_minutes.saturating_mul(60_000) {
         return Ok(Some("bounds.wall_time".into()));
@@ -184,7 +215,7 @@ async fn settle(
     answer: &Answer,
 ) -> Result<(), StoreError> {
     let store = &state.store;
-    let step = store.get_step(step_id).await?;
+    let (step, run_done) = store.step_and_run_done(step_id).await?;
     match step.status {
         StepStatus::Failed => {
             let key = store.get_key(&step.idem_key).await?;
@@ -209,8 +240,7 @@ async fn settle(
             fail_run(state, run_id, &step, answer).await?;
         }
         StepStatus::Done => {
-            let steps = store.steps_for_run(run_id).await?;
-            if steps.iter().all(|s| s.status == StepStatus::Done) {
+            if run_done {
                 store.finish_run(run_id, RunStatus::Done, "").await?;
             }
         }

@@ -810,8 +810,8 @@ async fn execute(
         };
         (step, Some(opening))
     } else {
-        let Some(step) = ctx
-            .transition(Transition {
+        let moved = ctx
+            .moved(Transition {
                 step_id: step.id.clone(),
                 from: movable,
                 to: Some(StepStatus::Running),
@@ -821,9 +821,18 @@ async fn execute(
                 records: vec![decided, started_record],
                 ..Transition::default()
             })
-            .await?
-        else {
+            .await?;
+        if !moved {
             return settle(ctx, &step).await;
+        }
+        // The row as the transition wrote it (not read back).
+        let step = Step {
+            status: StepStatus::Running,
+            decision: Some(decision.into()),
+            rule: Some(rule.clone()),
+            attempts: step.attempts + 1,
+            updated_at: store.clock().now_ms(),
+            ..step
         };
         (step, None)
     };
@@ -1106,8 +1115,19 @@ pub async fn execute_claimed(
     step: Step,
     worker: &str,
 ) -> Result<Answer, Internal> {
+    let run = state.store.get_run(&step.run_id).await?;
+    execute_claimed_in(state, run, step, worker).await
+}
+
+/// [`execute_claimed`] with the step's run as the caller read it after the claim (its status
+/// is read again before the step starts).
+pub async fn execute_claimed_in(
+    state: &AppState,
+    run: Run,
+    step: Step,
+    worker: &str,
+) -> Result<Answer, Internal> {
     let store = &state.store;
-    let run = store.get_run(&step.run_id).await?;
     let Some(loaded) = state.registry.current() else {
         return Err(Internal("no registry in force".into()));
     };

@@ -559,6 +559,26 @@ impl Store {
         row.try_into()
     }
 
+    /// One step, and whether every step of its run is done: what settling a step after its
+    /// execution needs, in one read.
+    pub async fn step_and_run_done(&self, id: &str) -> Result<(Step, bool), StoreError> {
+        #[derive(sqlx::FromRow)]
+        struct Row {
+            #[sqlx(flatten)]
+            step: StepRow,
+            run_done: bool,
+        }
+        let sql = format!(
+            "SELECT {STEP_COLUMNS}, NOT EXISTS (SELECT 1 FROM steps o
+                 WHERE o.run_id = steps.run_id AND o.status <> 'done') AS run_done
+             FROM steps WHERE id = $1"
+        );
+        let row: Row = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(id).fetch_one(p).await?
+        });
+        Ok((row.step.try_into()?, row.run_done))
+    }
+
     /// A run's steps in order.
     pub async fn steps_for_run(&self, run_id: &str) -> Result<Vec<Step>, StoreError> {
         let sql = format!("SELECT {STEP_COLUMNS} FROM steps WHERE run_id = $1 ORDER BY seq");
@@ -611,56 +631,85 @@ impl Store {
 
     /// Claims the next executable step of a planned, active run for `worker` until
     /// `lease_until`: pending, due, not leased by a live worker, and every earlier step of its
-    /// run done (an unknown or failed step blocks the rest). Postgres claims with
-    /// `FOR UPDATE SKIP LOCKED`, so workers never wait on each other; SQLite's single writer
-    /// serialises the one statement.
+    /// run done (an unknown or failed step blocks the rest); none while switch `unless_switch`
+    /// (the emergency stop) is set. Returns the claimed row as the claim wrote it (no read
+    /// back). Postgres claims with `FOR UPDATE SKIP LOCKED`, so workers never wait on each
+    /// other; SQLite's single writer serialises the one statement.
+    ///
+    /// The scan walks `steps_claim` (`not_before, created_at, seq` of pending steps) in the
+    /// ORDER BY's own order and stops at the first claimable row.
+    ///
+    /// [durability] On Postgres the claim commits without waiting for the WAL flush: a claim
+    /// lost in a crash leaves its step pending and unleased (a worker takes it again), and
+    /// no effect follows the claim before a synchronous commit that makes the claim durable
+    /// with it: a write is taken (`running`) in a commit that waits for the flush, and WAL
+    /// order puts the claim first.
     pub async fn claim_step(
         &self,
         worker: &str,
         lease_until: i64,
+        unless_switch: Option<&str>,
     ) -> Result<Option<Step>, StoreError> {
         let now = self.clock.now_ms();
+        let sql = self.claim_statement();
+        macro_rules! claim {
+            ($p:expr) => {
+                sqlx::query_as::<_, StepRow>(&sql)
+                    .bind(worker)
+                    .bind(lease_until)
+                    .bind(now)
+                    .bind(unless_switch)
+                    .fetch_optional($p)
+                    .await?
+            };
+        }
+        let row: Option<StepRow> = match (&self.pool, &self.lazy) {
+            (Pool::Postgres(_), Some(lazy)) => claim!(lazy),
+            (Pool::Postgres(p), None) => claim!(p),
+            (Pool::Sqlite(p), _) => claim!(p),
+        };
+        row.map(Step::try_from).transpose()
+    }
+
+    /// The statement [`Store::claim_step`] runs on this store's backend (`$1` worker, `$2`
+    /// lease until, `$3` now, `$4` the switch that blocks claims), for benchmarks that compare
+    /// a bare loop of it with the executor.
+    pub fn claim_statement(&self) -> String {
         let lock = match self.pool {
             Pool::Sqlite(_) => "",
             Pool::Postgres(_) => "FOR UPDATE OF s SKIP LOCKED",
         };
-        let sql = format!(
+        format!(
             "UPDATE steps SET claimed_by = $1, lease_until = $2 WHERE id = (
                SELECT s.id FROM steps s JOIN runs r ON r.id = s.run_id
                WHERE s.status = 'pending' AND r.planned AND r.status = 'active'
                  AND s.not_before <= $3 AND (s.lease_until IS NULL OR s.lease_until < $3)
                  AND NOT EXISTS (SELECT 1 FROM steps e WHERE e.run_id = s.run_id
                                  AND e.seq < s.seq AND e.status <> 'done')
+                 AND NOT EXISTS (SELECT 1 FROM switches WHERE name = $4)
                ORDER BY s.not_before, s.created_at, s.seq LIMIT 1 {lock})
-             RETURNING id"
-        );
-        let id: Option<String> = on_pool!(self, |p| {
-            sqlx::query_scalar(&sql)
-                .bind(worker)
-                .bind(lease_until)
-                .bind(now)
-                .fetch_optional(p)
-                .await?
-        });
-        match id {
-            Some(id) => Ok(Some(self.get_step(&id).await?)),
-            None => Ok(None),
-        }
+             RETURNING {STEP_COLUMNS}"
+        )
     }
 
     /// Ends `worker`'s lease on a step (after executing it, whatever the outcome).
+    ///
+    /// [durability] On Postgres without waiting for the WAL flush: a release lost in a crash
+    /// leaves a lease that expires by itself, and only a pending step looks at leases.
     pub async fn release_step(&self, id: &str, worker: &str) -> Result<(), StoreError> {
-        on_pool!(self, |p| {
-            sqlx::query(
-                "UPDATE steps SET claimed_by = NULL, lease_until = NULL
-                 WHERE id = $1 AND claimed_by = $2",
-            )
-            .bind(id)
-            .bind(worker)
-            .execute(p)
-            .await?
-            .rows_affected()
-        });
+        let sql = "UPDATE steps SET claimed_by = NULL, lease_until = NULL
+                   WHERE id = $1 AND claimed_by = $2";
+        match (&self.pool, &self.lazy) {
+            (Pool::Postgres(_), Some(lazy)) => {
+                sqlx::query(sql).bind(id).bind(worker).execute(lazy).await?;
+            }
+            (Pool::Postgres(p), None) => {
+                sqlx::query(sql).bind(id).bind(worker).execute(p).await?;
+            }
+            (Pool::Sqlite(p), _) => {
+                sqlx::query(sql).bind(id).bind(worker).execute(p).await?;
+            }
+        }
         Ok(())
     }
 

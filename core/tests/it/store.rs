@@ -304,6 +304,126 @@ async fn opened_steps_are_what_is_stored_with_distinct_positions_and_keys() {
 }
 
 #[tokio::test]
+async fn claims_take_the_oldest_ready_step_of_planned_runs_once_and_read_nothing_back() {
+    use countersign_core::CanonicalJson;
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::{NewStep, Transition};
+    let (manual, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            let planned = |task: &str| NewRun {
+                planned: true,
+                task: task.into(),
+                ..new_run("acme")
+            };
+            let a = store.create_run(&planned("a")).await.unwrap();
+            manual.advance(chrono::Duration::milliseconds(5));
+            let b = store.create_run(&planned("b")).await.unwrap();
+            let direct = store.create_run(&new_run("acme")).await.unwrap();
+            let open = |run: &str, n: usize| {
+                let store = store.clone();
+                let run = run.to_string();
+                async move {
+                    let mut ids = Vec::new();
+                    for i in 0..n {
+                        let (step, _) = store
+                            .open_step(&NewStep {
+                                run_id: run.clone(),
+                                role: "worker".into(),
+                                tool: "note.draft".into(),
+                                effect: Effect::Write,
+                                inputs: CanonicalJson::from_value(&serde_json::json!({"n": i}))
+                                    .unwrap(),
+                                agent_id: None,
+                                reason: format!("step {i}"),
+                                evidence: vec![],
+                                observed: None,
+                                trace_id: format!("trace-{run}-{i}"),
+                                status: StepStatus::Pending,
+                            })
+                            .await
+                            .unwrap();
+                        ids.push(step.id);
+                    }
+                    ids
+                }
+            };
+            let a_steps = open(&a.id, 3).await;
+            manual.advance(chrono::Duration::milliseconds(5));
+            let b_steps = open(&b.id, 2).await;
+            open(&direct.id, 1).await;
+            let lease = manual.now_ms() + 60_000;
+
+            // The oldest ready step first; it is returned as stored, with its lease.
+            let first = store.claim_step("w1", lease, None).await.unwrap().unwrap();
+            assert_eq!(first.id, a_steps[0]);
+            assert_eq!(first, store.get_step(&first.id).await.unwrap());
+            // Leased: the next worker gets the other run's first step (a's second waits for
+            // its first); then nothing is ready (an unplanned run's steps are never claimed).
+            let second = store.claim_step("w2", lease, None).await.unwrap().unwrap();
+            assert_eq!(second.id, b_steps[0]);
+            assert!(store.claim_step("w3", lease, None).await.unwrap().is_none());
+
+            // A released step can be claimed again, unless the named switch is set.
+            store.release_step(&first.id, "w1").await.unwrap();
+            store.set_switch("emergency_stop", "t", "t").await.unwrap();
+            assert!(
+                store
+                    .claim_step("w1", lease, Some("emergency_stop"))
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+            store.clear_switch("emergency_stop").await.unwrap();
+            let again = store
+                .claim_step("w1", lease, Some("emergency_stop"))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(again.id, a_steps[0]);
+
+            // An expired lease lets another worker take the step.
+            manual.advance(chrono::Duration::seconds(61));
+            let lease = manual.now_ms() + 60_000;
+            let stolen = store.claim_step("w4", lease, None).await.unwrap().unwrap();
+            assert_eq!(stolen.id, a_steps[0]);
+            // The first holder's release no longer touches it.
+            store.release_step(&stolen.id, "w1").await.unwrap();
+            assert!(
+                store
+                    .claim_step("w5", lease, None)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .id
+                    == b_steps[0]
+            );
+
+            // Done steps unblock the next of their run; the run is done with its last step.
+            let done = |id: &str| Transition {
+                step_id: id.to_string(),
+                from: vec![StepStatus::Pending],
+                to: Some(StepStatus::Done),
+                ..Transition::default()
+            };
+            assert!(store.move_step(&done(&a_steps[0])).await.unwrap());
+            let next = store.claim_step("w4", lease, None).await.unwrap().unwrap();
+            assert_eq!(next.id, a_steps[1]);
+            let (step, run_done) = store.step_and_run_done(&a_steps[0]).await.unwrap();
+            assert_eq!(step.status, StepStatus::Done);
+            assert!(!run_done);
+            for id in &a_steps[1..] {
+                assert!(store.move_step(&done(id)).await.unwrap());
+            }
+            let (_, run_done) = store.step_and_run_done(&a_steps[2]).await.unwrap();
+            assert!(run_done);
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepared_when_its_guard_refuses()
  {
     use countersign_core::CanonicalJson;
