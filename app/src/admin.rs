@@ -229,7 +229,7 @@ pub fn error_text(code: &str) -> Option<&'static str> {
     })
 }
 
-const INPUT: &str = "rounded border border-slate-400 px-2 py-1 text-sm focus:outline-none focus:ring-2 focus:ring-indigo-500";
+const INPUT: &str = "rounded border border-slate-500 bg-white px-2 py-1 text-sm focus:outline-none focus:ring-2 focus:ring-indigo-500";
 const BUTTON: &str = "rounded bg-indigo-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-500 focus:ring-offset-2";
 const H2: &str = "text-xl font-semibold";
 const CARD: &str = "space-y-3 rounded border border-slate-200 bg-white p-4";
@@ -576,6 +576,18 @@ fn ToolSettings(version: Option<i64>, tools: Vec<ToolRow>) -> AnyView {
     .into_any()
 }
 
+/// How the page names proposal `id` (its first 8 characters): `proposal 1a2b3c4d`.
+pub fn proposal_name(id: &str) -> String {
+    format!("proposal {}", id.chars().take(8).collect::<String>())
+}
+
+fn title_case(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
+}
+
 #[component]
 fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
     let empty = proposals.is_empty();
@@ -595,15 +607,21 @@ fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
                 })
                 .collect_view();
             let waiting = p.status == "proposed";
+            // Every control names the proposal it acts on: several may be open at once.
+            let name = proposal_name(&p.id);
+            let heading_id = format!("proposal-{}-h", p.id);
             let decide = waiting.then(|| {
                 let action = format!("/admin/proposals/{}/decision", p.id);
+                let reason_id = format!("proposal-{}-reason", p.id);
                 let approve = (!p.mine).then(|| {
+                    let label = format!("Approve {name}");
                     view! {
-                        <button type="submit" name="verdict" value="approve" class=BUTTON data-testid="approve">
+                        <button type="submit" name="verdict" value="approve" aria-label=label class=BUTTON data-testid="approve">
                             "Approve"
                         </button>
                     }
                 });
+                let reject = format!("Reject {name}");
                 let mine = p.mine.then(|| {
                     view! {
                         <p class="text-sm text-slate-600" data-testid="own-proposal">
@@ -614,15 +632,18 @@ fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
                 view! {
                     {mine}
                     <form method="post" action=action class="flex flex-wrap items-end gap-2">
-                        <label class="flex flex-col text-sm">
-                            "Reason"
-                            <input name="reason" class=INPUT data-testid="decision-reason"/>
-                        </label>
+                        <div class="flex flex-col text-sm">
+                            <label for=reason_id.clone()>
+                                "Reason" <span class="sr-only">{format!(" for {name}")}</span>
+                            </label>
+                            <input id=reason_id name="reason" class=INPUT data-testid="decision-reason"/>
+                        </div>
                         {approve}
                         <button
                             type="submit"
                             name="verdict"
                             value="reject"
+                            aria-label=reject
                             data-testid="reject"
                             class="rounded border border-slate-400 bg-white px-3 py-1.5 text-sm font-medium text-slate-900 hover:bg-slate-100 focus:outline-none focus:ring-2 focus:ring-indigo-500"
                         >
@@ -633,6 +654,7 @@ fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
             });
             view! {
                 <li class=CARD data-testid="proposal" data-proposal-id=p.id.clone() data-status=p.status.clone()>
+                    <h3 id=heading_id class="text-base font-semibold">{title_case(&name)}</h3>
                     <p class="text-sm">
                         <span class="font-semibold">{p.status.clone()}</span>
                         " · proposed by " {p.proposer.clone()} " at " {p.created.clone()}
@@ -724,6 +746,7 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
     view! {
         <section aria-labelledby="agents-h" class=CARD>
             <h2 id="agents-h" class=H2>"Agent credentials"</h2>
+            <div class="overflow-x-auto">
             <table class="w-full border-collapse text-left text-sm">
                 <caption class="sr-only">"Agent credentials, newest first"</caption>
                 <thead class="bg-slate-100">
@@ -738,6 +761,7 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
                 </thead>
                 <tbody>{rows}</tbody>
             </table>
+            </div>
             <form method="post" action="/admin/agents" class="flex flex-wrap items-end gap-2" data-testid="agent-form">
                 <label class="flex flex-col text-sm">
                     "Name" <input name="name" required class=INPUT/>
@@ -762,6 +786,13 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proposals_are_named_by_their_short_id() {
+        let name = proposal_name("1a2b3c4d-0000-4000-8000-000000000000");
+        assert_eq!(name, "proposal 1a2b3c4d");
+        assert_eq!(title_case(&name), "Proposal 1a2b3c4d");
+    }
 
     #[test]
     fn messages_come_only_from_known_codes() {

@@ -244,7 +244,7 @@ pub async fn load_audit(query: AuditQuery) -> Result<AuditView, ServerFnError> {
 }
 
 const LINK: &str = "text-indigo-800 underline hover:bg-indigo-50 focus:outline-none focus:ring-2 focus:ring-indigo-600 rounded";
-const INPUT: &str = "w-full rounded border border-slate-500 bg-white px-2 py-1 text-sm focus:outline-none focus:ring-2 focus:ring-indigo-600";
+const INPUT: &str = "w-full rounded border border-slate-500 bg-white px-2 py-1 text-sm placeholder:text-slate-600 focus:outline-none focus:ring-2 focus:ring-indigo-600";
 
 /// `/audit`: search the audit trail.
 #[component]

@@ -111,7 +111,8 @@ fn demo_sign_in() -> bool {
 /// The HTML document around [`App`], rendered by the server.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     // After <App/>: hydration walks the body from its first child through App's nodes only.
-    let banner = demo_sign_in().then(|| {
+    let demo = demo_sign_in();
+    let banner = demo.then(|| {
         view! {
             <p
                 role="note"
@@ -122,6 +123,12 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
             </p>
         }
     });
+    // The demo banner is fixed to the bottom: room for it, so it never covers content.
+    let body_class = if demo {
+        "min-h-screen bg-slate-50 pb-16 text-slate-900 antialiased"
+    } else {
+        "min-h-screen bg-slate-50 text-slate-900 antialiased"
+    };
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -133,7 +140,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <HydrationScripts options/>
                 <MetaTags/>
             </head>
-            <body class="min-h-screen bg-slate-50 text-slate-900 antialiased">
+            <body class=body_class>
                 <App/>
                 {banner}
             </body>
@@ -186,12 +193,12 @@ pub const NAV: [(&str, &str); 5] = [
 fn Header() -> impl IntoView {
     view! {
         <header class="border-b border-slate-200 bg-white">
-            <div class="mx-auto flex max-w-6xl items-center gap-8 px-4 py-3">
+            <div class="mx-auto flex max-w-6xl flex-wrap items-center gap-x-8 gap-y-2 px-4 py-3">
                 <A href="/" attr:class="text-lg font-semibold tracking-tight text-indigo-700">
                     "Countersign"
                 </A>
                 <nav aria-label="Main">
-                    <ul class="flex gap-1">
+                    <ul class="flex flex-wrap gap-1">
                         {NAV
                             .iter()
                             .map(|(href, label)| {

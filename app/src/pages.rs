@@ -308,6 +308,15 @@ fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
     }
 }
 
+/// What a row's Review link names besides "Review": the tool, its target and amount, so
+/// that two gates of one tool are told apart.
+fn review_name(row: &GateRow) -> String {
+    let mut parts = vec![row.tool.clone()];
+    parts.extend(row.target.clone());
+    parts.extend(row.amount.clone());
+    format!(" {}", parts.join(", "))
+}
+
 /// One row. Its link id (`gate-link-N`, N its position, which j/k walk) and its countdown
 /// follow the list; everything else is fixed for a step.
 #[component]
@@ -349,7 +358,7 @@ fn GateLine(row: GateRow, rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
                     class="rounded px-2 py-1 font-medium text-indigo-700 underline hover:bg-indigo-50 focus:outline-none focus:ring-2 focus:ring-indigo-500"
                 >
                     "Review"
-                    <span class="sr-only">{format!(" {}", row.tool)}</span>
+                    <span class="sr-only">{review_name(&row)}</span>
                 </a>
             </td>
         </tr>
@@ -497,7 +506,7 @@ fn GateView(detail: GateDetail) -> impl IntoView {
                     name="reason"
                     required
                     rows="3"
-                    class="w-full rounded border border-slate-400 p-2 focus:outline-none focus:ring-2 focus:ring-indigo-500"
+                    class="w-full rounded border border-slate-500 p-2 focus:outline-none focus:ring-2 focus:ring-indigo-500"
                 ></textarea>
                 <div class="flex gap-3">
                     <button

@@ -525,7 +525,9 @@ fn Timeline(detail: RunDetail) -> impl IntoView {
                                     </div>
                                     {(!e.summary.is_empty()).then(|| view! { <p class="mt-1 text-slate-800">{e.summary.clone()}</p> })}
                                     <details class="mt-1">
-                                        <summary class="cursor-pointer text-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-600">"Record"</summary>
+                                        <summary class="cursor-pointer text-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-600">
+                                            "Record" <span class="sr-only">{format!(" #{}", e.seq)}</span>
+                                        </summary>
                                         <pre class="mt-1 overflow-x-auto rounded bg-slate-900 p-3 text-xs text-slate-100">{e.record.clone()}</pre>
                                     </details>
                                 </li>

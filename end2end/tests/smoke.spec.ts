@@ -1,14 +1,9 @@
 import { test, expect } from '@playwright/test';
-import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
-
-const shots = join(__dirname, '..', 'test-results', 'screenshots');
+import { shot, signIn } from './support';
 
 // The e2e server has no OIDC issuer and listens on loopback: sign in through the demo page.
 test.beforeEach(async ({ page }) => {
-  await page.goto('/auth/demo');
-  await page.getByRole('button', { name: /Sign in as Ana/ }).click();
-  await expect(page).toHaveURL(/\/$/);
+  await signIn(page, /Sign in as Ana/);
 });
 
 test('the dashboard shell renders, is styled, and hydrates', async ({ page }) => {
@@ -36,8 +31,7 @@ test('the dashboard shell renders, is styled, and hydrates', async ({ page }) =>
   await button.click();
   await expect(page.getByTestId('hydration-clicks')).toHaveText('Clicks: 2');
 
-  mkdirSync(shots, { recursive: true });
-  await page.screenshot({ path: join(shots, 'home.png'), fullPage: true });
+  await page.screenshot({ path: shot('home'), fullPage: true });
   expect(errors).toEqual([]);
 });
 
@@ -57,8 +51,8 @@ test('every page is reachable from the navigation and says when it is empty', as
     await expect(page.getByRole('heading', { level: 1, name: heading })).toBeVisible();
     await expect(page.getByText(empty).first()).toBeVisible();
     // admin.png is the admin spec's (an admin's view); here Ana is refused.
-    const shot = link === 'Admin' ? 'admin-refused' : link.toLowerCase();
-    await page.screenshot({ path: join(shots, `${shot}.png`), fullPage: true });
+    const name = link === 'Admin' ? 'admin-refused' : link.toLowerCase();
+    await page.screenshot({ path: shot(name), fullPage: true });
   }
 });
 

@@ -1,93 +1,12 @@
-import { test, expect, Page } from '@playwright/test';
-import { execFileSync } from 'node:child_process';
-import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
-import { e2eBinary, e2eEnv } from '../playwright.config';
-
-const shots = join(__dirname, '..', 'test-results', 'screenshots');
-
-function agentToken(): string {
-  const out = execFileSync(
-    e2eBinary,
-    ['agent-token', 'create', '--name', `e2e-views-${Date.now()}`, '--role', 'worker.finance', '--tenant', 'acme', '--by', 'e2e'],
-    { env: { ...process.env, ...e2eEnv }, encoding: 'utf8' },
-  );
-  return out.trim().split('\n').pop() ?? '';
-}
-
-// One JSON-RPC request to /mcp; reads a JSON body or an SSE stream until the response comes.
-async function mcp(baseURL: string, token: string, session: string | undefined, id: number | null, method: string, params: object) {
-  const headers: Record<string, string> = {
-    authorization: `Bearer ${token}`,
-    accept: 'application/json, text/event-stream',
-    'content-type': 'application/json',
-  };
-  if (session) {
-    headers['mcp-session-id'] = session;
-    headers['mcp-protocol-version'] = '2025-06-18';
-  }
-  const body = id === null ? { jsonrpc: '2.0', method, params } : { jsonrpc: '2.0', id, method, params };
-  const resp = await fetch(`${baseURL}/mcp`, { method: 'POST', headers, body: JSON.stringify(body) });
-  const newSession = resp.headers.get('mcp-session-id') ?? session;
-  if (id === null) {
-    expect(resp.status).toBe(202);
-    return { session: newSession, reply: null };
-  }
-  expect(resp.status).toBe(200);
-  if (!(resp.headers.get('content-type') ?? '').startsWith('text/event-stream')) {
-    return { session: newSession, reply: await resp.json() };
-  }
-  const reader = resp.body!.getReader();
-  const decoder = new TextDecoder();
-  let buf = '';
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`stream ended before response ${id}: ${buf}`);
-    buf += decoder.decode(value, { stream: true });
-    for (const line of buf.split('\n')) {
-      if (!line.startsWith('data:')) continue;
-      try {
-        const msg = JSON.parse(line.slice(5).trim());
-        if (msg.id === id) {
-          await reader.cancel();
-          return { session: newSession, reply: msg };
-        }
-      } catch { /* partial line */ }
-    }
-  }
-}
-
-async function signIn(page: Page, who: RegExp) {
-  await page.goto('/auth/demo');
-  await page.getByRole('button', { name: who }).click();
-  await expect(page).toHaveURL(/\/$/);
-}
-
-async function decide(page: Page, step: string, verdict: 'approve' | 'reject') {
-  await page.goto(`/inbox/${step}`);
-  await page.getByLabel(/Reason/).fill(verdict === 'approve' ? 'Three-way match checked against PO 4471' : 'Amount does not match the purchase order');
-  await page.getByTestId(verdict).click();
-  await expect(page).toHaveURL(/\/inbox\?done=/);
-}
+import { test, expect } from '@playwright/test';
+import { agentToken, decide, gatedPayment, mcp, mcpSession, payment, shot, signIn } from './support';
 
 test('runs, the run timeline, the audit search and the gate metrics show what agents and people did', async ({ page, baseURL }) => {
-  mkdirSync(shots, { recursive: true });
   const token = agentToken();
-  const init = await mcp(baseURL!, token, undefined, 1, 'initialize', {
-    protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'e2e-views', version: '0' },
-  });
-  const session = init.session;
-  await mcp(baseURL!, token, session, null, 'notifications/initialized', {});
-  const pay = (amount: number) => ({
-    invoice_id: 'INV-20260612', amount, currency: 'EUR', value_date: '2026-06-15',
-    reason: 'Invoice approved by AP, due in four days',
-  });
-  const first = await mcp(baseURL!, token, session, 2, 'tools/call', { name: 'payment.schedule', arguments: pay(1860.5) });
-  expect(first.reply.result.structuredContent.status).toBe('needs_approval');
-  const approved: string = first.reply.result.structuredContent.step_id;
-  const second = await mcp(baseURL!, token, session, 3, 'tools/call', { name: 'payment.schedule', arguments: pay(1860.0) });
-  expect(second.reply.result.structuredContent.status).toBe('needs_approval');
-  const rejected: string = second.reply.result.structuredContent.step_id;
+  const session = await mcpSession(baseURL!, token, 'e2e-views');
+  const pay = (amount: number) => payment('INV-20260612', amount);
+  const approved = await gatedPayment(baseURL!, token, session, 2, pay(1860.5));
+  const rejected = await gatedPayment(baseURL!, token, session, 3, pay(1860.0));
 
   // Ana approves one and rejects the other; the agent's next call runs the approved one.
   await signIn(page, /Sign in as Ana/);
@@ -102,7 +21,7 @@ test('runs, the run timeline, the audit search and the gate metrics show what ag
   const top = page.getByTestId('run-row').first();
   await expect(top.getByTestId('run-steps')).toContainText('2 step(s): 1 done');
   await expect(top).toContainText('active');
-  await page.screenshot({ path: join(shots, 'runs.png'), fullPage: true });
+  await page.screenshot({ path: shot('runs'), fullPage: true });
 
   // The timeline: both steps, statuses in words, amounts with currency, linked records.
   await top.getByRole('link').first().click();
@@ -120,7 +39,7 @@ test('runs, the run timeline, the audit search and the gate metrics show what ag
   await expect(page).toHaveURL(/#rec-\d+$/);
   const anchor = new URL(page.url()).hash.slice(1);
   await expect(page.locator(`#${anchor}`)).toHaveAttribute('data-event', 'approved');
-  await page.screenshot({ path: join(shots, 'run-timeline.png'), fullPage: true });
+  await page.screenshot({ path: shot('run-timeline'), fullPage: true });
 
   // Audit: the auditor filters by approver and event, expands a record, sees the chain is OK.
   await signIn(page, /Sign in as Aud/);
@@ -135,7 +54,7 @@ test('runs, the run timeline, the audit search and the gate metrics show what ag
   await expect(rows.first()).toContainText('reason: Amount does not match the purchase order');
   await rows.first().locator('summary').click();
   await expect(rows.first().locator('pre')).toContainText('"event": "rejected"');
-  await page.screenshot({ path: join(shots, 'audit.png'), fullPage: true });
+  await page.screenshot({ path: shot('audit'), fullPage: true });
   // The export link carries the filter; it answers JSON lines of stored records.
   const href = await page.getByTestId('export').getAttribute('href');
   expect(href).toContain('/audit/export.jsonl?');
@@ -155,5 +74,5 @@ test('runs, the run timeline, the audit search and the gate metrics show what ag
   await expect(row.getByTestId('break-even')).toHaveText(/approvals/);
   await expect(page.locator('[data-testid="rate-chart"][data-label="payment.schedule"] svg')).toBeVisible();
   await expect(page.getByTestId('latency')).toContainText('p50');
-  await page.screenshot({ path: join(shots, 'gates.png'), fullPage: true });
+  await page.screenshot({ path: shot('gates'), fullPage: true });
 });

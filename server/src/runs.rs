@@ -278,12 +278,13 @@ pub async fn cancel_run(
     reason: &str,
     to: RunStatus,
 ) -> Result<usize, StoreError> {
-    state.store.finish_run(run_id, to, reason).await?;
-    let mut cancelled = 0;
+    // [stop] The run's end and the cancellation of its unstarted steps are one transaction
+    // (`Store::end_run`): nobody observes a failed run with a step still pending.
+    let mut cancels = Vec::new();
     for step in state.store.steps_for_run(run_id).await? {
         // [stillon] A run that failed keeps its failed steps as they ended (status, rule and
         // outcome: `state.changed`, `target.failed`…); only steps that never ran are cancelled.
-        if to == RunStatus::Failed && step.status == StepStatus::Failed {
+        if !matches!(step.status, StepStatus::Pending | StepStatus::NeedsApproval) {
             continue;
         }
         let mut detail = Map::new();
@@ -297,21 +298,16 @@ pub async fn cancel_run(
             rule: Some(format!("run.{}", to.as_str())),
             detail,
         };
-        let moved = state
-            .store
-            .transition(&Transition {
-                step_id: step.id.clone(),
-                from: vec![StepStatus::Pending, StepStatus::NeedsApproval],
-                to: Some(StepStatus::Cancelled),
-                rule: Some(format!("run.{}", to.as_str())),
-                records: vec![(AuditEvent::Cancelled, record)],
-                ..Transition::default()
-            })
-            .await?;
-        if moved.is_some() {
-            cancelled += 1;
-        }
+        cancels.push(Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending, StepStatus::NeedsApproval],
+            to: Some(StepStatus::Cancelled),
+            rule: Some(format!("run.{}", to.as_str())),
+            records: vec![(AuditEvent::Cancelled, record)],
+            ..Transition::default()
+        });
     }
+    let (_, cancelled) = state.store.end_run(run_id, to, reason, &cancels).await?;
     Ok(cancelled)
 }
 

@@ -919,6 +919,88 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Ends run `run_id` as `status` (with `reason`) — when it is still active — and applies
+    /// `cancels`, the transitions of its steps that never ran, in ONE transaction: no reader
+    /// sees the run ended while one of its unstarted steps still looks runnable, nor a step
+    /// cancelled under a run that still looks active. Returns whether the run was ended here
+    /// and how many cancels moved their step; a cancel whose step has left its `from`
+    /// statuses meanwhile writes nothing, as with [`Store::transition`].
+    pub async fn end_run(
+        &self,
+        run_id: &str,
+        status: super::RunStatus,
+        reason: &str,
+        cancels: &[Transition],
+    ) -> Result<(bool, usize), StoreError> {
+        let mut last = None;
+        for _ in 0..8 {
+            match self.try_end_run(run_id, status, reason, cancels).await {
+                Err(StoreError::Conflict(msg)) => last = Some(msg),
+                Err(StoreError::Database(e)) if crate::audit::is_busy(&e) => {
+                    last = Some(e.to_string())
+                }
+                other => return other,
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "ending run {run_id} kept colliding: {}",
+            last.unwrap_or_default()
+        )))
+    }
+
+    async fn try_end_run(
+        &self,
+        run_id: &str,
+        status: super::RunStatus,
+        reason: &str,
+        cancels: &[Transition],
+    ) -> Result<(bool, usize), StoreError> {
+        let now = self.clock.now_ms();
+        macro_rules! run_in {
+            ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
+                let mut tx = $pool.begin_with($begin).await?;
+                let mut head: Option<crate::audit::ChainHead> = None;
+                if cancels.iter().any(|t| !t.records.is_empty()) {
+                    // The append lock before any row lock (see `group`): no lock cycles.
+                    hold_head!(&mut *tx, $lock, &mut head);
+                }
+                let ended = sqlx::query(
+                    "UPDATE runs SET status = $1, reason = $2, updated_at = $3
+                     WHERE id = $4 AND status = 'active'",
+                )
+                .bind(status.as_str())
+                .bind(reason)
+                .bind(now)
+                .bind(run_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    == 1;
+                let mut moved = 0;
+                let mut records = Vec::new();
+                for t in cancels {
+                    if let Some(sealed) = apply_transition!(&mut *tx, $lock, &mut head, t, now) {
+                        moved += 1;
+                        records.extend(sealed);
+                    }
+                }
+                if !records.is_empty() {
+                    $insert(&mut *tx, &records).await?;
+                }
+                tx.commit().await?;
+                (ended, moved)
+            }};
+        }
+        Ok(match &self.pool {
+            Pool::Sqlite(p) => {
+                run_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
+            }
+            Pool::Postgres(p) => run_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
+        })
+    }
+}
+
 /// [reads] The INSERT of a prepared step's row already moved by a transition (status,
 /// attempts, decision, rule, outcome, expiry, approval), written only while the transition's
 /// [`RunGuard`] holds (`$24`–`$26`, as in [`transition_sql`]).

@@ -529,3 +529,141 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
     })
     .await;
 }
+
+#[tokio::test]
+async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
+    use countersign_core::CanonicalJson;
+    use countersign_core::audit::{AuditEvent, NewAuditRecord};
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::{NewStep, Transition};
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let run = store
+            .create_run(&NewRun {
+                planned: true,
+                ..new_run("acme")
+            })
+            .await
+            .unwrap();
+        let mut ids = Vec::new();
+        for i in 0..40 {
+            let (step, _) = store
+                .open_step(&NewStep {
+                    run_id: run.id.clone(),
+                    role: "worker".into(),
+                    tool: "note.draft".into(),
+                    effect: Effect::Write,
+                    inputs: CanonicalJson::from_value(&serde_json::json!({"n": i})).unwrap(),
+                    agent_id: None,
+                    reason: format!("step {i}"),
+                    evidence: vec![],
+                    observed: None,
+                    trace_id: format!("trace-{i}"),
+                    status: StepStatus::Pending,
+                })
+                .await
+                .unwrap();
+            ids.push(step.id);
+        }
+        // The first step already ran: its cancel must write nothing.
+        assert!(
+            store
+                .move_step(&Transition {
+                    step_id: ids[0].clone(),
+                    from: vec![StepStatus::Pending],
+                    to: Some(StepStatus::Failed),
+                    ..Transition::default()
+                })
+                .await
+                .unwrap()
+        );
+        let cancels: Vec<Transition> = ids
+            .iter()
+            .map(|id| Transition {
+                step_id: id.clone(),
+                from: vec![StepStatus::Pending, StepStatus::NeedsApproval],
+                to: Some(StepStatus::Cancelled),
+                rule: Some("run.failed".into()),
+                records: vec![(
+                    AuditEvent::Cancelled,
+                    NewAuditRecord {
+                        event: Some(AuditEvent::Cancelled),
+                        run_id: Some(run.id.clone()),
+                        step_id: Some(id.clone()),
+                        tool: Some("note.draft".into()),
+                        actor: Some("executor".into()),
+                        rule: Some("run.failed".into()),
+                        detail: Default::default(),
+                    },
+                )],
+                ..Transition::default()
+            })
+            .collect();
+
+        // A reader that looks at the run, then at its steps, never finds the run ended while
+        // one of its steps is still pending.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let (store, stop, run_id) = (store.clone(), stop.clone(), run.id.clone());
+            tokio::spawn(async move {
+                let mut seen_ended = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let status = store.get_run(&run_id).await.unwrap().status;
+                    let steps = store.steps_for_run(&run_id).await.unwrap();
+                    if status != RunStatus::Active {
+                        seen_ended += 1;
+                        let pending: Vec<_> = steps
+                            .iter()
+                            .filter(|s| s.status == StepStatus::Pending)
+                            .map(|s| s.seq)
+                            .collect();
+                        assert!(pending.is_empty(), "run ended, steps {pending:?} pending");
+                    }
+                    tokio::task::yield_now().await;
+                }
+                seen_ended
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let before = store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0);
+        let (ended, moved) = store
+            .end_run(&run.id, RunStatus::Failed, "step 1 failed", &cancels)
+            .await
+            .unwrap();
+        assert!(ended);
+        assert_eq!(moved, 39, "every step but the failed one");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(watcher.await.unwrap() > 0, "the watcher saw the ended run");
+
+        let run_now = store.get_run(&run.id).await.unwrap();
+        assert_eq!(run_now.status, RunStatus::Failed);
+        assert_eq!(run_now.reason, "step 1 failed");
+        let steps = store.steps_for_run(&run.id).await.unwrap();
+        assert_eq!(
+            steps[0].status,
+            StepStatus::Failed,
+            "a step that ran keeps its end"
+        );
+        assert!(steps[1..].iter().all(|s| s.status == StepStatus::Cancelled));
+        let after = store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0);
+        assert_eq!(
+            after - before,
+            39,
+            "one record per cancelled step, in the same commit"
+        );
+
+        // Ending it again: the run is no longer active, nothing moves.
+        let (ended, moved) = store
+            .end_run(&run.id, RunStatus::Cancelled, "again", &cancels)
+            .await
+            .unwrap();
+        assert!(!ended);
+        assert_eq!(moved, 0);
+        assert_eq!(
+            store.get_run(&run.id).await.unwrap().status,
+            RunStatus::Failed
+        );
+    })
+    .await;
+}

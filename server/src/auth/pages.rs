@@ -26,7 +26,10 @@ pub fn escape(text: &str) -> String {
 /// A page with `title` and `body_html` (already escaped where needed).
 pub fn page(status: StatusCode, title: &str, body_html: &str, demo: bool) -> Response {
     let banner = if demo {
-        format!("<p role=\"note\" class=\"demo-banner\">{DEMO_BANNER}</p>")
+        format!(
+            "<p role=\"note\" class=\"demo-banner bg-amber-300 px-4 py-2 text-center text-sm \
+             font-semibold text-slate-900\">{DEMO_BANNER}</p>"
+        )
     } else {
         String::new()
     };

@@ -102,7 +102,10 @@ impl AdminBackend {
                                 approval.push("four eyes".into());
                             }
                             if let Some(n) = &a.second_approval_above {
-                                approval.push(format!("second approver above {n}"));
+                                approval.push(format!(
+                                    "second approver above {}",
+                                    threshold_text(n, &t.input_schema)
+                                ));
                             }
                         }
                         ToolRow {
@@ -642,6 +645,33 @@ pub async fn lift(
     }
 }
 
+/// A tool's second-approval threshold as an amount with its currency: the one currency the
+/// tool's `currency` argument allows (`10,000.00 EUR`), or "in the call's currency" when its
+/// schema allows several (or names none).
+fn threshold_text(threshold: &serde_json::Number, input_schema: &serde_json::Value) -> String {
+    let currencies = input_schema
+        .pointer("/properties/currency/enum")
+        .and_then(serde_json::Value::as_array)
+        .map(|v| {
+            v.iter()
+                .filter_map(serde_json::Value::as_str)
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let one = match currencies.as_slice() {
+        [only] => Some(*only),
+        _ => None,
+    };
+    match threshold
+        .as_f64()
+        .and_then(|a| countersign_app::inbox::format_amount(a, one))
+    {
+        Some(text) if one.is_some() => text,
+        Some(text) => format!("{text} in the call's currency"),
+        None => threshold.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -666,5 +696,18 @@ mod tests {
             ]
         );
         assert!(listing_changes(&current, &current).is_empty());
+    }
+
+    #[test]
+    fn thresholds_carry_the_one_currency_the_schema_allows() {
+        let n = serde_json::Number::from(10_000);
+        let eur = serde_json::json!({"properties": {"currency": {"enum": ["EUR"]}}});
+        assert_eq!(threshold_text(&n, &eur), "10,000.00 EUR");
+        let two = serde_json::json!({"properties": {"currency": {"enum": ["EUR", "USD"]}}});
+        assert_eq!(threshold_text(&n, &two), "10,000.00 in the call's currency");
+        assert_eq!(
+            threshold_text(&n, &serde_json::json!({})),
+            "10,000.00 in the call's currency"
+        );
     }
 }

@@ -313,9 +313,19 @@ impl Drop for Child {
     }
 }
 
-fn spawn_worker(db: &str) -> Child {
+/// A `countersign worker` process (two workers) on database `db`, its Postgres connections
+/// tagged `application_name = tag` so the soak can tell when the server side of a killed
+/// worker's connections has gone.
+fn spawn_worker_as(db: &str, tag: Option<&str>) -> Child {
+    let url = match tag {
+        Some(tag) => format!(
+            "{db}{}application_name={tag}",
+            if db.contains('?') { '&' } else { '?' }
+        ),
+        None => db.to_string(),
+    };
     Child(
-        countersign_on(db)
+        countersign_on(&url)
             .env("COUNTERSIGN_RUN_MAX_MINUTES", "1000000000")
             .args(["worker", "--count", "2", "--stale-after", "10"])
             .stdout(std::process::Stdio::null())
@@ -323,6 +333,24 @@ fn spawn_worker(db: &str) -> Child {
             .spawn()
             .unwrap(),
     )
+}
+
+/// Waits (up to 10 s) until Postgres has no backend left for connections tagged `tag`: a
+/// killed worker's COMMIT already on the wire is still applied by its backend after the
+/// process died, so what the worker left `running` is read only once its backends are gone.
+async fn backends_gone(pool: &sqlx::PgPool, tag: &str) {
+    for _ in 0..200 {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+                .bind(tag)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if n == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The soak's episode `n` (one agent task), as a scenario.
@@ -587,7 +615,13 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64, readers: u64, latency_
     let mut rss_peak = rss_start;
     let mut rss_mid = 0;
     let mut sessions_peak = 0;
-    let mut workers: Vec<Child> = (0..3).map(|_| spawn_worker(&url)).collect();
+    let mut spawned = 0u64;
+    let mut tagged = |url: &str| {
+        spawned += 1;
+        let tag = format!("soak-worker-{spawned}");
+        (spawn_worker_as(url, Some(&tag)), tag)
+    };
+    let mut workers: Vec<(Child, String)> = (0..3).map(|_| tagged(&url)).collect();
     let deadline = Instant::now() + Duration::from_secs(minutes * 60);
 
     let counter = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -674,12 +708,14 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64, readers: u64, latency_
                 kills_mid_flight += 1;
             }
             // Child::kill is SIGKILL on Unix: no clean shutdown, steps left mid-flight.
-            let pid = workers[i].0.id();
-            let mut victim = std::mem::replace(&mut workers[i], spawn_worker(&url));
+            let pid = workers[i].0.0.id();
+            let (mut victim, tag) = std::mem::replace(&mut workers[i], tagged(&url));
             let _ = victim.0.kill();
             let _ = victim.0.wait();
             kills += 1;
-            // What it was doing when it died (it can do nothing more now).
+            // What it was doing when it died (it can do nothing more now, once Postgres has
+            // finished what the process had already sent).
+            backends_gone(&pool, &tag).await;
             let in_flight = running_on(&pool, pid).await;
             if !in_flight.is_empty() {
                 kills_caught += 1;
