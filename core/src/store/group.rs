@@ -23,8 +23,28 @@
 //!   transaction; nothing is lost, nothing is applied twice by the fallback unless the
 //!   committer died between COMMIT and its answer (then a transition finds its step moved
 //!   and reports `None`, as a lost race would).
+//!
+//! Pipelining (Postgres): the append lock is a transaction lock, and Postgres releases it only
+//! after the COMMIT's WAL flush, so batches committed synchronously advance the chain one fsync
+//! at a time. Instead a batch COMMITs without waiting for the flush (`synchronous_commit =
+//! off`: the lock is released at once and the next batch runs during the fsync), then a
+//! *flush barrier* — a synchronous commit of its own that writes WAL
+//! (`pg_logical_emit_message`, transactional) — returns only once the WAL is on disk up to a
+//! point after the batch's commit record. Invariants:
+//! * No job is answered before the barrier after its batch returned: whatever a caller is told
+//!   (and any effect it then starts) is durable. Barriers of different batches share fsyncs.
+//! * WAL order: a batch committed before another is flushed no later than it, so a database
+//!   crash can lose only a suffix of the chain (the unanswered batches), never a middle part.
+//! * Other sessions may read a batch's rows during its flush; anything they then commit
+//!   synchronously (a worker's `running` transition before an effect) is flushed after it.
+//! * A barrier that fails (after retries) answers its batch's jobs with an error that is not
+//!   retried: the batch is committed but not known durable (a step then looks as it would after
+//!   a crash: a `running` step is reconciled by key). The barrier is tried once at start; if
+//!   this database refuses it, batches commit synchronously as before.
 
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::steps::apply_transition;
 use super::{Pool, Store, StoreError, Transition};
@@ -32,6 +52,12 @@ use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, hold_head, seal_next
 
 /// At most this many jobs share one transaction.
 const MAX_BATCH: usize = 128;
+
+/// At most this many committed batches wait for their flush barrier at once (Postgres).
+const IN_FLIGHT: usize = 8;
+
+/// Attempts of a batch's flush barrier before its jobs are answered with an error.
+const BARRIER_ATTEMPTS: usize = 3;
 
 /// What a caller asks the committer to write.
 #[derive(Debug)]
@@ -79,6 +105,17 @@ impl Committer {
 }
 
 async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
+    let pipelined = match store.lazy {
+        Some(_) => match store.flush_barrier().await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "WAL flush barrier refused: audit batches commit synchronously, one fsync at a time");
+                false
+            }
+        },
+        None => false,
+    };
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
@@ -87,7 +124,30 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        match store.commit_batch(&jobs).await {
+        if pipelined && let Ok(permit) = in_flight.clone().acquire_owned().await {
+            match store.commit_batch(&jobs, true).await {
+                Ok(done) => {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        let flushed = store.flush_barrier_retrying().await;
+                        drop(permit);
+                        for (job, done) in jobs.into_iter().zip(done) {
+                            let answer = match &flushed {
+                                Ok(()) => Ok(done),
+                                Err(why) => Err(StoreError::Database(sqlx::Error::Protocol(
+                                    format!("committed, but its WAL flush is not confirmed: {why}"),
+                                ))),
+                            };
+                            let _ = job.reply.send(answer);
+                        }
+                    });
+                    continue;
+                }
+                // Nothing of the batch is committed: its jobs go one by one (below).
+                Err(e) => tracing::debug!(error = %e, jobs = jobs.len(), "pipelined batch failed"),
+            }
+        }
+        match store.commit_batch(&jobs, false).await {
             Ok(done) => {
                 for (job, done) in jobs.into_iter().zip(done) {
                     let _ = job.reply.send(Ok(done));
@@ -101,7 +161,7 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
             Err(e) => {
                 tracing::debug!(error = %e, jobs = jobs.len(), "batch failed; committing its jobs one by one");
                 for job in jobs {
-                    let done = store.commit_batch(std::slice::from_ref(&job)).await;
+                    let done = store.commit_batch(std::slice::from_ref(&job), false).await;
                     let _ = job
                         .reply
                         .send(done.and_then(|mut d| d.pop().ok_or(StoreError::NotFound)));
@@ -112,8 +172,33 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
 }
 
 impl Store {
-    /// Writes `jobs` in one transaction, in order; one answer per job.
-    async fn commit_batch(&self, jobs: &[Job]) -> Result<Vec<Done>, StoreError> {
+    /// A synchronous commit that writes WAL: when it returns, the WAL is on disk up to a point
+    /// after every commit this process had completed before calling it (see the module doc).
+    async fn flush_barrier(&self) -> Result<(), StoreError> {
+        if let Pool::Postgres(p) = &self.pool {
+            sqlx::query("SELECT pg_logical_emit_message(true, 'countersign', 'flush')")
+                .execute(p)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// [`Store::flush_barrier`], tried up to [`BARRIER_ATTEMPTS`] times.
+    async fn flush_barrier_retrying(&self) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..BARRIER_ATTEMPTS {
+            match self.flush_barrier().await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(last)
+    }
+
+    /// Writes `jobs` in one transaction, in order; one answer per job. `unflushed`: on
+    /// Postgres, COMMIT without waiting for the WAL flush (the caller runs the flush barrier
+    /// before answering anyone).
+    async fn commit_batch(&self, jobs: &[Job], unflushed: bool) -> Result<Vec<Done>, StoreError> {
         macro_rules! batch_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
@@ -150,7 +235,13 @@ impl Store {
             Pool::Sqlite(p) => {
                 batch_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
             }
-            Pool::Postgres(p) => batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
+            Pool::Postgres(p) => {
+                let p = match (&self.lazy, unflushed) {
+                    (Some(lazy), true) => lazy,
+                    _ => p,
+                };
+                batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
+            }
         })
     }
 }
