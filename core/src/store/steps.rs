@@ -766,22 +766,33 @@ impl Store {
         owner: &str,
     ) -> Result<Reservation, StoreError> {
         let now = self.clock.now_ms();
-        let n = on_pool!(self, |p| {
-            sqlx::query(
-                "INSERT INTO idempotency (idem_key, step_id, inputs_hash, state, result, owner,
+        let sql = "INSERT INTO idempotency (idem_key, step_id, inputs_hash, state, result, owner,
                     created_at, updated_at)
                  VALUES ($1, $2, $3, 'in_flight', NULL, $4, $5, $5)
-                 ON CONFLICT (idem_key) DO NOTHING",
-            )
-            .bind(idem_key)
-            .bind(step_id)
-            .bind(inputs_hash)
-            .bind(owner)
-            .bind(now)
-            .execute(p)
-            .await?
-            .rows_affected()
-        });
+                 ON CONFLICT (idem_key) DO NOTHING";
+        macro_rules! reserve {
+            ($p:expr) => {
+                sqlx::query(sql)
+                    .bind(idem_key)
+                    .bind(step_id)
+                    .bind(inputs_hash)
+                    .bind(owner)
+                    .bind(now)
+                    .execute($p)
+                    .await?
+                    .rows_affected()
+            };
+        }
+        // [durability] On Postgres without waiting for the WAL flush: the step was taken
+        // (`running`) in a flushed commit before this, and a reservation lost in a database
+        // crash leaves exactly what a crash between the two leaves — a running step without a
+        // key, which the reconciler asks the target about by key. Other callers see the
+        // reservation as soon as it commits, so duplicates are still refused.
+        let n = match (&self.pool, &self.lazy) {
+            (Pool::Postgres(_), Some(lazy)) => reserve!(lazy),
+            (Pool::Postgres(p), None) => reserve!(p),
+            (Pool::Sqlite(p), _) => reserve!(p),
+        };
         if n == 1 {
             return Ok(Reservation::Reserved);
         }
