@@ -88,11 +88,11 @@ test('set-up: a waiting gate, a finished run and an open proposal to look at', a
   test.setTimeout(60_000);
   const token = agentToken();
   const session = await mcpSession(baseURL!, token, 'e2e-wcag');
-  const paid = await gatedPayment(baseURL!, token, session, 2, payment('INV-20260701', 2315.4));
-  const waiting = await gatedPayment(baseURL!, token, session, 3, payment('INV-20260702', 12750.0));
+  const paid = await gatedPayment(baseURL!, token, session, 2, payment('INV-20260613', 1860.5));
+  const waiting = await gatedPayment(baseURL!, token, session, 3, payment('INV-20260613', 12750.0));
   await signIn(page, ana);
   await decide(page, paid, 'approve');
-  const ran = await mcp(baseURL!, token, session, 4, 'tools/call', { name: 'payment.schedule', arguments: payment('INV-20260701', 2315.4) });
+  const ran = await mcp(baseURL!, token, session, 4, 'tools/call', { name: 'payment.schedule', arguments: payment('INV-20260613', 1860.5) });
   expect(ran.reply.result.structuredContent.status).toBe('scheduled');
   targets.push({ name: 'inbox-detail', who: ana, path: `/inbox/${waiting}` });
 
