@@ -862,20 +862,7 @@ impl Store {
         &self,
         t: &Transition,
     ) -> Result<Option<Vec<AuditRecord>>, StoreError> {
-        let mut last = None;
-        for _ in 0..8 {
-            match self.try_transition(t).await {
-                Err(StoreError::Conflict(msg)) => last = Some(msg),
-                Err(StoreError::Database(e)) if crate::audit::is_busy(&e) => {
-                    last = Some(e.to_string())
-                }
-                other => return other,
-            }
-        }
-        Err(StoreError::Conflict(format!(
-            "step transition kept colliding: {}",
-            last.unwrap_or_default()
-        )))
+        retry_collisions("step transition", || self.try_transition(t)).await
     }
 
     async fn try_transition(&self, t: &Transition) -> Result<Option<Vec<AuditRecord>>, StoreError> {
@@ -944,20 +931,10 @@ impl Store {
         reason: &str,
         cancels: &[Transition],
     ) -> Result<(bool, usize), StoreError> {
-        let mut last = None;
-        for _ in 0..8 {
-            match self.try_end_run(run_id, status, reason, cancels).await {
-                Err(StoreError::Conflict(msg)) => last = Some(msg),
-                Err(StoreError::Database(e)) if crate::audit::is_busy(&e) => {
-                    last = Some(e.to_string())
-                }
-                other => return other,
-            }
-        }
-        Err(StoreError::Conflict(format!(
-            "ending run {run_id} kept colliding: {}",
-            last.unwrap_or_default()
-        )))
+        retry_collisions("ending a run", || {
+            self.try_end_run(run_id, status, reason, cancels)
+        })
+        .await
     }
 
     async fn try_end_run(
@@ -1010,6 +987,27 @@ impl Store {
             Pool::Postgres(p) => run_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
         })
     }
+}
+
+/// Runs `attempt` up to eight times while it collides (a conflict, or SQLite busy); any other
+/// outcome is returned as it is.
+async fn retry_collisions<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut last = None;
+    for _ in 0..8 {
+        match attempt().await {
+            Err(StoreError::Conflict(msg)) => last = Some(msg),
+            Err(StoreError::Database(e)) if crate::audit::is_busy(&e) => last = Some(e.to_string()),
+            other => return other,
+        }
+    }
+    Err(StoreError::Conflict(format!(
+        "{what} kept colliding: {}",
+        last.unwrap_or_default()
+    )))
 }
 
 /// [reads] The INSERT of a prepared step's row already moved by a transition (status,
