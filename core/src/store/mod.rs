@@ -254,7 +254,14 @@ impl Store {
                 Pool::Sqlite(pool)
             }
             Some(Backend::Postgres) => {
-                let opts = PgConnectOptions::from_str(raw).map_err(malformed)?;
+                let mut opts = PgConnectOptions::from_str(raw).map_err(malformed)?;
+                // Every statement here is a short indexed read or write, yet a page query's
+                // LIMIT over a large index carries a plan cost above `jit_above_cost`: JIT
+                // then compiles for ~200 ms to run a 5 ms query (the render bench's audit
+                // page, docs/benchmarks.md). Off unless the URL's `options` say otherwise.
+                if !raw.contains("jit") {
+                    opts = opts.options([("jit", "off")]);
+                }
                 // One direct connection first: the pool's acquire timeout would hide the
                 // cause ("connection refused", "password authentication failed").
                 let probe = tokio::time::timeout(

@@ -13,10 +13,10 @@
 //! * A time range is searched as a `seq` range: `at` never decreases along `seq` (the
 //!   appender seals at max(now, head's `at`), see `crate::audit`), so the records at or after
 //!   a time are exactly those from the first `seq` at or after it ([`Store::audit_seq_at`],
-//!   one index probe on `audit_at`). The `at` conditions stay in the query as a guard: a
-//!   record outside the range is never returned, even in a chain written before the rule
-//!   (where an inverted record next to a bound could be missed, never wrongly shown). Filter
-//!   indexes with `seq` then serve "actor + time range" as one index range.
+//!   one index probe on `audit_at`). The `at` conditions are still checked as a guard (in
+//!   Rust for the search, in SQL for the export): a record outside the range is never
+//!   returned, even in a chain written before the rule. Filter indexes with `seq` then serve
+//!   "actor + time range" as one index range.
 
 use super::{Run, Store, StoreError, on_pool};
 use crate::audit::AuditRecord;
@@ -84,8 +84,10 @@ struct SeqRange {
     to: Option<i64>,
 }
 
-/// `WHERE …` conditions and their binds for `f` within `seqs` (placeholders numbered from 1).
-fn conditions(f: &AuditFilter, seqs: SeqRange) -> (Vec<String>, Vec<Bind>) {
+/// `WHERE …` conditions and their binds for `f` within `seqs` (placeholders numbered from 1);
+/// with `guard_at`, the `at` guards of the time range as well (see [`Store::search_audit`]
+/// for why the search leaves them out).
+fn conditions(f: &AuditFilter, seqs: SeqRange, guard_at: bool) -> (Vec<String>, Vec<Bind>) {
     let mut conds = Vec::new();
     let mut binds = Vec::new();
     fn add(cond: &str, value: Bind, conds: &mut Vec<String>, binds: &mut Vec<Bind>) {
@@ -139,14 +141,15 @@ fn conditions(f: &AuditFilter, seqs: SeqRange) -> (Vec<String>, Vec<Bind>) {
     if let Some(to) = seqs.to {
         add("a.seq < ?", Bind::Int(to), &mut conds, &mut binds);
     }
-    // The `at` guards are written `a.at + 0` so that no planner serves them from `audit_at`:
-    // the seq range above is the access path (a 5-minute window of a busy chain spans
-    // hundreds of thousands of records; the filter's `(column, seq)` index walks only its own).
-    if let Some(from) = f.from_ms {
-        add("a.at + 0 >= ?", Bind::Int(from), &mut conds, &mut binds);
-    }
-    if let Some(to) = f.to_ms {
-        add("a.at + 0 < ?", Bind::Int(to), &mut conds, &mut binds);
+    if guard_at {
+        // Written `a.at + 0` so that no planner serves them from `audit_at`: the seq range
+        // above is the access path.
+        if let Some(from) = f.from_ms {
+            add("a.at + 0 >= ?", Bind::Int(from), &mut conds, &mut binds);
+        }
+        if let Some(to) = f.to_ms {
+            add("a.at + 0 < ?", Bind::Int(to), &mut conds, &mut binds);
+        }
     }
     (conds, binds)
 }
@@ -205,6 +208,14 @@ impl Store {
 
     /// One page of audit records matching `f`, newest first: at most `limit` records from
     /// `cursor`.
+    ///
+    /// The time range's `at` guards are applied here, not in SQL: with them in the query the
+    /// planners (Postgres's above all) estimate a handful of matches and read every record of
+    /// the filter's index range to sort it, a 5-minute window of a busy chain being hundreds
+    /// of thousands of records; without them the `(column, seq)` index is walked backwards
+    /// and stops after `limit` records. In a chain that keeps the time order nothing is
+    /// dropped; in one that does not (written before the rule), the pages read on until the
+    /// page is full, so none comes back short.
     pub async fn search_audit(
         &self,
         f: &AuditFilter,
@@ -214,7 +225,46 @@ impl Store {
         let Some(seqs) = self.seq_range(f).await? else {
             return Ok(Vec::new());
         };
-        let (mut conds, mut binds) = conditions(f, seqs);
+        let limit = limit.max(0);
+        let in_time = |r: &AuditRecord| {
+            f.from_ms.is_none_or(|t| r.at >= t) && f.to_ms.is_none_or(|t| r.at < t)
+        };
+        let mut page = Vec::new();
+        let mut cursor = cursor;
+        loop {
+            let rows = self.audit_page(f, seqs, cursor, limit).await?;
+            let read = rows.len();
+            // `rows` is in the order the query walked (newest first unless `After`).
+            let last = rows.last().map(|r| r.seq);
+            page.extend(rows.into_iter().filter(|r| in_time(r)));
+            let full = i64::try_from(page.len()).unwrap_or(i64::MAX) >= limit;
+            match last {
+                Some(seq) if !full && i64::try_from(read).unwrap_or(0) == limit => {
+                    cursor = match cursor {
+                        AuditCursor::After(_) => AuditCursor::After(seq),
+                        AuditCursor::Newest | AuditCursor::Before(_) => AuditCursor::Before(seq),
+                    };
+                }
+                _ => break,
+            }
+        }
+        page.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        if matches!(cursor, AuditCursor::After(_)) {
+            page.reverse();
+        }
+        Ok(page)
+    }
+
+    /// At most `limit` records of `f` within `seqs` from `cursor`, in the order walked:
+    /// newest first, oldest first for [`AuditCursor::After`]. No `at` guards.
+    async fn audit_page(
+        &self,
+        f: &AuditFilter,
+        seqs: SeqRange,
+        cursor: AuditCursor,
+        limit: i64,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        let (mut conds, mut binds) = conditions(f, seqs, false);
         let order = match cursor {
             AuditCursor::Newest => "DESC",
             AuditCursor::Before(seq) => {
@@ -228,17 +278,13 @@ impl Store {
                 "ASC"
             }
         };
-        binds.push(Bind::Int(limit.max(0)));
+        binds.push(Bind::Int(limit));
         let sql = format!(
             "SELECT {A_COLUMNS} FROM audit a {} ORDER BY a.seq {order} LIMIT ${}",
             where_clause(&conds),
             binds.len()
         );
-        let mut rows = fetch_records!(self, &sql, &binds);
-        if order == "ASC" {
-            rows.reverse();
-        }
-        Ok(rows)
+        Ok(fetch_records!(self, &sql, &binds))
     }
 
     /// Records matching `f` with `seq > after`, oldest first, at most `limit` (the export).
@@ -251,7 +297,7 @@ impl Store {
         let Some(seqs) = self.seq_range(f).await? else {
             return Ok(Vec::new());
         };
-        let (mut conds, mut binds) = conditions(f, seqs);
+        let (mut conds, mut binds) = conditions(f, seqs, true);
         binds.push(Bind::Int(after));
         conds.push(format!("a.seq > ${}", binds.len()));
         binds.push(Bind::Int(limit.max(0)));
@@ -402,7 +448,7 @@ mod tests {
             from: Some(3),
             to: Some(9),
         };
-        let (conds, binds) = conditions(&f, seqs);
+        let (conds, binds) = conditions(&f, seqs, true);
         let sql = conds.join(" AND ");
         assert!(!sql.contains("DROP"), "{sql}");
         assert_eq!(binds.len(), 7);

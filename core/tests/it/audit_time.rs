@@ -163,3 +163,76 @@ async fn a_time_range_search_returns_exactly_the_records_in_range() {
     })
     .await;
 }
+
+/// A chain written before the time-order rule may hold a record older than the one before
+/// it. The search checks the time range on every record it returns (the query walks a `seq`
+/// range without `at` conditions) and reads on so that no page comes back short.
+#[tokio::test]
+async fn a_search_over_an_out_of_order_chain_drops_what_is_out_of_range_and_fills_its_pages() {
+    let (manual, clock) = test_clock();
+    let start = manual.now();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            manual.set(start);
+            let t0 = manual.now_ms();
+            let head = store.append_audit(&record(0, "x")).await.unwrap().seq;
+            // 30 records after it as an old appender could have left them: every third one dated
+            // before the first (out of any range that starts at t0), the others 10 ms apart.
+            for seq in head + 1..=head + 30 {
+                let at = if seq % 3 == 0 {
+                    t0 - 1_000
+                } else {
+                    t0 + seq * 10
+                };
+                store
+                    .execute_sql(&format!(
+                        "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, \
+                         record, prev, hash) VALUES ({seq}, {at}, 'proposed', NULL, 'step-{seq}', \
+                         'invoice.get', 'x', NULL, '{{}}', 'sha256:p{seq}', 'sha256:h{seq}')"
+                    ))
+                    .await
+                    .unwrap();
+            }
+            let records = all_records(&store).await;
+            assert_eq!(records.len(), usize::try_from(head + 30).unwrap());
+            let f = AuditFilter {
+                actor: Some("x".into()),
+                from_ms: Some(t0),
+                to_ms: Some(t0 + 10_000),
+                ..AuditFilter::default()
+            };
+            let mut want: Vec<i64> = records
+                .iter()
+                .filter(|r| r.at >= t0 && r.at < t0 + 10_000 && r.actor.as_deref() == Some("x"))
+                .map(|r| r.seq)
+                .collect();
+            assert_eq!(want.len(), 21, "1 appended + 20 of the 30 inserted");
+            want.reverse();
+            // Page by page: every page but the last is full, and none holds a record dated
+            // out of range.
+            let mut got = Vec::new();
+            let mut cursor = AuditCursor::Newest;
+            loop {
+                let rows = store.search_audit(&f, cursor, 4).await.unwrap();
+                for r in &rows {
+                    assert!(r.at >= t0, "record {} at {} is out of range", r.seq, r.at);
+                }
+                got.extend(rows.iter().map(|r| r.seq));
+                if rows.len() < 4 {
+                    break;
+                }
+                cursor = AuditCursor::Before(rows.last().unwrap().seq);
+            }
+            assert_eq!(got, want);
+            // The page above a cursor, newest first, full as well.
+            let above = store
+                .search_audit(&f, AuditCursor::After(want[10]), 4)
+                .await
+                .unwrap();
+            let above: Vec<i64> = above.iter().map(|r| r.seq).collect();
+            assert_eq!(above, want[6..10].to_vec());
+        }
+    })
+    .await;
+}
