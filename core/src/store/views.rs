@@ -172,14 +172,22 @@ macro_rules! fetch_records {
 }
 
 impl Store {
-    /// The first `seq` whose record is at or after `at_ms` (Unix ms), if any: one probe of
+    /// The first `seq` whose record is at or after `at_ms` (Unix ms), if any: two probes of
     /// the `audit_at` index. Exact because `at` never decreases along `seq` (module docs).
+    ///
+    /// Written as MIN over MIN, not `ORDER BY at, seq LIMIT 1`: given the bound value, SQLite's
+    /// planner (STAT4 statistics, bundled) estimated that most of the table matches a time
+    /// early in the chain and sorted a full scan instead (250 ms over 1,000,000 records); a
+    /// MIN over an index range is one seek in every planner.
     pub async fn audit_seq_at(&self, at_ms: i64) -> Result<Option<i64>, StoreError> {
         let seq: Option<i64> = on_pool!(self, |p| {
-            sqlx::query_scalar("SELECT seq FROM audit WHERE at >= $1 ORDER BY at, seq LIMIT 1")
-                .bind(at_ms)
-                .fetch_optional(p)
-                .await?
+            sqlx::query_scalar(
+                "SELECT MIN(seq) FROM audit \
+                 WHERE at = (SELECT MIN(at) FROM audit WHERE at >= $1)",
+            )
+            .bind(at_ms)
+            .fetch_one(p)
+            .await?
         });
         Ok(seq)
     }

@@ -138,7 +138,7 @@ async fn proposal_audit(app: &TestApp) -> Vec<(String, String)> {
         .collect()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_page_and_endpoints_refuse_everyone_but_admins() {
     each_finance_app(|app| async move {
         // Signed out: the page redirects to sign-in; a form post is 401.
@@ -239,7 +239,7 @@ async fn admin_page_and_endpoints_refuse_everyone_but_admins() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_change_applies_only_after_a_second_admin_and_reaches_tools_list() {
     each_finance_app(|app| async move {
         let (_, comms) = agent(&app, "comms-1", "worker.comms").await;
@@ -363,7 +363,7 @@ async fn admin_change_applies_only_after_a_second_admin_and_reaches_tools_list()
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_stale_proposals_are_superseded_and_bad_ones_refused() {
     each_finance_app(|app| async move {
         let ada = app.demo_client("ada").await;
@@ -504,7 +504,7 @@ async fn note_plan(client: &mut Client<'_>) -> (String, String) {
     )
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_credentials_and_the_emergency_stop_switch() {
     each_finance_app(|app| async move {
         let ada = app.demo_client("ada").await;
@@ -655,7 +655,7 @@ async fn settings_form(
     form
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_tool_settings_change_only_after_a_second_admin_and_refuse_everyone_else() {
     each_finance_app(|app| async move {
         use countersign::adapters::builtin::ERP;

@@ -46,7 +46,7 @@ async fn payments(app: &TestApp) -> usize {
         .len()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvals_above_the_threshold_need_two_distinct_approvers() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -99,7 +99,7 @@ async fn approvals_above_the_threshold_need_two_distinct_approvers() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvals_refuse_non_approvers_self_approval_four_eyes_and_stale_sign_ins() {
     each_finance_app(|app| async move {
         let now = app.store.clock().now_ms();
@@ -208,7 +208,7 @@ async fn approvals_refuse_non_approvers_self_approval_four_eyes_and_stale_sign_i
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvals_http_api_lists_and_decides_for_signed_in_approvers_only() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;

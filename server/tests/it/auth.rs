@@ -319,7 +319,7 @@ async fn assert_refused(resp: reqwest::Response, expected: &str) {
 // ---------------------------------------------------------------------------------------
 // OIDC: the happy path, roles, logout.
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oidc_sign_in_maps_roles_rotates_the_session_and_logout_deletes_it() {
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some((app, provider)) = oidc_app(backend).await else {
@@ -409,7 +409,7 @@ async fn oidc_sign_in_maps_roles_rotates_the_session_and_logout_deletes_it() {
 // ---------------------------------------------------------------------------------------
 // OIDC: every refusal leaves no session.
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oidc_refuses_bad_responses_and_tokens_with_a_clear_page_and_no_session() {
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some((app, provider)) = oidc_app(backend).await else {
@@ -513,7 +513,7 @@ async fn demo_app(backend: Backend, extra: &[(&str, &str)]) -> Option<TestApp> {
     spawn_app_with(backend, extra).await
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_sign_in_lists_people_shows_the_banner_and_sets_a_strict_cookie() {
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some(app) = demo_app(backend, &[]).await else {
@@ -590,7 +590,7 @@ async fn demo_sign_in_lists_people_shows_the_banner_and_sets_a_strict_cookie() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_sign_in_is_refused_off_loopback_and_when_an_issuer_is_configured() {
     let Some(app) = demo_app(Backend::Sqlite, &[("COUNTERSIGN_LISTEN", "0.0.0.0:0")]).await else {
         return;
@@ -646,7 +646,7 @@ async fn demo_sign_in_is_refused_off_loopback_and_when_an_issuer_is_configured()
     app.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_end_after_the_idle_and_the_absolute_timeout() {
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some(app) = demo_app(backend, &[]).await else {
@@ -685,7 +685,7 @@ async fn sessions_end_after_the_idle_and_the_absolute_timeout() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_origin_state_changes_are_refused() {
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some(app) = demo_app(backend, &[]).await else {
@@ -756,7 +756,7 @@ async fn cross_origin_state_changes_are_refused() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secure_public_url_gets_a_host_prefixed_secure_cookie() {
     let Some(app) = demo_app(
         Backend::Sqlite,

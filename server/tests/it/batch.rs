@@ -64,7 +64,7 @@ async fn audit(app: &TestApp) -> Vec<AuditRecord> {
     app.store.audit_records(1, 100_000).await.unwrap()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_refuses_each_step_outside_its_bounds_and_those_keep_waiting() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -235,7 +235,7 @@ async fn batch_refuses_each_step_outside_its_bounds_and_those_keep_waiting() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_approves_exactly_the_listed_steps_each_runs_once_and_is_audited() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -356,7 +356,7 @@ async fn batch_approves_exactly_the_listed_steps_each_runs_once_and_is_audited()
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_whose_inputs_change_after_the_batch_is_refused_at_execution() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;

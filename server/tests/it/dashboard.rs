@@ -2,7 +2,7 @@ use reqwest::StatusCode;
 
 use crate::helpers::each_app;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_renders_on_the_server_with_navigation_and_hydration_scripts() {
     each_app(|app| async move {
         // An admin may open every page (approvers see neither the audit trail nor metrics).
@@ -39,7 +39,7 @@ async fn every_page_renders_on_the_server_with_navigation_and_hydration_scripts(
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_pages_are_404() {
     each_app(|app| async move {
         let resp = app

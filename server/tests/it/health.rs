@@ -3,7 +3,7 @@ use serde_json::Value;
 
 use crate::helpers::each_app;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_is_200_when_the_database_answers_and_503_when_it_does_not() {
     each_app(|app| async move {
         let resp = app.client.get(app.url("/healthz")).send().await.unwrap();

@@ -35,10 +35,18 @@ impl TestApp {
     }
 
     /// A client with a cookie jar, signed in through the demo sign-in as `user`.
+    ///
+    /// Tests that render pages run on a multi-thread runtime, as `countersign serve` does: on
+    /// tokio's current-thread runtime, with several such tests at once in this process, about
+    /// one run in four left an `SsrMode::Async` page render waiting forever (Leptos 0.8.23; no
+    /// CPU, no query running; 0 hangs in 22 runs of the same tests on multi-thread). The
+    /// client's timeout turns any such hang into a failure naming the page.
     pub async fn demo_client(&self, user: &str) -> reqwest::Client {
+        // A page that never finishes fails its test instead of hanging the suite.
         let client = reqwest::Client::builder()
             .cookie_store(true)
             .redirect(reqwest::redirect::Policy::none())
+            .timeout(std::time::Duration::from_secs(30))
             .build()
             .unwrap();
         let resp = client

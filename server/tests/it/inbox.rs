@@ -52,7 +52,7 @@ fn location(resp: &reqwest::Response) -> String {
         .to_string()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_shows_gates_to_approvers_only_with_amount_target_expiry_and_detail() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -141,7 +141,7 @@ async fn inbox_shows_gates_to_approvers_only_with_amount_target_expiry_and_detai
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_form_refuses_cross_origin_missing_reasons_and_stale_sign_ins_then_approves() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -268,7 +268,7 @@ async fn inbox_form_refuses_cross_origin_missing_reasons_and_stale_sign_ins_then
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_form_rejection_with_a_reason_refuses_the_step_for_good() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -311,7 +311,7 @@ async fn poll(client: &reqwest::Client, app: &TestApp, origin: &str) -> reqwest:
         .unwrap()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_poll_returns_gates_opened_after_the_page_loaded_to_approvers_only() {
     use countersign_app::inbox::InboxView;
     each_finance_app(|app| async move {

@@ -74,7 +74,7 @@ fn no_data(html: &str, secrets: &[&str], what: &str) {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn views_refuse_signed_out_people_and_wrong_roles_and_show_no_data() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -174,7 +174,7 @@ async fn views_refuse_signed_out_people_and_wrong_roles_and_show_no_data() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_links() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -328,7 +328,7 @@ async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_li
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_search_filters_pages_by_seq_verifies_the_chain_and_exports_jsonl() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
@@ -480,7 +480,7 @@ async fn audit_search_filters_pages_by_seq_verifies_the_chain_and_exports_jsonl(
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gate_metrics_show_rejection_rates_latency_expired_gates_and_break_even() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
