@@ -785,3 +785,77 @@ fn parallel_verify_accepts_an_intact_long_chain() {
         );
     }
 }
+
+/// A database that refuses the WAL flush barrier (`pg_logical_emit_message` revoked from the
+/// role Countersign connects as): the group committer notices at start and commits every
+/// batch synchronously. Without that fallback every pipelined batch would be answered "not
+/// known durable" and no append would succeed.
+#[tokio::test]
+async fn a_refused_flush_barrier_falls_back_to_synchronous_batches() {
+    use countersign_core::store::testing::FreshDb;
+    use countersign_core::store::{ConnectOptions, Store};
+    use sqlx::Connection;
+
+    let (_, clock) = test_clock();
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    // Migrated by the admin, then used by a role that may not write the barrier.
+    db.store(clock.clone()).await.close().await;
+    let role = format!("cs_nobarrier_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD 'nobarrier'"),
+        format!("GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"),
+        format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"),
+        // Function privileges live in this database's own catalog: other databases keep theirs.
+        "DO $$ DECLARE f regprocedure; BEGIN \
+           FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' \
+           LOOP EXECUTE 'REVOKE EXECUTE ON FUNCTION ' || f || ' FROM PUBLIC'; END LOOP; END $$"
+            .to_string(),
+    ] {
+        sqlx::query(&sql).execute(&mut admin).await.unwrap();
+    }
+    let mut url = url::Url::parse(db.url.expose()).unwrap();
+    url.set_username(&role).unwrap();
+    url.set_password(Some("nobarrier")).unwrap();
+    let url = Secret::new(url.to_string());
+
+    // The barrier is refused for this role.
+    let mut probe = sqlx::PgConnection::connect(url.expose()).await.unwrap();
+    let refused = sqlx::query("SELECT pg_logical_emit_message(true, 'countersign', 'flush')")
+        .execute(&mut probe)
+        .await;
+    assert!(
+        refused.is_err(),
+        "the barrier should be refused: {refused:?}"
+    );
+    let _ = probe.close().await;
+
+    let store = Store::connect(&url, &ConnectOptions::default(), clock)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..24)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.append_audit(&record(i)).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(store.verify_audit().await.unwrap(), Ok(24));
+    store.close().await;
+    let _ = admin.close().await;
+    db.drop_db().await;
+    // Roles belong to the cluster: dropped once the database holding its grants is gone.
+    let mut cluster =
+        sqlx::PgConnection::connect(&countersign_core::store::testing::postgres_admin_url())
+            .await
+            .unwrap();
+    sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
+        .execute(&mut cluster)
+        .await
+        .unwrap();
+    let _ = cluster.close().await;
+}
