@@ -258,8 +258,8 @@ impl Store {
                 // Every statement here is a short indexed read or write, yet a page query's
                 // LIMIT over a large index carries a plan cost above `jit_above_cost`: JIT
                 // then compiles for ~200 ms to run a 5 ms query (the render bench's audit
-                // page, docs/benchmarks.md). Off unless the URL's `options` say otherwise.
-                if !raw.contains("jit") {
+                // page, docs/benchmarks.md). Off unless the URL's own `options` set it.
+                if !opts.get_options().is_some_and(|o| o.contains("jit")) {
                     opts = opts.options([("jit", "off")]);
                 }
                 // One direct connection first: the pool's acquire timeout would hide the

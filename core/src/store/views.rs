@@ -63,6 +63,13 @@ enum Bind {
 const A_COLUMNS: &str =
     "a.seq, a.at, a.event, a.run_id, a.step_id, a.tool, a.actor, a.rule, a.record, a.prev, a.hash";
 
+impl AuditFilter {
+    /// Whether a record at `at` (Unix ms) lies in the filter's time range.
+    fn covers_time(&self, at: i64) -> bool {
+        self.from_ms.is_none_or(|t| at >= t) && self.to_ms.is_none_or(|t| at < t)
+    }
+}
+
 fn present(v: &Option<String>) -> Option<&str> {
     v.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
@@ -234,9 +241,7 @@ impl Store {
             return Ok(Vec::new());
         };
         let limit = limit.max(0);
-        let in_time = |r: &AuditRecord| {
-            f.from_ms.is_none_or(|t| r.at >= t) && f.to_ms.is_none_or(|t| r.at < t)
-        };
+        let want = usize::try_from(limit).unwrap_or(usize::MAX);
         let mut page = Vec::new();
         let mut cursor = cursor;
         loop {
@@ -244,10 +249,9 @@ impl Store {
             let read = rows.len();
             // `rows` is in the order the query walked (newest first unless `After`).
             let last = rows.last().map(|r| r.seq);
-            page.extend(rows.into_iter().filter(|r| in_time(r)));
-            let full = i64::try_from(page.len()).unwrap_or(i64::MAX) >= limit;
+            page.extend(rows.into_iter().filter(|r| f.covers_time(r.at)));
             match last {
-                Some(seq) if !full && i64::try_from(read).unwrap_or(0) == limit => {
+                Some(seq) if page.len() < want && read == want => {
                     cursor = match cursor {
                         AuditCursor::After(_) => AuditCursor::After(seq),
                         AuditCursor::Newest | AuditCursor::Before(_) => AuditCursor::Before(seq),
@@ -256,7 +260,7 @@ impl Store {
                 _ => break,
             }
         }
-        page.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        page.truncate(want);
         if matches!(cursor, AuditCursor::After(_)) {
             page.reverse();
         }

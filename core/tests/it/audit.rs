@@ -63,19 +63,24 @@ async fn appended_records_link_and_verify_on_both_backends() {
     .await;
 }
 
+/// Appends `n` records from `n` concurrent tasks; every append must succeed.
+async fn append_concurrently(store: &countersign_core::Store, n: usize) {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.append_audit(&record(i)).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test]
 async fn concurrent_appenders_never_fork_the_chain() {
     let (_, clock) = test_clock();
     each_backend(clock, |store| async move {
-        let tasks: Vec<_> = (0..24)
-            .map(|i| {
-                let store = store.clone();
-                tokio::spawn(async move { store.append_audit(&record(i)).await })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap().unwrap();
-        }
+        append_concurrently(&store, 24).await;
         assert_eq!(
             store.verify_audit().await.unwrap(),
             Ok(24),
@@ -835,15 +840,7 @@ async fn a_refused_flush_barrier_falls_back_to_synchronous_batches() {
     let store = Store::connect(&url, &ConnectOptions::default(), clock)
         .await
         .unwrap();
-    let tasks: Vec<_> = (0..24)
-        .map(|i| {
-            let store = store.clone();
-            tokio::spawn(async move { store.append_audit(&record(i)).await })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap().unwrap();
-    }
+    append_concurrently(&store, 24).await;
     assert_eq!(store.verify_audit().await.unwrap(), Ok(24));
     store.close().await;
     let _ = admin.close().await;
