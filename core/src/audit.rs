@@ -17,10 +17,12 @@
 //!   predecessor or whose columns disagree with its hashed text is named. Canonical form and
 //!   columns are checked in one allocation-free pass ([`scan_canonical_object`]), equivalent
 //!   to re-canonicalising the parsed text. [`ChainVerifier::push_all`] (and so [`verify`] and
-//!   the store's verification) runs those per-record checks on several threads over
-//!   contiguous chunks, then walks `seq` order, links and checkpoints sequentially; any record
-//!   not proven consistent goes through the sequential check, so the first break and its
-//!   reason are the same as record-by-record verification.
+//!   the store's verification) runs those per-record checks, and the link of each record to
+//!   its neighbour in the same chunk, on several threads over contiguous chunks, then walks
+//!   the chain sequentially: a record proven consistent and linked to the record just
+//!   accepted, with no checkpoint at its `seq`, is accepted without being read again; any
+//!   other goes through the full sequential check, so the first break and its reason are the
+//!   same as record-by-record verification.
 //! * A signed checkpoint ([`checkpoint`]) pins the hash at its `seq`: a chain that no longer
 //!   has it there, or ends before it, is broken even if it links perfectly.
 //! * The record format (what [`seal`] builds) is written in one place, used by the
@@ -270,11 +272,23 @@ pub fn default_threads() -> usize {
 /// Below this many records per thread, threads cost more than they save.
 const MIN_RECORDS_PER_THREAD: usize = 2_048;
 
-/// Whether each record is consistent with itself: [`check_record`] at its own `seq` after its
-/// own `prev` (its hash, canonical form and columns). Position and link are left to the
-/// sequential pass. Computed in `threads` contiguous chunks.
-fn self_consistent(records: &[AuditRecord], threads: usize) -> Vec<bool> {
-    let one = |chunk: &[AuditRecord]| -> Vec<bool> {
+/// What the parallel pass proved of one record.
+#[derive(Debug, Clone, Copy, Default)]
+struct Proven {
+    /// [`check_record`] passes at the record's own `seq` after its own `prev` (its hash,
+    /// canonical form and columns).
+    consistent: bool,
+    /// It directly follows the record before it in the slice: `seq` one more, `prev` that
+    /// record's `hash`. Never set for the first record of a chunk (its predecessor is in
+    /// another chunk) nor for the first of the slice.
+    linked: bool,
+}
+
+/// [`Proven`] for each record, computed in `threads` contiguous chunks. Position and link
+/// across chunks, and checkpoints, are left to the sequential pass.
+fn prove(records: &[AuditRecord], threads: usize) -> Vec<Proven> {
+    let one = |chunk: &[AuditRecord]| -> Vec<Proven> {
+        let mut before: Option<&AuditRecord> = None;
         chunk
             .iter()
             .enumerate()
@@ -282,7 +296,12 @@ fn self_consistent(records: &[AuditRecord], threads: usize) -> Vec<bool> {
                 if let Some(next) = chunk.get(i + 1) {
                     touch(next);
                 }
-                check_record(r, r.seq, &r.prev).is_ok()
+                let linked = before.is_some_and(|b| b.seq + 1 == r.seq && b.hash == r.prev);
+                before = Some(r);
+                Proven {
+                    consistent: check_record(r, r.seq, &r.prev).is_ok(),
+                    linked,
+                }
             })
             .collect()
     };
@@ -305,7 +324,7 @@ fn self_consistent(records: &[AuditRecord], threads: usize) -> Vec<bool> {
                 Ok(part) => out.extend(part),
                 // A panicking check proves nothing: every record of that chunk is re-checked
                 // sequentially (fail closed, same first break).
-                Err(_) => out.resize(out.len() + size, false),
+                Err(_) => out.resize(out.len() + size, Proven::default()),
             }
         }
         out.truncate(records.len());
@@ -380,18 +399,45 @@ impl ChainVerifier {
 
     /// Checks the next records, in order: the same checks and the same first break as
     /// [`ChainVerifier::push`] on each in turn. The per-record work (SHA-256, canonical form,
-    /// columns) runs on up to [`ChainVerifier::threads`] threads over contiguous chunks; the
-    /// chain itself (`seq` order, each `prev` = the hash before it, checkpoints) is then
-    /// walked sequentially. A record found inconsistent, or met at another position or after
+    /// columns, the link to the record before it in the same chunk) runs on up to
+    /// [`ChainVerifier::threads`] threads over contiguous chunks; the chain itself (`seq`
+    /// order, each `prev` = the hash before it, checkpoints) is then walked sequentially. A record found inconsistent, or met at another position or after
     /// another hash than it states, goes through the full sequential check, which names the
     /// break exactly as [`ChainVerifier::push`] would.
     ///
     /// # Errors
     /// The first thing wrong, named by its `seq`.
     pub fn push_all(&mut self, records: &[AuditRecord]) -> Result<(), ChainBreak> {
-        let consistent = self_consistent(records, self.threads);
-        for (r, ok) in records.iter().zip(consistent) {
-            self.push_with(r, ok)?;
+        let proven = prove(records, self.threads);
+        // `self.prev` is brought up to date lazily: while records pass on the fast path the
+        // current `prev` is the hash of `records[accepted]`, copied into `self.prev` before
+        // anything reads it.
+        let mut accepted: Option<usize> = None;
+        for (i, (r, p)) in records.iter().zip(proven).enumerate() {
+            // Fast path: proven consistent and linked to the record just accepted (so at the
+            // expected position after the expected hash), no checkpoint due at this `seq`,
+            // not a sparse export: exactly what `push_with` would accept, without touching
+            // the record again.
+            if p.consistent
+                && p.linked
+                && !self.sparse
+                && accepted == i.checked_sub(1)
+                && accepted.is_some()
+                && (self.expected.is_empty() || !self.expected.contains_key(&self.next_seq))
+            {
+                self.next_seq += 1;
+                self.count += 1;
+                accepted = Some(i);
+                continue;
+            }
+            if let Some(a) = accepted.take() {
+                self.prev.clone_from(&records[a].hash);
+            }
+            self.push_with(r, p.consistent)?;
+            accepted = Some(i);
+        }
+        if let Some(a) = accepted {
+            self.prev.clone_from(&records[a].hash);
         }
         Ok(())
     }
@@ -558,8 +604,8 @@ fn check_record(r: &AuditRecord, seq: i64, prev: &str) -> Result<(), String> {
     let mut bad: Option<&'static str> = None;
     let scanned = scan_canonical_object(&r.record, |name, raw| {
         let (bit, ok) = match name {
-            "seq" => (1, raw.parse::<i64>() == Ok(r.seq)),
-            "at" => (2, raw.parse::<i64>() == Ok(r.at)),
+            "seq" => (1, raw_int_is(raw, r.seq)),
+            "at" => (2, raw_int_is(raw, r.at)),
             "event" => (4, raw_is(raw, Some(&r.event))),
             "run_id" => (8, raw_is(raw, r.run_id.as_deref())),
             "step_id" => (16, raw_is(raw, r.step_id.as_deref())),
@@ -605,6 +651,27 @@ fn check_record(r: &AuditRecord, seq: i64, prev: &str) -> Result<(), String> {
         return Err("columns disagree with the hashed record".into());
     }
     Ok(())
+}
+
+/// Whether a raw number token from canonical text is the integer `want`. JCS writes every
+/// integer an `i64` column can hold (below 10^21) as plain digits, so comparing digits is
+/// exact; a token of more than 18 digits takes the general parse.
+fn raw_int_is(raw: &str, want: i64) -> bool {
+    let (negative, digits) = match raw.strip_prefix('-') {
+        Some(digits) => (true, digits),
+        None => (false, raw),
+    };
+    if digits.is_empty() || digits.len() > 18 {
+        return raw.parse::<i64>() == Ok(want);
+    }
+    let mut value: i64 = 0;
+    for &d in digits.as_bytes() {
+        if !d.is_ascii_digit() {
+            return false;
+        }
+        value = value * 10 + i64::from(d - b'0');
+    }
+    (if negative { -value } else { value }) == want
 }
 
 /// Whether a raw value token from canonical text is the string `want` (or null for `None`).

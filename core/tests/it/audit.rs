@@ -856,3 +856,37 @@ async fn a_refused_flush_barrier_falls_back_to_synchronous_batches() {
         .unwrap();
     let _ = cluster.close().await;
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+    /// Checkpoints on the parallel path: a signed hash expected at any `seq` (the right one, a
+    /// wrong one, or one past the end), with the chain intact or one record tampered with,
+    /// gives the same verdict through `push_all` on several threads as record by record.
+    #[test]
+    fn parallel_verify_checks_checkpoints_as_sequential(
+        at in 1usize..LONG + 2,
+        right in any::<bool>(),
+        tamper in prop::option::of(0usize..LONG),
+        threads in 1usize..5,
+    ) {
+        let chain = long_chain();
+        let mut t = chain.to_vec();
+        if let Some(i) = tamper {
+            t[i].hash = GENESIS.to_string();
+        }
+        let hash = match chain.get(at - 1) {
+            Some(r) if right => r.hash.clone(),
+            _ => GENESIS.to_string(),
+        };
+        let expecting = |threads: usize| {
+            let mut v = ChainVerifier::new(1, GENESIS).threads(threads);
+            v.expect(at as i64, &hash, "checkpoint").unwrap();
+            v
+        };
+        let mut one = expecting(1);
+        let reference = t.iter().try_for_each(|r| one.push(r)).and_then(|()| one.finish());
+        let mut all = expecting(threads);
+        let parallel = all.push_all(&t).and_then(|()| all.finish());
+        prop_assert_eq!(parallel, reference);
+    }
+}

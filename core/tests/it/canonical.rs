@@ -292,3 +292,57 @@ proptest! {
         }
     }
 }
+
+/// The special-byte masks cover 64-byte blocks, 16 blocks at a time: a quote, backslash,
+/// escape or control byte at every offset of strings that start, cross or end on a block or
+/// window boundary (names and values, with texts longer than one window) is judged exactly
+/// as the slow definition judges it.
+#[test]
+fn check_canonical_agrees_across_block_boundaries() {
+    use countersign_core::canonical::{check_canonical, scan_canonical_object};
+    let specials: [&str; 9] = [
+        "\"", "\\", "\\\\", "\\\"", "\\n", "\\u001f", "\u{1}", "\u{1f}", "é",
+    ];
+    for lead in [0usize, 1, 7, 50, 57, 62, 63, 64, 1000, 1020] {
+        for len in [0usize, 1, 5, 63, 64, 65, 130] {
+            for at in (0..=len).step_by(if len > 64 { 7 } else { 1 }) {
+                for special in specials {
+                    let mut content = "x".repeat(len);
+                    content.insert_str(at, special);
+                    let pad = "p".repeat(lead);
+                    for text in [
+                        format!("{{\"a\":\"{pad}\",\"b\":\"{content}\",\"c\":1}}"),
+                        format!("{{\"a{pad}\":0,\"b{content}\":[\"{content}\"]}}"),
+                    ] {
+                        let slow = is_canonical_slow(&text);
+                        assert_eq!(check_canonical(&text).is_ok(), slow, "{text:?}");
+                        assert_eq!(
+                            scan_canonical_object(&text, |_, _| {}).is_ok(),
+                            slow,
+                            "{text:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `scan_canonical_object` hands every top-level member's raw name and value to the caller,
+/// in order, and none of a nested object's.
+#[test]
+fn scan_canonical_object_reports_top_level_members_as_written() {
+    use countersign_core::canonical::scan_canonical_object;
+    let text = r#"{"a":"x\"y","b":{"c":1,"d":[2]},"e":-1.5,"f":null}"#;
+    let mut seen = Vec::new();
+    scan_canonical_object(text, |name, raw| seen.push((name, raw))).unwrap();
+    assert_eq!(
+        seen,
+        [
+            ("a", r#""x\"y""#),
+            ("b", r#"{"c":1,"d":[2]}"#),
+            ("e", "-1.5"),
+            ("f", "null")
+        ]
+    );
+}
