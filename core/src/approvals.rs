@@ -6,6 +6,9 @@
 //!   canonical text and its stored hash all hash to the bound one, and the clock is before the
 //!   expiry; anything else is no approval (fail closed). It is looked up by step id, so it
 //!   never authorises another step, even one with identical inputs.
+//! * Approvals are recorded only for a step at `needs_approval` with its gate window open
+//!   (`expires_at` set, which nothing clears): a step that never reached a gate has none, and
+//!   [`Store::valid_approval`] does not read them for it.
 //! * Batch approvals ([`crate::batch`]) go through the same per-step decision.
 //! * The approver is never the principal the run acts for, holds one of the tool's approver
 //!   roles, is not the person who created the proposing agent's credential when the tool asks
@@ -328,6 +331,11 @@ impl Store {
         inputs: &CanonicalJson,
         needed: u32,
     ) -> Result<Option<Approval>, StoreError> {
+        // Approvals are recorded only for a step parked at its gate, which opens its window
+        // (`expires_at`, never cleared afterwards): a step without one has none to read.
+        if step.expires_at.is_none() {
+            return Ok(None);
+        }
         let current = InputsHash::of(inputs).to_string();
         let stored_text_hash = CanonicalJson::from_canonical_text(&step.inputs)
             .ok()

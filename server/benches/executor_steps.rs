@@ -21,7 +21,8 @@
 //! * Baseline: [`countersign_core::Store::claim_statement`] itself — the executor's claim,
 //!   on a connection that, like the store's claim, does not wait for the WAL flush — then one
 //!   `UPDATE … SET status = 'done'` completing the step, committed durably (as any recorded
-//!   outcome must be), each autocommitted, through 16-connection sqlx `PgPool`s, on steps
+//!   outcome must be), each autocommitted, through 16-connection sqlx `PgPool`s with the
+//!   store's own pool settings (`store::pg_pool_options`: no ping on acquire), on steps
 //!   seeded the same way. The floor of a durable queue: one claim and one synchronous commit
 //!   per step.
 //!
@@ -46,9 +47,10 @@ use std::time::{Duration, Instant};
 
 use common::{Mcp, Server, env_num, fresh_postgres, pct};
 use countersign::executor::{EMERGENCY_STOP, TIMING, Timings, work_once};
+use countersign_core::store::pg_pool_options;
 use countersign_core::{Clock, StepStatus};
 use serde_json::{Value, json};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgPool, Row};
 
 const INVOICE: &str = "INV-20260611";
@@ -485,12 +487,12 @@ async fn main() {
     let options = PgConnectOptions::from_str(db.url.expose()).unwrap();
     let raw = Raw {
         claim: store.claim_statement(),
-        claims: PgPoolOptions::new()
+        claims: pg_pool_options()
             .max_connections(16)
             .connect_with(options.clone().options([("synchronous_commit", "off")]))
             .await
             .unwrap(),
-        completions: PgPoolOptions::new()
+        completions: pg_pool_options()
             .max_connections(16)
             .connect_with(options)
             .await

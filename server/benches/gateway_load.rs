@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Mcp, Server, env_num, fresh_postgres, ms, pct, percentile};
+use countersign_core::store::pg_pool_options;
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
 
 const INVOICE: &str = "INV-20260611";
 
@@ -156,9 +156,10 @@ async fn main() {
         server.addr
     );
 
-    // Baseline: BEGIN; INSERT; COMMIT per call, 16 pooled connections like the server's.
+    // Baseline: BEGIN; INSERT; COMMIT per call, 16 pooled connections with the server's own
+    // pool settings (no ping on acquire).
     let pool = Arc::new(
-        PgPoolOptions::new()
+        pg_pool_options()
             .max_connections(16)
             .connect(db.url.expose())
             .await

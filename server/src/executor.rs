@@ -120,10 +120,11 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     let checked = began.elapsed();
     let answer = pipeline::execute_claimed_in(state, run, step, worker).await;
     let executed = began.elapsed();
-    let _ = store.release_step(&step_id, worker).await;
+    let settled = store.release_and_settle(&step_id, worker).await;
     let released = began.elapsed();
     let answer = answer.map_err(|e| e.to_string())?;
-    settle(state, &run_id, &step_id, &answer)
+    let (step, run_done) = settled.map_err(|e| e.to_string())?;
+    settle(state, &run_id, step, run_done, &answer)
         .await
         .map_err(|e| e.to_string())?;
     let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
@@ -207,15 +208,16 @@ async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), S
     Ok(())
 }
 
-/// After a step: schedule a retry, finish the run, or leave it waiting.
+/// After a step (as read back when its lease ended, with whether its whole run is done):
+/// schedule a retry, finish the run, or leave it waiting.
 async fn settle(
     state: &AppState,
     run_id: &str,
-    step_id: &str,
+    step: Step,
+    run_done: bool,
     answer: &Answer,
 ) -> Result<(), StoreError> {
     let store = &state.store;
-    let (step, run_done) = store.step_and_run_done(step_id).await?;
     match step.status {
         StepStatus::Failed => {
             let key = store.get_key(&step.idem_key).await?;

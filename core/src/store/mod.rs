@@ -213,6 +213,32 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// How long a pooled Postgres connection may sit idle before it is pinged on acquire.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(30);
+
+/// The pool settings of every Postgres pool the store opens (benchmarks build their
+/// baselines' pools from it too, so both sides pay the same per-acquire cost).
+///
+/// sqlx pings a connection on every acquire by default: one more round trip before each
+/// statement or transaction, about a quarter of a millisecond on loopback, on the path of
+/// every call and every executed step. Here only a connection idle for
+/// [`PING_AFTER_IDLE`] is pinged first (one a firewall or a server restart may have cut);
+/// a connection that breaks in use fails that statement with an I/O error, which callers
+/// already treat like any database error (the step stays where it was, the call answers
+/// an internal error), and sqlx closes it rather than returning it to the pool.
+pub fn pg_pool_options() -> PgPoolOptions {
+    PgPoolOptions::new()
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 impl Store {
     /// Connects to the database `url` names, creating a SQLite file (and its folder) if
     /// missing. Does not migrate; call [`Store::migrate`].
@@ -272,14 +298,16 @@ impl Store {
                 .map_err(|_| connect(sqlx::Error::PoolTimedOut))?
                 .map_err(connect)?;
                 let _ = probe.close().await;
+                // The lazy pool serves the committer's batches and every worker's claims, key
+                // reservations and releases: at 4 it was contended by 4 workers alone.
                 lazy = Some(
-                    PgPoolOptions::new()
-                        .max_connections(options.max_connections.clamp(1, 4))
+                    pg_pool_options()
+                        .max_connections(options.max_connections.clamp(1, 8))
                         .min_connections(0)
                         .acquire_timeout(options.connect_timeout)
                         .connect_lazy_with(opts.clone().options([("synchronous_commit", "off")])),
                 );
-                let pool = PgPoolOptions::new()
+                let pool = pg_pool_options()
                     .max_connections(options.max_connections)
                     .acquire_timeout(options.connect_timeout)
                     .connect_with(opts)

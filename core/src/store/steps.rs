@@ -713,6 +713,45 @@ impl Store {
         Ok(())
     }
 
+    /// Ends `worker`'s lease on a step and reads what settling it needs: the step, and whether
+    /// every step of its run is done ([`Store::release_step`] then
+    /// [`Store::step_and_run_done`], in one statement on Postgres).
+    ///
+    /// [durability] As [`Store::release_step`]: the release may be lost in a crash; what is
+    /// read back is committed state either way.
+    pub async fn release_and_settle(
+        &self,
+        id: &str,
+        worker: &str,
+    ) -> Result<(Step, bool), StoreError> {
+        // `lazy` exists on Postgres only; SQLite keeps the two statements.
+        let Some(lazy) = &self.lazy else {
+            self.release_step(id, worker).await?;
+            return self.step_and_run_done(id).await;
+        };
+        #[derive(sqlx::FromRow)]
+        struct Row {
+            #[sqlx(flatten)]
+            step: StepRow,
+            run_done: bool,
+        }
+        // Both CASEs read the row as it was: the lease is dropped only if it is still ours.
+        let sql = format!(
+            "UPDATE steps SET
+                 claimed_by = CASE WHEN claimed_by = $2 THEN NULL ELSE claimed_by END,
+                 lease_until = CASE WHEN claimed_by = $2 THEN NULL ELSE lease_until END
+             WHERE id = $1
+             RETURNING {STEP_COLUMNS}, NOT EXISTS (SELECT 1 FROM steps o
+                 WHERE o.run_id = steps.run_id AND o.status <> 'done') AS run_done"
+        );
+        let row: Row = sqlx::query_as(&sql)
+            .bind(id)
+            .bind(worker)
+            .fetch_one(lazy)
+            .await?;
+        Ok((row.step.try_into()?, row.run_done))
+    }
+
     /// Drops any worker's lease on a step (the reconciler, after its worker vanished).
     pub async fn clear_lease(&self, id: &str) -> Result<(), StoreError> {
         on_pool!(self, |p| {

@@ -603,8 +603,10 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
         // A reader that looks at the run, then at its steps, never finds the run ended while
         // one of its steps is still pending.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let watcher = {
             let (store, stop, run_id) = (store.clone(), stop.clone(), run.id.clone());
+            let seen = seen.clone();
             tokio::spawn(async move {
                 let mut seen_ended = 0;
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
@@ -612,6 +614,7 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
                     let steps = store.steps_for_run(&run_id).await.unwrap();
                     if status != RunStatus::Active {
                         seen_ended += 1;
+                        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         let pending: Vec<_> = steps
                             .iter()
                             .filter(|s| s.status == StepStatus::Pending)
@@ -632,7 +635,14 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
             .unwrap();
         assert!(ended);
         assert_eq!(moved, 39, "every step but the failed one");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // Let the watcher look at the ended run a few times (on a loaded machine one look
+        // can take longer than any fixed sleep; give up after 30 s).
+        let waiting = std::time::Instant::now();
+        while seen.load(std::sync::atomic::Ordering::SeqCst) < 3
+            && waiting.elapsed() < std::time::Duration::from_secs(30)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         assert!(watcher.await.unwrap() > 0, "the watcher saw the ended run");
 
