@@ -33,6 +33,10 @@
 //! point after the batch's commit record. Invariants:
 //! * No job is answered before the barrier after its batch returned: whatever a caller is told
 //!   (and any effect it then starts) is durable. Barriers of different batches share fsyncs.
+//!   The one exception is a transition marked [`Transition::answer_at_commit`] (an executor's
+//!   closing transition after its effect, whose worker starts no effect before another
+//!   barrier): it is answered at COMMIT, and a crash that loses it leaves what a crash just
+//!   before its COMMIT leaves (a `running` step with an `in_flight` key, reconciled by key).
 //! * WAL order: a batch committed before another is flushed no later than it, so a database
 //!   crash can lose only a suffix of the chain (the unanswered batches), never a middle part.
 //! * Other sessions may read a batch's rows during its flush; anything they then commit
@@ -66,6 +70,13 @@ pub(crate) enum Work {
     Transition(Box<Transition>),
     /// One audit record ([`Store::append_audit`]).
     Append(NewAuditRecord, AuditEvent),
+}
+
+impl Work {
+    /// Whether the caller asked to be answered at COMMIT ([`Transition::answer_at_commit`]).
+    fn answer_at_commit(&self) -> bool {
+        matches!(self, Work::Transition(t) if t.answer_at_commit)
+    }
 }
 
 /// What was written.
@@ -127,11 +138,20 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
         if pipelined && let Ok(permit) = in_flight.clone().acquire_owned().await {
             match store.commit_batch(&jobs, true).await {
                 Ok(done) => {
+                    // Jobs that asked to be answered at COMMIT are answered now; the others
+                    // after the flush barrier.
+                    let (now, later): (Vec<_>, Vec<_>) = jobs
+                        .into_iter()
+                        .zip(done)
+                        .partition(|(job, _)| job.work.answer_at_commit());
+                    for (job, done) in now {
+                        let _ = job.reply.send(Ok(done));
+                    }
                     let store = store.clone();
                     tokio::spawn(async move {
                         let flushed = store.flush_barrier_retrying().await;
                         drop(permit);
-                        for (job, done) in jobs.into_iter().zip(done) {
+                        for (job, done) in later {
                             let answer = match &flushed {
                                 Ok(()) => Ok(done),
                                 Err(why) => Err(StoreError::Database(sqlx::Error::Protocol(

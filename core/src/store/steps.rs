@@ -338,6 +338,13 @@ pub struct Transition {
     /// checked in it). When the guard refuses, the row is written as prepared (`pending`) and
     /// the transition reports `None`, so the caller can record why it did not run.
     pub insert: Option<Box<Step>>,
+    /// Answer at COMMIT, before the batch's WAL flush is confirmed (group commit on Postgres;
+    /// see [`crate::store`]'s committer). Only for an executor's closing transition after its
+    /// effect: the worker starts no effect before a later barrier (which flushes the WAL past
+    /// this commit), and a crash that loses the unflushed commit leaves the step `running`
+    /// with its key `in_flight`, which the reconciler settles by key — the state a crash just
+    /// before this COMMIT leaves. Never for an answer a caller outside this process sees.
+    pub answer_at_commit: bool,
 }
 
 /// Conditions a [`Transition`] checks in its own UPDATE, so that a call that read the world
