@@ -167,6 +167,18 @@ impl TryFrom<StepRow> for Step {
     }
 }
 
+/// Whether every step of the `steps` row's run is done, as a column `run_done`.
+const RUN_DONE: &str = "NOT EXISTS (SELECT 1 FROM steps o
+    WHERE o.run_id = steps.run_id AND o.status <> 'done') AS run_done";
+
+/// A step row with its [`RUN_DONE`] column.
+#[derive(sqlx::FromRow)]
+struct StepAndRunDone {
+    #[sqlx(flatten)]
+    step: StepRow,
+    run_done: bool,
+}
+
 const STEP_COLUMNS: &str = "id, run_id, CAST(seq AS BIGINT) AS seq, role, tool, effect, inputs, \
      inputs_hash, idem_key, status, CAST(attempts AS BIGINT) AS attempts, decision, rule, approval, \
      outcome, reason, evidence, observed, trace_id, not_before, expires_at, agent_id, created_at, \
@@ -569,18 +581,8 @@ impl Store {
     /// One step, and whether every step of its run is done: what settling a step after its
     /// execution needs, in one read.
     pub async fn step_and_run_done(&self, id: &str) -> Result<(Step, bool), StoreError> {
-        #[derive(sqlx::FromRow)]
-        struct Row {
-            #[sqlx(flatten)]
-            step: StepRow,
-            run_done: bool,
-        }
-        let sql = format!(
-            "SELECT {STEP_COLUMNS}, NOT EXISTS (SELECT 1 FROM steps o
-                 WHERE o.run_id = steps.run_id AND o.status <> 'done') AS run_done
-             FROM steps WHERE id = $1"
-        );
-        let row: Row = on_pool!(self, |p| {
+        let sql = format!("SELECT {STEP_COLUMNS}, {RUN_DONE} FROM steps WHERE id = $1");
+        let row: StepAndRunDone = on_pool!(self, |p| {
             sqlx::query_as(&sql).bind(id).fetch_one(p).await?
         });
         Ok((row.step.try_into()?, row.run_done))
@@ -736,22 +738,15 @@ impl Store {
             self.release_step(id, worker).await?;
             return self.step_and_run_done(id).await;
         };
-        #[derive(sqlx::FromRow)]
-        struct Row {
-            #[sqlx(flatten)]
-            step: StepRow,
-            run_done: bool,
-        }
         // Both CASEs read the row as it was: the lease is dropped only if it is still ours.
         let sql = format!(
             "UPDATE steps SET
                  claimed_by = CASE WHEN claimed_by = $2 THEN NULL ELSE claimed_by END,
                  lease_until = CASE WHEN claimed_by = $2 THEN NULL ELSE lease_until END
              WHERE id = $1
-             RETURNING {STEP_COLUMNS}, NOT EXISTS (SELECT 1 FROM steps o
-                 WHERE o.run_id = steps.run_id AND o.status <> 'done') AS run_done"
+             RETURNING {STEP_COLUMNS}, {RUN_DONE}"
         );
-        let row: Row = sqlx::query_as(&sql)
+        let row: StepAndRunDone = sqlx::query_as(&sql)
             .bind(id)
             .bind(worker)
             .fetch_one(lazy)
