@@ -296,7 +296,8 @@ fn prove(records: &[AuditRecord], threads: usize) -> Vec<Proven> {
                 if let Some(next) = chunk.get(i + 1) {
                     touch(next);
                 }
-                let linked = before.is_some_and(|b| b.seq + 1 == r.seq && b.hash == r.prev);
+                let linked =
+                    before.is_some_and(|b| b.seq.checked_add(1) == Some(r.seq) && b.hash == r.prev);
                 before = Some(r);
                 Proven {
                     consistent: check_record(r, r.seq, &r.prev).is_ok(),

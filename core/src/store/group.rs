@@ -223,8 +223,7 @@ impl Store {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<crate::audit::ChainHead> = None;
-                // The append lock first, before any row lock (see the module invariants): taken
-                // by `$begin` itself where `$lock` is false.
+                // The append lock first, before any row lock (see the module invariants).
                 hold_head!(&mut *tx, $lock, &mut head);
                 let mut out = Vec::with_capacity(jobs.len());
                 // Every record of the batch, sealed in chain order; inserted in one go.
@@ -261,14 +260,11 @@ impl Store {
                     (Some(lazy), true) => lazy,
                     _ => p,
                 };
-                // BEGIN and the append lock in one simple query (one round trip fewer per
-                // batch); the head is read by the next statement, whose snapshot is taken
-                // after the lock is granted.
-                let begin = format!(
-                    "BEGIN; SELECT pg_advisory_xact_lock({})",
-                    crate::audit::PG_AUDIT_LOCK
-                );
-                batch_in!(p, begin, false, crate::audit::insert_all_pg)
+                // BEGIN and the append lock stay two statements: sent as one simple query, a
+                // lock that fails (lock or statement timeout, cancel) would leave the
+                // connection in an aborted transaction that sqlx does not roll back (it counts
+                // the transaction as begun only once the whole query succeeded).
+                batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
             }
         })
     }
