@@ -419,11 +419,11 @@ impl ChainVerifier {
             // expected position after the expected hash), no checkpoint due at this `seq`,
             // not a sparse export: exactly what `push_with` would accept, without touching
             // the record again.
+            // (`linked` is never set for the first record, and every record before `i` was
+            // accepted or the loop has returned: so `records[i - 1]` is the one just accepted.)
             if p.consistent
                 && p.linked
                 && !self.sparse
-                && accepted == i.checked_sub(1)
-                && accepted.is_some()
                 && (self.expected.is_empty() || !self.expected.contains_key(&self.next_seq))
             {
                 self.next_seq += 1;
