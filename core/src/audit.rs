@@ -15,8 +15,11 @@
 //! * [`verify`] / [`ChainVerifier`] fail closed: the first record that does not parse, is not
 //!   canonical, does not match its stored hash, skips a `seq`, does not link to its
 //!   predecessor or whose columns disagree with its hashed text is named. Canonical form and
-//!   columns are checked in one allocation-free pass ([`scan_canonical_object`]), equivalent
-//!   to re-canonicalising the parsed text. [`ChainVerifier::push_all`] (and so [`verify`] and
+//!   columns are checked without allocating ([`check`]): a record in the layout [`seal`]
+//!   writes is matched piece by piece against its own columns, with only its `detail` value
+//!   scanned ([`crate::canonical::check_canonical`]); any other goes through one general
+//!   pass ([`crate::canonical::scan_canonical_object`]). Both are equivalent to
+//!   re-canonicalising the parsed text. [`ChainVerifier::push_all`] (and so [`verify`] and
 //!   the store's verification) runs those per-record checks, and the link of each record to
 //!   its neighbour in the same chunk, on several threads over contiguous chunks, then walks
 //!   the chain sequentially: a record proven consistent and linked to the record just
@@ -36,10 +39,16 @@ use sha2::{Digest, Sha256};
 
 use std::collections::BTreeMap;
 
-use crate::canonical::{CanonicalError, canonicalize, decode_raw_string, scan_canonical_object};
+use crate::canonical::{CanonicalError, canonicalize};
 use crate::store::{Pool, Store, StoreError};
 
+mod check;
 pub mod checkpoint;
+
+use check::check_record;
+/// Test access to the two halves of the per-record text check (see `check`'s invariant).
+#[cfg(feature = "test-support")]
+pub use check::fast_and_general;
 
 /// `prev` of the first record.
 pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
@@ -177,17 +186,6 @@ pub fn hash_text(text: &str) -> String {
     out.push_str("sha256:");
     out.push_str(&crate::keys::hex(&digest));
     out
-}
-
-/// Whether `stored` is `sha256:` + the lower-case hex of `digest` (no allocation).
-fn hash_matches(stored: &str, digest: &[u8]) -> bool {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = [0u8; 64];
-    for (pair, b) in hex.chunks_exact_mut(2).zip(digest) {
-        pair[0] = HEX[usize::from(b >> 4)];
-        pair[1] = HEX[usize::from(b & 0xf)];
-    }
-    digest.len() == 32 && stored.strip_prefix("sha256:").map(str::as_bytes) == Some(&hex[..])
 }
 
 pub(crate) fn body(
@@ -384,7 +382,7 @@ impl ChainVerifier {
             next_seq: first_seq,
             prev: prev.to_string(),
             expected: BTreeMap::new(),
-            last_matched: first_seq - 1,
+            last_matched: first_seq.saturating_sub(1),
             count: 0,
             sparse: false,
             skipped_checkpoints: 0,
@@ -424,6 +422,7 @@ impl ChainVerifier {
             if p.consistent
                 && p.linked
                 && !self.sparse
+                && self.next_seq < i64::MAX
                 && (self.expected.is_empty() || !self.expected.contains_key(&self.next_seq))
             {
                 self.next_seq += 1;
@@ -472,7 +471,7 @@ impl ChainVerifier {
         source: impl Into<String>,
     ) -> Result<(), ChainBreak> {
         let source = source.into();
-        if seq == self.next_seq - 1 && self.count == 0 {
+        if self.next_seq.checked_sub(1) == Some(seq) && self.count == 0 {
             if hash != self.prev {
                 return Err(ChainBreak {
                     seq: self.next_seq,
@@ -535,6 +534,14 @@ impl ChainVerifier {
             self.prev.clone_from(&r.prev);
         }
         let seq = if self.sparse { self.next_seq } else { seq };
+        // INVARIANT (fails closed): no record is accepted at the last `seq` an `i64` holds,
+        // so `next_seq` never overflows (the fast path of `push_all` stops short of it too).
+        let Some(after) = seq.checked_add(1) else {
+            return Err(ChainBreak {
+                seq,
+                reason: "its seq is the largest a chain can hold: nothing can follow it".into(),
+            });
+        };
         if !(consistent && r.seq == seq && r.prev == self.prev) {
             check_record(r, seq, &self.prev).map_err(|reason| ChainBreak { seq, reason })?;
         }
@@ -542,14 +549,14 @@ impl ChainVerifier {
             for e in exps {
                 if e.hash != r.hash {
                     return Err(ChainBreak {
-                        seq: self.last_matched + 1,
+                        seq: self.last_matched.saturating_add(1),
                         reason: format!(
                             "record {seq} hashes to {} but {} signed {}: a record in {}..={seq} \
                              was rewritten",
                             r.hash,
                             e.source,
                             e.hash,
-                            self.last_matched + 1
+                            self.last_matched.saturating_add(1)
                         ),
                     });
                 }
@@ -557,7 +564,7 @@ impl ChainVerifier {
             self.last_matched = seq;
         }
         self.prev.clone_from(&r.hash);
-        self.next_seq = seq + 1;
+        self.next_seq = after;
         self.count += 1;
         Ok(())
     }
@@ -580,117 +587,11 @@ impl ChainVerifier {
                 reason: format!(
                     "missing: the chain ends at record {} but {source} signed record {seq}; \
                      the tail was truncated",
-                    self.next_seq - 1
+                    self.next_seq.saturating_sub(1)
                 ),
             });
         }
         Ok(self.count)
-    }
-}
-
-/// Everything one record must satisfy at position `seq` after a record hashed `prev`.
-fn check_record(r: &AuditRecord, seq: i64, prev: &str) -> Result<(), String> {
-    if r.seq != seq {
-        return Err(format!("expected record {seq}, found {}", r.seq));
-    }
-    let digest = Sha256::digest(r.record.as_bytes());
-    if !hash_matches(&r.hash, &digest) {
-        return Err("stored hash does not match the record".into());
-    }
-    if r.prev != prev {
-        return Err("does not link to the previous record".into());
-    }
-    // One pass over the text: canonical form, and the embedded columns.
-    let mut seen = 0u16;
-    let mut bad: Option<&'static str> = None;
-    let scanned = scan_canonical_object(&r.record, |name, raw| {
-        let (bit, ok) = match name {
-            "seq" => (1, raw_int_is(raw, r.seq)),
-            "at" => (2, raw_int_is(raw, r.at)),
-            "event" => (4, raw_is(raw, Some(&r.event))),
-            "run_id" => (8, raw_is(raw, r.run_id.as_deref())),
-            "step_id" => (16, raw_is(raw, r.step_id.as_deref())),
-            "tool" => (32, raw_is(raw, r.tool.as_deref())),
-            "actor" => (64, raw_is(raw, r.actor.as_deref())),
-            "rule" => (128, raw_is(raw, r.rule.as_deref())),
-            "prev" => (256, raw_is(raw, Some(prev))),
-            _ => (0, true),
-        };
-        seen |= bit;
-        if !ok && bad.is_none() {
-            bad = Some(if bit == 256 {
-                "does not link to the previous record"
-            } else {
-                "columns disagree with the hashed record"
-            });
-        }
-    });
-    match scanned {
-        Err(CanonicalError::NotJson(e)) => return Err(format!("record is not JSON: {e}")),
-        Err(CanonicalError::NotCanonical) => return Err("record text is not canonical".into()),
-        Err(e) => return Err(e.to_string()),
-        Ok(()) => {}
-    }
-    if let Some(reason) = bad {
-        return Err(reason.into());
-    }
-    // seq, at, event and prev are never null, so they must be present; an absent optional
-    // column reads as null.
-    let optional_absent_ok = [
-        (8, r.run_id.is_none()),
-        (16, r.step_id.is_none()),
-        (32, r.tool.is_none()),
-        (64, r.actor.is_none()),
-        (128, r.rule.is_none()),
-    ]
-    .iter()
-    .all(|(bit, none)| seen & bit != 0 || *none);
-    if seen & 256 == 0 {
-        return Err("does not link to the previous record".into());
-    }
-    if seen & 7 != 7 || !optional_absent_ok {
-        return Err("columns disagree with the hashed record".into());
-    }
-    Ok(())
-}
-
-/// Whether a raw number token from canonical text is the integer `want`. JCS writes every
-/// integer an `i64` column can hold (below 10^21) as plain digits, so comparing digits is
-/// exact; a token of more than 18 digits takes the general parse.
-fn raw_int_is(raw: &str, want: i64) -> bool {
-    let (negative, digits) = match raw.strip_prefix('-') {
-        Some(digits) => (true, digits),
-        None => (false, raw),
-    };
-    if digits.is_empty() || digits.len() > 18 {
-        return raw.parse::<i64>() == Ok(want);
-    }
-    let mut value: i64 = 0;
-    for &d in digits.as_bytes() {
-        if !d.is_ascii_digit() {
-            return false;
-        }
-        value = value * 10 + i64::from(d - b'0');
-    }
-    (if negative { -value } else { value }) == want
-}
-
-/// Whether a raw value token from canonical text is the string `want` (or null for `None`).
-fn raw_is(raw: &str, want: Option<&str>) -> bool {
-    match want {
-        None => raw == "null",
-        Some(want) => {
-            let Some(inner) = raw
-                .strip_prefix('"')
-                .and_then(|r| r.strip_suffix('"'))
-                .filter(|_| raw.len() >= 2)
-            else {
-                return false;
-            };
-            // Common case: written as itself. Otherwise it can only match through escapes.
-            inner == want
-                || (inner.contains('\\') && decode_raw_string(inner).is_ok_and(|s| s == want))
-        }
     }
 }
 

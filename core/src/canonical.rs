@@ -37,7 +37,7 @@ use std::fmt;
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 
-pub use scan::{MAX_DEPTH, check_canonical, decode_raw_string, scan_canonical_object};
+pub use scan::{MAX_DEPTH, check_canonical, decode_raw_string, has_special, scan_canonical_object};
 
 /// The largest integer magnitude a double holds exactly together with its neighbours
 /// (2^53 − 1, ECMAScript's `Number.MAX_SAFE_INTEGER`).

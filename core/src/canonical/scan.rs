@@ -453,56 +453,91 @@ impl<'a> Scanner<'a> {
 /// accepted, and every byte outside strings is matched by the grammar, so control bytes
 /// are refused wherever they are.
 fn special_bytes(bytes: &[u8], start: usize) -> u64 {
+    if let Some(Ok(block)) = bytes.get(start..start + 64).map(<&[u8; 64]>::try_from) {
+        return special_mask(block);
+    }
+    let rest = bytes.get(start..).unwrap_or_default();
     let mut padded = [b' '; 64];
-    let block: &[u8; 64] = match bytes.get(start..start + 64).map(<&[u8; 64]>::try_from) {
-        Some(Ok(block)) => block,
-        _ => {
-            let rest = bytes.get(start..).unwrap_or_default();
-            padded[..rest.len().min(64)].copy_from_slice(&rest[..rest.len().min(64)]);
-            &padded
+    padded[..rest.len().min(64)].copy_from_slice(&rest[..rest.len().min(64)]);
+    special_mask(&padded)
+}
+
+/// Whether `bytes` holds a special byte (`"`, `\\` or below 0x20): a string JCS would not
+/// write as itself. Sixteen bytes at a time through the same masks as [`special_bytes`].
+pub fn has_special(bytes: &[u8]) -> bool {
+    let mut chunks = bytes.chunks_exact(16);
+    let mut found = false;
+    for chunk in chunks.by_ref() {
+        if let Ok(lanes) = <&[u8; 16]>::try_from(chunk) {
+            found |= special_mask16(lanes) != 0;
         }
-    };
-    special_mask(block)
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut padded = [b' '; 16];
+        padded[..rest.len()].copy_from_slice(rest);
+        found |= special_mask16(&padded) != 0;
+    }
+    found
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
-fn special_mask(block: &[u8; 64]) -> u64 {
+fn special_mask16(lanes: &[u8; 16]) -> u16 {
     use safe_arch::{
         bitor_m128i, cmp_eq_mask_i8_m128i, load_unaligned_m128i, min_u8_m128i, move_mask_i8_m128i,
         set_splat_i8_m128i,
     };
-    let quote = set_splat_i8_m128i(b'"' as i8);
-    let backslash = set_splat_i8_m128i(b'\\' as i8);
-    let control = set_splat_i8_m128i(0x1f);
+    let v = load_unaligned_m128i(lanes);
+    let special = bitor_m128i(
+        bitor_m128i(
+            cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'"' as i8)),
+            cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'\\' as i8)),
+        ),
+        // v <= 0x1f exactly when min(v, 0x1f) == v.
+        cmp_eq_mask_i8_m128i(min_u8_m128i(v, set_splat_i8_m128i(0x1f)), v),
+    );
+    move_mask_i8_m128i(special) as u16
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+fn special_mask16(lanes: &[u8; 16]) -> u16 {
+    lanes.iter().enumerate().fold(0u16, |mask, (i, &b)| {
+        mask | (u16::from(b == b'"' || b == b'\\' || b < 0x20) << i)
+    })
+}
+
+/// The special bytes of one 64-byte block, sixteen at a time.
+fn special_mask(block: &[u8; 64]) -> u64 {
     let mut mask = 0u64;
     for (k, lanes) in block.chunks_exact(16).enumerate() {
-        let Ok(lanes) = <&[u8; 16]>::try_from(lanes) else {
-            continue;
-        };
-        let v = load_unaligned_m128i(lanes);
-        let special = bitor_m128i(
-            bitor_m128i(
-                cmp_eq_mask_i8_m128i(v, quote),
-                cmp_eq_mask_i8_m128i(v, backslash),
-            ),
-            // v <= 0x1f exactly when min(v, 0x1f) == v.
-            cmp_eq_mask_i8_m128i(min_u8_m128i(v, control), v),
-        );
-        mask |= u64::from(move_mask_i8_m128i(special) as u16) << (16 * k);
+        if let Ok(lanes) = <&[u8; 16]>::try_from(lanes) {
+            mask |= u64::from(special_mask16(lanes)) << (16 * k);
+        }
     }
     mask
 }
 
-#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
-fn special_mask(block: &[u8; 64]) -> u64 {
-    block.iter().enumerate().fold(0u64, |mask, (i, &b)| {
-        mask | (u64::from(b == b'"' || b == b'\\' || b < 0x20) << i)
-    })
-}
-
 #[cfg(test)]
 mod special_tests {
-    use super::special_bytes;
+    use super::{has_special, special_bytes};
+
+    #[test]
+    fn has_special_finds_any_special_byte_at_any_position() {
+        for len in 0..40 {
+            let plain = vec![b'a'; len];
+            assert!(!has_special(&plain), "len {len}");
+            for at in 0..len {
+                for b in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                    let mut text = plain.clone();
+                    text[at] = b;
+                    assert!(has_special(&text), "len {len} at {at} byte {b}");
+                }
+                let mut text = plain.clone();
+                text[at] = 0x7f;
+                assert!(!has_special(&text), "DEL is written as itself");
+            }
+        }
+    }
 
     #[test]
     fn flags_exactly_quotes_backslashes_and_control_bytes() {

@@ -890,3 +890,224 @@ proptest! {
         prop_assert_eq!(parallel, reference);
     }
 }
+
+/// Column text for the layout property test: plain text, and the bytes that force escapes
+/// or could confuse a reader of the frame (quotes, backslashes, control bytes, member-like
+/// fragments, non-ASCII).
+fn arb_column() -> impl Strategy<Value = Option<String>> {
+    proptest::option::of(prop_oneof![
+        "[a-z0-9._/-]{0,12}",
+        "[a-z\"\\\\\u{1}\u{1f}é,:{}]{0,8}",
+        Just(r#"x","rule":null"#.to_string()),
+        Just("\n".to_string()),
+    ])
+}
+
+fn arb_int() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        0i64..5_000,
+        1_781_170_937_000i64..1_781_170_938_000,
+        Just(-7i64),
+        Just(9_007_199_254_740_991i64),
+        Just(9_007_199_254_740_992i64),
+        Just(i64::MAX),
+        Just(i64::MIN),
+    ]
+}
+
+/// An edit made to a sealed record before it is checked (the hash is recomputed, so only
+/// the text checks decide).
+#[derive(Debug, Clone)]
+enum Edit {
+    None,
+    Byte(usize, u8),
+    Insert(usize, &'static str),
+    Delete(usize),
+    Seq(i64),
+    At(i64),
+    Event(String),
+    Actor(Option<String>),
+    Tool(Option<String>),
+    Prev(String),
+    /// The actor column set to this text, and the hashed text's actor written as that text
+    /// between quotes, unescaped (invalid or non-canonical unless it is plain).
+    RawActor(String),
+    /// The seq column and the hashed text's seq both set to this integer, written as its
+    /// plain digits (not canonical beyond ±(2^53 − 1) where JCS writes another number).
+    RawSeq(i64),
+}
+
+fn arb_edit() -> impl Strategy<Value = Edit> {
+    let byte = prop_oneof![
+        Just(b' '),
+        Just(b'"'),
+        Just(b'\\'),
+        Just(b'0'),
+        Just(b'-'),
+        Just(b'}'),
+        Just(b','),
+        Just(b'a'),
+        Just(0x01u8),
+    ];
+    let snippet = prop_oneof![
+        Just(" "),
+        Just("0"),
+        Just(",\"a\":1"),
+        Just("\\u0041"),
+        Just("{}"),
+        Just("null,"),
+        Just("\"\""),
+    ];
+    prop_oneof![
+        Just(Edit::None),
+        (0usize..2_000, byte).prop_map(|(i, b)| Edit::Byte(i, b)),
+        (0usize..2_000, snippet).prop_map(|(i, s)| Edit::Insert(i, s)),
+        (0usize..2_000).prop_map(Edit::Delete),
+        arb_int().prop_map(Edit::Seq),
+        arb_int().prop_map(Edit::At),
+        "[a-z_\"]{0,6}".prop_map(Edit::Event),
+        arb_column().prop_map(Edit::Actor),
+        arb_column().prop_map(Edit::Tool),
+        "[a-z0-9:\\\\]{0,8}".prop_map(Edit::Prev),
+        "[a-z\"\\\\\u{1}\n]{1,6}".prop_map(Edit::RawActor),
+        prop_oneof![
+            arb_int(),
+            Just(9_007_199_254_740_993i64),
+            Just(-9_007_199_254_740_993i64)
+        ]
+        .prop_map(Edit::RawSeq),
+    ]
+}
+
+fn arb_detail() -> impl Strategy<Value = serde_json::Map<String, serde_json::Value>> {
+    let leaf = prop_oneof![
+        Just(json!(null)),
+        any::<bool>().prop_map(|b| json!(b)),
+        (-1_000_000i64..1_000_000).prop_map(|n| json!(n)),
+        (-1.0e6f64..1.0e6).prop_map(|f| json!(f)),
+        "[a-z\"\\\\\u{1}é ]{0,8}".prop_map(|s| json!(s)),
+    ];
+    let value = leaf.prop_recursive(3, 16, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..3).prop_map(serde_json::Value::Array),
+            proptest::collection::btree_map("[a-z_é]{0,5}", inner, 0..4)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    });
+    proptest::collection::btree_map("[a-z_]{1,6}", value, 0..4)
+        .prop_map(|m| m.into_iter().collect())
+}
+
+fn apply(r: &mut AuditRecord, edit: &Edit) {
+    let mut bytes = r.record.clone().into_bytes();
+    match edit {
+        Edit::None => {}
+        Edit::Byte(i, b) => {
+            let i = i % bytes.len();
+            bytes[i] = *b;
+        }
+        Edit::Insert(i, s) => {
+            let i = i % (bytes.len() + 1);
+            bytes.splice(i..i, s.bytes());
+        }
+        Edit::Delete(i) => {
+            bytes.remove(i % bytes.len());
+        }
+        Edit::Seq(v) => r.seq = *v,
+        Edit::At(v) => r.at = *v,
+        Edit::Event(e) => r.event.clone_from(e),
+        Edit::Actor(a) => r.actor.clone_from(a),
+        Edit::Tool(t) => r.tool.clone_from(t),
+        Edit::Prev(p) => r.prev.clone_from(p),
+        Edit::RawActor(a) => {
+            // Quotes inside the sealed actor are escaped, so the first raw `,"at":` ends it.
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            let rest = text.find(",\"at\":").map_or("", |i| &text[i..]);
+            bytes = format!("{{\"actor\":\"{a}\"{rest}").into_bytes();
+            r.actor = Some(a.clone());
+        }
+        Edit::RawSeq(v) => {
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            if let Some(i) = text.find(",\"seq\":") {
+                let digits = i + 7;
+                let end = text[digits..].find(',').map_or(text.len(), |e| digits + e);
+                bytes = format!("{}{v}{}", &text[..digits], &text[end..]).into_bytes();
+                r.seq = *v;
+            }
+        }
+    }
+    r.record = String::from_utf8_lossy(&bytes).into_owned();
+    r.hash = countersign_core::audit::hash_text(&r.record);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, .. ProptestConfig::default() })]
+    /// The layout fast path of the per-record check (a record in `seal`'s layout matched
+    /// against its own columns, only `detail` scanned) never accepts a record the general
+    /// canonical scan refuses: random columns (escapes, control bytes, member-like text,
+    /// integers past 2^53), random details, then a random edit to the text or a column
+    /// with the hash recomputed. So verify with the fast path decides exactly as without it.
+    #[test]
+    fn the_layout_fast_path_never_accepts_what_the_general_check_refuses(
+        actor in arb_column(),
+        tool in arb_column(),
+        run_id in arb_column(),
+        step_id in arb_column(),
+        rule in arb_column(),
+        detail in arb_detail(),
+        seq in arb_int(),
+        at in arb_int(),
+        edit in arb_edit(),
+    ) {
+        let new = NewAuditRecord {
+            event: Some(AuditEvent::Proposed),
+            run_id,
+            step_id,
+            tool,
+            actor,
+            rule,
+            detail,
+        };
+        // Integers JCS cannot write exactly have no sealed form at all.
+        let Ok(mut r) = seal(&new, AuditEvent::Proposed, seq, at, GENESIS) else {
+            return Ok(());
+        };
+        let (fast, general) = countersign_core::audit::fast_and_general(&r, &r.prev);
+        prop_assert_eq!(&general, &Ok(()), "a sealed record passes the general check");
+        let plain = |c: &Option<String>| {
+            c.as_deref().is_none_or(|s| !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20))
+        };
+        let expect_fast = [&r.actor, &r.tool, &r.run_id, &r.step_id, &r.rule].into_iter().all(plain)
+            && seq.unsigned_abs() < 1 << 53
+            && at.unsigned_abs() < 1 << 53;
+        prop_assert_eq!(fast, expect_fast, "the fast path takes every plain sealed record");
+
+        apply(&mut r, &edit);
+        let prev = r.prev.clone();
+        let (fast, general) = countersign_core::audit::fast_and_general(&r, &prev);
+        if fast {
+            prop_assert_eq!(general, Ok(()), "fast path accepted {:?} after {:?}", r.record, edit);
+        }
+        // And verify (which uses the fast path) says what the general check says.
+        let verified = verify(std::slice::from_ref(&r), r.seq, &prev);
+        prop_assert_eq!(verified.is_ok(), countersign_core::audit::fast_and_general(&r, &prev).1.is_ok());
+    }
+}
+
+#[test]
+fn records_with_escaped_columns_still_verify_through_the_general_check() {
+    let mut new = record(0);
+    new.actor = Some("agent \"quoted\"\n".into());
+    new.rule = None;
+    let r = seal(&new, AuditEvent::Proposed, 1, 1_000, GENESIS).unwrap();
+    assert_eq!(
+        countersign_core::audit::fast_and_general(&r, GENESIS),
+        (false, Ok(()))
+    );
+    assert_eq!(verify(std::slice::from_ref(&r), 1, GENESIS), Ok(1));
+    // The column differs from the hashed text by one escape: refused, and named.
+    let mut relabelled = r.clone();
+    relabelled.actor = Some("agent \"quoted\"".into());
+    let err = verify(std::slice::from_ref(&relabelled), 1, GENESIS).unwrap_err();
+    assert_eq!(err.reason, "columns disagree with the hashed record");
+}
