@@ -86,13 +86,17 @@ impl<'a> Cursor<'a> {
         Some(got)
     }
 
-    fn lit<const N: usize>(&mut self, lit: &[u8; N], from_back: bool) -> bool {
-        let got = if from_back {
-            self.take_back(N)
+    /// The next `n` bytes from the front, or the last `n` before the back, consumed.
+    fn piece(&mut self, n: usize, from_back: bool) -> Option<&'a [u8]> {
+        if from_back {
+            self.take_back(n)
         } else {
-            self.take(N)
-        };
-        got == Some(lit.as_slice())
+            self.take(n)
+        }
+    }
+
+    fn lit<const N: usize>(&mut self, lit: &[u8; N], from_back: bool) -> bool {
+        self.piece(N, from_back) == Some(lit.as_slice())
     }
 
     /// A string column: `null`, or its text between quotes when JCS writes it as itself
@@ -102,12 +106,7 @@ impl<'a> Cursor<'a> {
             return self.lit(b"null", from_back);
         };
         let len = s.len() + 2;
-        let got = if from_back {
-            self.take_back(len)
-        } else {
-            self.take(len)
-        };
-        got.is_some_and(|got| {
+        self.piece(len, from_back).is_some_and(|got| {
             got.first() == Some(&b'"')
                 && got.last() == Some(&b'"')
                 && got.get(1..len - 1) == Some(s.as_bytes())
@@ -122,32 +121,10 @@ impl<'a> Cursor<'a> {
             return false;
         }
         let digits = magnitude.checked_ilog10().map_or(1, |log| log as usize + 1);
-        let len = digits + usize::from(v < 0);
-        let got = if from_back {
-            self.take_back(len)
-        } else {
-            self.take(len)
-        };
-        let Some(got) = got else {
-            return false;
-        };
-        let digits = if v < 0 {
-            match got.split_first() {
-                Some((b'-', digits)) => digits,
-                _ => return false,
-            }
-        } else {
-            got
-        };
-        // As many digits as `magnitude` has, reading as `magnitude`: so no leading zero,
-        // and `-` only before a non-zero magnitude.
-        digits
-            .iter()
-            .try_fold(0u64, |n, &d| {
-                d.is_ascii_digit()
-                    .then(|| n.wrapping_mul(10).wrapping_add(u64::from(d - b'0')))
-            })
-            .is_some_and(|n| n == magnitude)
+        // As many bytes as `v`'s digits and sign, reading as `v`: so no leading zero, and
+        // `-` only before a non-zero magnitude.
+        self.piece(digits + usize::from(v < 0), from_back)
+            .is_some_and(|got| raw_int_is(got, v))
     }
 }
 
@@ -201,8 +178,8 @@ fn check_text(r: &AuditRecord, prev: &str) -> Result<(), String> {
     let mut bad: Option<&'static str> = None;
     let scanned = scan_canonical_object(&r.record, |name, raw| {
         let (bit, ok) = match name {
-            "seq" => (1, raw_int_is(raw, r.seq)),
-            "at" => (2, raw_int_is(raw, r.at)),
+            "seq" => (1, raw_int_is(raw.as_bytes(), r.seq)),
+            "at" => (2, raw_int_is(raw.as_bytes(), r.at)),
             "event" => (4, raw_is(raw, Some(&r.event))),
             "run_id" => (8, raw_is(raw, r.run_id.as_deref())),
             "step_id" => (16, raw_is(raw, r.step_id.as_deref())),
@@ -253,16 +230,16 @@ fn check_text(r: &AuditRecord, prev: &str) -> Result<(), String> {
 /// Whether a raw number token from canonical text is the integer `want`. JCS writes every
 /// integer an `i64` column can hold (below 10^21) as plain digits, so comparing digits is
 /// exact; a token of more than 18 digits takes the general parse.
-fn raw_int_is(raw: &str, want: i64) -> bool {
-    let (negative, digits) = match raw.strip_prefix('-') {
-        Some(digits) => (true, digits),
-        None => (false, raw),
+fn raw_int_is(raw: &[u8], want: i64) -> bool {
+    let (negative, digits) = match raw.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        _ => (false, raw),
     };
     if digits.is_empty() || digits.len() > 18 {
-        return raw.parse::<i64>() == Ok(want);
+        return std::str::from_utf8(raw).is_ok_and(|raw| raw.parse::<i64>() == Ok(want));
     }
     let mut value: i64 = 0;
-    for &d in digits.as_bytes() {
+    for &d in digits {
         if !d.is_ascii_digit() {
             return false;
         }
