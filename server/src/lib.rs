@@ -25,12 +25,12 @@ pub mod telemetry;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use countersign_core::audit::checkpoint::CheckpointPolicy;
 use countersign_core::redact::RedactionKey;
 use countersign_core::store::ConnectOptions;
 use countersign_core::{Clock, Store, StoreError};
 use leptos::config::LeptosOptions;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 pub use config::Config;
@@ -333,6 +333,9 @@ mod nagle_tests {
         let mut listener = super::without_nagle(listener);
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (stream, _) = listener.accept().await;
-        assert!(stream.nodelay().unwrap(), "TCP_NODELAY is set on the accepted socket");
+        assert!(
+            stream.nodelay().unwrap(),
+            "TCP_NODELAY is set on the accepted socket"
+        );
     }
 }
