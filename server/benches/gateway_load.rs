@@ -7,6 +7,9 @@
 //!   call, so every call is a new step with its own key and effect).
 //! * Baseline: the floor for one durable write — `BEGIN; INSERT …; COMMIT` per call through a
 //!   sqlx `PgPool` of the server's size (16), from the same number of concurrent tasks.
+//! * Reference: an authenticated MCP `ping` in the same closed loop (no tool runs): the floor
+//!   that the transport, rmcp's session handling and the guard's authentication set by
+//!   themselves.
 //!
 //! Run with `cargo bench -p countersign --bench gateway_load` (Postgres from
 //! `COUNTERSIGN_TEST_POSTGRES_URL`, default the local one). Prints a markdown section on
@@ -228,6 +231,22 @@ async fn main() {
 
     let waits = sampler.await.unwrap();
 
+    // Reference: an MCP request that reaches no tool — the transport, rmcp's session and the
+    // guard's authentication (one statement). The floor under any `tools/call`.
+    let pingers = mcp_clients(&server, clients, "worker.finance", "pinger").await;
+    let pings = closed_loop(
+        "reference: MCP ping (transport + authentication only)",
+        pingers,
+        warmup,
+        secs,
+        |mut mcp: Mcp, _c, _n| async move {
+            let reply = mcp.request("ping", json!({})).await;
+            assert!(reply["result"].is_object(), "{reply}");
+            (mcp, true)
+        },
+    )
+    .await;
+
     let writers = mcp_clients(&server, clients, "worker.finance", "writer").await;
     let writes = closed_loop(
         "note.draft (write)",
@@ -282,7 +301,7 @@ async fn main() {
         "| workload | calls | failed (retryable) | calls/s | p50 | p99 | throughput vs baseline |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for m in [&baseline, &reads, &writes] {
+    for m in [&baseline, &reads, &writes, &pings] {
         println!(
             "| {} | {} | {} | {:.0} | {} | {} | {} |",
             m.name,
@@ -299,6 +318,11 @@ async fn main() {
         "\nTarget: reads ≥ 50 % of the baseline's throughput at {clients} clients — **{}** ({}).\n",
         if ratio >= 0.5 { "met" } else { "missed" },
         pct(reads.per_s(), base)
+    );
+    println!(
+        "The reference row is an authenticated MCP `ping` (no tool, no pipeline, no audit \
+         record): what the transport, rmcp's session handling and the guard's one statement \
+         cost by themselves; a read cannot go faster than it.\n"
     );
     let samples: usize = waits.iter().map(|(_, n)| n).sum();
     if samples > 0 {
