@@ -11,14 +11,27 @@ use axum::Router;
 use axum::middleware::from_fn_with_state;
 use axum::routing::get;
 use countersign_app::{App, shell};
-use leptos_axum::{LeptosRoutes, generate_route_list};
+use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tower_http::trace::TraceLayer;
 
 use crate::{AppState, auth};
 
+/// The dashboard's routes, generated once per process.
+///
+/// `generate_route_list` renders the app with resource loading switched off through a
+/// process-global flag (leptos_server's `SuppressResourceLoad`): a resource first polled by
+/// any page render while another thread generates the list waits forever (leptos issue
+/// #4773). Generating the list once, before the first router exists, means no page can be
+/// rendering while it runs, however many routers a process builds (the integration tests
+/// build one per test, in parallel).
+fn routes() -> Vec<AxumRouteListing> {
+    static ROUTES: std::sync::OnceLock<Vec<AxumRouteListing>> = std::sync::OnceLock::new();
+    ROUTES.get_or_init(|| generate_route_list(App)).clone()
+}
+
 /// Builds the router over `state`.
 pub fn router(state: AppState) -> Router {
-    let routes = generate_route_list(App);
+    let routes = routes();
     let options = state.leptos.clone();
     let sessions = state.auth.session_layer();
     let inbox = inbox::context(&state);

@@ -55,3 +55,61 @@ async fn unknown_pages_are_404() {
     })
     .await;
 }
+
+/// Regression: generating Leptos' route list switches resource loading off through a
+/// process-global flag, so a page whose resource first polled while any router was being
+/// built waited forever (the inbox test timed out this way in CI). Routers are now built from
+/// a route list generated once per process; pages render while routers are built non-stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_finish_while_other_routers_are_built() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let Some(app) = crate::helpers::spawn_app(countersign_core::Backend::Sqlite).await else {
+        return;
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let built = Arc::new(AtomicUsize::new(0));
+    let builder = {
+        let (stop, built, state) = (stop.clone(), built.clone(), app.state.clone());
+        tokio::task::spawn_blocking(move || {
+            while !stop.load(Ordering::Relaxed) {
+                drop(countersign::http::router(state.clone()));
+                built.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let ana = app.demo_client("ana").await;
+    let cookie = ana.get(app.url("/inbox")).send().await.unwrap();
+    assert_eq!(cookie.status(), StatusCode::OK);
+    let mut outcome = Ok(());
+    for i in 0..40 {
+        // Each page through ana's signed-in client, but with a short deadline of its own.
+        let request = ana.get(app.url("/inbox")).build().unwrap();
+        let page = tokio::time::timeout(std::time::Duration::from_secs(5), ana.execute(request));
+        match page.await {
+            Ok(Ok(resp)) => {
+                match tokio::time::timeout(std::time::Duration::from_secs(5), resp.text()).await {
+                    Ok(Ok(html))
+                        if html.contains(">Approval inbox</h1>") && html.contains("</html>") => {}
+                    other => {
+                        outcome = Err(format!("page {i} incomplete: {other:?}"));
+                        break;
+                    }
+                }
+            }
+            other => {
+                outcome = Err(format!("page {i} did not answer: {other:?}"));
+                break;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    builder.await.unwrap();
+    assert!(
+        built.load(Ordering::Relaxed) > 0,
+        "no router was built while the pages rendered"
+    );
+    outcome.unwrap();
+    app.stop().await;
+}

@@ -13,6 +13,9 @@ pub struct TestApp {
     pub addr: SocketAddr,
     pub client: reqwest::Client,
     pub store: Store,
+    /// The server's shared state (a test may build more routers over it).
+    #[allow(dead_code)]
+    pub state: countersign::AppState,
     #[allow(dead_code)]
     pub clock: ManualClock,
     db: Option<FreshDb>,
@@ -36,11 +39,10 @@ impl TestApp {
 
     /// A client with a cookie jar, signed in through the demo sign-in as `user`.
     ///
-    /// Tests that render pages run on a multi-thread runtime, as `countersign serve` does: on
-    /// tokio's current-thread runtime, with several such tests at once in this process, about
-    /// one run in four left an `SsrMode::Async` page render waiting forever (Leptos 0.8.23; no
-    /// CPU, no query running; 0 hangs in 22 runs of the same tests on multi-thread). The
-    /// client's timeout turns any such hang into a failure naming the page.
+    /// Pages once hung here at random (a resource first polled while another test built its
+    /// router waited forever: `http::router` now generates the route list once per process,
+    /// see `dashboard::pages_finish_while_other_routers_are_built`). The client's timeout
+    /// turns any such hang into a failure naming the page.
     pub async fn demo_client(&self, user: &str) -> reqwest::Client {
         // A page that never finishes fails its test instead of hanging the suite.
         let client = reqwest::Client::builder()
@@ -114,6 +116,7 @@ pub async fn spawn_app_with(backend: Backend, extra: &[(&str, &str)]) -> Option<
         .expect("server builds");
     let addr = app.local_addr().unwrap();
     let store = app.state().store.clone();
+    let state = app.state().clone();
     let (stop, stopped) = oneshot::channel::<()>();
     let handle = tokio::spawn(async move {
         app.run_until(async move {
@@ -129,6 +132,7 @@ pub async fn spawn_app_with(backend: Backend, extra: &[(&str, &str)]) -> Option<
             .build()
             .unwrap(),
         store,
+        state,
         clock,
         db: Some(db),
         stop: Some(stop),
