@@ -12,9 +12,9 @@ use tokio::sync::oneshot;
 pub struct TestApp {
     pub addr: SocketAddr,
     pub client: reqwest::Client,
+    /// `state.store`, for the many tests that only need the store.
     pub store: Store,
     /// The server's shared state (a test may build more routers over it).
-    #[allow(dead_code)]
     pub state: countersign::AppState,
     #[allow(dead_code)]
     pub clock: ManualClock,
@@ -115,8 +115,8 @@ pub async fn spawn_app_with(backend: Backend, extra: &[(&str, &str)]) -> Option<
         .await
         .expect("server builds");
     let addr = app.local_addr().unwrap();
-    let store = app.state().store.clone();
     let state = app.state().clone();
+    let store = state.store.clone();
     let (stop, stopped) = oneshot::channel::<()>();
     let handle = tokio::spawn(async move {
         app.run_until(async move {
