@@ -13,7 +13,6 @@
 //!   no text from the query string is ever shown.
 
 use leptos::prelude::*;
-use leptos_router::hooks::use_query_map;
 use serde::{Deserialize, Serialize};
 
 /// A registry (agent) role: one column of the matrix.
@@ -238,9 +237,9 @@ const CARD: &str = "space-y-3 rounded border border-slate-200 bg-white p-4";
 #[component]
 pub fn AdminPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| load_admin());
-    let query = use_query_map();
+    let query = crate::query::use_page_query();
     let message = move || {
-        let q = query.read();
+        let q = &query;
         if let Some(text) = q.get("error").and_then(|c| error_text(&c)) {
             Some(
                 view! {

@@ -10,7 +10,6 @@
 //!   JavaScript, and each record expands with `<details>`.
 
 use leptos::prelude::*;
-use leptos_router::hooks::use_query_map;
 use serde::{Deserialize, Serialize};
 
 use crate::runs::Badge;
@@ -249,9 +248,9 @@ const INPUT: &str = "w-full rounded border border-slate-500 bg-white px-2 py-1 t
 /// `/audit`: search the audit trail.
 #[component]
 pub fn AuditPage() -> impl IntoView {
-    let query_map = use_query_map();
+    let query_map = crate::query::use_page_query();
     let query = move || {
-        let q = query_map.read();
+        let q = &query_map;
         AuditQuery {
             run: q.get("run"),
             tool: q.get("tool"),
@@ -266,13 +265,14 @@ pub fn AuditPage() -> impl IntoView {
             verify: q.get("verify"),
         }
     };
-    let results = Resource::new(query, load_audit);
+    let results = Resource::new(query.clone(), load_audit);
     view! {
         <section class="space-y-4">
             <h1 class="text-2xl font-semibold">"Audit"</h1>
             <Suspense fallback=|| view! { <p class="text-slate-600">"Searching…"</p> }>
-                {move || Suspend::new(async move {
+                {move || {
                     let q = query();
+                    Suspend::new(async move {
                     match results.await {
                         Ok(AuditView::Refused(why)) => {
                             view! { <RefusedNote why page="The audit trail" roles="auditors, admins and managers"/> }
@@ -288,7 +288,8 @@ pub fn AuditPage() -> impl IntoView {
                                 .into_any()
                         }
                     }
-                })}
+                    })
+                }}
             </Suspense>
         </section>
     }

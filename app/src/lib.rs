@@ -10,6 +10,7 @@ pub mod audit;
 pub mod inbox;
 pub mod metrics;
 pub mod pages;
+pub mod query;
 pub mod runs;
 
 use leptos::prelude::*;

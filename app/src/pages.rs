@@ -1,7 +1,8 @@
 //! One component per dashboard page. Pages that have no data yet say so plainly.
 
+use crate::query::use_page_query;
 use leptos::prelude::*;
-use leptos_router::hooks::{use_params_map, use_query_map};
+use leptos_router::hooks::use_params_map;
 
 use crate::inbox::{
     DetailView, GateDetail, GateRow, InboxView, error_text, load_gate, load_gates, notice_text,
@@ -70,10 +71,9 @@ pub fn Inbox() -> impl IntoView {
     #[cfg(feature = "hydrate")]
     inbox_keys();
     let gates = Resource::new(|| (), |_| load_gates());
-    let query = use_query_map();
+    let query = use_page_query();
     let notice = move || {
         query
-            .read()
             .get("done")
             .and_then(|code| notice_text(&code))
             .map(|text| view! { <Notice text/> })
@@ -373,9 +373,9 @@ pub fn GatePage() -> impl IntoView {
     let params = use_params_map();
     let step_id = move || params.read().get("id").unwrap_or_default();
     let gate = Resource::new(step_id, load_gate);
-    let query = use_query_map();
+    let query = use_page_query();
     let message = move || {
-        let q = query.read();
+        let q = &query;
         if let Some(text) = q.get("error").and_then(|c| error_text(&c)) {
             Some(view! { <Problem text/> }.into_any())
         } else {

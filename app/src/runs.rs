@@ -10,7 +10,7 @@
 //!   only carrier of meaning.
 
 use leptos::prelude::*;
-use leptos_router::hooks::{use_params_map, use_query_map};
+use leptos_router::hooks::use_params_map;
 use serde::{Deserialize, Serialize};
 
 use crate::{Refused, RefusedNote};
@@ -295,8 +295,8 @@ fn Problem(error: String) -> impl IntoView {
 /// `/runs`: the tenant's runs, newest first.
 #[component]
 pub fn RunsPage() -> impl IntoView {
-    let query = use_query_map();
-    let before = move || query.read().get("before");
+    let query = crate::query::use_page_query();
+    let before = move || query.get("before");
     let runs = Resource::new(before, load_runs);
     view! {
         <section class="space-y-4">

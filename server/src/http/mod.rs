@@ -5,6 +5,7 @@ mod admin;
 mod approvals;
 mod health;
 mod inbox;
+mod render;
 pub mod views;
 
 use axum::Router;
@@ -37,7 +38,8 @@ pub fn router(state: AppState) -> Router {
     let inbox = inbox::context(&state);
     let admin = admin::context(&state);
     let (runs, audit, metrics) = views::contexts(&state);
-    // Layers run outside-in: trace, session, CSRF origin check, session gate.
+    // Layers run outside-in: trace, session, CSRF origin check, session gate, and around each
+    // handler the render's own reactive owner (`render`).
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/metrics", get(crate::metrics::metrics))
@@ -74,6 +76,7 @@ pub fn router(state: AppState) -> Router {
             &state,
             routes,
             move || {
+                render::remember_owner();
                 leptos::prelude::provide_context(inbox.clone());
                 leptos::prelude::provide_context(admin.clone());
                 leptos::prelude::provide_context(runs.clone());
@@ -83,6 +86,7 @@ pub fn router(state: AppState) -> Router {
             move || shell(options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(axum::middleware::from_fn(render::pin_owner))
         .layer(from_fn_with_state(state.clone(), auth::gate))
         .layer(from_fn_with_state(state.clone(), auth::csrf))
         .layer(sessions)

@@ -406,3 +406,78 @@ async fn inbox_poll_returns_gates_opened_after_the_page_loaded_to_approvers_only
     })
     .await;
 }
+
+/// Regression: a gate page rendered while other pages render shows the message of its own
+/// address, never another request's. Leptos keeps the current reactive owner in a
+/// thread-local; when tokio moved a render to another worker thread, parts of the route were
+/// built under whatever owner that thread last held (another request's), so
+/// `/inbox/{step}?error=reason` once rendered without its alert in CI. Many gate pages with
+/// different codes render at once on a four-worker runtime; each must show exactly its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_gate_pages_each_show_their_own_message() {
+    const CODES: [(&str, &str); 8] = [
+        ("error=reason", "A reason is required. Nothing was decided."),
+        (
+            "error=verdict",
+            "Choose approve or reject. Nothing was decided.",
+        ),
+        (
+            "error=expired",
+            "The approval window closed. Nothing was decided.",
+        ),
+        (
+            "error=not_waiting",
+            "This step is no longer waiting for approval.",
+        ),
+        ("error=not_found", "There is no such gate waiting for you."),
+        ("error=unavailable", "The database did not answer."),
+        ("done=rejected", "Rejected. The step will never run."),
+        ("", ""),
+    ];
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let step = gated_payment(&mut client).await;
+        let ana = app.demo_client("ana").await;
+        let own_form = format!("/inbox/{step}/decision");
+        let mut wrong = Vec::new();
+        for round in 0..12 {
+            let mut pages = tokio::task::JoinSet::new();
+            for (i, (query, text)) in CODES.iter().cycle().skip(round).take(24).enumerate() {
+                let path = if query.is_empty() {
+                    format!("/inbox/{step}")
+                } else {
+                    format!("/inbox/{step}?{query}")
+                };
+                let url = app.url(&path);
+                let ana = ana.clone();
+                pages.spawn(async move {
+                    let html = ana.get(url).send().await.unwrap().text().await.unwrap();
+                    (i, path, *text, html)
+                });
+            }
+            while let Some(done) = pages.join_next().await {
+                let (i, path, text, html) = done.unwrap();
+                let own = text.is_empty() || html.contains(text);
+                let others = CODES
+                    .iter()
+                    .filter(|(_, t)| !t.is_empty() && *t != text && html.contains(t))
+                    .count();
+                if !own || others > 0 || !html.contains(&own_form) {
+                    wrong.push(format!(
+                        "round {round} page {i} {path}: own={own} others={others}"
+                    ));
+                }
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "{} of 288 pages wrong:\n{}",
+            wrong.len(),
+            wrong.join("\n")
+        );
+        app
+    })
+    .await;
+}
