@@ -239,8 +239,7 @@ pub fn AdminPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| load_admin());
     let query = crate::query::use_page_query();
     let message = move || {
-        let q = &query;
-        if let Some(text) = q.get("error").and_then(|c| error_text(&c)) {
+        if let Some(text) = query.get("error").and_then(|c| error_text(&c)) {
             Some(
                 view! {
                     <p role="alert" data-testid="error" class="rounded border border-red-300 bg-red-50 p-3 font-medium text-red-900">
@@ -250,7 +249,7 @@ pub fn AdminPage() -> impl IntoView {
                 .into_any(),
             )
         } else {
-            q.get("done").and_then(|c| notice_text(&c)).map(|text| {
+            query.get("done").and_then(|c| notice_text(&c)).map(|text| {
                 view! {
                     <p role="status" data-testid="notice" class="rounded border border-emerald-300 bg-emerald-50 p-3 text-emerald-900">
                         {text}

@@ -248,22 +248,19 @@ const INPUT: &str = "w-full rounded border border-slate-500 bg-white px-2 py-1 t
 /// `/audit`: search the audit trail.
 #[component]
 pub fn AuditPage() -> impl IntoView {
-    let query_map = crate::query::use_page_query();
-    let query = move || {
-        let q = &query_map;
-        AuditQuery {
-            run: q.get("run"),
-            tool: q.get("tool"),
-            actor: q.get("actor"),
-            approver: q.get("approver"),
-            event: q.get("event"),
-            rule: q.get("rule"),
-            from: q.get("from"),
-            to: q.get("to"),
-            before: q.get("before"),
-            after: q.get("after"),
-            verify: q.get("verify"),
-        }
+    let q = crate::query::use_page_query();
+    let query = move || AuditQuery {
+        run: q.get("run"),
+        tool: q.get("tool"),
+        actor: q.get("actor"),
+        approver: q.get("approver"),
+        event: q.get("event"),
+        rule: q.get("rule"),
+        from: q.get("from"),
+        to: q.get("to"),
+        before: q.get("before"),
+        after: q.get("after"),
+        verify: q.get("verify"),
     };
     let results = Resource::new(query.clone(), load_audit);
     view! {

@@ -1,12 +1,12 @@
 //! One component per dashboard page. Pages that have no data yet say so plainly.
 
-use crate::query::use_page_query;
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
 use crate::inbox::{
     DetailView, GateDetail, GateRow, InboxView, error_text, load_gate, load_gates, notice_text,
 };
+use crate::query::use_page_query;
 
 /// The landing page: what Countersign is, and a hydration check.
 #[component]
@@ -375,11 +375,11 @@ pub fn GatePage() -> impl IntoView {
     let gate = Resource::new(step_id, load_gate);
     let query = use_page_query();
     let message = move || {
-        let q = &query;
-        if let Some(text) = q.get("error").and_then(|c| error_text(&c)) {
+        if let Some(text) = query.get("error").and_then(|c| error_text(&c)) {
             Some(view! { <Problem text/> }.into_any())
         } else {
-            q.get("done")
+            query
+                .get("done")
                 .and_then(|c| notice_text(&c))
                 .map(|text| view! { <Notice text/> }.into_any())
         }

@@ -38,8 +38,24 @@ pub fn router(state: AppState) -> Router {
     let inbox = inbox::context(&state);
     let admin = admin::context(&state);
     let (runs, audit, metrics) = views::contexts(&state);
-    // Layers run outside-in: trace, session, CSRF origin check, session gate, and around each
-    // handler the render's own reactive owner (`render`).
+    // The pages and their server functions, each request kept on its own reactive owner
+    // (`render`); the other routes never touch Leptos and do without that wrapper.
+    let pages = Router::new()
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            move || {
+                render::remember_owner();
+                leptos::prelude::provide_context(inbox.clone());
+                leptos::prelude::provide_context(admin.clone());
+                leptos::prelude::provide_context(runs.clone());
+                leptos::prelude::provide_context(audit.clone());
+                leptos::prelude::provide_context(metrics.clone());
+            },
+            move || shell(options.clone()),
+        )
+        .layer(axum::middleware::from_fn(render::pin_owner));
+    // Layers run outside-in: trace, session, CSRF origin check, session gate.
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/metrics", get(crate::metrics::metrics))
@@ -72,21 +88,8 @@ pub fn router(state: AppState) -> Router {
         .route("/audit/export.jsonl", get(views::export))
         .merge(crate::mcp::routes(state.clone()))
         .merge(auth::routes())
-        .leptos_routes_with_context(
-            &state,
-            routes,
-            move || {
-                render::remember_owner();
-                leptos::prelude::provide_context(inbox.clone());
-                leptos::prelude::provide_context(admin.clone());
-                leptos::prelude::provide_context(runs.clone());
-                leptos::prelude::provide_context(audit.clone());
-                leptos::prelude::provide_context(metrics.clone());
-            },
-            move || shell(options.clone()),
-        )
+        .merge(pages)
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
-        .layer(axum::middleware::from_fn(render::pin_owner))
         .layer(from_fn_with_state(state.clone(), auth::gate))
         .layer(from_fn_with_state(state.clone(), auth::csrf))
         .layer(sessions)

@@ -1,13 +1,14 @@
-//! Keeps each dashboard request on its own reactive owner, whichever thread polls it.
+//! Keeps each dashboard request (pages, server functions) on its own reactive owner, whichever thread polls it.
 //!
 //! Leptos 0.8 keeps "the current reactive owner" (contexts, and the arena its signals and memos
 //! live in) in a thread-local. A page render sets its root owner there once and never clears
 //! it. When tokio's work-stealing scheduler resumed a render on another worker thread, code that
 //! captures the current owner while it builds the page (leptos_router's route loaders do, and
 //! `Owner::with` switches the arena without switching it back) picked up whatever that thread
-//! last held: another request's owner, with that request's URL. Seen in CI:
-//! `/inbox/{id}?error=reason` rendered without its alert; reproduced by rendering many gate
-//! pages with different codes at once (`inbox::concurrent_gate_pages_each_show_their_own_message`).
+//! last held: another request's owner, with that request's URL (upstream: leptos-rs/leptos#3671).
+//! Seen in CI: `/inbox/{id}?error=reason` rendered without its alert. The interleaving was not
+//! reproduced on demand; `inbox::concurrent_gate_pages_each_show_their_own_message` guards the
+//! behaviour, and the unit test below the invariant itself.
 //!
 //! Invariants:
 //! * every poll of a request's future, once Leptos has created the request's root owner, runs
