@@ -176,7 +176,11 @@ async fn inbox_form_refuses_cross_origin_missing_reasons_and_stale_sign_ins_then
         assert_eq!(back, format!("/inbox/{step}?error=reason"));
         assert_eq!(step_status(&app, &step).await, StepStatus::NeedsApproval);
         let shown = page(&ana, &app, &back).await;
-        assert!(shown.contains("role=\"alert\""), "{shown}");
+        // The step and address in the message tell a page of another request from this one.
+        assert!(
+            shown.contains("role=\"alert\""),
+            "GET {back} (step {step}) showed no alert:\n{shown}"
+        );
         assert!(shown.contains("A reason is required"), "{shown}");
         // Only known codes are shown, never text from the address.
         let odd = page(&ana, &app, &format!("/inbox/{step}?error=Call+555+now")).await;
