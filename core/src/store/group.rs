@@ -88,8 +88,8 @@ pub(crate) enum Done {
     Appended(Box<AuditRecord>),
 }
 
-struct Job {
-    work: Work,
+pub(crate) struct Job {
+    pub(crate) work: Work,
     reply: oneshot::Sender<Result<Done, StoreError>>,
 }
 
@@ -264,8 +264,53 @@ impl Store {
                 // lock that fails (lock or statement timeout, cancel) would leave the
                 // connection in an aborted transaction that sqlx does not roll back (it counts
                 // the transaction as begun only once the whole query succeeded).
-                batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
+                if super::bulk::applicable(jobs) {
+                    self.commit_bulk_pg(p, jobs).await?
+                } else {
+                    batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
+                }
             }
         })
+    }
+
+    /// Postgres: [`Store::commit_batch`] for a batch whose jobs touch distinct steps — its
+    /// transitions in at most four statements ([`super::bulk`]), then its records sealed in
+    /// job order and inserted at once: the same rows and the same chain as one-by-one.
+    async fn commit_bulk_pg(
+        &self,
+        pool: &sqlx::PgPool,
+        jobs: &[Job],
+    ) -> Result<Vec<Done>, StoreError> {
+        let mut tx = pool.begin_with("BEGIN").await?;
+        let mut head: Option<crate::audit::ChainHead> = None;
+        // The append lock first, before any row lock (see the module invariants).
+        hold_head!(&mut *tx, true, &mut head);
+        let now = self.clock.now_ms();
+        let moved = super::bulk::apply(&mut tx, jobs, now).await?;
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut sealed: Vec<AuditRecord> = Vec::new();
+        for (job, moved) in jobs.iter().zip(moved) {
+            out.push(match &job.work {
+                Work::Transition(t) if moved => {
+                    let mut records = Vec::with_capacity(t.records.len());
+                    for (event, new) in &t.records {
+                        let h = hold_head!(&mut *tx, true, &mut head);
+                        records.push(seal_next!(h, new, *event, now));
+                    }
+                    sealed.extend(records.iter().cloned());
+                    Done::Moved(Some(records))
+                }
+                Work::Transition(_) => Done::Moved(None),
+                Work::Append(new, event) => {
+                    let h = hold_head!(&mut *tx, true, &mut head);
+                    let record = seal_next!(h, new, *event, now);
+                    sealed.push(record.clone());
+                    Done::Appended(Box::new(record))
+                }
+            });
+        }
+        crate::audit::insert_all_pg(&mut tx, &sealed).await?;
+        tx.commit().await?;
+        Ok(out)
     }
 }

@@ -18,6 +18,7 @@
 //!   code matches on [`Backend`] explicitly and both arms are tested.
 
 mod agents;
+mod bulk;
 mod demo;
 pub(crate) mod group;
 mod proposals;

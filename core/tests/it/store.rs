@@ -677,3 +677,182 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
     })
     .await;
 }
+
+/// Many transitions committed at once (the committer batches them; on Postgres a batch of
+/// distinct steps is written in a few statements, `store::bulk`): each moves exactly when its
+/// `from` statuses and its guard allow, reads of one run take consecutive positions, keys
+/// follow their moved steps only, and every moved job's records are contiguous in the chain.
+#[tokio::test]
+async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allow() {
+    use countersign_core::CanonicalJson;
+    use countersign_core::audit::{AuditEvent, NewAuditRecord};
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::{KeyState, NewStep, RunGuard, Transition};
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let live = store.create_run(&new_run("acme")).await.unwrap();
+        let ended = store.create_run(&new_run("acme")).await.unwrap();
+        let new = |run: &str, effect: Effect, n: usize| NewStep {
+            run_id: run.to_string(),
+            role: "worker".into(),
+            tool: if effect == Effect::Read {
+                "invoice.get"
+            } else {
+                "note.draft"
+            }
+            .into(),
+            effect,
+            inputs: CanonicalJson::from_value(&serde_json::json!({"n": n})).unwrap(),
+            agent_id: Some("agent-1".into()),
+            reason: format!("step {n}"),
+            evidence: vec![],
+            observed: None,
+            trace_id: format!("trace-{n}"),
+            status: StepStatus::Pending,
+        };
+        let guard = |run: &str| RunGuard {
+            run_id: run.to_string(),
+            allow_failed: false,
+            unless_switch: Some("emergency_stop".into()),
+        };
+        let record = |run: &str, step: &str, event: AuditEvent| {
+            (
+                event,
+                NewAuditRecord {
+                    event: Some(event),
+                    run_id: Some(run.to_string()),
+                    step_id: Some(step.to_string()),
+                    tool: Some("note.draft".into()),
+                    actor: Some("agent:agent-1".into()),
+                    rule: None,
+                    detail: Default::default(),
+                },
+            )
+        };
+        // (transition, whether it must move, the run its guard names)
+        let mut cases: Vec<(Transition, bool, &str)> = Vec::new();
+        for i in 0..8 {
+            let (w, _) = store
+                .open_step(&new(&live.id, Effect::Write, i))
+                .await
+                .unwrap();
+            // Writes with keys: even ones leave `pending` (they move and settle their key),
+            // odd ones claim to leave `needs_approval` (they do not, and their key stays).
+            store
+                .reserve_key(&w.idem_key, &w.id, &w.inputs_hash, "test")
+                .await
+                .unwrap();
+            let moves = i % 2 == 0;
+            cases.push((
+                Transition {
+                    step_id: w.id.clone(),
+                    from: vec![if moves {
+                        StepStatus::Pending
+                    } else {
+                        StepStatus::NeedsApproval
+                    }],
+                    to: Some(StepStatus::Done),
+                    outcome: Some(format!("{{\"n\":{i}}}")),
+                    bump_attempts: true,
+                    key: Some((KeyState::Done, Some(format!("{{\"n\":{i}}}")))),
+                    records: vec![
+                        record(&live.id, &w.id, AuditEvent::Started),
+                        record(&live.id, &w.id, AuditEvent::Succeeded),
+                    ],
+                    guard: Some(guard(&live.id)),
+                    ..Transition::default()
+                },
+                moves,
+                "live",
+            ));
+        }
+        for i in 0..12 {
+            // Reads written with their outcome: those of the ended run are refused by
+            // their guard and kept as prepared.
+            let (run, moves, name) = if i % 3 == 2 {
+                (&ended.id, false, "ended")
+            } else {
+                (&live.id, true, "live")
+            };
+            let r = store
+                .prepare_read(&new(run, Effect::Read, 100 + i))
+                .unwrap();
+            cases.push((
+                Transition {
+                    step_id: r.id.clone(),
+                    from: vec![StepStatus::Pending],
+                    to: Some(StepStatus::Done),
+                    decision: Some("allow".into()),
+                    outcome: Some("{}".into()),
+                    bump_attempts: true,
+                    records: vec![record(run, &r.id, AuditEvent::Succeeded)],
+                    guard: Some(guard(run)),
+                    insert: Some(Box::new(r)),
+                    ..Transition::default()
+                },
+                moves,
+                name,
+            ));
+        }
+        store
+            .set_run_status(&ended.id, RunStatus::Cancelled)
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for (t, moves, name) in cases {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let answer = store.transition(&t).await.unwrap();
+                (t, moves, name, answer)
+            }));
+        }
+        let mut read_seqs = Vec::new();
+        for task in tasks {
+            let (t, moves, name, answer) = task.await.unwrap();
+            let stored = store.get_step(&t.step_id).await.unwrap();
+            match answer {
+                Some((step, records)) => {
+                    assert!(moves, "{name} step {} moved but must not", t.step_id);
+                    assert_eq!(step, stored);
+                    assert_eq!(stored.status, StepStatus::Done);
+                    assert_eq!(stored.attempts, 1);
+                    assert_eq!(records.len(), t.records.len());
+                    for pair in records.windows(2) {
+                        assert_eq!(
+                            pair[1].seq,
+                            pair[0].seq + 1,
+                            "a job's records are contiguous"
+                        );
+                    }
+                    if t.insert.is_some() {
+                        read_seqs.push(stored.seq);
+                    }
+                }
+                None => {
+                    assert!(!moves, "{name} step {} did not move", t.step_id);
+                    // A refused read is kept as prepared; a write stays where it was.
+                    assert_eq!(stored.status, StepStatus::Pending);
+                    assert_eq!(stored.attempts, 0);
+                    assert_eq!(stored.outcome, None);
+                }
+            }
+            if t.key.is_some() {
+                let key = store.get_key(&stored.idem_key).await.unwrap().unwrap();
+                let want = if moves {
+                    KeyState::Done
+                } else {
+                    KeyState::InFlight
+                };
+                assert_eq!(key.state, want, "the key follows its step");
+            }
+        }
+        // Eight writes took 1..=8; the live run's eight reads follow, no gap, no repeat.
+        read_seqs.sort();
+        assert_eq!(read_seqs, (9..=16).collect::<Vec<i64>>());
+        assert!(
+            store.verify_audit().await.unwrap().is_ok(),
+            "the chain holds"
+        );
+    })
+    .await;
+}

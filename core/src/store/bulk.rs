@@ -1,0 +1,272 @@
+//! Postgres: a committer batch's step writes in a fixed number of statements.
+//!
+//! The committer ([`super::group`]) holds the audit append lock for the whole of a batch, so
+//! every round trip inside a batch delays every other caller in the process. Applied one by
+//! one, a batch of N transitions costs N statements (plus one per key update); here it costs
+//! at most four, whatever N is: one INSERT for the read steps written with their outcome, one
+//! UPDATE for every other transition, one UPDATE for their keys, and one INSERT per refused
+//! read (rare: a cancel or a stop raced it).
+//!
+//! Invariants (the same results as applying the jobs one after the other):
+//! * Only used when no two jobs of the batch touch the same step ([`applicable`]); otherwise
+//!   the batch is applied one job at a time, where a later job sees an earlier one's write.
+//!   Jobs on different steps do not read each other's rows, so their order does not matter
+//!   for which of them move.
+//! * A transition moves only from its `from` statuses and only while its [`super::RunGuard`]
+//!   holds, checked in the statement that writes it; one that does not move writes nothing,
+//!   except a refused read, whose row is written as prepared (as [`super::steps`] does alone).
+//! * Read steps of one run inserted together take consecutive positions after the run's last
+//!   step, in job order.
+//! * The caller seals the moved jobs' audit records in job order after this returns, so the
+//!   chain is exactly what one-by-one application would have written.
+
+use std::collections::HashSet;
+
+use super::group::{Job, Work};
+use super::steps::{PREPARED_INSERT_SQL, prepared_insert};
+use super::{Step, Transition};
+
+/// Whether [`apply`] may write `jobs`: no two of them touch the same step.
+pub(crate) fn applicable(jobs: &[Job]) -> bool {
+    let mut seen = HashSet::new();
+    jobs.iter().all(|job| match &job.work {
+        Work::Transition(t) => seen.insert(t.step_id.as_str()),
+        Work::Append(..) => true,
+    })
+}
+
+/// Writes every transition of `jobs` (see the module doc) inside open transaction `tx` at
+/// time `now`; one entry per job: whether that job's transition moved its step (`true` for an
+/// append, which moves nothing).
+pub(crate) async fn apply(
+    tx: &mut sqlx::PgConnection,
+    jobs: &[Job],
+    now: i64,
+) -> Result<Vec<bool>, sqlx::Error> {
+    let transitions: Vec<(usize, &Transition)> = jobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, job)| match &job.work {
+            Work::Transition(t) => Some((i, t.as_ref())),
+            Work::Append(..) => None,
+        })
+        .collect();
+    let inserts: Vec<(&Transition, &Step)> = transitions
+        .iter()
+        .filter_map(|(_, t)| t.insert.as_deref().map(|s| (*t, s)))
+        .collect();
+    let updates: Vec<&Transition> = transitions
+        .iter()
+        .filter(|(_, t)| t.insert.is_none())
+        .map(|(_, t)| *t)
+        .collect();
+
+    let mut moved: HashSet<String> = HashSet::new();
+    if !inserts.is_empty() {
+        moved.extend(insert_moved(tx, &inserts, now).await?);
+        // A read its guard refused is kept as prepared, so the caller can record why.
+        for (t, step) in &inserts {
+            if !moved.contains(&t.step_id) {
+                prepared_insert!(sqlx::query(PREPARED_INSERT_SQL), step)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+    }
+    if !updates.is_empty() {
+        moved.extend(update_moved(tx, &updates, now).await?);
+    }
+    let keys: Vec<&Transition> = transitions
+        .iter()
+        .map(|(_, t)| *t)
+        .filter(|t| t.key.is_some() && moved.contains(&t.step_id))
+        .collect();
+    if !keys.is_empty() {
+        update_keys(tx, &keys, now).await?;
+    }
+    Ok(jobs
+        .iter()
+        .map(|job| match &job.work {
+            Work::Transition(t) => moved.contains(&t.step_id),
+            Work::Append(..) => true,
+        })
+        .collect())
+}
+
+/// The guard's three columns: run id, its second accepted status, the blocking switch.
+fn guard_columns<'a>(
+    ts: impl Iterator<Item = &'a Transition>,
+) -> (
+    Vec<Option<String>>,
+    Vec<Option<String>>,
+    Vec<Option<String>>,
+) {
+    let mut run = Vec::new();
+    let mut failed = Vec::new();
+    let mut switch = Vec::new();
+    for t in ts {
+        let g = t.guard.as_ref();
+        run.push(g.map(|g| g.run_id.clone()));
+        failed.push(g.and_then(|g| g.allow_failed.then(|| "failed".to_string())));
+        switch.push(g.and_then(|g| g.unless_switch.clone()));
+    }
+    (run, failed, switch)
+}
+
+/// The read steps' rows, written already moved; returns the ids written (the others' guards
+/// refused them).
+async fn insert_moved(
+    tx: &mut sqlx::PgConnection,
+    inserts: &[(&Transition, &Step)],
+    now: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    macro_rules! col {
+        ($e:expr) => {
+            inserts.iter().map($e).collect::<Vec<_>>()
+        };
+    }
+    let (guard_run, guard_failed, guard_switch) = guard_columns(inserts.iter().map(|(t, _)| *t));
+    sqlx::query_scalar(
+        "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash, idem_key,
+            status, attempts, reason, evidence, observed, trace_id, not_before, created_at,
+            updated_at, agent_id, decision, rule, outcome, expires_at, approval)
+         SELECT v.id, v.run_id,
+            (SELECT COALESCE(MAX(s.seq), 0) FROM steps s WHERE s.run_id = v.run_id)
+              + row_number() OVER (PARTITION BY v.run_id ORDER BY v.ord),
+            v.role, v.tool, v.effect, v.inputs, v.inputs_hash, v.idem_key, v.status, v.attempts,
+            v.reason, v.evidence, v.observed, v.trace_id, v.not_before, v.created_at, $24,
+            v.agent_id, v.decision, v.rule, v.outcome, v.expires_at, v.approval
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                     $7::text[], $8::text[], $9::text[], $10::int8[], $11::text[], $12::text[],
+                     $13::text[], $14::text[], $15::int8[], $16::int8[], $17::text[],
+                     $18::text[], $19::text[], $20::text[], $21::int8[], $22::text[],
+                     $23::text[], $25::text[], $26::text[])
+              WITH ORDINALITY AS v(id, run_id, role, tool, effect, inputs, inputs_hash,
+                  idem_key, status, attempts, reason, evidence, observed, trace_id, not_before,
+                  created_at, agent_id, decision, rule, outcome, expires_at, approval,
+                  guard_run, guard_failed, guard_switch, ord)
+         WHERE (v.guard_run IS NULL OR EXISTS (SELECT 1 FROM runs
+                   WHERE runs.id = v.guard_run
+                     AND (runs.status = 'active' OR runs.status = v.guard_failed)))
+           AND (v.guard_switch IS NULL
+                OR NOT EXISTS (SELECT 1 FROM switches WHERE name = v.guard_switch))
+         RETURNING id",
+    )
+    .bind(col!(|(_, s)| s.id.clone()))
+    .bind(col!(|(_, s)| s.run_id.clone()))
+    .bind(col!(|(_, s)| s.role.clone()))
+    .bind(col!(|(_, s)| s.tool.clone()))
+    .bind(col!(|(_, s)| s.effect.as_str().to_string()))
+    .bind(col!(|(_, s)| s.inputs.clone()))
+    .bind(col!(|(_, s)| s.inputs_hash.clone()))
+    .bind(col!(|(_, s)| s.idem_key.clone()))
+    .bind(col!(|(t, s)| t.to.unwrap_or(s.status).as_str().to_string()))
+    .bind(col!(|(t, _)| i64::from(t.bump_attempts)))
+    .bind(col!(|(_, s)| s.reason.clone()))
+    .bind(col!(|(_, s)| s.evidence.clone()))
+    .bind(col!(|(_, s)| s.observed.clone()))
+    .bind(col!(|(_, s)| s.trace_id.clone()))
+    .bind(col!(|(t, s)| t.not_before.unwrap_or(s.not_before)))
+    .bind(col!(|(_, s)| s.created_at))
+    .bind(col!(|(_, s)| s.agent_id.clone()))
+    .bind(col!(|(t, _)| t.decision.clone()))
+    .bind(col!(|(t, _)| t.rule.clone()))
+    .bind(col!(|(t, _)| t.outcome.clone()))
+    .bind(col!(|(t, _)| t.expires_at))
+    .bind(col!(|(t, _)| t.approval.clone()))
+    .bind(guard_run)
+    .bind(now)
+    .bind(guard_failed)
+    .bind(guard_switch)
+    .fetch_all(&mut *tx)
+    .await
+}
+
+/// Every other transition in one UPDATE; returns the ids of the steps that moved.
+async fn update_moved(
+    tx: &mut sqlx::PgConnection,
+    updates: &[&Transition],
+    now: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    macro_rules! col {
+        ($e:expr) => {
+            updates.iter().map($e).collect::<Vec<_>>()
+        };
+    }
+    let (guard_run, guard_failed, guard_switch) = guard_columns(updates.iter().copied());
+    // Statuses are plain words, so a comma-joined list is one row's set of `from` statuses
+    // (an empty `from` is the empty set: nothing moves, as alone).
+    let from = col!(|t| t
+        .from
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(","));
+    sqlx::query_scalar(
+        "UPDATE steps SET status = COALESCE(v.status, steps.status),
+            decision = COALESCE(v.decision, steps.decision),
+            rule = COALESCE(v.rule, steps.rule), outcome = COALESCE(v.outcome, steps.outcome),
+            expires_at = COALESCE(v.expires_at, steps.expires_at),
+            approval = COALESCE(v.approval, steps.approval),
+            attempts = steps.attempts + v.bump, updated_at = $14,
+            not_before = COALESCE(v.not_before, steps.not_before)
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[],
+                     $7::text[], $8::int8[], $9::int8[], $10::text[], $11::text[],
+                     $12::text[], $13::text[])
+              AS v(id, status, decision, rule, outcome, expires_at, approval, bump,
+                   not_before, from_statuses, guard_run, guard_failed, guard_switch)
+         WHERE steps.id = v.id
+           AND steps.status = ANY(string_to_array(v.from_statuses, ','))
+           AND (v.guard_run IS NULL OR EXISTS (SELECT 1 FROM runs
+                   WHERE runs.id = v.guard_run
+                     AND (runs.status = 'active' OR runs.status = v.guard_failed)))
+           AND (v.guard_switch IS NULL
+                OR NOT EXISTS (SELECT 1 FROM switches WHERE name = v.guard_switch))
+         RETURNING steps.id",
+    )
+    .bind(col!(|t| t.step_id.clone()))
+    .bind(col!(|t| t.to.map(|s| s.as_str().to_string())))
+    .bind(col!(|t| t.decision.clone()))
+    .bind(col!(|t| t.rule.clone()))
+    .bind(col!(|t| t.outcome.clone()))
+    .bind(col!(|t| t.expires_at))
+    .bind(col!(|t| t.approval.clone()))
+    .bind(col!(|t| i64::from(t.bump_attempts)))
+    .bind(col!(|t| t.not_before))
+    .bind(from)
+    .bind(guard_run)
+    .bind(guard_failed)
+    .bind(guard_switch)
+    .bind(now)
+    .fetch_all(&mut *tx)
+    .await
+}
+
+/// The moved transitions' keys, in one UPDATE.
+async fn update_keys(
+    tx: &mut sqlx::PgConnection,
+    keys: &[&Transition],
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    let (mut ids, mut states, mut results) = (Vec::new(), Vec::new(), Vec::new());
+    for t in keys {
+        if let Some((state, result)) = &t.key {
+            ids.push(t.step_id.clone());
+            states.push(state.as_str().to_string());
+            results.push(result.clone());
+        }
+    }
+    sqlx::query(
+        "UPDATE idempotency SET state = v.state, result = COALESCE(v.result, idempotency.result),
+            updated_at = $4
+         FROM UNNEST($1::text[], $2::text[], $3::text[]) AS v(step_id, state, result)
+         WHERE idempotency.step_id = v.step_id",
+    )
+    .bind(ids)
+    .bind(states)
+    .bind(results)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
