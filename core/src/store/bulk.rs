@@ -3,9 +3,9 @@
 //! The committer ([`super::group`]) holds the audit append lock for the whole of a batch, so
 //! every round trip inside a batch delays every other caller in the process. Applied one by
 //! one, a batch of N transitions costs N statements (plus one per key update); here it costs
-//! at most four, whatever N is: one INSERT for the read steps written with their outcome, one
-//! UPDATE for every other transition, one UPDATE for their keys, and one INSERT per refused
-//! read (rare: a cancel or a stop raced it).
+//! at most two, whatever N is: one INSERT for the read steps written with their outcome, and
+//! one statement updating every other transition and, for those that moved, their keys —
+//! plus one INSERT per refused read (rare: a cancel or a stop raced it).
 //!
 //! Invariants (the same results as applying the jobs one after the other):
 //! * Only used when no two jobs of the batch touch the same step ([`applicable`]); otherwise
@@ -75,14 +75,6 @@ pub(crate) async fn apply(
     }
     if !updates.is_empty() {
         moved.extend(update_moved(tx, &updates, now).await?);
-    }
-    let keys: Vec<&Transition> = transitions
-        .iter()
-        .map(|(_, t)| *t)
-        .filter(|t| t.key.is_some() && moved.contains(&t.step_id))
-        .collect();
-    if !keys.is_empty() {
-        update_keys(tx, &keys, now).await?;
     }
     Ok(jobs
         .iter()
@@ -182,7 +174,8 @@ async fn insert_moved(
     .await
 }
 
-/// Every other transition in one UPDATE; returns the ids of the steps that moved.
+/// Every other transition in one UPDATE, and the keys of those that moved in the same
+/// statement; returns the ids of the steps that moved.
 async fn update_moved(
     tx: &mut sqlx::PgConnection,
     updates: &[&Transition],
@@ -203,26 +196,39 @@ async fn update_moved(
         .collect::<Vec<_>>()
         .join(","));
     sqlx::query_scalar(
-        "UPDATE steps SET status = COALESCE(v.status, steps.status),
-            decision = COALESCE(v.decision, steps.decision),
-            rule = COALESCE(v.rule, steps.rule), outcome = COALESCE(v.outcome, steps.outcome),
-            expires_at = COALESCE(v.expires_at, steps.expires_at),
-            approval = COALESCE(v.approval, steps.approval),
-            attempts = steps.attempts + v.bump, updated_at = $14,
-            not_before = COALESCE(v.not_before, steps.not_before)
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[],
-                     $7::text[], $8::int8[], $9::int8[], $10::text[], $11::text[],
-                     $12::text[], $13::text[])
+        "WITH v AS (
+            SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                 $6::int8[], $7::text[], $8::int8[], $9::int8[], $10::text[],
+                                 $11::text[], $12::text[], $13::text[], $15::text[],
+                                 $16::text[])
               AS v(id, status, decision, rule, outcome, expires_at, approval, bump,
-                   not_before, from_statuses, guard_run, guard_failed, guard_switch)
-         WHERE steps.id = v.id
-           AND steps.status = ANY(string_to_array(v.from_statuses, ','))
-           AND (v.guard_run IS NULL OR EXISTS (SELECT 1 FROM runs
-                   WHERE runs.id = v.guard_run
-                     AND (runs.status = 'active' OR runs.status = v.guard_failed)))
-           AND (v.guard_switch IS NULL
-                OR NOT EXISTS (SELECT 1 FROM switches WHERE name = v.guard_switch))
-         RETURNING steps.id",
+                   not_before, from_statuses, guard_run, guard_failed, guard_switch,
+                   key_state, key_result)
+         ), moved AS (
+            UPDATE steps SET status = COALESCE(v.status, steps.status),
+                decision = COALESCE(v.decision, steps.decision),
+                rule = COALESCE(v.rule, steps.rule),
+                outcome = COALESCE(v.outcome, steps.outcome),
+                expires_at = COALESCE(v.expires_at, steps.expires_at),
+                approval = COALESCE(v.approval, steps.approval),
+                attempts = steps.attempts + v.bump, updated_at = $14,
+                not_before = COALESCE(v.not_before, steps.not_before)
+            FROM v
+            WHERE steps.id = v.id
+              AND steps.status = ANY(string_to_array(v.from_statuses, ','))
+              AND (v.guard_run IS NULL OR EXISTS (SELECT 1 FROM runs
+                      WHERE runs.id = v.guard_run
+                        AND (runs.status = 'active' OR runs.status = v.guard_failed)))
+              AND (v.guard_switch IS NULL
+                   OR NOT EXISTS (SELECT 1 FROM switches WHERE name = v.guard_switch))
+            RETURNING steps.id
+         ), keys AS (
+            UPDATE idempotency SET state = v.key_state,
+                result = COALESCE(v.key_result, idempotency.result), updated_at = $14
+            FROM v JOIN moved ON moved.id = v.id
+            WHERE idempotency.step_id = v.id AND v.key_state IS NOT NULL
+         )
+         SELECT id FROM moved",
     )
     .bind(col!(|t| t.step_id.clone()))
     .bind(col!(|t| t.to.map(|s| s.as_str().to_string())))
@@ -238,35 +244,14 @@ async fn update_moved(
     .bind(guard_failed)
     .bind(guard_switch)
     .bind(now)
+    .bind(col!(|t| t
+        .key
+        .as_ref()
+        .map(|(state, _)| state.as_str().to_string())))
+    .bind(col!(|t| t
+        .key
+        .as_ref()
+        .and_then(|(_, result)| result.clone())))
     .fetch_all(&mut *tx)
     .await
-}
-
-/// The moved transitions' keys, in one UPDATE.
-async fn update_keys(
-    tx: &mut sqlx::PgConnection,
-    keys: &[&Transition],
-    now: i64,
-) -> Result<(), sqlx::Error> {
-    let (mut ids, mut states, mut results) = (Vec::new(), Vec::new(), Vec::new());
-    for t in keys {
-        if let Some((state, result)) = &t.key {
-            ids.push(t.step_id.clone());
-            states.push(state.as_str().to_string());
-            results.push(result.clone());
-        }
-    }
-    sqlx::query(
-        "UPDATE idempotency SET state = v.state, result = COALESCE(v.result, idempotency.result),
-            updated_at = $4
-         FROM UNNEST($1::text[], $2::text[], $3::text[]) AS v(step_id, state, result)
-         WHERE idempotency.step_id = v.step_id",
-    )
-    .bind(ids)
-    .bind(states)
-    .bind(results)
-    .bind(now)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
 }

@@ -274,7 +274,7 @@ impl Store {
     }
 
     /// Postgres: [`Store::commit_batch`] for a batch whose jobs touch distinct steps — its
-    /// transitions in at most four statements ([`super::bulk`]), then its records sealed in
+    /// transitions in at most two statements (rarely more) ([`super::bulk`]), then its records sealed in
     /// job order and inserted at once: the same rows and the same chain as one-by-one.
     async fn commit_bulk_pg(
         &self,
