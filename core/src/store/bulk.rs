@@ -27,11 +27,14 @@ use super::steps::{PREPARED_INSERT_SQL, prepared_insert};
 use super::{Step, Transition};
 
 /// Whether [`apply`] should write `jobs`: at least two transitions (one alone is cheaper as
-/// its plain statement: measured, `docs/benchmarks.md`) and no two on the same step.
+/// its plain statement: measured, `docs/benchmarks.md`), no two on the same step, and every
+/// row written is the transition's own step.
 pub(crate) fn applicable(jobs: &[Job]) -> bool {
     let mut seen = HashSet::new();
     let distinct = jobs.iter().all(|job| match &job.work {
-        Work::Transition(t) => seen.insert(t.step_id.as_str()),
+        Work::Transition(t) => {
+            seen.insert(t.step_id.as_str()) && t.insert.as_ref().is_none_or(|s| s.id == t.step_id)
+        }
         Work::Append(..) => true,
     });
     distinct && seen.len() >= 2
