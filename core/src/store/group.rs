@@ -274,8 +274,9 @@ impl Store {
     }
 
     /// Postgres: [`Store::commit_batch`] for a batch whose jobs touch distinct steps — its
-    /// transitions in at most two statements (rarely more) ([`super::bulk`]), then its records sealed in
-    /// job order and inserted at once: the same rows and the same chain as one-by-one.
+    /// transitions in two statements at most, bar refused reads ([`super::bulk`]), then its
+    /// records sealed in job order and inserted at once: the same rows and the same chain as
+    /// one-by-one.
     async fn commit_bulk_pg(
         &self,
         pool: &sqlx::PgPool,
