@@ -50,7 +50,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::steps::apply_transition;
+use super::steps::{apply_transition, seal_records};
 use super::{Pool, Store, StoreError, Transition};
 use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, hold_head, seal_next};
 
@@ -293,11 +293,7 @@ impl Store {
         for (job, moved) in jobs.iter().zip(moved) {
             out.push(match &job.work {
                 Work::Transition(t) if moved => {
-                    let mut records = Vec::with_capacity(t.records.len());
-                    for (event, new) in &t.records {
-                        let h = hold_head!(&mut *tx, true, &mut head);
-                        records.push(seal_next!(h, new, *event, now));
-                    }
+                    let records = seal_records!(&mut *tx, true, &mut head, t, now);
                     sealed.extend(records.iter().cloned());
                     Done::Moved(Some(records))
                 }

@@ -1185,16 +1185,29 @@ macro_rules! apply_transition {
                 .execute(&mut *$tx)
                 .await?;
             }
-            let mut records = Vec::with_capacity(t.records.len());
-            for (event, new) in &t.records {
-                let head = $crate::audit::hold_head!($tx, $lock, $head);
-                records.push($crate::audit::seal_next!(head, new, *event, now));
-            }
-            Some(records)
+            Some($crate::store::steps::seal_records!(
+                $tx, $lock, $head, t, now
+            ))
         }
     }};
 }
 pub(crate) use apply_transition;
+
+/// Seals a moved transition `$t`'s records at the chain head `$head` (taken with `hold_head!`
+/// when first needed), in order, at time `$now`; evaluates to the sealed records (not yet
+/// inserted).
+macro_rules! seal_records {
+    ($tx:expr, $lock:expr, $head:expr, $t:expr, $now:expr) => {{
+        let t: &$crate::store::Transition = $t;
+        let mut records = Vec::with_capacity(t.records.len());
+        for (event, new) in &t.records {
+            let head = $crate::audit::hold_head!($tx, $lock, $head);
+            records.push($crate::audit::seal_next!(head, new, *event, $now));
+        }
+        records
+    }};
+}
+pub(crate) use seal_records;
 
 #[cfg(test)]
 mod tests {

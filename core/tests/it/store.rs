@@ -20,6 +20,34 @@ fn new_run(tenant: &str) -> NewRun {
     }
 }
 
+/// A pending step of `run_id` proposed by agent-1: `invoice.get` for a read, `note.draft`
+/// otherwise, with inputs `{"n": n}`.
+fn new_step(
+    run_id: &str,
+    effect: countersign_core::model::Effect,
+    n: usize,
+) -> countersign_core::store::NewStep {
+    use countersign_core::model::{Effect, StepStatus};
+    countersign_core::store::NewStep {
+        run_id: run_id.to_string(),
+        role: "worker".into(),
+        tool: if effect == Effect::Read {
+            "invoice.get"
+        } else {
+            "note.draft"
+        }
+        .into(),
+        effect,
+        inputs: countersign_core::CanonicalJson::from_value(&serde_json::json!({"n": n})).unwrap(),
+        agent_id: Some("agent-1".into()),
+        reason: format!("step {n}"),
+        evidence: vec![],
+        observed: None,
+        trace_id: format!("trace-{n}"),
+        status: StepStatus::Pending,
+    }
+}
+
 #[tokio::test]
 async fn migrations_reach_the_latest_version_and_are_idempotent() {
     let (_, clock) = test_clock();
@@ -185,22 +213,10 @@ async fn opened_steps_are_what_is_stored_with_distinct_positions_and_keys() {
     each_backend(clock, |store| async move {
         let run = store.create_run(&new_run("acme")).await.unwrap();
         let step = |i: usize, effect: Effect| NewStep {
-            run_id: run.id.clone(),
-            role: "worker".into(),
-            tool: if effect == Effect::Read {
-                "invoice.get"
-            } else {
-                "note.draft"
-            }
-            .into(),
-            effect,
-            inputs: CanonicalJson::from_value(&serde_json::json!({"n": i % 3})).unwrap(),
-            agent_id: Some("agent-1".into()),
             reason: format!("reason {i}"),
             evidence: vec!["INV-1".into()],
-            observed: None,
             trace_id: format!("trace-{i}"),
-            status: StepStatus::Pending,
+            ..new_step(&run.id, effect, i % 3)
         };
         // Reads and writes opened concurrently in one run.
         let mut tasks = Vec::new();
@@ -684,32 +700,13 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
 /// follow their moved steps only, and every moved job's records are contiguous in the chain.
 #[tokio::test]
 async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allow() {
-    use countersign_core::CanonicalJson;
     use countersign_core::audit::{AuditEvent, NewAuditRecord};
     use countersign_core::model::{Effect, StepStatus};
-    use countersign_core::store::{KeyState, NewStep, RunGuard, Transition};
+    use countersign_core::store::{KeyState, RunGuard, Transition};
     let (_, clock) = test_clock();
     each_backend(clock, |store| async move {
         let live = store.create_run(&new_run("acme")).await.unwrap();
         let ended = store.create_run(&new_run("acme")).await.unwrap();
-        let new = |run: &str, effect: Effect, n: usize| NewStep {
-            run_id: run.to_string(),
-            role: "worker".into(),
-            tool: if effect == Effect::Read {
-                "invoice.get"
-            } else {
-                "note.draft"
-            }
-            .into(),
-            effect,
-            inputs: CanonicalJson::from_value(&serde_json::json!({"n": n})).unwrap(),
-            agent_id: Some("agent-1".into()),
-            reason: format!("step {n}"),
-            evidence: vec![],
-            observed: None,
-            trace_id: format!("trace-{n}"),
-            status: StepStatus::Pending,
-        };
         let guard = |run: &str| RunGuard {
             run_id: run.to_string(),
             allow_failed: false,
@@ -733,7 +730,7 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
         let mut cases: Vec<(Transition, bool, &str)> = Vec::new();
         for i in 0..8 {
             let (w, _) = store
-                .open_step(&new(&live.id, Effect::Write, i))
+                .open_step(&new_step(&live.id, Effect::Write, i))
                 .await
                 .unwrap();
             // Writes with keys: even ones leave `pending` (they move and settle their key),
@@ -775,7 +772,7 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
                 (&live.id, true, "live")
             };
             let r = store
-                .prepare_read(&new(run, Effect::Read, 100 + i))
+                .prepare_read(&new_step(run, Effect::Read, 100 + i))
                 .unwrap();
             cases.push((
                 Transition {
