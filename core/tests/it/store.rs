@@ -853,3 +853,108 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
     })
     .await;
 }
+
+/// A batch with a job that fails in the database (a read of a run that does not exist: its
+/// row breaks the foreign key) commits the jobs beside it, writes nothing of the failed one,
+/// and leaves every pooled connection usable: none keeps the append lock or an aborted
+/// transaction (the appends after it would hang or fail).
+#[tokio::test]
+async fn a_failing_job_fails_alone_and_leaves_the_append_lock_free() {
+    use countersign_core::audit::{AuditEvent, NewAuditRecord};
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::Transition;
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let live = store.create_run(&new_run("acme")).await.unwrap();
+        let record = |run: &str, step: &str| {
+            (
+                AuditEvent::Succeeded,
+                NewAuditRecord {
+                    event: Some(AuditEvent::Succeeded),
+                    run_id: Some(run.to_string()),
+                    step_id: Some(step.to_string()),
+                    tool: Some("invoice.get".into()),
+                    actor: Some("agent:agent-1".into()),
+                    rule: None,
+                    detail: Default::default(),
+                },
+            )
+        };
+        let read = |run: &str, n: usize| {
+            let r = store.prepare_read(&new_step(run, Effect::Read, n)).unwrap();
+            Transition {
+                step_id: r.id.clone(),
+                from: vec![StepStatus::Pending],
+                to: Some(StepStatus::Done),
+                decision: Some("allow".into()),
+                outcome: Some("{}".into()),
+                bump_attempts: true,
+                records: vec![record(run, &r.id)],
+                insert: Some(Box::new(r)),
+                ..Transition::default()
+            }
+        };
+        let before = store.audit_records(1, 10_000).await.unwrap().len();
+        for round in 0..3 {
+            let mut tasks = Vec::new();
+            for i in 0..9 {
+                let (t, good) = if i == 4 {
+                    (read("no-such-run", round * 100 + i), false)
+                } else {
+                    (read(&live.id, round * 100 + i), true)
+                };
+                let store = store.clone();
+                tasks.push(tokio::spawn(async move {
+                    (good, t.step_id.clone(), store.transition(&t).await)
+                }));
+            }
+            for task in tasks {
+                let (good, step_id, answer) = task.await.unwrap();
+                if good {
+                    let moved = answer.unwrap().expect("a good read is written");
+                    assert_eq!(moved.0.status, StepStatus::Done);
+                } else {
+                    assert!(answer.is_err(), "the broken read fails: {answer:?}");
+                    assert!(store.get_step(&step_id).await.is_err(), "nothing of it");
+                }
+            }
+        }
+        // Every connection of the pool is still usable: appends from many tasks at once
+        // (each needs the append lock) all finish, and the chain holds.
+        let mut appends = Vec::new();
+        for i in 0..32 {
+            let store = store.clone();
+            let run = live.id.clone();
+            appends.push(tokio::spawn(async move {
+                store
+                    .append_audit(&NewAuditRecord {
+                        event: Some(AuditEvent::Proposed),
+                        run_id: Some(run),
+                        step_id: None,
+                        tool: None,
+                        actor: Some(format!("after-{i}")),
+                        rule: None,
+                        detail: Default::default(),
+                    })
+                    .await
+            }));
+        }
+        let finished = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            for a in appends {
+                a.await.unwrap().unwrap();
+            }
+        })
+        .await;
+        assert!(finished.is_ok(), "appends after the failures hung");
+        let records = store.audit_records(1, 10_000).await.unwrap();
+        assert_eq!(records.len(), before + 3 * 8 + 32, "good jobs and appends only");
+        assert!(
+            records
+                .iter()
+                .all(|r| r.run_id.as_deref() != Some("no-such-run")),
+            "nothing of a failed job is in the chain"
+        );
+        assert!(store.verify_audit().await.unwrap().is_ok());
+    })
+    .await;
+}
