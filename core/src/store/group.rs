@@ -5,9 +5,7 @@
 //! alone, the chain advances one fsync at a time however many callers wait. The committer
 //! collects the step transitions and audit appends that callers submit concurrently and
 //! commits them together — one transaction, one lock acquisition, one head read, one INSERT
-//! of all the batch's records and one COMMIT for the batch. On Postgres the first three are
-//! one round trip ([`Locked`]): every round trip inside a batch holds the lock that every
-//! other appender waits for.
+//! of all the batch's records and one COMMIT for the batch.
 //!
 //! Invariants:
 //! * A job's writes (status change, key state, its audit records) commit atomically, and its
@@ -21,9 +19,6 @@
 //!   one row. So batches, lone transitions and other processes' batches cannot deadlock.
 //! * Other processes (workers, replicas) still take the same lock: whole batches interleave,
 //!   never parts of one.
-//! * A Postgres connection that held the lock returns to the pool only after its COMMIT or
-//!   ROLLBACK succeeded; otherwise it is closed ([`Locked`]), so no pooled connection keeps
-//!   the lock or an aborted transaction.
 //! * If the committer is gone (runtime shutting down), callers fall back to their own
 //!   transaction; nothing is lost, nothing is applied twice by the fallback unless the
 //!   committer died between COMMIT and its answer (then a transition finds its step moved
@@ -51,15 +46,13 @@
 //!   a crash: a `running` step is reconciled by key). The barrier is tried once at start; if
 //!   this database refuses it, batches commit synchronously as before.
 
-use std::sync::{Arc, LazyLock};
-
-use sqlx::{Executor, Row};
+use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::steps::{apply_transition, seal_records};
 use super::{Pool, Store, StoreError, Transition};
-use crate::audit::{AuditEvent, AuditRecord, ChainHead, NewAuditRecord, hold_head, seal_next};
+use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, hold_head, seal_next};
 
 /// At most this many jobs share one transaction.
 const MAX_BATCH: usize = 128;
@@ -198,79 +191,6 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
     }
 }
 
-/// What begins a batch on Postgres, in one round trip (a simple query of three statements):
-/// BEGIN, the append lock, the chain head. Each statement takes its own snapshot (READ
-/// COMMITTED), so the head is read once the lock is held.
-static BEGIN_LOCKED: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "BEGIN; SELECT pg_advisory_xact_lock({}); SELECT seq, hash, at FROM audit ORDER BY seq DESC LIMIT 1",
-        crate::audit::PG_AUDIT_LOCK
-    )
-});
-
-/// A pooled Postgres connection inside a transaction that holds the append lock.
-///
-/// Invariant: it goes back to the pool only after its COMMIT or ROLLBACK succeeded. Dropped
-/// in any other state (an error, a cancelled future, a failed ROLLBACK) the connection is
-/// closed instead, which ends its transaction and releases the lock in the server — never an
-/// idle pooled connection holding the lock or an aborted transaction.
-struct Locked {
-    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
-    open: bool,
-}
-
-impl Locked {
-    /// Begins a transaction on a connection of `pool`, takes the append lock and reads the
-    /// chain head.
-    async fn begin(pool: &sqlx::PgPool) -> Result<(Self, ChainHead), StoreError> {
-        let conn = pool.acquire().await?;
-        let mut locked = Locked { conn, open: true };
-        // The `Executor` methods (boxed futures), not `RawSql`'s generic ones, which the
-        // committer's spawned task could not prove `Send`.
-        let rows = (&mut *locked.conn)
-            .fetch_all(sqlx::raw_sql(BEGIN_LOCKED.as_str()))
-            .await?;
-        // The lock's row has one column; the head's row (absent for an empty chain) three.
-        let head = match rows.last().filter(|row| row.len() == 3) {
-            Some(row) => ChainHead {
-                seq: row.try_get::<i64, _>(0)? + 1,
-                prev: row.try_get(1)?,
-                at: row.try_get(2)?,
-            },
-            None => ChainHead {
-                seq: 1,
-                prev: crate::audit::GENESIS.to_string(),
-                at: i64::MIN,
-            },
-        };
-        Ok((locked, head))
-    }
-
-    async fn commit(mut self) -> Result<(), StoreError> {
-        (&mut *self.conn).execute(sqlx::raw_sql("COMMIT")).await?;
-        self.open = false;
-        Ok(())
-    }
-
-    async fn rollback(mut self) {
-        if (&mut *self.conn)
-            .execute(sqlx::raw_sql("ROLLBACK"))
-            .await
-            .is_ok()
-        {
-            self.open = false;
-        }
-    }
-}
-
-impl Drop for Locked {
-    fn drop(&mut self) {
-        if self.open {
-            self.conn.close_on_drop();
-        }
-    }
-}
-
 impl Store {
     /// A synchronous commit that writes WAL: when it returns, the WAL is on disk up to a point
     /// after every commit this process had completed before calling it (see the module doc).
@@ -299,134 +219,95 @@ impl Store {
     /// Postgres, COMMIT without waiting for the WAL flush (the caller runs the flush barrier
     /// before answering anyone).
     async fn commit_batch(&self, jobs: &[Job], unflushed: bool) -> Result<Vec<Done>, StoreError> {
-        match &self.pool {
-            Pool::Sqlite(p) => {
-                let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+        macro_rules! batch_in {
+            ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
+                let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<crate::audit::ChainHead> = None;
-                let out = self.write_jobs_sqlite(&mut tx, jobs, &mut head).await?;
+                // The append lock first, before any row lock (see the module invariants).
+                hold_head!(&mut *tx, $lock, &mut head);
+                let mut out = Vec::with_capacity(jobs.len());
+                // Every record of the batch, sealed in chain order; inserted in one go.
+                let mut sealed: Vec<AuditRecord> = Vec::new();
+                for job in jobs {
+                    let now = self.clock.now_ms();
+                    out.push(match &job.work {
+                        Work::Transition(t) => {
+                            let moved = apply_transition!(&mut *tx, $lock, &mut head, t, now);
+                            if let Some(records) = &moved {
+                                sealed.extend(records.iter().cloned());
+                            }
+                            Done::Moved(moved)
+                        }
+                        Work::Append(new, event) => {
+                            let h = hold_head!(&mut *tx, $lock, &mut head);
+                            let record = seal_next!(h, new, *event, now);
+                            sealed.push(record.clone());
+                            Done::Appended(Box::new(record))
+                        }
+                    });
+                }
+                $insert(&mut *tx, &sealed).await?;
                 tx.commit().await?;
-                Ok(out)
+                out
+            }};
+        }
+        Ok(match &self.pool {
+            Pool::Sqlite(p) => {
+                batch_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
             }
             Pool::Postgres(p) => {
                 let p = match (&self.lazy, unflushed) {
                     (Some(lazy), true) => lazy,
                     _ => p,
                 };
-                let (mut locked, head) = Locked::begin(p).await?;
-                let mut head = Some(head);
-                let written = if super::bulk::applicable(jobs) {
-                    self.write_bulk_pg(&mut locked.conn, jobs, &mut head).await
+                // BEGIN and the append lock stay two statements: sent as one simple query, a
+                // lock that fails (lock or statement timeout, cancel) would leave the
+                // connection in an aborted transaction that sqlx does not roll back (it counts
+                // the transaction as begun only once the whole query succeeded).
+                if super::bulk::applicable(jobs) {
+                    self.commit_bulk_pg(p, jobs).await?
                 } else {
-                    self.write_jobs_pg(&mut locked.conn, jobs, &mut head).await
-                };
-                match written {
-                    Ok(out) => {
-                        locked.commit().await?;
-                        Ok(out)
-                    }
-                    Err(e) => {
-                        locked.rollback().await;
-                        Err(e)
-                    }
+                    batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
                 }
             }
-        }
-    }
-}
-
-/// Writes `jobs` one after the other inside an open transaction on `$conn` holding the append
-/// lock (or SQLite's write lock), with the chain head `$head` (`&mut Option<ChainHead>`), then
-/// inserts all their records at once.
-macro_rules! write_jobs_in {
-    ($self:expr, $conn:expr, $jobs:expr, $head:expr, $lock:expr, $insert:path) => {{
-        let head: &mut Option<crate::audit::ChainHead> = $head;
-        let mut out = Vec::with_capacity($jobs.len());
-        // Every record of the batch, sealed in chain order; inserted in one go.
-        let mut sealed: Vec<AuditRecord> = Vec::new();
-        for job in $jobs {
-            let now = $self.clock.now_ms();
-            out.push(match &job.work {
-                Work::Transition(t) => {
-                    let moved = apply_transition!(&mut *$conn, $lock, head, t, now);
-                    if let Some(records) = &moved {
-                        sealed.extend(records.iter().cloned());
-                    }
-                    Done::Moved(moved)
-                }
-                Work::Append(new, event) => {
-                    let h = hold_head!(&mut *$conn, $lock, head);
-                    let record = seal_next!(h, new, *event, now);
-                    sealed.push(record.clone());
-                    Done::Appended(Box::new(record))
-                }
-            });
-        }
-        $insert(&mut *$conn, &sealed).await?;
-        Ok(out)
-    }};
-}
-
-impl Store {
-    /// SQLite: [`Store::commit_batch`]'s writes, one job after the other, in a transaction
-    /// begun with `BEGIN IMMEDIATE`.
-    async fn write_jobs_sqlite(
-        &self,
-        conn: &mut sqlx::SqliteConnection,
-        jobs: &[Job],
-        head: &mut Option<crate::audit::ChainHead>,
-    ) -> Result<Vec<Done>, StoreError> {
-        write_jobs_in!(
-            self,
-            conn,
-            jobs,
-            head,
-            false,
-            crate::audit::insert_all_sqlite
-        )
+        })
     }
 
-    /// Postgres: [`Store::commit_batch`]'s writes, one job after the other, in a transaction
-    /// holding the append lock.
-    async fn write_jobs_pg(
+    /// Postgres: [`Store::commit_batch`] for a batch whose jobs touch distinct steps — its
+    /// transitions in two statements at most, bar refused reads ([`super::bulk`]), then its
+    /// records sealed in job order and inserted at once: the same rows and the same chain as
+    /// one-by-one.
+    async fn commit_bulk_pg(
         &self,
-        conn: &mut sqlx::PgConnection,
+        pool: &sqlx::PgPool,
         jobs: &[Job],
-        head: &mut Option<crate::audit::ChainHead>,
     ) -> Result<Vec<Done>, StoreError> {
-        write_jobs_in!(self, conn, jobs, head, true, crate::audit::insert_all_pg)
-    }
-
-    /// Postgres: [`Store::commit_batch`]'s writes for a batch whose jobs touch distinct steps —
-    /// its transitions in two statements at most, bar refused reads ([`super::bulk`]), then
-    /// its records sealed in job order and inserted at once: the same rows and the same chain
-    /// as one-by-one.
-    async fn write_bulk_pg(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        jobs: &[Job],
-        head: &mut Option<crate::audit::ChainHead>,
-    ) -> Result<Vec<Done>, StoreError> {
+        let mut tx = pool.begin_with("BEGIN").await?;
+        let mut head: Option<crate::audit::ChainHead> = None;
+        // The append lock first, before any row lock (see the module invariants).
+        hold_head!(&mut *tx, true, &mut head);
         let now = self.clock.now_ms();
-        let moved = super::bulk::apply(conn, jobs, now).await?;
+        let moved = super::bulk::apply(&mut tx, jobs, now).await?;
         let mut out = Vec::with_capacity(jobs.len());
         let mut sealed: Vec<AuditRecord> = Vec::new();
         for (job, moved) in jobs.iter().zip(moved) {
             out.push(match &job.work {
                 Work::Transition(t) if moved => {
-                    let records = seal_records!(&mut *conn, true, head, t, now);
+                    let records = seal_records!(&mut *tx, true, &mut head, t, now);
                     sealed.extend(records.iter().cloned());
                     Done::Moved(Some(records))
                 }
                 Work::Transition(_) => Done::Moved(None),
                 Work::Append(new, event) => {
-                    let h = hold_head!(&mut *conn, true, head);
+                    let h = hold_head!(&mut *tx, true, &mut head);
                     let record = seal_next!(h, new, *event, now);
                     sealed.push(record.clone());
                     Done::Appended(Box::new(record))
                 }
             });
         }
-        crate::audit::insert_all_pg(conn, &sealed).await?;
+        crate::audit::insert_all_pg(&mut tx, &sealed).await?;
+        tx.commit().await?;
         Ok(out)
     }
 }
