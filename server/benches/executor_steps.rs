@@ -29,7 +29,8 @@
 //! `BENCH_PROFILE=1` also profiles the 4-worker runs (both sides): `pg_stat_activity` and
 //! ungranted `pg_locks` sampled every 20 ms, `EXPLAIN (ANALYZE, BUFFERS)` of the claim half
 //! way through, every sqlx statement's latency (its `tracing` events) and the executor's
-//! per-step phase timings ([`countersign::executor::TIMING`]). Profiling costs time itself:
+//! per-step phase timings ([`countersign::executor::TIMING`]) with the committer's per-batch
+//! ones ([`countersign_core::store::COMMITTER_TIMING`]). Profiling costs time itself:
 //! the table of a profiled run is not the one to quote.
 //!
 //! Run with `cargo bench -p countersign --bench executor_steps` (`BENCH_STEPS=200` for a quick
@@ -47,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use common::{Mcp, Server, env_num, fresh_postgres, pct};
 use countersign::executor::{EMERGENCY_STOP, TIMING, Timings, work_once};
-use countersign_core::store::pg_pool_options;
+use countersign_core::store::{COMMITTER_TIMING, pg_pool_options};
 use countersign_core::{Clock, StepStatus};
 use serde_json::{Value, json};
 use sqlx::postgres::PgConnectOptions;
@@ -272,7 +273,7 @@ struct ProfileLayer(Arc<Profile>);
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ProfileLayer {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let target = event.metadata().target();
-        if target != "sqlx::query" && target != TIMING {
+        if target != "sqlx::query" && target != TIMING && target != COMMITTER_TIMING {
             return;
         }
         let Some(label) = self.0.label.lock().unwrap().clone() else {
@@ -280,9 +281,14 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ProfileLayer {
         };
         let mut f = Fields::default();
         event.record(&mut f);
-        if target == TIMING {
+        if target == TIMING || target == COMMITTER_TIMING {
             let mut phases = self.0.phases.lock().unwrap();
             for (name, us) in f.numbers {
+                let name = if target == COMMITTER_TIMING {
+                    format!("committer.{name}")
+                } else {
+                    name
+                };
                 let e = phases.entry((label.clone(), name)).or_default();
                 e.0 += 1;
                 e.1 += us;
@@ -449,11 +455,20 @@ fn print_profile(label: &str, waits: &Waits, profile: &Profile, steps: usize) {
         .collect();
     if !rows.is_empty() {
         rows.sort();
-        println!("Executor phases per step (`work_once`, mean):\n");
-        println!("| phase | ms |");
+        println!(
+            "Executor phases, means: `work_once`'s per step; the committer's \
+             (`committer.*`, all callers' transitions and appends) per batch, its flush \
+             barrier per barrier. Times in ms; `batch_jobs` in jobs:\n"
+        );
+        println!("| phase | mean |");
         println!("|---|---:|");
-        for (p, n, us) in rows {
-            println!("| {p} | {:.2} |", us as f64 / 1000.0 / n.max(1) as f64);
+        for (p, n, v) in rows {
+            let mean = v as f64 / n.max(1) as f64;
+            if p.ends_with("_us") {
+                println!("| {p} | {:.2} |", mean / 1000.0);
+            } else {
+                println!("| {p} | {mean:.2} |");
+            }
         }
         println!();
     }
@@ -473,7 +488,8 @@ async fn main() {
             .with(
                 tracing_subscriber::filter::Targets::new()
                     .with_target("sqlx::query", tracing::Level::DEBUG)
-                    .with_target(TIMING, tracing::Level::DEBUG),
+                    .with_target(TIMING, tracing::Level::DEBUG)
+                    .with_target(COMMITTER_TIMING, tracing::Level::DEBUG),
             );
         tracing::subscriber::set_global_default(subscriber).unwrap();
     }

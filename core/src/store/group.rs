@@ -47,6 +47,7 @@
 //!   this database refuses it, batches commit synchronously as before.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -91,6 +92,19 @@ pub(crate) enum Done {
 pub(crate) struct Job {
     pub(crate) work: Work,
     reply: oneshot::Sender<Result<Done, StoreError>>,
+    /// When the caller submitted it (for [`TIMING`]).
+    submitted: Instant,
+}
+
+/// The `tracing` target of the committer's per-batch timings, emitted at debug level: jobs in
+/// the batch, how long they waited for it on average, how long its statements took (the append
+/// lock held), and each flush barrier's time (microseconds). Off unless a subscriber enables
+/// it (the executor benchmark's profile does).
+pub const TIMING: &str = "countersign::committer::timing";
+
+/// Microseconds of `d`, for [`TIMING`].
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The handle stores hold; cloning shares the one committer task.
@@ -110,7 +124,13 @@ impl Committer {
     /// Submits `work`; `None` when the committer is gone (the caller writes alone).
     pub(crate) async fn submit(&self, work: Work) -> Option<Result<Done, StoreError>> {
         let (reply, answer) = oneshot::channel();
-        self.jobs.send(Job { work, reply }).ok()?;
+        self.jobs
+            .send(Job {
+                work,
+                reply,
+                submitted: Instant::now(),
+            })
+            .ok()?;
         answer.await.ok()
     }
 }
@@ -135,9 +155,24 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
+        let began = Instant::now();
+        // `slot`: the part of the batch's time spent waiting for a barrier slot.
+        let timed = |jobs: &[Job], slot: Duration| {
+            let waited: Duration = jobs.iter().map(|j| began - j.submitted).sum();
+            tracing::debug!(
+                target: TIMING,
+                batch_jobs = jobs.len() as u64,
+                batch_queued_us = micros(waited) / jobs.len().max(1) as u64,
+                batch_slot_us = micros(slot),
+                batch_us = micros(began.elapsed().saturating_sub(slot)),
+                "committer batch"
+            );
+        };
         if pipelined && let Ok(permit) = in_flight.clone().acquire_owned().await {
+            let slot = began.elapsed();
             match store.commit_batch(&jobs, true).await {
                 Ok(done) => {
+                    timed(&jobs, slot);
                     // Jobs that asked to be answered at COMMIT are answered now; the others
                     // after the flush barrier.
                     let (now, later): (Vec<_>, Vec<_>) = jobs
@@ -149,7 +184,9 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
                     }
                     let store = store.clone();
                     tokio::spawn(async move {
+                        let flushing = Instant::now();
                         let flushed = store.flush_barrier_retrying().await;
+                        tracing::debug!(target: TIMING, barrier_us = micros(flushing.elapsed()), "flush barrier");
                         drop(permit);
                         for (job, done) in later {
                             let answer = match &flushed {
@@ -169,6 +206,7 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
         }
         match store.commit_batch(&jobs, false).await {
             Ok(done) => {
+                timed(&jobs, Duration::ZERO);
                 for (job, done) in jobs.into_iter().zip(done) {
                     let _ = job.reply.send(Ok(done));
                 }

@@ -42,6 +42,7 @@ use crate::secret::Secret;
 
 pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
+pub use group::TIMING as COMMITTER_TIMING;
 pub use proposals::{
     ApproveOutcome, Change, ChangeOp, ListingChange, NewProposal, Proposal, ProposalError,
     ProposalStatus, SettingChange, ToolSetting, apply_changes,

@@ -947,7 +947,11 @@ async fn a_failing_job_fails_alone_and_leaves_the_append_lock_free() {
         .await;
         assert!(finished.is_ok(), "appends after the failures hung");
         let records = store.audit_records(1, 10_000).await.unwrap();
-        assert_eq!(records.len(), before + 3 * 8 + 32, "good jobs and appends only");
+        assert_eq!(
+            records.len(),
+            before + 3 * 8 + 32,
+            "good jobs and appends only"
+        );
         assert!(
             records
                 .iter()
