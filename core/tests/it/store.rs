@@ -48,6 +48,54 @@ fn new_step(
     }
 }
 
+/// A record of `event` about `step` of `run`, by agent-1.
+fn record(
+    run: &str,
+    step: &countersign_core::store::Step,
+    event: countersign_core::audit::AuditEvent,
+) -> (
+    countersign_core::audit::AuditEvent,
+    countersign_core::audit::NewAuditRecord,
+) {
+    (
+        event,
+        countersign_core::audit::NewAuditRecord {
+            event: Some(event),
+            run_id: Some(run.to_string()),
+            step_id: Some(step.id.clone()),
+            tool: Some(step.tool.clone()),
+            actor: Some("agent:agent-1".into()),
+            rule: None,
+            detail: Default::default(),
+        },
+    )
+}
+
+/// A read of `run` (inputs `{"n": n}`) written by its closing transition, done, with one
+/// `succeeded` record, under `guard`.
+fn closing_read(
+    store: &Store,
+    run: &str,
+    n: usize,
+    guard: Option<countersign_core::store::RunGuard>,
+) -> countersign_core::store::Transition {
+    use countersign_core::audit::AuditEvent;
+    use countersign_core::model::{Effect, StepStatus};
+    let r = store.prepare_read(&new_step(run, Effect::Read, n)).unwrap();
+    countersign_core::store::Transition {
+        step_id: r.id.clone(),
+        from: vec![StepStatus::Pending],
+        to: Some(StepStatus::Done),
+        decision: Some("allow".into()),
+        outcome: Some("{}".into()),
+        bump_attempts: true,
+        records: vec![record(run, &r, AuditEvent::Succeeded)],
+        guard,
+        insert: Some(Box::new(r)),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn migrations_reach_the_latest_version_and_are_idempotent() {
     let (_, clock) = test_clock();
@@ -700,7 +748,7 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
 /// follow their moved steps only, and every moved job's records are contiguous in the chain.
 #[tokio::test]
 async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allow() {
-    use countersign_core::audit::{AuditEvent, NewAuditRecord};
+    use countersign_core::audit::AuditEvent;
     use countersign_core::model::{Effect, StepStatus};
     use countersign_core::store::{KeyState, RunGuard, Transition};
     let (_, clock) = test_clock();
@@ -711,20 +759,6 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
             run_id: run.to_string(),
             allow_failed: false,
             unless_switch: Some("emergency_stop".into()),
-        };
-        let record = |run: &str, step: &str, event: AuditEvent| {
-            (
-                event,
-                NewAuditRecord {
-                    event: Some(event),
-                    run_id: Some(run.to_string()),
-                    step_id: Some(step.to_string()),
-                    tool: Some("note.draft".into()),
-                    actor: Some("agent:agent-1".into()),
-                    rule: None,
-                    detail: Default::default(),
-                },
-            )
         };
         // (transition, whether it must move, the run its guard names)
         let mut cases: Vec<(Transition, bool, &str)> = Vec::new();
@@ -753,8 +787,8 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
                     bump_attempts: true,
                     key: Some((KeyState::Done, Some(format!("{{\"n\":{i}}}")))),
                     records: vec![
-                        record(&live.id, &w.id, AuditEvent::Started),
-                        record(&live.id, &w.id, AuditEvent::Succeeded),
+                        record(&live.id, &w, AuditEvent::Started),
+                        record(&live.id, &w, AuditEvent::Succeeded),
                     ],
                     guard: Some(guard(&live.id)),
                     ..Transition::default()
@@ -771,22 +805,8 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
             } else {
                 (&live.id, true, "live")
             };
-            let r = store
-                .prepare_read(&new_step(run, Effect::Read, 100 + i))
-                .unwrap();
             cases.push((
-                Transition {
-                    step_id: r.id.clone(),
-                    from: vec![StepStatus::Pending],
-                    to: Some(StepStatus::Done),
-                    decision: Some("allow".into()),
-                    outcome: Some("{}".into()),
-                    bump_attempts: true,
-                    records: vec![record(run, &r.id, AuditEvent::Succeeded)],
-                    guard: Some(guard(run)),
-                    insert: Some(Box::new(r)),
-                    ..Transition::default()
-                },
+                closing_read(&store, run, 100 + i, Some(guard(run))),
                 moves,
                 name,
             ));
@@ -861,47 +881,21 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
 #[tokio::test]
 async fn a_failing_job_fails_alone_and_leaves_the_append_lock_free() {
     use countersign_core::audit::{AuditEvent, NewAuditRecord};
-    use countersign_core::model::{Effect, StepStatus};
-    use countersign_core::store::Transition;
+    use countersign_core::model::StepStatus;
     let (_, clock) = test_clock();
     each_backend(clock, |store| async move {
         let live = store.create_run(&new_run("acme")).await.unwrap();
-        let record = |run: &str, step: &str| {
-            (
-                AuditEvent::Succeeded,
-                NewAuditRecord {
-                    event: Some(AuditEvent::Succeeded),
-                    run_id: Some(run.to_string()),
-                    step_id: Some(step.to_string()),
-                    tool: Some("invoice.get".into()),
-                    actor: Some("agent:agent-1".into()),
-                    rule: None,
-                    detail: Default::default(),
-                },
-            )
-        };
-        let read = |run: &str, n: usize| {
-            let r = store.prepare_read(&new_step(run, Effect::Read, n)).unwrap();
-            Transition {
-                step_id: r.id.clone(),
-                from: vec![StepStatus::Pending],
-                to: Some(StepStatus::Done),
-                decision: Some("allow".into()),
-                outcome: Some("{}".into()),
-                bump_attempts: true,
-                records: vec![record(run, &r.id)],
-                insert: Some(Box::new(r)),
-                ..Transition::default()
-            }
-        };
         let before = store.audit_records(1, 10_000).await.unwrap().len();
         for round in 0..3 {
             let mut tasks = Vec::new();
             for i in 0..9 {
                 let (t, good) = if i == 4 {
-                    (read("no-such-run", round * 100 + i), false)
+                    (
+                        closing_read(&store, "no-such-run", round * 100 + i, None),
+                        false,
+                    )
                 } else {
-                    (read(&live.id, round * 100 + i), true)
+                    (closing_read(&store, &live.id, round * 100 + i, None), true)
                 };
                 let store = store.clone();
                 tasks.push(tokio::spawn(async move {
