@@ -157,12 +157,16 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
         }
         let began = Instant::now();
         // `slot`: the part of the batch's time spent waiting for a barrier slot.
+        // (Field values are computed only when a subscriber enables the target.)
         let timed = |jobs: &[Job], slot: Duration| {
-            let waited: Duration = jobs.iter().map(|j| began - j.submitted).sum();
             tracing::debug!(
                 target: TIMING,
                 batch_jobs = jobs.len() as u64,
-                batch_queued_us = micros(waited) / jobs.len().max(1) as u64,
+                batch_queued_us = micros(
+                    jobs.iter()
+                        .map(|j| began.saturating_duration_since(j.submitted))
+                        .sum()
+                ) / jobs.len().max(1) as u64,
                 batch_slot_us = micros(slot),
                 batch_us = micros(began.elapsed().saturating_sub(slot)),
                 "committer batch"
@@ -186,7 +190,11 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
                     tokio::spawn(async move {
                         let flushing = Instant::now();
                         let flushed = store.flush_barrier_retrying().await;
-                        tracing::debug!(target: TIMING, barrier_us = micros(flushing.elapsed()), "flush barrier");
+                        tracing::debug!(
+                            target: TIMING,
+                            barrier_us = micros(flushing.elapsed()),
+                            "flush barrier"
+                        );
                         drop(permit);
                         for (job, done) in later {
                             let answer = match &flushed {
@@ -227,6 +235,20 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
             }
         }
     }
+}
+
+/// A transition job's answer; its records (if it moved) join the batch's INSERT.
+fn moved(sealed: &mut Vec<AuditRecord>, records: Option<Vec<AuditRecord>>) -> Done {
+    if let Some(records) = &records {
+        sealed.extend(records.iter().cloned());
+    }
+    Done::Moved(records)
+}
+
+/// An append job's answer; its record joins the batch's INSERT.
+fn appended(sealed: &mut Vec<AuditRecord>, record: AuditRecord) -> Done {
+    sealed.push(record.clone());
+    Done::Appended(Box::new(record))
 }
 
 impl Store {
@@ -270,17 +292,12 @@ impl Store {
                     let now = self.clock.now_ms();
                     out.push(match &job.work {
                         Work::Transition(t) => {
-                            let moved = apply_transition!(&mut *tx, $lock, &mut head, t, now);
-                            if let Some(records) = &moved {
-                                sealed.extend(records.iter().cloned());
-                            }
-                            Done::Moved(moved)
+                            let records = apply_transition!(&mut *tx, $lock, &mut head, t, now);
+                            moved(&mut sealed, records)
                         }
                         Work::Append(new, event) => {
                             let h = hold_head!(&mut *tx, $lock, &mut head);
-                            let record = seal_next!(h, new, *event, now);
-                            sealed.push(record.clone());
-                            Done::Appended(Box::new(record))
+                            appended(&mut sealed, seal_next!(h, new, *event, now))
                         }
                     });
                 }
@@ -325,22 +342,19 @@ impl Store {
         // The append lock first, before any row lock (see the module invariants).
         hold_head!(&mut *tx, true, &mut head);
         let now = self.clock.now_ms();
-        let moved = super::bulk::apply(&mut tx, jobs, now).await?;
+        let went = super::bulk::apply(&mut tx, jobs, now).await?;
         let mut out = Vec::with_capacity(jobs.len());
         let mut sealed: Vec<AuditRecord> = Vec::new();
-        for (job, moved) in jobs.iter().zip(moved) {
+        for (job, went) in jobs.iter().zip(went) {
             out.push(match &job.work {
-                Work::Transition(t) if moved => {
+                Work::Transition(t) if went => {
                     let records = seal_records!(&mut *tx, true, &mut head, t, now);
-                    sealed.extend(records.iter().cloned());
-                    Done::Moved(Some(records))
+                    moved(&mut sealed, Some(records))
                 }
-                Work::Transition(_) => Done::Moved(None),
+                Work::Transition(_) => moved(&mut sealed, None),
                 Work::Append(new, event) => {
                     let h = hold_head!(&mut *tx, true, &mut head);
-                    let record = seal_next!(h, new, *event, now);
-                    sealed.push(record.clone());
-                    Done::Appended(Box::new(record))
+                    appended(&mut sealed, seal_next!(h, new, *event, now))
                 }
             });
         }
