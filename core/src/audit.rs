@@ -896,19 +896,45 @@ impl Store {
 
     /// How many attempts of run `run_id` failed in a row since its last success (looking at
     /// no more than `limit` outcome records, newest first).
+    ///
+    /// Reads the run's records newest first, a page at a time, through the `(run_id, seq)`
+    /// index alone, and stops at the first success or after `limit` outcomes: the cost
+    /// follows the run's recent records, never the size of the whole log. (Filtering on
+    /// `event` in SQL let the planner combine the `(event, seq)` index, which holds every
+    /// success of every run: its cost grew with the log, measured in `docs/benchmarks.md`.)
     pub async fn failures_in_a_row(&self, run_id: &str, limit: i64) -> Result<i64, StoreError> {
-        let events: Vec<String> = crate::store::on_pool!(self, |p| {
-            sqlx::query_scalar(
-                "SELECT event FROM audit WHERE run_id = $1
-                   AND event IN ('failed', 'succeeded', 'reconciled')
-                 ORDER BY seq DESC LIMIT $2",
-            )
-            .bind(run_id)
-            .bind(limit)
-            .fetch_all(p)
-            .await?
-        });
-        Ok(events.iter().take_while(|e| e.as_str() == "failed").count() as i64)
+        const PAGE: i64 = 16;
+        let mut before = i64::MAX;
+        let (mut failed, mut outcomes) = (0_i64, 0_i64);
+        while outcomes < limit {
+            let page: Vec<(i64, String)> = crate::store::on_pool!(self, |p| {
+                sqlx::query_as(
+                    "SELECT seq, event FROM audit WHERE run_id = $1 AND seq < $2
+                     ORDER BY seq DESC LIMIT $3",
+                )
+                .bind(run_id)
+                .bind(before)
+                .bind(PAGE)
+                .fetch_all(p)
+                .await?
+            });
+            for (seq, event) in &page {
+                before = *seq;
+                match event.as_str() {
+                    "failed" => failed += 1,
+                    "succeeded" | "reconciled" => return Ok(failed),
+                    _ => continue,
+                }
+                outcomes += 1;
+                if outcomes >= limit {
+                    break;
+                }
+            }
+            if (page.len() as i64) < PAGE {
+                break;
+            }
+        }
+        Ok(failed)
     }
 
     /// Verifies the whole stored chain in pages; returns the number of records.

@@ -25,6 +25,9 @@
 //!   store's own pool settings (`store::pg_pool_options`: no ping on acquire), on steps
 //!   seeded the same way. The floor of a durable queue: one claim and one synchronous commit
 //!   per step.
+//! * CPU per step, both sides: the machine's busy CPU time over each run (and the bench
+//!   process's share of it) divided by the steps; from the executor's at 4 workers, the most
+//!   steps/s the machine's CPUs could complete — a ceiling on the ratio to the baseline.
 //!
 //! `BENCH_PROFILE=1` also profiles the 4-worker runs (both sides): `pg_stat_activity` and
 //! ungranted `pg_locks` sampled every 20 ms, `EXPLAIN (ANALYZE, BUFFERS)` of the claim half
@@ -46,7 +49,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Mcp, Server, env_num, fresh_postgres, pct};
+use common::{CpuUsed, Mcp, Server, cpu_reading, cpu_used, env_num, fresh_postgres, pct};
 use countersign::executor::{EMERGENCY_STOP, TIMING, Timings, work_once};
 use countersign_core::store::{COMMITTER_TIMING, pg_pool_options};
 use countersign_core::{Clock, StepStatus};
@@ -137,11 +140,19 @@ async fn seed(planner: &mut Mcp, pool: &PgPool, tool: &str, steps: usize, tag: &
         .unwrap();
 }
 
-/// `workers` executor loops until no step is left; (steps executed, elapsed).
-async fn ours(server: &Server, workers: usize, progress: &Arc<AtomicU64>) -> (u64, Duration) {
+/// `workers` executor loops until no step is left of the `seeded` ones; (steps executed,
+/// elapsed).
+async fn ours(
+    server: &Server,
+    workers: usize,
+    seeded: u64,
+    progress: &Arc<AtomicU64>,
+) -> (u64, Duration) {
     let began = Instant::now();
+    let executed = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for w in 0..workers {
+        let executed = executed.clone();
         let state = server.state.clone();
         let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
@@ -150,11 +161,17 @@ async fn ours(server: &Server, workers: usize, progress: &Arc<AtomicU64>) -> (u6
             loop {
                 if work_once(&state, &id, Timings::default()).await.unwrap() {
                     done += 1;
+                    executed.fetch_add(1, Ordering::Relaxed);
                     progress.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                // Nothing ready: finished, or a retry waits out its backoff.
-                if state.store.count_steps(StepStatus::Pending).await.unwrap() == 0 {
+                // Nothing ready: finished, or a retry waits out its backoff, or the other
+                // workers hold the last runs. Counting pending steps scans the table, so it
+                // is asked only once as many executions as seeded steps have happened (the
+                // bench's own polling would otherwise load the database it measures).
+                if executed.load(Ordering::Relaxed) >= seeded
+                    && state.store.count_steps(StepStatus::Pending).await.unwrap() == 0
+                {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -523,7 +540,7 @@ async fn main() {
 
     // Warm-up: a small round through both paths (connections, caches, plans).
     seed(&mut planner, pool, tool, 100, "warm-ours").await;
-    ours(&server, 4, &progress).await;
+    ours(&server, 4, 100, &progress).await;
     seed(&mut planner, pool, tool, 100, "warm-raw").await;
     baseline(&raw, 4, store.clock().now_ms(), &progress).await;
 
@@ -548,7 +565,9 @@ async fn main() {
             (stop, handle)
         };
         let watch = profiled.then(|| sampler("ours, 4 workers"));
-        let (n_ours, t_ours) = ours(&server, workers, &progress).await;
+        let before = cpu_reading();
+        let (n_ours, t_ours) = ours(&server, workers, steps as u64, &progress).await;
+        let cpu_ours = cpu_used(before, cpu_reading());
         if let Some((stop, handle)) = watch {
             *profile.label.lock().unwrap() = None;
             stop.store(true, Ordering::Relaxed);
@@ -562,7 +581,9 @@ async fn main() {
         );
         seed(&mut planner, pool, tool, steps, &format!("raw-{workers}")).await;
         let watch = profiled.then(|| sampler("baseline, 4 workers"));
+        let before = cpu_reading();
         let (n_raw, t_raw) = baseline(&raw, workers, store.clock().now_ms(), &progress).await;
+        let cpu_raw = cpu_used(before, cpu_reading());
         if let Some((stop, handle)) = watch {
             *profile.label.lock().unwrap() = None;
             stop.store(true, Ordering::Relaxed);
@@ -572,7 +593,13 @@ async fn main() {
         let ours_per_s = steps as f64 / t_ours.as_secs_f64();
         let raw_per_s = n_raw as f64 / t_raw.as_secs_f64();
         eprintln!("  {workers} workers: ours {ours_per_s:.0}/s, raw {raw_per_s:.0}/s");
-        rows.push((workers, ours_per_s, raw_per_s));
+        rows.push((
+            workers,
+            ours_per_s,
+            raw_per_s,
+            cpu_ours.map(|c| (c, n_ours as usize)),
+            cpu_raw.map(|c| (c, n_raw as usize)),
+        ));
     }
     assert_eq!(
         store.count_steps(StepStatus::Running).await.unwrap(),
@@ -607,18 +634,45 @@ async fn main() {
         }
     );
     println!(
-        "| workers | executor steps/s | raw claim + complete steps/s | executor vs baseline |"
+        "| workers | executor steps/s | raw claim + complete steps/s | executor vs baseline \
+         | CPU per step: executor (of it in the bench process) | CPU per step: baseline |"
     );
-    println!("|---:|---:|---:|---:|");
-    for (w, o, r) in &rows {
-        println!("| {w} | {o:.0} | {r:.0} | {} |", pct(*o, *r));
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let cell = |c: &Option<(CpuUsed, usize)>| match c {
+        Some((c, n)) => format!(
+            "{} ({})",
+            CpuUsed::per_call(c.machine, *n),
+            CpuUsed::per_call(c.process, *n)
+        ),
+        None => "n/a".into(),
+    };
+    for (w, o, r, co, cr) in &rows {
+        println!(
+            "| {w} | {o:.0} | {r:.0} | {} | {} | {} |",
+            pct(*o, *r),
+            cell(co),
+            cell(cr)
+        );
     }
-    if let Some((_, o, r)) = rows.iter().find(|(w, _, _)| *w == 4) {
+    if let Some((_, o, r, co, cr)) = rows.iter().find(|row| row.0 == 4) {
         println!(
             "\nTarget: ≥ 60 % of the baseline at 4 workers — **{}** ({}).\n",
             if o / r >= 0.6 { "met" } else { "missed" },
             pct(*o, *r)
         );
+        if let (Some((co, no)), Some((cr, nr))) = (co, cr) {
+            let ceiling = co.ceiling_per_s(*no);
+            println!(
+                "CPU ceiling: at 4 workers a step costs the machine {} of CPU, a baseline \
+                 step {}. With all {} CPUs doing nothing but executor steps, they would \
+                 complete at most {ceiling:.0} steps/s: {} of the baseline's measured \
+                 throughput, however the work is scheduled.\n",
+                CpuUsed::per_call(co.machine, *no),
+                CpuUsed::per_call(cr.machine, *nr),
+                co.cpus,
+                pct(ceiling, *r)
+            );
+        }
     }
     for (label, waits) in &profiles {
         print_profile(label, waits, &profile, steps);

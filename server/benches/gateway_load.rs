@@ -10,6 +10,9 @@
 //! * Reference: an authenticated MCP `ping` in the same closed loop (no tool runs): the floor
 //!   that the transport, rmcp's session handling and the guard's authentication set by
 //!   themselves.
+//! * CPU per call: the machine's busy CPU time over each measured window (and the bench
+//!   process's share of it) divided by the calls made; from the read workload's, the most
+//!   reads/s the machine's CPUs could complete — a ceiling on the ratio to the baseline.
 //!
 //! Run with `cargo bench -p countersign --bench gateway_load` (Postgres from
 //! `COUNTERSIGN_TEST_POSTGRES_URL`, default the local one). Prints a markdown section on
@@ -21,7 +24,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Mcp, Server, env_num, fresh_postgres, ms, pct, percentile};
+use common::{
+    CpuUsed, Mcp, Server, cpu_reading, cpu_used, env_num, fresh_postgres, ms, pct, percentile,
+};
 use countersign_core::store::pg_pool_options;
 use serde_json::json;
 
@@ -34,6 +39,8 @@ struct Measured {
     failed: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
+    /// CPU the machine and the bench process used in the window.
+    cpu: Option<CpuUsed>,
 }
 
 impl Measured {
@@ -58,6 +65,10 @@ where
 {
     let began = Instant::now() + warmup;
     let until = began + secs;
+    let first_reading = tokio::spawn(async move {
+        tokio::time::sleep_until(began.into()).await;
+        cpu_reading()
+    });
     let mut tasks = Vec::new();
     for (c, mut client) in clients.into_iter().enumerate() {
         let op = op.clone();
@@ -93,6 +104,7 @@ where
     }
     // The window closes when the last call that started inside it returns.
     let elapsed = Instant::now().saturating_duration_since(began);
+    let cpu = cpu_used(first_reading.await.ok().flatten(), cpu_reading());
     latencies.sort();
     eprintln!(
         "  {name}: {} calls ({failed} failed) in {elapsed:?}",
@@ -104,6 +116,7 @@ where
         failed,
         elapsed,
         latencies,
+        cpu,
     }
 }
 
@@ -298,19 +311,24 @@ async fn main() {
         warmup.as_secs()
     );
     println!(
-        "| workload | calls | failed (retryable) | calls/s | p50 | p99 | throughput vs baseline |"
+        "| workload | calls | failed (retryable) | calls/s | p50 | p99 | throughput vs baseline \
+         | CPU per call (machine) | of it in the bench process |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for m in [&baseline, &reads, &writes, &pings] {
+        let cpu = m.cpu.unwrap_or_default();
+        let done = m.calls + m.failed;
         println!(
-            "| {} | {} | {} | {:.0} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
             m.name,
             m.calls,
             m.failed,
             m.per_s(),
             ms(percentile(&m.latencies, 50.0)),
             ms(percentile(&m.latencies, 99.0)),
-            pct(m.per_s(), base)
+            pct(m.per_s(), base),
+            CpuUsed::per_call(cpu.machine, done),
+            CpuUsed::per_call(cpu.process, done),
         );
     }
     let ratio = reads.per_s() / base;
@@ -319,6 +337,18 @@ async fn main() {
         if ratio >= 0.5 { "met" } else { "missed" },
         pct(reads.per_s(), base)
     );
+    if let (Some(b), Some(r)) = (baseline.cpu, reads.cpu) {
+        let ceiling = r.ceiling_per_s(reads.calls + reads.failed);
+        println!(
+            "CPU ceiling: a read costs the machine {} of CPU, a baseline call {}. With all {} \
+             CPUs doing nothing but reads, they would complete at most {ceiling:.0} reads/s: \
+             {} of the baseline's measured throughput, however the work is scheduled.\n",
+            CpuUsed::per_call(r.machine, reads.calls + reads.failed),
+            CpuUsed::per_call(b.machine, baseline.calls + baseline.failed),
+            r.cpus,
+            pct(ceiling, base)
+        );
+    }
     println!(
         "The reference row is an authenticated MCP `ping` (no tool, no pipeline, no audit \
          record): what the transport, rmcp's session handling and the guard's one statement \

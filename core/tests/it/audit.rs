@@ -36,6 +36,67 @@ fn record(i: usize) -> NewAuditRecord {
     }
 }
 
+/// An outcome record of `run` for the failures-in-a-row count.
+fn outcome(run: &str, event: AuditEvent) -> NewAuditRecord {
+    NewAuditRecord {
+        event: Some(event),
+        run_id: Some(run.into()),
+        tool: Some("note.draft".into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn failures_in_a_row_count_back_to_the_last_success_across_pages_and_runs() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        use AuditEvent::{Decided, Failed, Reconciled, Started, Succeeded};
+        let append = |run: &'static str, event| {
+            let store = store.clone();
+            async move { store.append_audit(&outcome(run, event)).await.unwrap() }
+        };
+        assert_eq!(
+            store.failures_in_a_row("run-a", 3).await.unwrap(),
+            0,
+            "no records"
+        );
+        append("run-a", Succeeded).await;
+        append("run-a", Failed).await;
+        // Far more non-outcome records than one page between the two failures, and another
+        // run's failures and successes interleaved: neither counts nor stops the count.
+        for i in 0..150 {
+            append("run-a", if i % 2 == 0 { Decided } else { Started }).await;
+            if i % 50 == 0 {
+                append("run-b", Failed).await;
+                append("run-b", Succeeded).await;
+            }
+        }
+        append("run-a", Failed).await;
+        assert_eq!(store.failures_in_a_row("run-a", 5).await.unwrap(), 2);
+        assert_eq!(
+            store.failures_in_a_row("run-a", 1).await.unwrap(),
+            1,
+            "capped at limit"
+        );
+        assert_eq!(store.failures_in_a_row("run-a", 0).await.unwrap(), 0);
+        assert_eq!(store.failures_in_a_row("run-b", 5).await.unwrap(), 0);
+        append("run-a", Failed).await;
+        append("run-a", Failed).await;
+        assert_eq!(
+            store.failures_in_a_row("run-a", 3).await.unwrap(),
+            3,
+            "capped at limit"
+        );
+        assert_eq!(store.failures_in_a_row("run-a", 10).await.unwrap(), 4);
+        // A reconciled outcome is a success: the count starts again.
+        append("run-a", Reconciled).await;
+        assert_eq!(store.failures_in_a_row("run-a", 10).await.unwrap(), 0);
+        append("run-a", Failed).await;
+        assert_eq!(store.failures_in_a_row("run-a", 10).await.unwrap(), 1);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn appended_records_link_and_verify_on_both_backends() {
     let (_, clock) = test_clock();

@@ -257,3 +257,99 @@ pub fn pct(part: f64, whole: f64) -> String {
         "n/a".into()
     }
 }
+
+/// A reading of the machine's CPU counters (`/proc/stat`) and this process's
+/// (`/proc/self/stat`), to tell how much CPU a workload cost per call.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuReading {
+    /// Clock ticks of every CPU, busy or idle.
+    total: u64,
+    /// Clock ticks the CPUs spent busy (user, nice, system, irq, softirq). Steal (a
+    /// virtual CPU waiting for its host) is time in which nothing here ran: not counted.
+    busy: u64,
+    /// Clock ticks this process spent (user + system, all threads).
+    process: u64,
+    /// CPUs the machine-wide counters add up.
+    cpus: usize,
+    at: std::time::Instant,
+}
+
+/// CPU time a workload used, machine-wide and in this process (the bench's own side: server
+/// and clients; the rest is mostly Postgres).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuUsed {
+    pub machine: Duration,
+    pub process: Duration,
+    /// The machine's CPUs.
+    pub cpus: usize,
+}
+
+impl CpuUsed {
+    /// `total / calls` as milliseconds with three decimals, for a table cell.
+    pub fn per_call(d: Duration, calls: usize) -> String {
+        if calls == 0 {
+            return "n/a".into();
+        }
+        format!("{:.3} ms", d.as_secs_f64() * 1e3 / calls as f64)
+    }
+
+    /// The most calls per second the machine's CPUs could complete if each call costs what
+    /// `calls` calls cost here and every CPU did nothing else.
+    pub fn ceiling_per_s(&self, calls: usize) -> f64 {
+        let per_call = self.machine.as_secs_f64() / calls.max(1) as f64;
+        if per_call > 0.0 {
+            self.cpus as f64 / per_call
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
+/// The current counters; `None` off Linux or when `/proc` is unreadable.
+pub fn cpu_reading() -> Option<CpuReading> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let [user, nice, system, idle, iowait, irq, softirq, steal] = *f.get(..8)? else {
+        return None;
+    };
+    let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at field 3; utime and
+    // stime are fields 14 and 15.
+    let rest = &own[own.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(CpuReading {
+        total: user + nice + system + idle + iowait + irq + softirq + steal,
+        busy: user + nice + system + irq + softirq,
+        process: utime + stime,
+        cpus: stat
+            .lines()
+            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+            .count(),
+        at: std::time::Instant::now(),
+    })
+}
+
+/// CPU used between two readings. Ticks are turned into time by the share of all CPUs'
+/// ticks that elapsed (no clock-tick constant needed).
+pub fn cpu_used(from: Option<CpuReading>, to: Option<CpuReading>) -> Option<CpuUsed> {
+    let (a, b) = (from?, to?);
+    let total = b.total.checked_sub(a.total)?;
+    if total == 0 {
+        return None;
+    }
+    let cpus = b.cpus as f64;
+    let wall = b.at.saturating_duration_since(a.at).as_secs_f64();
+    let share = |ticks: u64| Duration::from_secs_f64(ticks as f64 / total as f64 * cpus * wall);
+    Some(CpuUsed {
+        machine: share(b.busy.saturating_sub(a.busy)),
+        process: share(b.process.saturating_sub(a.process)),
+        cpus: b.cpus,
+    })
+}
