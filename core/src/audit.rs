@@ -905,8 +905,9 @@ impl Store {
     pub async fn failures_in_a_row(&self, run_id: &str, limit: i64) -> Result<i64, StoreError> {
         const PAGE: i64 = 16;
         let mut before = i64::MAX;
-        let (mut failed, mut outcomes) = (0_i64, 0_i64);
-        while outcomes < limit {
+        // Every outcome met before a success is a failure: one count serves for both.
+        let mut failed = 0_i64;
+        while failed < limit {
             let page: Vec<(i64, String)> = crate::store::on_pool!(self, |p| {
                 sqlx::query_as(
                     "SELECT seq, event FROM audit WHERE run_id = $1 AND seq < $2
@@ -920,14 +921,16 @@ impl Store {
             });
             for (seq, event) in &page {
                 before = *seq;
-                match event.as_str() {
-                    "failed" => failed += 1,
-                    "succeeded" | "reconciled" => return Ok(failed),
-                    _ => continue,
+                if event == AuditEvent::Succeeded.as_str()
+                    || event == AuditEvent::Reconciled.as_str()
+                {
+                    return Ok(failed);
                 }
-                outcomes += 1;
-                if outcomes >= limit {
-                    break;
+                if event == AuditEvent::Failed.as_str() {
+                    failed += 1;
+                    if failed >= limit {
+                        break;
+                    }
                 }
             }
             if (page.len() as i64) < PAGE {
