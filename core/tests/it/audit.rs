@@ -918,6 +918,53 @@ async fn a_refused_flush_barrier_falls_back_to_synchronous_batches() {
     let _ = cluster.close().await;
 }
 
+/// The committer and the flusher keep their connections between batches. Sessions the server
+/// ends under them (an administrator's `pg_terminate_backend`, a restart) are given up and
+/// replaced: appends work again once the pools have noticed, no answered append is missing
+/// from the chain, and the chain holds.
+#[tokio::test]
+async fn sessions_ended_under_the_committer_are_replaced() {
+    use countersign_core::store::testing::FreshDb;
+    use sqlx::Connection;
+
+    let (_, clock) = test_clock();
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    let store = db.store(clock).await;
+    let mut admin = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+    append_concurrently(&store, 24).await;
+    // At once, while the committer and the flusher still hold theirs: every other session of
+    // this database ends.
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) ended",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(ended >= 1, "the store's sessions were open");
+    // Right after, an append may fail (a connection that broke fails its statement), or be
+    // answered "committed, but not known durable"; an answered one is in the chain.
+    let mut answered: i64 = 0;
+    for i in 0..24 {
+        if store.append_audit(&record(i)).await.is_ok() {
+            answered += 1;
+        }
+    }
+    // After a pause (a restart takes one), every append succeeds again.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    append_concurrently(&store, 24).await;
+    let chained = store.verify_audit().await.unwrap().unwrap();
+    assert!(
+        (48 + answered..=72).contains(&chained),
+        "{chained} records chained, {answered} answered after the sessions ended"
+    );
+    let _ = admin.close().await;
+    store.close().await;
+    db.drop_db().await;
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
     /// Checkpoints on the parallel path: a signed hash expected at any `seq` (the right one, a
