@@ -45,23 +45,11 @@
 //!   retried: the batch is committed but not known durable (a step then looks as it would after
 //!   a crash: a `running` step is reconciled by key). The barrier is tried once at start; if
 //!   this database refuses it, batches commit synchronously as before.
-//! * One *flusher* task runs the barriers, one at a time: each barrier covers every batch
-//!   whose COMMIT had returned before the barrier started (all the batches waiting for it),
-//!   so under load one barrier answers several batches, and batches are answered in commit
-//!   order.
-//!
-//! Connections (Postgres): the committer and the flusher each keep the connection they last
-//! used while work keeps arriving ([`Held`]) instead of returning it to the pool after every
-//! batch or barrier (sqlx tests a returned connection with a round trip to the server, one
-//! more per batch and per barrier). A connection whose statement failed is returned at once
-//! (sqlx then closes it if it is broken), and one left unused for [`HOLD_IDLE`] is returned.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection, PgConnection, Postgres};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::steps::{apply_transition, seal_records};
 use super::{Pool, Store, StoreError, Transition};
@@ -75,47 +63,6 @@ const IN_FLIGHT: usize = 8;
 
 /// Attempts of a batch's flush barrier before its jobs are answered with an error.
 const BARRIER_ATTEMPTS: usize = 3;
-
-/// A held connection unused for this long goes back to the pool.
-const HOLD_IDLE: Duration = Duration::from_millis(50);
-
-/// A pooled Postgres connection a long-lived task keeps between uses (see the module doc).
-struct Held {
-    pool: sqlx::PgPool,
-    conn: Option<PoolConnection<Postgres>>,
-}
-
-impl Held {
-    fn new(pool: sqlx::PgPool) -> Self {
-        Self { pool, conn: None }
-    }
-
-    /// The held connection, acquired from the pool if none is held.
-    async fn get(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
-        let conn = match self.conn.take() {
-            Some(conn) => conn,
-            None => self.pool.acquire().await?,
-        };
-        Ok(&mut **self.conn.insert(conn))
-    }
-
-    /// Returns the connection to the pool (which tests it, and closes it if it is broken).
-    fn release(&mut self) {
-        self.conn = None;
-    }
-}
-
-/// Waits for the next message on `rx`; if none comes within [`HOLD_IDLE`], `held` goes back to
-/// the pool first.
-async fn next_or_release<T>(rx: &mut mpsc::UnboundedReceiver<T>, held: &mut Held) -> Option<T> {
-    if held.conn.is_some() {
-        match tokio::time::timeout(HOLD_IDLE, rx.recv()).await {
-            Ok(next) => return next,
-            Err(_) => held.release(),
-        }
-    }
-    rx.recv().await
-}
 
 /// What a caller asks the committer to write.
 #[derive(Debug)]
@@ -188,20 +135,6 @@ impl Committer {
     }
 }
 
-/// A committed batch's jobs waiting for a flush barrier, sent to the flusher.
-struct Unflushed {
-    jobs: Vec<(Job, Done)>,
-    /// The batch's place among the [`IN_FLIGHT`] batches awaiting a barrier.
-    _slot: OwnedSemaphorePermit,
-}
-
-/// The answer for a job of a batch committed but not known durable.
-fn not_flushed(why: &str) -> StoreError {
-    StoreError::Database(sqlx::Error::Protocol(format!(
-        "committed, but its WAL flush is not confirmed: {why}"
-    )))
-}
-
 async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
     let pipelined = match store.lazy {
         Some(_) => match store.flush_barrier().await {
@@ -213,22 +146,8 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
         },
         None => false,
     };
-    // The flusher and the committer's own connection exist only when batches are pipelined.
-    let (flusher, mut held) = match (&store.pool, &store.lazy) {
-        (Pool::Postgres(pool), Some(lazy)) if pipelined => {
-            let (tx, unflushed) = mpsc::unbounded_channel();
-            tokio::spawn(flush(Held::new(pool.clone()), unflushed));
-            (Some(tx), Some(Held::new(lazy.clone())))
-        }
-        _ => (None, None),
-    };
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-    loop {
-        let first = match held.as_mut() {
-            Some(held) => next_or_release(&mut rx, held).await,
-            None => rx.recv().await,
-        };
-        let Some(first) = first else { break };
+    while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -253,13 +172,11 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
                 "committer batch"
             );
         };
-        if let (Some(flusher), Some(held)) = (&flusher, held.as_mut())
-            && let Ok(slot) = in_flight.clone().acquire_owned().await
-        {
-            let waited = began.elapsed();
-            match store.commit_batch(&jobs, Some(held)).await {
+        if pipelined && let Ok(permit) = in_flight.clone().acquire_owned().await {
+            let slot = began.elapsed();
+            match store.commit_batch(&jobs, true).await {
                 Ok(done) => {
-                    timed(&jobs, waited);
+                    timed(&jobs, slot);
                     // Jobs that asked to be answered at COMMIT are answered now; the others
                     // after the flush barrier.
                     let (now, later): (Vec<_>, Vec<_>) = jobs
@@ -269,26 +186,33 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
                     for (job, done) in now {
                         let _ = job.reply.send(Ok(done));
                     }
-                    let batch = Unflushed {
-                        jobs: later,
-                        _slot: slot,
-                    };
-                    if let Err(mpsc::error::SendError(batch)) = flusher.send(batch) {
-                        for (job, _) in batch.jobs {
-                            let _ = job.reply.send(Err(not_flushed("the flusher is gone")));
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        let flushing = Instant::now();
+                        let flushed = store.flush_barrier_retrying().await;
+                        tracing::debug!(
+                            target: TIMING,
+                            barrier_us = micros(flushing.elapsed()),
+                            "flush barrier"
+                        );
+                        drop(permit);
+                        for (job, done) in later {
+                            let answer = match &flushed {
+                                Ok(()) => Ok(done),
+                                Err(why) => Err(StoreError::Database(sqlx::Error::Protocol(
+                                    format!("committed, but its WAL flush is not confirmed: {why}"),
+                                ))),
+                            };
+                            let _ = job.reply.send(answer);
                         }
-                    }
+                    });
                     continue;
                 }
-                // Nothing of the batch is committed: its jobs go one by one (below), and the
-                // connection goes back to the pool (closed there if it is broken).
-                Err(e) => {
-                    held.release();
-                    tracing::debug!(error = %e, jobs = jobs.len(), "pipelined batch failed");
-                }
+                // Nothing of the batch is committed: its jobs go one by one (below).
+                Err(e) => tracing::debug!(error = %e, jobs = jobs.len(), "pipelined batch failed"),
             }
         }
-        match store.commit_batch(&jobs, None).await {
+        match store.commit_batch(&jobs, false).await {
             Ok(done) => {
                 timed(&jobs, Duration::ZERO);
                 for (job, done) in jobs.into_iter().zip(done) {
@@ -303,7 +227,7 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
             Err(e) => {
                 tracing::debug!(error = %e, jobs = jobs.len(), "batch failed; committing its jobs one by one");
                 for job in jobs {
-                    let done = store.commit_batch(std::slice::from_ref(&job), None).await;
+                    let done = store.commit_batch(std::slice::from_ref(&job), false).await;
                     let _ = job
                         .reply
                         .send(done.and_then(|mut d| d.pop().ok_or(StoreError::NotFound)));
@@ -311,57 +235,6 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
             }
         }
     }
-}
-
-/// The flusher: one barrier at a time on `held` (the main pool: synchronous commits), each
-/// answering every batch that was waiting when it started.
-async fn flush(mut held: Held, mut rx: mpsc::UnboundedReceiver<Unflushed>) {
-    while let Some(first) = next_or_release(&mut rx, &mut held).await {
-        let mut waiting = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            waiting.push(more);
-        }
-        let flushing = Instant::now();
-        let flushed = barrier_retrying(&mut held).await;
-        tracing::debug!(
-            target: TIMING,
-            barrier_us = micros(flushing.elapsed()),
-            barrier_batches = waiting.len() as u64,
-            "flush barrier"
-        );
-        for batch in waiting {
-            for (job, done) in batch.jobs {
-                let answer = match &flushed {
-                    Ok(()) => Ok(done),
-                    Err(why) => Err(not_flushed(why)),
-                };
-                let _ = job.reply.send(answer);
-            }
-        }
-    }
-}
-
-/// The flush barrier's statement (see the module doc).
-const BARRIER: &str = "SELECT pg_logical_emit_message(true, 'countersign', 'flush')";
-
-/// The flush barrier on `held`, tried up to [`BARRIER_ATTEMPTS`] times (a fresh connection
-/// after a failure).
-async fn barrier_retrying(held: &mut Held) -> Result<(), String> {
-    let mut last = String::new();
-    for _ in 0..BARRIER_ATTEMPTS {
-        let tried = match held.get().await {
-            Ok(conn) => sqlx::query(BARRIER).execute(conn).await.map(|_| ()),
-            Err(e) => Err(e),
-        };
-        match tried {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                held.release();
-                last = e.to_string();
-            }
-        }
-    }
-    Err(last)
 }
 
 /// A transition job's answer; its records (if it moved) join the batch's INSERT.
@@ -383,20 +256,29 @@ impl Store {
     /// after every commit this process had completed before calling it (see the module doc).
     async fn flush_barrier(&self) -> Result<(), StoreError> {
         if let Pool::Postgres(p) = &self.pool {
-            sqlx::query(BARRIER).execute(p).await?;
+            sqlx::query("SELECT pg_logical_emit_message(true, 'countersign', 'flush')")
+                .execute(p)
+                .await?;
         }
         Ok(())
     }
 
-    /// Writes `jobs` in one transaction, in order; one answer per job. `unflushed` (Postgres):
-    /// on this held connection of the `lazy` pool, whose COMMIT does not wait for the WAL
-    /// flush (the caller has the flush barrier run before answering anyone); else on a
-    /// connection of the main pool.
-    async fn commit_batch(
-        &self,
-        jobs: &[Job],
-        unflushed: Option<&mut Held>,
-    ) -> Result<Vec<Done>, StoreError> {
+    /// [`Store::flush_barrier`], tried up to [`BARRIER_ATTEMPTS`] times.
+    async fn flush_barrier_retrying(&self) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..BARRIER_ATTEMPTS {
+            match self.flush_barrier().await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(last)
+    }
+
+    /// Writes `jobs` in one transaction, in order; one answer per job. `unflushed`: on
+    /// Postgres, COMMIT without waiting for the WAL flush (the caller runs the flush barrier
+    /// before answering anyone).
+    async fn commit_batch(&self, jobs: &[Job], unflushed: bool) -> Result<Vec<Done>, StoreError> {
         macro_rules! batch_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
@@ -429,22 +311,18 @@ impl Store {
                 batch_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
             }
             Pool::Postgres(p) => {
-                let mut acquired;
-                let conn: &mut PgConnection = match unflushed {
-                    Some(held) => held.get().await?,
-                    None => {
-                        acquired = p.acquire().await?;
-                        &mut acquired
-                    }
+                let p = match (&self.lazy, unflushed) {
+                    (Some(lazy), true) => lazy,
+                    _ => p,
                 };
                 // BEGIN and the append lock stay two statements: sent as one simple query, a
                 // lock that fails (lock or statement timeout, cancel) would leave the
                 // connection in an aborted transaction that sqlx does not roll back (it counts
                 // the transaction as begun only once the whole query succeeded).
                 if super::bulk::applicable(jobs) {
-                    self.commit_bulk_pg(conn, jobs).await?
+                    self.commit_bulk_pg(p, jobs).await?
                 } else {
-                    batch_in!(conn, "BEGIN", true, crate::audit::insert_all_pg)
+                    batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
                 }
             }
         })
@@ -456,10 +334,10 @@ impl Store {
     /// one-by-one.
     async fn commit_bulk_pg(
         &self,
-        conn: &mut PgConnection,
+        pool: &sqlx::PgPool,
         jobs: &[Job],
     ) -> Result<Vec<Done>, StoreError> {
-        let mut tx = conn.begin_with("BEGIN").await?;
+        let mut tx = pool.begin_with("BEGIN").await?;
         let mut head: Option<crate::audit::ChainHead> = None;
         // The append lock first, before any row lock (see the module invariants).
         hold_head!(&mut *tx, true, &mut head);

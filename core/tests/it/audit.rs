@@ -918,12 +918,12 @@ async fn a_refused_flush_barrier_falls_back_to_synchronous_batches() {
     let _ = cluster.close().await;
 }
 
-/// The committer and the flusher keep their connections between batches. Sessions the server
-/// ends under them (an administrator's `pg_terminate_backend`, a restart) are given up and
-/// replaced: appends work again once the pools have noticed, no answered append is missing
-/// from the chain, and the chain holds.
+/// Sessions the server ends under the store (an administrator's `pg_terminate_backend`, a
+/// restart) are given up and replaced: appends work again once the pools have noticed (after
+/// a pause, as a restart takes), no answered append is missing from the chain, and the chain
+/// holds. Guards any change that keeps connections out of the pool between batches.
 #[tokio::test]
-async fn sessions_ended_under_the_committer_are_replaced() {
+async fn sessions_ended_under_the_store_are_replaced() {
     use countersign_core::store::testing::FreshDb;
     use sqlx::Connection;
 
@@ -934,8 +934,7 @@ async fn sessions_ended_under_the_committer_are_replaced() {
     let store = db.store(clock).await;
     let mut admin = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
     append_concurrently(&store, 24).await;
-    // At once, while the committer and the flusher still hold theirs: every other session of
-    // this database ends.
+    // At once, right after the batches: every other session of this database ends.
     let ended: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE datname = current_database() AND pid <> pg_backend_pid()) ended",
