@@ -316,8 +316,7 @@ async fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for m in [&baseline, &reads, &writes, &pings] {
-        let cpu = m.cpu.unwrap_or_default();
-        let done = m.calls + m.failed;
+        let (machine, process) = CpuUsed::cells(m.cpu.as_ref(), m.calls + m.failed);
         println!(
             "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
             m.name,
@@ -327,8 +326,8 @@ async fn main() {
             ms(percentile(&m.latencies, 50.0)),
             ms(percentile(&m.latencies, 99.0)),
             pct(m.per_s(), base),
-            CpuUsed::per_call(cpu.machine, done),
-            CpuUsed::per_call(cpu.process, done),
+            machine,
+            process,
         );
     }
     let ratio = reads.per_s() / base;

@@ -276,7 +276,7 @@ pub struct CpuReading {
 
 /// CPU time a workload used, machine-wide and in this process (the bench's own side: server
 /// and clients; the rest is mostly Postgres).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct CpuUsed {
     pub machine: Duration,
     pub process: Duration,
@@ -291,6 +291,18 @@ impl CpuUsed {
             return "n/a".into();
         }
         format!("{:.3} ms", d.as_secs_f64() * 1e3 / calls as f64)
+    }
+
+    /// The machine's and the process's CPU per call of `cpu` over `calls`, for table cells
+    /// (`n/a` without a reading).
+    pub fn cells(cpu: Option<&CpuUsed>, calls: usize) -> (String, String) {
+        match cpu {
+            Some(c) => (
+                Self::per_call(c.machine, calls),
+                Self::per_call(c.process, calls),
+            ),
+            None => ("n/a".into(), "n/a".into()),
+        }
     }
 
     /// The most calls per second the machine's CPUs could complete if each call costs what
