@@ -933,30 +933,40 @@ async fn sessions_ended_under_the_store_are_replaced() {
     };
     let store = db.store(clock).await;
     let mut admin = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+    // Every other session of this database ends (the store's pooled, idle connections).
+    let end_sessions = async |admin: &mut sqlx::PgConnection| {
+        let ended: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()) ended",
+        )
+        .fetch_one(admin)
+        .await
+        .unwrap();
+        assert!(ended >= 1, "the store's sessions were open");
+    };
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(1_100));
     append_concurrently(&store, 24).await;
-    // At once, right after the batches: every other session of this database ends.
-    let ended: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND pid <> pg_backend_pid()) ended",
-    )
-    .fetch_one(&mut admin)
-    .await
-    .unwrap();
-    assert!(ended >= 1, "the store's sessions were open");
-    // Right after, an append may fail (a connection that broke fails its statement), or be
-    // answered "committed, but not known durable"; an answered one is in the chain.
+    // Ended while idle, then a pause (a restart takes one): the next appends all succeed, as
+    // connections idle that long are tested before use.
+    end_sessions(&mut admin).await;
+    pause().await;
+    append_concurrently(&store, 24).await;
+    // Ended right after a burst: an append at once may fail (a connection that broke fails
+    // its statement) or be answered "committed, but not known durable"; an answered one is
+    // in the chain.
+    append_concurrently(&store, 24).await;
+    end_sessions(&mut admin).await;
     let mut answered: i64 = 0;
     for i in 0..24 {
         if store.append_audit(&record(i)).await.is_ok() {
             answered += 1;
         }
     }
-    // After a pause (a restart takes one), every append succeeds again.
-    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    pause().await;
     append_concurrently(&store, 24).await;
     let chained = store.verify_audit().await.unwrap().unwrap();
     assert!(
-        (48 + answered..=72).contains(&chained),
+        (96 + answered..=120).contains(&chained),
         "{chained} records chained, {answered} answered after the sessions ended"
     );
     let _ = admin.close().await;
