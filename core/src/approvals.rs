@@ -29,7 +29,7 @@ use crate::canonical::CanonicalJson;
 use crate::keys::InputsHash;
 use crate::model::StepStatus;
 use crate::secret::Secret;
-use crate::store::{Step, Store, StoreError, Transition, on_pool};
+use crate::store::{Pool, Step, Store, StoreError, Transition, on_pool};
 
 /// A person's decision on a gated step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -144,6 +144,16 @@ pub enum DecideError {
     Store(#[from] StoreError),
 }
 
+/// What [`Store::record_decision`] did.
+enum Recorded {
+    /// Stored, and the step moved.
+    Moved,
+    /// This person had decided the step already: nothing written.
+    AlreadyDecided,
+    /// The step was no longer at `needs_approval`: nothing written.
+    NotMoved,
+}
+
 const COLUMNS: &str = "id, step_id, inputs_hash, decision, approver_iss, approver_sub, reason, \
      token_hash, decided_at, expires_at";
 
@@ -219,13 +229,6 @@ impl Store {
                 return Err(DecideError::FourEyes);
             }
         }
-        let earlier = self.approvals_for_step(&step.id).await?;
-        if earlier
-            .iter()
-            .any(|a| a.approver_iss == approver.iss && a.approver_sub == approver.sub)
-        {
-            return Err(DecideError::AlreadyDecided);
-        }
         let mut raw = [0u8; 32];
         getrandom::fill(&mut raw)
             .map_err(|e| DecideError::Store(StoreError::Conflict(format!("random source: {e}"))))?;
@@ -244,52 +247,30 @@ impl Store {
             // A batch's approvals end with the grant, if it ends before the gate.
             expires_at: batch.map_or(expires_at, |(_, until)| until.min(expires_at)),
         };
-        on_pool!(self, |p| {
-            sqlx::query(&format!(
-                "INSERT INTO approvals ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-            ))
-            .bind(&approval.id)
-            .bind(&approval.step_id)
-            .bind(&approval.inputs_hash)
-            .bind(&approval.decision)
-            .bind(&approval.approver_iss)
-            .bind(&approval.approver_sub)
-            .bind(&approval.reason)
-            .bind(&approval.token_hash)
-            .bind(approval.decided_at)
-            .bind(approval.expires_at)
-            .execute(p)
-            .await
-            .map_err(StoreError::from)?
-            .rows_affected()
-        });
-        let approvals = 1 + earlier
-            .iter()
-            .filter(|a| a.decision == "approved" && a.inputs_hash == step.inputs_hash)
-            .count();
         let needed = usize::try_from(rules.approvals_needed.max(1)).unwrap_or(usize::MAX);
-        let (to, event) = match verdict {
-            // Not enough distinct approvals yet: the gate stays closed.
-            Verdict::Approved if approvals < needed => {
-                (StepStatus::NeedsApproval, AuditEvent::Approved)
+        // The transition the decision makes once `approvals` (this one included) are counted.
+        let transition = |approvals: usize| {
+            let (to, event) = match verdict {
+                // Not enough distinct approvals yet: the gate stays closed.
+                Verdict::Approved if approvals < needed => {
+                    (StepStatus::NeedsApproval, AuditEvent::Approved)
+                }
+                Verdict::Approved => (StepStatus::Pending, AuditEvent::Approved),
+                Verdict::Rejected => (StepStatus::Refused, AuditEvent::Rejected),
+            };
+            let mut detail = serde_json::Map::new();
+            detail.insert("inputs_hash".into(), json!(approval.inputs_hash));
+            detail.insert("approver_iss".into(), json!(approval.approver_iss));
+            detail.insert("reason".into(), json!(approval.reason));
+            detail.insert("token_hash".into(), json!(approval.token_hash));
+            detail.insert("approval_id".into(), json!(approval.id));
+            detail.insert("approvals".into(), json!(approvals));
+            detail.insert("approvals_needed".into(), json!(needed));
+            if let Some((batch_id, _)) = batch {
+                detail.insert("batch_id".into(), json!(batch_id));
+                detail.insert("approval_expires_at".into(), json!(approval.expires_at));
             }
-            Verdict::Approved => (StepStatus::Pending, AuditEvent::Approved),
-            Verdict::Rejected => (StepStatus::Refused, AuditEvent::Rejected),
-        };
-        let mut detail = serde_json::Map::new();
-        detail.insert("inputs_hash".into(), json!(approval.inputs_hash));
-        detail.insert("approver_iss".into(), json!(approval.approver_iss));
-        detail.insert("reason".into(), json!(approval.reason));
-        detail.insert("token_hash".into(), json!(approval.token_hash));
-        detail.insert("approval_id".into(), json!(approval.id));
-        detail.insert("approvals".into(), json!(approvals));
-        detail.insert("approvals_needed".into(), json!(needed));
-        if let Some((batch_id, _)) = batch {
-            detail.insert("batch_id".into(), json!(batch_id));
-            detail.insert("approval_expires_at".into(), json!(approval.expires_at));
-        }
-        let moved = self
-            .transition(&Transition {
+            Transition {
                 step_id: step.id.clone(),
                 from: vec![StepStatus::NeedsApproval],
                 to: Some(to),
@@ -308,14 +289,95 @@ impl Store {
                     },
                 )],
                 ..Transition::default()
-            })
-            .await?;
-        if moved.is_none() {
-            let now_status = self.get_step(step_id).await?.status;
-            return Err(DecideError::NotWaiting(now_status.as_str().into()));
+            }
+        };
+        let recorded = crate::store::steps::retry_collisions("deciding a step", || {
+            self.record_decision(&approval, &transition)
+        })
+        .await?;
+        match recorded {
+            Recorded::Moved => {}
+            Recorded::AlreadyDecided => return Err(DecideError::AlreadyDecided),
+            Recorded::NotMoved => {
+                let now_status = self.get_step(step_id).await?.status;
+                return Err(DecideError::NotWaiting(now_status.as_str().into()));
+            }
         }
         let token = (verdict == Verdict::Approved).then(|| Secret::new(token));
         Ok((approval, token))
+    }
+
+    /// [decision] Stores `approval` and makes the transition `transition(approvals)` builds
+    /// (`approvals`: this person's approval counted with the earlier ones bound to the same
+    /// inputs) in ONE transaction, under the audit chain's append lock, which every decision
+    /// takes first: decisions on a step are serialised, so each counts every earlier one (two
+    /// people approving at once cannot both count one), and a decision whose transition
+    /// does not move the step (it left `needs_approval` meanwhile) is rolled back with it —
+    /// no approval row exists without its audited transition.
+    async fn record_decision(
+        &self,
+        approval: &Approval,
+        transition: &impl Fn(usize) -> Transition,
+    ) -> Result<Recorded, StoreError> {
+        let now = self.clock.now_ms();
+        let insert = format!(
+            "INSERT INTO approvals ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        );
+        let earlier_sql = format!("SELECT {COLUMNS} FROM approvals WHERE step_id = $1");
+        macro_rules! run_in {
+            ($pool:expr, $begin:expr, $lock:expr, $insert_records:path) => {{
+                let mut tx = $pool.begin_with($begin).await?;
+                let mut head: Option<crate::audit::ChainHead> = None;
+                // The append lock before any row lock (see `store::group`): no lock cycles.
+                crate::audit::hold_head!(&mut *tx, $lock, &mut head);
+                let earlier: Vec<Approval> = sqlx::query_as(&earlier_sql)
+                    .bind(&approval.step_id)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                if earlier.iter().any(|a| {
+                    a.approver_iss == approval.approver_iss
+                        && a.approver_sub == approval.approver_sub
+                }) {
+                    tx.rollback().await?;
+                    return Ok(Recorded::AlreadyDecided);
+                }
+                sqlx::query(&insert)
+                    .bind(&approval.id)
+                    .bind(&approval.step_id)
+                    .bind(&approval.inputs_hash)
+                    .bind(&approval.decision)
+                    .bind(&approval.approver_iss)
+                    .bind(&approval.approver_sub)
+                    .bind(&approval.reason)
+                    .bind(&approval.token_hash)
+                    .bind(approval.decided_at)
+                    .bind(approval.expires_at)
+                    .execute(&mut *tx)
+                    .await?;
+                let approvals = 1 + earlier
+                    .iter()
+                    .filter(|a| a.decision == "approved" && a.inputs_hash == approval.inputs_hash)
+                    .count();
+                let t = transition(approvals);
+                match crate::store::steps::apply_transition!(&mut *tx, $lock, &mut head, &t, now) {
+                    Some(records) => {
+                        $insert_records(&mut *tx, &records).await?;
+                        tx.commit().await?;
+                        Recorded::Moved
+                    }
+                    None => {
+                        tx.rollback().await?;
+                        Recorded::NotMoved
+                    }
+                }
+            }};
+        }
+        Ok(match &self.pool {
+            Pool::Sqlite(p) => {
+                run_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
+            }
+            Pool::Postgres(p) => run_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
+        })
     }
 
     /// The approval that lets `step` run with `inputs` (the canonical inputs about to be

@@ -205,7 +205,9 @@ impl FieldSelector {
         Ok(Self::Path(segments))
     }
 
-    fn matches(&self, key_path: &[&str]) -> bool {
+    /// Whether this selector picks the member at `key_path` (member names from the root;
+    /// array indices left out).
+    pub fn matches(&self, key_path: &[&str]) -> bool {
         match self {
             Self::Name(name) => key_path.last().is_some_and(|k| k == name),
             Self::Path(segments) => {

@@ -212,6 +212,15 @@ async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), S
     Ok(())
 }
 
+/// Whether the step's stored outcome marks its failure as one that may be retried.
+fn outcome_says_retryable(step: &Step) -> bool {
+    step.outcome
+        .as_deref()
+        .and_then(|o| serde_json::from_str::<serde_json::Value>(o).ok())
+        .and_then(|o| o.pointer("/answer/retryable").and_then(|r| r.as_bool()))
+        .unwrap_or(false)
+}
+
 /// After a step (as read back when its lease ended, with whether its whole run is done):
 /// schedule a retry, finish the run, or leave it waiting.
 async fn settle(
@@ -224,9 +233,14 @@ async fn settle(
     let store = &state.store;
     match step.status {
         StepStatus::Failed => {
+            // Only an attempt that ended as may-be-retried: a write's key says so; a step
+            // without a key (a read) says so in its outcome. A rejection, a refusal or a
+            // fail-closed check is never retried.
             let key = store.get_key(&step.idem_key).await?;
-            let retryable = key.is_none_or(|k| k.state == KeyState::Failed)
-                && step.attempts < pipeline::MAX_ATTEMPTS;
+            let retryable = match key {
+                Some(k) => k.state == KeyState::Failed,
+                None => outcome_says_retryable(&step),
+            } && step.attempts < pipeline::MAX_ATTEMPTS;
             if retryable {
                 let backoff = 500_i64.saturating_mul(1 << step.attempts.clamp(0, 10));
                 store

@@ -47,6 +47,10 @@ pub const APPROVAL_EXPIRED: &str = "approval.expired";
 pub const TARGET_TIMEOUT: &str = "target.timeout";
 /// The target did not complete the call.
 pub const TARGET_FAILED: &str = "target.failed";
+/// A planned step's agent credential was revoked before the step started.
+pub const AGENT_REVOKED: &str = "agent.revoked";
+/// A planned step's agent credential expired before the step started.
+pub const AGENT_EXPIRED: &str = "agent.expired";
 
 /// How long one adapter call may take before it counts as timed out.
 pub const ADAPTER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -691,7 +695,10 @@ async fn execute(
             ("policy_ids", json!(report.policy_ids)),
         ]),
     );
-    let movable = vec![StepStatus::Pending, StepStatus::Failed];
+    // Only from the status this caller read (`pending`, or `failed` when `replay` found it
+    // retryable): a caller holding a stale copy never moves a step another attempt has ended
+    // meanwhile (a failure that may not be retried stays failed; `settle` reports it).
+    let movable = vec![step.status];
 
     // A prepared read that is refused or parked is written now (it does not run).
     let stops_here = match &report.decision {
@@ -1005,6 +1012,50 @@ fn closing(opening: Option<Opening>, mut t: Transition) -> Transition {
 /// call or on read-back, `state.unverified` / `readback.unconfirmed` when the state could not
 /// be read): `failed` with the rule, the check and the fields, its key settled so it is never
 /// retried, and its run flagged for re-planning.
+/// Revalidation's `{field, expected, current}` entries as the agent and the audit may see
+/// them: where the field is redacted by the tool (its arguments) or by its verify tool (the
+/// state read back), both values are shown as their SHA-256 digests (equal values still
+/// compare equal), never in clear.
+fn hidden_fields(ctx: &Ctx<'_>, fields: &[Value]) -> Vec<Value> {
+    let verify = ctx
+        .tool
+        .verify
+        .as_ref()
+        .and_then(|name| ctx.loaded.bundle.registry.tool(name));
+    fields
+        .iter()
+        .map(|entry| {
+            let Some(field) = entry.get("field").and_then(Value::as_str) else {
+                return json!({"withheld": "revalidation entry without a field"});
+            };
+            // The entry's values placed at the field's own path, then redacted as the tool
+            // and its verify tool redact: whatever a rule hides there, is hidden here.
+            let hidden = |value: &Value| -> Value {
+                let mut placed = value.clone();
+                for segment in field.split('.').rev() {
+                    let mut m = Map::new();
+                    m.insert(segment.to_string(), placed);
+                    placed = Value::Object(m);
+                }
+                let mut shown = redacted(ctx.tool, &placed);
+                if let Some(verify) = verify {
+                    shown = redacted(verify, &shown);
+                }
+                if shown == placed {
+                    return value.clone();
+                }
+                json!(hash_value(value))
+            };
+            let mut out = Map::new();
+            out.insert("field".into(), json!(field));
+            for name in ["expected", "current"] {
+                out.insert(name.into(), hidden(entry.get(name).unwrap_or(&Value::Null)));
+            }
+            Value::Object(out)
+        })
+        .collect()
+}
+
 async fn fail_closed(
     ctx: &Ctx<'_>,
     step: &Step,
@@ -1012,17 +1063,18 @@ async fn fail_closed(
     failure: crate::revalidate::Failure,
     result: Option<&Value>,
 ) -> Result<Answer, Internal> {
+    let fields = hidden_fields(ctx, &failure.fields);
     let answer = err(
         json!({"status": "failed", "step_id": step.id, "rule": failure.rule,
                             "check": failure.check,
-                            "message": failure.message, "fields": failure.fields,
+                            "message": failure.message, "fields": fields,
                             "retryable": false, "replan": true}),
     );
     let mut d = detail(&[
         ("idem_key", json!(step.idem_key)),
         ("status", json!(StepStatus::Failed.as_str())),
         ("check", json!(failure.check)),
-        ("fields", json!(failure.fields)),
+        ("fields", json!(fields)),
         ("effect_applied", json!(result.is_some())),
         ("replan", json!(true)),
     ]);
@@ -1136,6 +1188,17 @@ pub async fn execute_claimed_in(
         .clone()
         .ok_or_else(|| Internal(format!("planned run {} has no agent", run.id)))?;
     let mut credential = store.get_agent(&agent_id).await?;
+    // [credentials] A planned step acts with its run's agent credential: once that is revoked
+    // or expired, nothing more runs on it (as the guard refuses the agent's own next call).
+    if credential.revoked_at.is_some() {
+        return refuse_claimed(store, &step, worker, AGENT_REVOKED, Map::new()).await;
+    }
+    if credential
+        .expires_at
+        .is_some_and(|t| t <= store.clock().now_ms())
+    {
+        return refuse_claimed(store, &step, worker, AGENT_EXPIRED, Map::new()).await;
+    }
     credential.role = step.role.clone();
     let caller = Caller {
         credential,
@@ -1146,29 +1209,28 @@ pub async fn execute_claimed_in(
     let role = RoleName::parse(&step.role).map_err(|e| Internal(e.to_string()))?;
     let Some(tool) = loaded.bundle.registry.tool_for_role(&role, &step.tool) else {
         // The registry changed since planning: the tool no longer exists for this role.
-        let record = NewAuditRecord {
-            event: Some(AuditEvent::Refused),
-            run_id: Some(step.run_id.clone()),
-            step_id: Some(step.id.clone()),
-            tool: Some(step.tool.clone()),
-            actor: Some(format!("executor:{worker}")),
-            rule: Some(Rule::TOOL_NOT_LISTED.as_str().into()),
-            detail: Map::new(),
-        };
-        store
-            .transition(&Transition {
-                step_id: step.id.clone(),
-                from: vec![StepStatus::Pending],
-                to: Some(StepStatus::Refused),
-                rule: Some(Rule::TOOL_NOT_LISTED.as_str().into()),
-                records: vec![(AuditEvent::Refused, record)],
-                ..Transition::default()
-            })
-            .await?;
-        return Ok(err(
-            json!({"status": "refused", "rule": Rule::TOOL_NOT_LISTED.as_str()}),
-        ));
+        let rule = Rule::TOOL_NOT_LISTED.as_str();
+        return refuse_claimed(store, &step, worker, rule, Map::new()).await;
     };
+    // The schema in force now, not only the one at submission: a registry that tightened a
+    // tool's schema since planning refuses the planned inputs as it would a direct call.
+    let stored: Value =
+        serde_json::from_str(&step.inputs).map_err(|e| Internal(format!("stored inputs: {e}")))?;
+    if let Err(errors) = loaded.bundle.registry.validate(&tool.name, &stored) {
+        let errors: Vec<Value> = errors
+            .iter()
+            .map(|e| json!({"path": e.path, "message": e.message}))
+            .collect();
+        let rule = Rule::INPUT_SCHEMA.as_str();
+        return refuse_claimed(
+            store,
+            &step,
+            worker,
+            rule,
+            detail(&[("errors", json!(errors))]),
+        )
+        .await;
+    }
     let ctx = Ctx {
         state,
         caller: &caller,
@@ -1179,6 +1241,36 @@ pub async fn execute_claimed_in(
     let canonical = CanonicalJson::from_canonical_text(&step.inputs)
         .map_err(|e| Internal(format!("stored inputs: {e}")))?;
     execute(&ctx, &run, step, false, true, &canonical).await
+}
+
+/// Refuses a claimed planned step before it starts (`rule`, with `extra` in its record).
+async fn refuse_claimed(
+    store: &countersign_core::Store,
+    step: &Step,
+    worker: &str,
+    rule: &str,
+    extra: Map<String, Value>,
+) -> Result<Answer, Internal> {
+    let record = NewAuditRecord {
+        event: Some(AuditEvent::Refused),
+        run_id: Some(step.run_id.clone()),
+        step_id: Some(step.id.clone()),
+        tool: Some(step.tool.clone()),
+        actor: Some(format!("executor:{worker}")),
+        rule: Some(rule.into()),
+        detail: extra,
+    };
+    store
+        .transition(&Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending],
+            to: Some(StepStatus::Refused),
+            rule: Some(rule.into()),
+            records: vec![(AuditEvent::Refused, record)],
+            ..Transition::default()
+        })
+        .await?;
+    Ok(err(json!({"status": "refused", "rule": rule})))
 }
 
 /// The step's key was reserved before (an earlier attempt). `None`: this caller took it over
@@ -1207,7 +1299,14 @@ async fn existing_key(
             status: StepStatus::Done,
             ..step.clone()
         };
-        (StepStatus::Done, None, stored_outcome(&stored))
+        // A key is done after a success and after a failure that may not be retried: the
+        // step ends as that attempt ended, never as succeeded on a stored failure.
+        match stored_outcome(&stored) {
+            answer @ Answer::Result { error: true, .. } => {
+                (StepStatus::Failed, Some(TARGET_FAILED), answer)
+            }
+            answer => (StepStatus::Done, None, answer),
+        }
     } else {
         let answer = ok(json!({"status": "unknown", "step_id": step.id,
             "message": "an earlier attempt may have reached the target; reconciling"}));
@@ -1217,6 +1316,7 @@ async fn existing_key(
         match to {
             StepStatus::Refused => AuditEvent::Refused,
             StepStatus::Done => AuditEvent::Succeeded,
+            StepStatus::Failed => AuditEvent::Failed,
             _ => AuditEvent::Unknown,
         },
         Some(step),
@@ -1425,34 +1525,54 @@ fn plan_audit_inputs(state: &AppState, arguments: &Value) -> Value {
 }
 
 /// `result` with the tool's `redact` fields hidden from the agent (hashed with SHA-256 when
-/// the rule says hash: equal values still compare equal; dropped otherwise).
+/// the rule says hash: equal values still compare equal; dropped otherwise). A rule's field is
+/// a bare member name (any depth) or a dotted path from the root (arrays transparent), as in
+/// the audit's redaction; when two rules match one member, drop wins. A rule that does not
+/// parse withholds the whole value (fail closed).
 pub fn redacted(tool: &Tool, result: &Value) -> Value {
+    use countersign_core::redact::FieldSelector;
+    use countersign_core::registry::RedactHow;
     if tool.redact.is_empty() {
         return result.clone();
     }
-    fn walk(v: &Value, tool: &Tool) -> Value {
+    let Ok(rules) = tool
+        .redact
+        .iter()
+        .map(|r| FieldSelector::parse(&r.field).map(|f| (f, r.how)))
+        .collect::<Result<Vec<_>, _>>()
+    else {
+        return json!({"withheld": "redaction rule did not parse"});
+    };
+    fn walk<'a>(
+        v: &'a Value,
+        rules: &[(FieldSelector, RedactHow)],
+        at: &mut Vec<&'a str>,
+    ) -> Value {
         match v {
             Value::Object(map) => {
                 let mut out = Map::new();
                 for (k, v) in map {
-                    match tool.redact.iter().find(|r| r.field == *k) {
-                        Some(r) => {
-                            if r.how == countersign_core::registry::RedactHow::Hash {
+                    at.push(k);
+                    let mut hows = rules.iter().filter(|(f, _)| f.matches(at)).map(|(_, h)| *h);
+                    match hows.next() {
+                        None => {
+                            out.insert(k.clone(), walk(v, rules, at));
+                        }
+                        Some(first) => {
+                            if first == RedactHow::Hash && hows.all(|h| h == RedactHow::Hash) {
                                 out.insert(k.clone(), json!(hash_value(v)));
                             }
                         }
-                        None => {
-                            out.insert(k.clone(), walk(v, tool));
-                        }
                     }
+                    at.pop();
                 }
                 Value::Object(out)
             }
-            Value::Array(items) => Value::Array(items.iter().map(|i| walk(i, tool)).collect()),
+            Value::Array(items) => Value::Array(items.iter().map(|i| walk(i, rules, at)).collect()),
             other => other.clone(),
         }
     }
-    walk(result, tool)
+    walk(result, &rules, &mut Vec::new())
 }
 
 fn hash_value(v: &Value) -> String {

@@ -34,7 +34,12 @@ impl Span {
     pub fn parse(s: &str) -> Result<Self, SpanError> {
         let err = || SpanError(s.chars().take(40).collect());
         let s_trim = s.trim();
-        let unit_at = s_trim.len().checked_sub(1).ok_or_else(err)?;
+        // The unit is the last character, which may be more than one byte ("5é").
+        let unit_at = s_trim
+            .char_indices()
+            .last()
+            .map(|(i, _)| i)
+            .ok_or_else(err)?;
         let (digits, unit) = s_trim.split_at(unit_at);
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return Err(err());
@@ -116,6 +121,10 @@ mod tests {
             "1w",
             "367d",
             "99999999999999999999s",
+            // A multi-byte last character is refused, never a panic.
+            "5é",
+            "é",
+            "72h☃",
         ] {
             assert!(Span::parse(bad).is_err(), "{bad}");
         }

@@ -1032,7 +1032,7 @@ impl Store {
 
 /// Runs `attempt` up to eight times while it collides (a conflict, or SQLite busy); any other
 /// outcome is returned as it is.
-async fn retry_collisions<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, StoreError>
+pub(crate) async fn retry_collisions<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,

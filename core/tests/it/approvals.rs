@@ -496,3 +496,190 @@ async fn an_approval_of_one_step_never_lets_another_step_through() {
     })
     .await;
 }
+
+fn person(sub: &str) -> Decider {
+    Decider {
+        approver: Approver {
+            iss: "https://idp.example".into(),
+            sub: sub.into(),
+        },
+        ..pat()
+    }
+}
+
+fn two_approvers() -> GateRules {
+    GateRules {
+        approvals_needed: 2,
+        ..one_approver()
+    }
+}
+
+/// How many decisions are stored for `step`, and how many audit records decide it.
+async fn decisions_and_records(store: &Store, step: &Step) -> (usize, usize) {
+    let rows = store.approvals_for_step(&step.id).await.unwrap().len();
+    let records = store
+        .audit_for_run(&step.run_id)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r.step_id.as_deref() == Some(step.id.as_str())
+                && (r.event == "approved" || r.event == "rejected")
+        })
+        .count();
+    (rows, records)
+}
+
+#[tokio::test]
+async fn a_decision_whose_transition_fails_leaves_no_approval_behind() {
+    let (_, clock) = test_clock();
+    countersign_core::store::testing::each_backend(clock, |store| async move {
+        let inputs = canonical(&json!({"invoice_id": "INV-9", "amount_minor": 1_240_000}));
+        let step = waiting_step(&store, &inputs).await;
+        // The step's row refuses every update: the decision's transition fails.
+        let (break_it, mend_it): (&[&str], &[&str]) = match store.backend() {
+            Backend::Sqlite => (
+                &["CREATE TRIGGER down BEFORE UPDATE ON steps \
+                   BEGIN SELECT RAISE(ABORT, 'down'); END"],
+                &["DROP TRIGGER down"],
+            ),
+            Backend::Postgres => (
+                &[
+                    "CREATE FUNCTION down() RETURNS trigger LANGUAGE plpgsql AS \
+                     $$ BEGIN RAISE EXCEPTION 'down'; END $$",
+                    "CREATE TRIGGER down BEFORE UPDATE ON steps \
+                     FOR EACH ROW EXECUTE FUNCTION down()",
+                ],
+                &["DROP TRIGGER down ON steps", "DROP FUNCTION down()"],
+            ),
+        };
+        for sql in break_it {
+            store.execute_sql(sql).await.unwrap();
+        }
+        let failed = store
+            .decide_step(
+                &step.id,
+                &person("kim"),
+                &two_approvers(),
+                Verdict::Approved,
+                "looks right",
+            )
+            .await;
+        assert!(failed.is_err(), "the transition could not be written");
+        for sql in mend_it {
+            store.execute_sql(sql).await.unwrap();
+        }
+        // Kim was told nothing was decided: nothing was. Her retry counts as her first.
+        assert_eq!(decisions_and_records(&store, &step).await, (0, 0));
+        store
+            .decide_step(
+                &step.id,
+                &person("pat"),
+                &two_approvers(),
+                Verdict::Approved,
+                "checked the invoice",
+            )
+            .await
+            .unwrap();
+        let now = store.get_step(&step.id).await.unwrap();
+        assert_eq!(
+            now.status,
+            StepStatus::NeedsApproval,
+            "one approval of two needed: the failed one does not count"
+        );
+        assert!(
+            store
+                .valid_approval(&now, &inputs, 2)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        store
+            .decide_step(
+                &step.id,
+                &person("kim"),
+                &two_approvers(),
+                Verdict::Approved,
+                "looks right",
+            )
+            .await
+            .unwrap();
+        let now = store.get_step(&step.id).await.unwrap();
+        assert_eq!(now.status, StepStatus::Pending);
+        assert_eq!(decisions_and_records(&store, &step).await, (2, 2));
+        assert!(
+            store
+                .valid_approval(&now, &inputs, 2)
+                .await
+                .unwrap()
+                .is_some()
+        );
+
+        // A decision that finds the step gone from its gate leaves no row either.
+        let other = waiting_step(&store, &inputs).await;
+        store
+            .decide_step(
+                &other.id,
+                &person("kim"),
+                &one_approver(),
+                Verdict::Rejected,
+                "no",
+            )
+            .await
+            .unwrap();
+        store
+            .transition(&Transition {
+                step_id: other.id.clone(),
+                from: vec![StepStatus::Refused],
+                to: Some(StepStatus::NeedsApproval),
+                ..Transition::default()
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        // Parked again by hand (as if a stale reader): a decision racing the refusal would
+        // have seen it at needs_approval; the check inside the decision still holds.
+        assert_eq!(decisions_and_records(&store, &other).await, (1, 1));
+        assert!(matches!(
+            store
+                .decide_step(
+                    &other.id,
+                    &person("kim"),
+                    &one_approver(),
+                    Verdict::Approved,
+                    "yes"
+                )
+                .await,
+            Err(countersign_core::approvals::DecideError::AlreadyDecided)
+        ));
+        assert_eq!(decisions_and_records(&store, &other).await, (1, 1));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_people_approving_at_once_both_count() {
+    let (_, clock) = test_clock();
+    countersign_core::store::testing::each_backend(clock, |store| async move {
+        let inputs = canonical(&json!({"invoice_id": "INV-7", "amount_minor": 1_240_000}));
+        for round in 0..12 {
+            let step = waiting_step(&store, &inputs).await;
+            let rules = two_approvers();
+            let (kim, pat) = (person("kim"), person("pat"));
+            let (a, p) = tokio::join!(
+                store.decide_step(&step.id, &kim, &rules, Verdict::Approved, "ok by kim"),
+                store.decide_step(&step.id, &pat, &rules, Verdict::Approved, "ok by pat"),
+            );
+            a.unwrap();
+            p.unwrap();
+            let now = store.get_step(&step.id).await.unwrap();
+            assert_eq!(
+                now.status,
+                StepStatus::Pending,
+                "round {round}: two distinct approvals open a two-approval gate"
+            );
+            assert_eq!(decisions_and_records(&store, &step).await, (2, 2));
+        }
+    })
+    .await;
+}

@@ -1228,3 +1228,72 @@ fn records_with_escaped_columns_still_verify_through_the_general_check() {
     let err = verify(std::slice::from_ref(&relabelled), 1, GENESIS).unwrap_err();
     assert_eq!(err.reason, "columns disagree with the hashed record");
 }
+
+/// SQL inserting `r` as it stands (every column).
+fn insert_sql(r: &AuditRecord) -> String {
+    let text = |v: &Option<String>| v.as_ref().map_or("NULL".into(), |s| format!("'{s}'"));
+    format!(
+        "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash) \
+         VALUES ({}, {}, '{}', {}, {}, {}, {}, {}, '{}', '{}', '{}')",
+        r.seq,
+        r.at,
+        r.event,
+        text(&r.run_id),
+        text(&r.step_id),
+        text(&r.tool),
+        text(&r.actor),
+        text(&r.rule),
+        r.record.replace('\'', "''"),
+        r.prev,
+        r.hash
+    )
+}
+
+#[tokio::test]
+async fn a_record_stored_below_record_one_is_refused_and_never_verifies() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        for i in 0..3 {
+            store.append_audit(&record(i)).await.unwrap();
+        }
+        // A backdated "approved", correctly sealed as a chain of its own, at seq 0.
+        let forged = NewAuditRecord {
+            event: Some(AuditEvent::Approved),
+            actor: Some("person:https://idp.example#ana".into()),
+            ..record(0)
+        };
+        let forged = seal(&forged, AuditEvent::Approved, 0, 1, GENESIS).unwrap();
+        assert!(
+            store.execute_sql(&insert_sql(&forged)).await.is_err(),
+            "the database refuses a record below seq 1"
+        );
+        // SQLite: INSERT OR REPLACE would delete the record it replaces without the DELETE
+        // trigger firing; it is refused too.
+        if store.backend() == Backend::Sqlite {
+            let over = seal(&record(9), AuditEvent::Decided, 2, 1, GENESIS).unwrap();
+            let replace = insert_sql(&over).replacen("INSERT", "INSERT OR REPLACE", 1);
+            assert!(store.execute_sql(&replace).await.is_err());
+        }
+        assert_eq!(store.verify_audit().await.unwrap(), Ok(3));
+        // Someone able to change the schema drops that guard: verification still refuses the
+        // store, though records 1..=3 form an intact chain.
+        let unguard = match store.backend() {
+            Backend::Sqlite => "DROP TRIGGER audit_seq_positive",
+            Backend::Postgres => "ALTER TABLE audit DROP CONSTRAINT audit_seq_positive",
+        };
+        store.execute_sql(unguard).await.unwrap();
+        store.execute_sql(&insert_sql(&forged)).await.unwrap();
+        let broken = store.verify_audit().await.unwrap().unwrap_err();
+        assert_eq!(broken.seq, 0);
+        assert!(
+            broken.reason.contains("outside the chain"),
+            "{}",
+            broken.reason
+        );
+        assert!(
+            store.verify_audit_full(&[], &[]).await.unwrap().is_err(),
+            "the full verification refuses it too"
+        );
+    })
+    .await;
+}

@@ -811,3 +811,74 @@ async fn gateway_a_session_id_presented_with_another_agents_token_stays_out_of_i
     })
     .await;
 }
+
+/// The finance registry's `name` tool with `rules` as its redaction.
+fn tool_redacting(
+    name: &str,
+    rules: &[(&str, countersign_core::registry::RedactHow)],
+) -> countersign_core::registry::Tool {
+    let registry = countersign_core::Registry::from_path(std::path::Path::new(&format!(
+        "{}/registry.yaml",
+        crate::helpers::example("finance")
+    )))
+    .unwrap();
+    let mut tool = registry
+        .tool(&countersign_core::ToolName::parse(name).unwrap())
+        .unwrap()
+        .clone();
+    tool.redact = rules
+        .iter()
+        .map(|(field, how)| countersign_core::registry::Redaction {
+            field: (*field).to_string(),
+            how: *how,
+        })
+        .collect();
+    tool
+}
+
+#[test]
+fn gateway_redaction_honours_dotted_paths_bare_names_and_drop_over_hash() {
+    use countersign_core::registry::RedactHow::{Drop, Hash};
+    let iban = "SE4550000000058398257466";
+    let result = json!({
+        "supplier": {"id": "SUP-000042", "iban": iban, "bank": {"iban": iban}},
+        "lines": [{"iban": iban, "amount": 1}, {"iban": iban, "amount": 2}],
+        "iban": "top-level",
+        "contact": {"email": "ap@supplier.example"}
+    });
+    // A path reaches one member (arrays transparent); the same name elsewhere stays.
+    let tool = tool_redacting(
+        "supplier.get",
+        &[("supplier.iban", Hash), ("lines.iban", Drop)],
+    );
+    let shown = countersign::pipeline::redacted(&tool, &result);
+    assert!(
+        shown["supplier"]["iban"]
+            .as_str()
+            .unwrap()
+            .starts_with("redacted:sha256:"),
+        "{shown}"
+    );
+    assert_eq!(
+        shown["supplier"]["bank"]["iban"], iban,
+        "a path is not a bare name"
+    );
+    assert_eq!(shown["lines"][0], json!({"amount": 1}), "{shown}");
+    assert_eq!(shown["lines"][1], json!({"amount": 2}), "{shown}");
+    assert_eq!(shown["iban"], "top-level");
+    assert_eq!(shown["supplier"]["id"], "SUP-000042");
+    // A bare name reaches every depth; drop wins over hash on one member.
+    let tool = tool_redacting("supplier.get", &[("iban", Hash), ("supplier.iban", Drop)]);
+    let shown = countersign::pipeline::redacted(&tool, &result);
+    assert!(shown["supplier"].get("iban").is_none(), "{shown}");
+    let text = shown.to_string();
+    assert!(
+        !text.contains(iban) && !text.contains("top-level"),
+        "{text}"
+    );
+    assert_eq!(shown["contact"]["email"], "ap@supplier.example");
+    // A rule that does not parse withholds everything.
+    let tool = tool_redacting("supplier.get", &[("supplier..iban", Hash)]);
+    let shown = countersign::pipeline::redacted(&tool, &result);
+    assert!(!shown.to_string().contains(iban), "{shown}");
+}

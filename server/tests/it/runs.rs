@@ -866,3 +866,237 @@ async fn runs_stop_after_their_bound_of_failures_in_a_row() {
     })
     .await;
 }
+
+/// The records of `step` with `event`.
+async fn records_of(
+    app: &TestApp,
+    run: &str,
+    step: &str,
+    event: &str,
+) -> Vec<countersign_core::audit::AuditRecord> {
+    app.store
+        .audit_for_run(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.step_id.as_deref() == Some(step) && r.event == event)
+        .collect()
+}
+
+#[tokio::test]
+async fn runs_a_step_failed_for_good_stays_failed_for_a_second_holder() {
+    use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        // The target refuses the hold: a business answer, never retried.
+        let fail = Fault {
+            mode: FaultMode::Fail,
+            times: 1,
+        };
+        inject_fault(&app.store, ERP, "invoices.hold", &fail)
+            .await
+            .unwrap();
+        let hold = json!({"tool": "invoice.hold", "arguments": crate::mcp::hold(json!(500)),
+                          "reason": "Dispute on line 1 quantities received"});
+        let (run, steps) = submit(&mut client, vec![hold]).await;
+        // Two workers hold the same pending step: the first one's lease ran out before it
+        // started (a stalled worker), so the second claimed it too.
+        let now = app.store.clock().now_ms();
+        let first = app
+            .store
+            .claim_step("w1", now - 1, None)
+            .await
+            .unwrap()
+            .unwrap();
+        let second = app
+            .store
+            .claim_step("w2", now + 60_000, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.id, steps[0]);
+        assert_eq!(second.id, steps[0]);
+        let a = countersign::pipeline::execute_claimed(&app.state, first, "w1")
+            .await
+            .unwrap();
+        assert_eq!(
+            app.store.get_step(&steps[0]).await.unwrap().status,
+            StepStatus::Failed,
+            "{a:?}"
+        );
+        let b = countersign::pipeline::execute_claimed(&app.state, second, "w2")
+            .await
+            .unwrap();
+        let step = app.store.get_step(&steps[0]).await.unwrap();
+        assert_eq!(
+            step.status,
+            StepStatus::Failed,
+            "the second holder's copy was stale: {b:?}"
+        );
+        assert_eq!(step.attempts, 1, "no second attempt");
+        assert!(
+            records_of(&app, &run, &steps[0], "succeeded")
+                .await
+                .is_empty()
+        );
+        assert_eq!(records_of(&app, &run, &steps[0], "started").await.len(), 1);
+        assert_eq!(effects(&app, "invoices.hold").await, 0);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_a_revoked_agents_planned_steps_never_start() {
+    each_finance_app(|app| async move {
+        let (planner_id, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let (run, steps) =
+            submit(&mut client, vec![payment_step(json!(4180.00)), note_step()]).await;
+        wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        // The planner's credential leaks and is revoked while its payment waits for a person.
+        app.store.revoke_agent(&planner_id).await.unwrap();
+        app.store
+            .decide_step(
+                &steps[0],
+                &crate::gateway::ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "matches the PO",
+            )
+            .await
+            .unwrap();
+        wait_for(&app, &steps[0], StepStatus::Refused).await;
+        let step = app.store.get_step(&steps[0]).await.unwrap();
+        assert_eq!(step.rule.as_deref(), Some("agent.revoked"));
+        assert_eq!(records_of(&app, &run, &steps[0], "refused").await.len(), 1);
+        assert!(
+            records_of(&app, &run, &steps[0], "started")
+                .await
+                .is_empty()
+        );
+        let began = Instant::now();
+        while app.store.get_run(&run).await.unwrap().status == RunStatus::Active {
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "the run never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(effects(&app, "payments.schedule").await, 0);
+        assert_eq!(effects(&app, "notes.draft").await, 0);
+        assert_ne!(
+            app.store.get_step(&steps[1]).await.unwrap().status,
+            StepStatus::Done
+        );
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_a_planned_step_meets_the_schema_in_force_when_it_runs() {
+    each_finance_app(|app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        // A hold above the policy's gate waits for a person; meanwhile the registry tightens
+        // the hold's schema below its amount.
+        let hold = json!({"tool": "invoice.hold", "arguments": crate::mcp::hold(json!(1500)),
+                          "reason": "Dispute on line 1 quantities received"});
+        let (run, steps) = submit(&mut client, vec![hold]).await;
+        wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        let yaml = std::fs::read_to_string(format!(
+            "{}/registry.yaml",
+            crate::helpers::example("finance")
+        ))
+        .unwrap();
+        let tightened = yaml.replacen(
+            "amount: {type: number, exclusiveMinimum: 0, maximum: 50000}",
+            "amount: {type: number, exclusiveMinimum: 0, maximum: 1000}",
+            1,
+        );
+        assert_ne!(tightened, yaml);
+        app.store.import_registry(&tightened, "test").await.unwrap();
+        assert!(app.state.registry.refresh(&app.store).await);
+        app.store
+            .decide_step(
+                &steps[0],
+                &crate::gateway::ana(),
+                &crate::gateway::one(),
+                Verdict::Approved,
+                "the dispute is real",
+            )
+            .await
+            .unwrap();
+        wait_for(&app, &steps[0], StepStatus::Refused).await;
+        let step = app.store.get_step(&steps[0]).await.unwrap();
+        assert_eq!(step.rule.as_deref(), Some("input.schema"));
+        let refused = records_of(&app, &run, &steps[0], "refused").await;
+        assert_eq!(refused.len(), 1);
+        assert!(
+            refused[0].record.contains("/amount"),
+            "{}",
+            refused[0].record
+        );
+        assert_eq!(effects(&app, "invoices.hold").await, 0);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_a_planned_read_the_target_rejects_is_not_retried() {
+    use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
+    each_finance_app(|app| async move {
+        inject_fault(
+            &app.store,
+            ERP,
+            "invoices.get",
+            &Fault {
+                mode: FaultMode::Fail,
+                times: 10,
+            },
+        )
+        .await
+        .unwrap();
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let read = json!({"tool": "invoice.get", "arguments": {"invoice_id": INV},
+                          "reason": "Read the invoice before deciding anything"});
+        let (run, steps) = submit(&mut client, vec![read]).await;
+        let began = Instant::now();
+        while app.store.get_run(&run).await.unwrap().status == RunStatus::Active {
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "the run never ended"
+            );
+            // A retry would wait for its backoff on the test's clock: let it come due.
+            app.clock.advance(chrono::Duration::seconds(30));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let ended = app.store.get_run(&run).await.unwrap();
+        assert_eq!(ended.status, RunStatus::Failed);
+        assert_ne!(
+            ended.reason, "bounds.failures",
+            "ended by its own failure: {}",
+            ended.reason
+        );
+        assert_eq!(
+            records_of(&app, &run, &steps[0], "failed").await.len(),
+            1,
+            "one attempt"
+        );
+        assert_eq!(
+            app.store.get_step(&steps[0]).await.unwrap().status,
+            StepStatus::Failed
+        );
+        app
+    })
+    .await;
+}

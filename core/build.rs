@@ -1,0 +1,4 @@
+fn main() {
+    // `sqlx::migrate!` embeds the migrations: rebuild when they change.
+    println!("cargo:rerun-if-changed=../migrations");
+}
