@@ -1100,3 +1100,91 @@ async fn runs_a_planned_read_the_target_rejects_is_not_retried() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_a_revalidation_failure_never_shows_a_redacted_value_in_clear() {
+    use countersign_core::approvals::{Approver, Decider};
+    each_finance_app(|app| async move {
+        let supplier = app
+            .store
+            .demo_get(ERP, "supplier", "SUP-000417")
+            .await
+            .unwrap()
+            .unwrap();
+        let data: Value = serde_json::from_str(&supplier.data).unwrap();
+        let current = data["iban"].as_str().unwrap().to_string();
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        // The planner claims to have seen another IBAN on file: the re-read before the change
+        // finds the real one, and fails closed.
+        let args = json!({"supplier_id": "SUP-000417", "iban": "DE89370400440532013000",
+                          "reason": "The supplier's signed letter asks for the new IBAN"});
+        let change = json!({"tool": "supplier.update_iban", "arguments": args,
+            "reason": "The supplier's signed letter asks for the new IBAN",
+            "observed": [{"field": "iban", "value": "FR1420041010050500013M02606"}]});
+        let (run, steps) = submit(&mut client, vec![change]).await;
+        wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        let registry = countersign_core::Registry::from_path(std::path::Path::new(&format!(
+            "{}/registry.yaml",
+            crate::helpers::example("finance")
+        )))
+        .unwrap();
+        let tool = registry
+            .tool(&countersign_core::ToolName::parse("supplier.update_iban").unwrap())
+            .unwrap();
+        let rules = countersign::pipeline::gate_rules(tool, &args);
+        let now = app.store.clock().now_ms();
+        for sub in ["pat", "kim"]
+            .into_iter()
+            .take(rules.approvals_needed as usize)
+        {
+            let decider = Decider {
+                approver: Approver {
+                    iss: "https://idp.example".into(),
+                    sub: sub.into(),
+                },
+                roles: vec!["approver".into()],
+                auth_time: now,
+            };
+            app.store
+                .decide_step(
+                    &steps[0],
+                    &decider,
+                    &rules,
+                    Verdict::Approved,
+                    "called the supplier",
+                )
+                .await
+                .unwrap();
+        }
+        wait_for(&app, &steps[0], StepStatus::Failed).await;
+        let step = app.store.get_step(&steps[0]).await.unwrap();
+        assert_eq!(step.rule.as_deref(), Some("state.changed"), "{step:?}");
+        assert_eq!(effects(&app, "suppliers.update_iban").await, 0);
+        let failed = records_of(&app, &run, &steps[0], "failed").await;
+        assert_eq!(failed.len(), 1);
+        assert!(
+            failed[0].record.contains("\"field\":\"iban\""),
+            "{}",
+            failed[0].record
+        );
+        for r in app.store.audit_for_run(&run).await.unwrap() {
+            assert!(
+                !r.record.contains(&current),
+                "the IBAN on file in clear: {}",
+                r.record
+            );
+        }
+        let outcome = step.outcome.unwrap_or_default();
+        assert!(!outcome.contains(&current), "{outcome}");
+        assert!(
+            !outcome.contains("FR1420041010050500013M02606"),
+            "{outcome}"
+        );
+        let status = client.call("run.status", json!({"run_id": run})).await;
+        assert!(!status.to_string().contains(&current), "{status}");
+        app
+    })
+    .await;
+}
