@@ -54,7 +54,7 @@ pub use check::fast_and_general;
 pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
 /// Advisory-lock key serialising Postgres appenders ("cs-audit" in ASCII).
-pub(crate) const PG_AUDIT_LOCK: i64 = 0x0063_732d_6175_6469;
+pub const PG_AUDIT_LOCK: i64 = 0x0063_732d_6175_6469;
 
 /// How many times an append retries after losing a race for the next `seq`.
 const APPEND_ATTEMPTS: usize = 8;

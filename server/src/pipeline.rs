@@ -826,10 +826,16 @@ async fn execute(
                 rule: Some(rule.clone()),
                 bump_attempts: true,
                 records: vec![decided, started_record],
+                // [stop] The world read above may be stale: a cancel or the emergency stop
+                // that landed since (policy and facts took time) keeps the step from starting.
+                guard: Some(halt_guard(ctx, &run.id)),
                 ..Transition::default()
             })
             .await?;
         if !moved {
+            if let Some(rule) = halted(ctx, &run.id).await? {
+                return cancel_halted(ctx, &step, rule).await;
+            }
             return settle(ctx, &step).await;
         }
         // The row as the transition wrote it (not read back).

@@ -1188,3 +1188,74 @@ async fn runs_a_revalidation_failure_never_shows_a_redacted_value_in_clear() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_a_write_that_checked_before_the_emergency_stop_does_not_start_after_it() {
+    use sqlx::Connection;
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
+        // Postgres only: the test holds the audit chain's append lock from its own session.
+        if app.store.backend() != countersign_core::Backend::Postgres {
+            return app;
+        }
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let (run, steps) = submit(&mut client, vec![note_step()]).await;
+        // The step's start (its records) waits for the append lock: the worker has read the
+        // world (stop off) and decided policy by then.
+        let mut holder = sqlx::PgConnection::connect(&app.db_url()).await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(countersign_core::audit::PG_AUDIT_LOCK)
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let state = app.state.clone();
+        let worker = tokio::spawn(async move {
+            countersign::executor::work_once(
+                &state,
+                "w1",
+                countersign::executor::Timings::default(),
+            )
+            .await
+        });
+        let began = Instant::now();
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(&mut holder)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "the step never tried to start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The operator pulls the emergency stop now, then the lock is let go.
+        app.store
+            .set_switch(countersign::executor::EMERGENCY_STOP, "test", "ops")
+            .await
+            .unwrap();
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(countersign_core::audit::PG_AUDIT_LOCK)
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        worker.await.unwrap().unwrap();
+        let step = app.store.get_step(&steps[0]).await.unwrap();
+        assert_eq!(step.status, StepStatus::Cancelled, "{step:?}");
+        assert_eq!(step.rule.as_deref(), Some("emergency.stop"));
+        assert!(
+            records_of(&app, &run, &steps[0], "started")
+                .await
+                .is_empty()
+        );
+        assert_eq!(effects(&app, "notes.draft").await, 0);
+        app
+    })
+    .await;
+}
