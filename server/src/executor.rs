@@ -191,7 +191,7 @@ async fn bounds_breach(
 }
 
 /// Stops `step`'s run for breaking `rule`: audited, the run failed, its unstarted steps
-/// cancelled.
+/// cancelled, the writes done before `step` compensated.
 async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), StoreError> {
     let mut detail = Map::new();
     detail.insert("kind".into(), json!("run_bounds"));
@@ -209,7 +209,9 @@ async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), S
         })
         .await?;
     crate::runs::cancel_run(state, &step.run_id, "executor", rule, RunStatus::Failed).await?;
-    Ok(())
+    // The run failed with writes done before the blocked step: they are undone or escalated
+    // as after any failed step, never left half-done in silence.
+    compensate(state, &step.run_id, step).await
 }
 
 /// Whether the step's stored outcome marks its failure as one that may be retried.

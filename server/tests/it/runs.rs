@@ -1259,3 +1259,58 @@ async fn runs_a_write_that_checked_before_the_emergency_stop_does_not_start_afte
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_stopped_at_a_bound_compensate_their_earlier_writes() {
+    use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
+    each_finance_app_with(&[("COUNTERSIGN_RUN_MAX_FAILURES", "2")], |app| async move {
+        inject_fault(
+            &app.store,
+            ERP,
+            "invoices.hold",
+            &Fault {
+                mode: FaultMode::Unavailable,
+                times: 10,
+            },
+        )
+        .await
+        .unwrap();
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let hold = json!({"tool": "invoice.hold", "arguments": crate::mcp::hold(json!(500)),
+                          "reason": "Dispute on line 1 quantities received"});
+        let (run, steps) = submit(&mut client, vec![note_step(), hold]).await;
+        wait_for(&app, &steps[0], StepStatus::Done).await;
+        // The hold keeps failing (retryable) until the run's bound of failures stops it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let all = app.store.steps_for_run(&run).await.unwrap();
+            if all
+                .iter()
+                .any(|s| s.tool == "note.discard" && s.status == StepStatus::Done)
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the note was never discarded: {all:?}"
+            );
+            app.clock.advance(chrono::Duration::seconds(30));
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        let stopped = app.store.get_run(&run).await.unwrap();
+        assert_eq!(stopped.status, RunStatus::Failed);
+        assert_eq!(stopped.reason, "bounds.failures");
+        let note = app
+            .store
+            .demo_get(ERP, "note", "NOTE-00000001")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(note.data.contains("\"discarded\""), "{}", note.data);
+        assert_eq!(effects(&app, "invoices.hold").await, 0);
+        app
+    })
+    .await;
+}
