@@ -466,13 +466,31 @@ pub async fn reconciler(state: AppState, timings: Timings, mut stop: watch::Rece
 pub async fn reconcile_once(state: &AppState, timings: Timings) -> Result<usize, StoreError> {
     let store = &state.store;
     let stale_before = store.clock().now_ms() - ms(timings.stale_after);
+    const PAGE: i64 = 100;
     let mut settled = 0;
-    for step in store.steps_to_reconcile(stale_before, 100).await? {
-        if reconcile_step(state, &step).await? {
-            settled += 1;
+    // Every candidate, a page at a time: steps the target cannot settle yet (or whose tool
+    // left the registry) stay, and must not hide newer ones behind them.
+    let mut after: Option<(i64, String)> = None;
+    loop {
+        let page = store
+            .steps_to_reconcile(
+                stale_before,
+                after.as_ref().map(|(at, id)| (*at, id.as_str())),
+                PAGE,
+            )
+            .await?;
+        for step in &page {
+            if reconcile_step(state, step).await? {
+                settled += 1;
+            }
+        }
+        match page.last() {
+            Some(last) if page.len() as i64 == PAGE => {
+                after = Some((last.updated_at, last.id.clone()));
+            }
+            _ => return Ok(settled),
         }
     }
-    Ok(settled)
 }
 
 async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreError> {
@@ -521,6 +539,16 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
             );
             (StepStatus::Done, KeyState::Done, Some(stored))
         }
+        // Never happened: it may run again, unless its attempts are spent — a call that keeps
+        // timing out is not re-sent without end.
+        None if step.attempts >= pipeline::MAX_ATTEMPTS => {
+            detail.insert("attempts".into(), json!(step.attempts));
+            let answer = json!({"status": "failed", "step_id": step.id, "code": "attempts.exhausted",
+                "message": "the target never completed the call; no attempt is left",
+                "retryable": false});
+            let stored = json!({"error": true, "answer": answer}).to_string();
+            (StepStatus::Failed, KeyState::Done, Some(stored))
+        }
         None => (StepStatus::Pending, KeyState::Failed, None),
     };
     let record = NewAuditRecord {
@@ -537,6 +565,7 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
             step_id: step.id.clone(),
             from: vec![step.status],
             to: Some(to),
+            rule: (to == StepStatus::Failed).then(|| pipeline::TARGET_FAILED.to_string()),
             outcome: outcome.clone(),
             key: Some((key, outcome)),
             records: vec![(AuditEvent::Reconciled, record)],
@@ -546,6 +575,13 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
     if moved.is_some() {
         // Its worker is gone: nobody holds the step any more.
         store.clear_lease(&step.id).await?;
+    }
+    if let Some((after, _)) = &moved
+        && to == StepStatus::Failed
+        && run.planned
+    {
+        let answer = pipeline::stored_answer(after);
+        fail_run(state, &run.id, after, &answer).await?;
     }
     if moved.is_some() && to == StepStatus::Done && run.planned {
         let steps = store.steps_for_run(&run.id).await?;

@@ -484,6 +484,11 @@ fn rfc3339(ms: i64) -> String {
 }
 
 /// The stored outcome of a finished step, as the caller first heard it.
+/// A step's stored outcome as its answer (for the executor, after the fact).
+pub fn stored_answer(step: &Step) -> Answer {
+    stored_outcome(step)
+}
+
 fn stored_outcome(step: &Step) -> Answer {
     let parsed = step
         .outcome

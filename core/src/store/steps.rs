@@ -767,20 +767,27 @@ impl Store {
     }
 
     /// Steps whose outcome must be asked of the target: `unknown` ones, and `running` ones
-    /// untouched since before `stale_before` (their worker or server died mid-call).
+    /// untouched since before `stale_before` (their worker or server died mid-call), oldest
+    /// first, up to `limit` of them after `after` (`(updated_at, id)` of the last one of the
+    /// page before), so a pass can walk past steps it cannot settle yet.
     pub async fn steps_to_reconcile(
         &self,
         stale_before: i64,
+        after: Option<(i64, &str)>,
         limit: i64,
     ) -> Result<Vec<Step>, StoreError> {
         let sql = format!(
             "SELECT {STEP_COLUMNS} FROM steps
-             WHERE status = 'unknown' OR (status = 'running' AND updated_at < $1)
-             ORDER BY updated_at, id LIMIT $2"
+             WHERE (status = 'unknown' OR (status = 'running' AND updated_at < $1))
+               AND ($2 IS NULL OR updated_at > $2 OR (updated_at = $2 AND id > $3))
+             ORDER BY updated_at, id LIMIT $4"
         );
+        let (at, id) = after.map_or((None, ""), |(at, id)| (Some(at), id));
         let rows: Vec<StepRow> = on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(stale_before)
+                .bind(at)
+                .bind(id)
                 .bind(limit)
                 .fetch_all(p)
                 .await?

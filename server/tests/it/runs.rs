@@ -1314,3 +1314,191 @@ async fn runs_stopped_at_a_bound_compensate_their_earlier_writes() {
     })
     .await;
 }
+
+/// A step of `tool` in a new run of its own, moved to `status` with `attempts` spent.
+async fn step_in(
+    app: &TestApp,
+    role: &str,
+    tool: &str,
+    effect: countersign_core::Effect,
+    inputs: Value,
+    status: StepStatus,
+    attempts: usize,
+) -> countersign_core::store::Step {
+    use countersign_core::store::{NewRun, NewStep, Transition};
+    let run = app
+        .store
+        .create_run(&NewRun {
+            tenant: "acme".into(),
+            principal: "agent:test".into(),
+            agent_id: None,
+            task: "reconcile".into(),
+            origin: "user".into(),
+            planned: false,
+        })
+        .await
+        .unwrap();
+    let (step, _) = app
+        .store
+        .open_step(&NewStep {
+            run_id: run.id,
+            role: role.into(),
+            tool: tool.into(),
+            effect,
+            inputs: countersign_core::CanonicalJson::from_value(&inputs).unwrap(),
+            agent_id: None,
+            reason: String::new(),
+            evidence: vec![],
+            observed: None,
+            trace_id: "t".into(),
+            status: StepStatus::Pending,
+        })
+        .await
+        .unwrap();
+    for _ in 0..attempts {
+        app.store
+            .transition(&Transition {
+                step_id: step.id.clone(),
+                from: vec![StepStatus::Pending],
+                to: Some(StepStatus::Pending),
+                bump_attempts: true,
+                ..Transition::default()
+            })
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    app.store
+        .transition(&Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending],
+            to: Some(status),
+            ..Transition::default()
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    app.store.get_step(&step.id).await.unwrap()
+}
+
+#[tokio::test]
+async fn runs_the_reconciler_walks_past_steps_it_cannot_settle() {
+    use countersign_core::Effect;
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
+        // 101 unknown steps of a tool the registry no longer has: nobody can ask about them.
+        for i in 0..101 {
+            step_in(
+                &app,
+                "worker.finance",
+                "ghost.tool",
+                Effect::Irreversible,
+                json!({"n": i}),
+                StepStatus::Unknown,
+                1,
+            )
+            .await;
+        }
+        app.clock.advance(chrono::Duration::seconds(1));
+        // A note drafted at the target whose worker died before recording it: `running`.
+        let (_, fin) = agent(&app, "comms-1", "worker.comms").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let reply = client
+            .call(
+                "note.draft",
+                json!({"invoice_id": INV, "text": "Held for review."}),
+            )
+            .await;
+        let step_id = content(&reply)["step_id"].as_str().map(str::to_string);
+        let steps = app
+            .store
+            .steps_in_status(StepStatus::Done, 10)
+            .await
+            .unwrap();
+        let note = steps
+            .iter()
+            .find(|s| s.tool == "note.draft" && step_id.as_deref().is_none_or(|id| id == s.id))
+            .unwrap_or_else(|| panic!("no note step: {reply}"))
+            .clone();
+        app.store
+            .transition(&countersign_core::store::Transition {
+                step_id: note.id.clone(),
+                from: vec![StepStatus::Done],
+                to: Some(StepStatus::Running),
+                ..countersign_core::store::Transition::default()
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        app.clock.advance(chrono::Duration::seconds(1));
+        let timings = countersign::executor::Timings {
+            stale_after: Duration::ZERO,
+            ..countersign::executor::Timings::default()
+        };
+        let settled = countersign::executor::reconcile_once(&app.state, timings)
+            .await
+            .unwrap();
+        assert_eq!(settled, 1, "the note, found at the target by its key");
+        assert_eq!(
+            app.store.get_step(&note.id).await.unwrap().status,
+            StepStatus::Done
+        );
+        assert_eq!(effects(&app, "notes.draft").await, 1);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_an_unknown_call_the_target_never_got_is_not_resent_once_its_attempts_are_spent() {
+    use countersign_core::Effect;
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
+        let args = payment(json!(4180.00));
+        let spent = step_in(
+            &app,
+            "worker.finance",
+            "payment.schedule",
+            Effect::Irreversible,
+            args.clone(),
+            StepStatus::Unknown,
+            4,
+        )
+        .await;
+        let mut other = args.clone();
+        other["value_date"] = json!("2026-06-16");
+        let fresh = step_in(
+            &app,
+            "worker.finance",
+            "payment.schedule",
+            Effect::Irreversible,
+            other,
+            StepStatus::Unknown,
+            1,
+        )
+        .await;
+        let settled = countersign::executor::reconcile_once(
+            &app.state,
+            countersign::executor::Timings::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(settled, 2);
+        // The target never got either: one may be sent again, the other has no attempt left.
+        assert_eq!(
+            app.store.get_step(&fresh.id).await.unwrap().status,
+            StepStatus::Pending
+        );
+        let spent = app.store.get_step(&spent.id).await.unwrap();
+        assert_eq!(spent.status, StepStatus::Failed, "{spent:?}");
+        assert_eq!(spent.rule.as_deref(), Some("target.failed"));
+        assert!(
+            spent
+                .outcome
+                .unwrap_or_default()
+                .contains("attempts.exhausted")
+        );
+        assert_eq!(effects(&app, "payments.schedule").await, 0);
+        app
+    })
+    .await;
+}
