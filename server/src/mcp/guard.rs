@@ -8,10 +8,16 @@
 //! * Only a request that passes carries an [`AgentCredential`] in its extensions; the MCP
 //!   handler reads the caller's role and tenant from there and nowhere else. Its
 //!   `Authorization` header is removed first, so the token goes no further than this module.
+//! * An MCP session belongs to the agent whose `initialize` opened it: a request naming
+//!   another agent's session (to resume its stream, end it or send into it) is answered as
+//!   for a session that does not exist (404), whatever token it carries.
 //! * The call context read with the authentication ([`Admission::prefetched`]) is chosen by an
 //!   in-memory hint and grants nothing: it is read in the same statement as the credential,
 //!   only for the agent the token proves to be, and the pipeline uses it only for the run the
 //!   call resolves to on its own; otherwise it reads the context itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::extract::{Request, State};
@@ -21,6 +27,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use countersign_core::agents::AgentToken;
 use countersign_core::store::{AgentCredential, CallContext, ContextHint};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -62,20 +69,99 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// Axum middleware: checks `Origin`, authenticates the bearer token and stores the
-/// credential in the request's extensions.
-pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    match admit(&state, req.headers()).await {
-        Ok((credential, admission)) => {
-            // The token has done its job: nothing behind the guard (rmcp, handlers, their
-            // logs) ever holds it.
-            req.headers_mut().remove(AUTHORIZATION);
-            req.extensions_mut().insert(credential);
-            req.extensions_mut().insert(admission);
-            next.run(req).await
+/// The MCP session header.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// What the guard works with: the application, and which agent opened each of this
+/// process's MCP sessions.
+#[derive(Clone)]
+pub struct GuardState {
+    /// The application.
+    pub app: AppState,
+    /// The sessions' owners.
+    pub owners: Arc<SessionOwners>,
+    /// rmcp's sessions (to forget owners of sessions that ended).
+    pub sessions: Arc<LocalSessionManager>,
+}
+
+/// Session id → the id of the agent credential that opened it.
+#[derive(Debug, Default)]
+pub struct SessionOwners(Mutex<HashMap<String, String>>);
+
+impl SessionOwners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        match self.0.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
         }
-        Err(refusal) => refusal.into_response(),
     }
+}
+
+/// Axum middleware: checks `Origin`, authenticates the bearer token, keeps each session to
+/// the agent that opened it, and stores the credential in the request's extensions.
+pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next) -> Response {
+    let (credential, admission) = match admit(&state.app, req.headers()).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let session = req
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let foreign = session.as_ref().is_some_and(|id| {
+        state
+            .owners
+            .lock()
+            .get(id)
+            .is_some_and(|owner| *owner != credential.id)
+    });
+    if foreign {
+        tracing::info!(agent = %credential.id, "mcp: request names another agent's session");
+        return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+    }
+    let agent = credential.id.clone();
+    let ending = req.method() == axum::http::Method::DELETE;
+    // The token has done its job: nothing behind the guard (rmcp, handlers, their logs) ever
+    // holds it.
+    req.headers_mut().remove(AUTHORIZATION);
+    req.extensions_mut().insert(credential);
+    req.extensions_mut().insert(admission);
+    let response = next.run(req).await;
+    if !response.status().is_success() {
+        return response;
+    }
+    match (&session, response.headers().get(SESSION_HEADER)) {
+        // `initialize` opened a session: it is this agent's.
+        (None, Some(opened)) => {
+            if let Ok(opened) = opened.to_str() {
+                let opened = opened.to_string();
+                let live = state.sessions.sessions.read().await.len();
+                let owned = {
+                    let mut owners = state.owners.lock();
+                    owners.insert(opened, agent);
+                    owners.len()
+                };
+                // Forget the owners of sessions that ended by themselves (timeouts).
+                if owned > 2 * live + 64 {
+                    let live: std::collections::HashSet<String> = state
+                        .sessions
+                        .sessions
+                        .read()
+                        .await
+                        .keys()
+                        .map(|k| k.to_string())
+                        .collect();
+                    state.owners.lock().retain(|id, _| live.contains(id));
+                }
+            }
+        }
+        (Some(id), _) if ending => {
+            state.owners.lock().remove(id);
+        }
+        _ => {}
+    }
+    response
 }
 
 /// The key [`Admission::hint_key`] is: a digest of the token's hash and the MCP session id, so

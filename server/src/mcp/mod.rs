@@ -54,12 +54,17 @@ pub fn routes(state: AppState) -> Router<AppState> {
     state.metrics.track_mcp_sessions(&sessions);
     let service = StreamableHttpService::new(
         move || Ok(Gateway::new(handler_state.clone())),
-        sessions,
+        sessions.clone(),
         transport_config(&state),
     );
+    let guarded = guard::GuardState {
+        app: state,
+        owners: Arc::default(),
+        sessions,
+    };
     Router::new()
         .route_service(PATH, service)
-        .layer(axum::middleware::from_fn_with_state(state, guard::guard))
+        .layer(axum::middleware::from_fn_with_state(guarded, guard::guard))
 }
 
 /// rmcp's transport settings: `Host` checked against the public URL's host and loopback;

@@ -769,9 +769,9 @@ async fn gateway_a_run_cancelled_between_two_calls_of_a_session_withholds_the_se
 }
 
 #[tokio::test]
-async fn gateway_a_session_id_presented_with_another_agents_token_stays_out_of_its_run() {
-    // What the guard reads with a credential is chosen by the session a call names; another
-    // agent naming that session reads and writes nothing of the first agent's run.
+async fn gateway_a_session_id_presented_with_another_agents_token_is_not_found() {
+    // A session belongs to the agent that opened it: another agent naming it (to call, resume
+    // its stream or end it) is answered as for a session that does not exist.
     each_finance_app(|app| async move {
         let (a_id, a_token) = agent(&app, "fin-a", "worker.finance").await;
         let (b_id, b_token) = agent(&app, "fin-b", "worker.finance").await;
@@ -798,15 +798,35 @@ async fn gateway_a_session_id_presented_with_another_agents_token_stays_out_of_i
                 .iter()
                 .all(|s| s.agent_id.as_deref() == Some(a_id.as_str()))
         );
-        if status == reqwest::StatusCode::OK {
-            let reply = reply.unwrap();
-            assert_eq!(reply["result"]["isError"], false, "{reply}");
-            let b_runs = runs_of(&app, &b_id).await;
-            assert_eq!(b_runs.len(), 1, "B's call is in B's own run");
-            let b_steps = app.store.steps_for_run(&b_runs[0].id).await.unwrap();
-            assert_eq!(b_steps.len(), 1);
-            assert_eq!(b_steps[0].agent_id.as_deref(), Some(b_id.as_str()));
-        }
+        // The session is A's: for B it does not exist.
+        assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "{reply:?}");
+        assert!(
+            runs_of(&app, &b_id).await.is_empty(),
+            "B's call ran nowhere"
+        );
+        let session = a.session().unwrap();
+        let raw = |method: reqwest::Method, token: &str| {
+            app.client
+                .request(method, app.url("/mcp"))
+                .bearer_auth(token)
+                .header("mcp-session-id", &session)
+                .header("mcp-protocol-version", crate::mcp::PROTOCOL)
+                .header("accept", "text/event-stream")
+                .header("last-event-id", "0")
+        };
+        // B can neither resume A's stream (and read A's results) nor end A's session.
+        let resumed = raw(reqwest::Method::GET, &b_token).send().await.unwrap();
+        assert_eq!(resumed.status(), reqwest::StatusCode::NOT_FOUND);
+        let ended = raw(reqwest::Method::DELETE, &b_token).send().await.unwrap();
+        assert_eq!(ended.status(), reqwest::StatusCode::NOT_FOUND);
+        let reply = a.call("invoice.get", json!({"invoice_id": INV})).await;
+        assert_eq!(
+            reply["result"]["isError"], false,
+            "A's session lives on: {reply}"
+        );
+        // A ends its own session.
+        let ended = raw(reqwest::Method::DELETE, &a_token).send().await.unwrap();
+        assert!(ended.status().is_success(), "{}", ended.status());
         app
     })
     .await;

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, example, spawn_app_with};
 
-const PROTOCOL: &str = "2025-06-18";
+pub const PROTOCOL: &str = "2025-06-18";
 pub const INV: &str = "INV-20260611";
 pub const REASON: &str = "Invoice approved by AP, due in four days";
 
