@@ -375,8 +375,22 @@ pub fn GatePage() -> impl IntoView {
     let gate = Resource::new(step_id, load_gate);
     let query = use_page_query();
     let message = move || {
-        if let Some(text) = query.get("error").and_then(|c| error_text(&c)) {
-            Some(view! { <Problem text/> }.into_any())
+        if let Some((code, text)) = query
+            .get("error")
+            .and_then(|c| error_text(&c).map(|t| (c, t)))
+        {
+            // A step-up sign-in: the identity provider must authenticate the person now.
+            let again = (code == "step_up").then(|| {
+                let href = format!("/auth/login?fresh=1&next=/inbox/{}", step_id());
+                view! {
+                    <p>
+                        <a href=href class="text-sm text-indigo-700 underline" data-testid="step-up-sign-in">
+                            "Sign in again"
+                        </a>
+                    </p>
+                }
+            });
+            Some(view! { <Problem text/> {again} }.into_any())
         } else {
             query
                 .get("done")

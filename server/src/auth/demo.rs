@@ -32,7 +32,8 @@ pub fn off_page() -> Response {
         "Sign-in is not configured",
         "No OpenID Connect issuer is configured (COUNTERSIGN_OIDC_ISSUER, \
          COUNTERSIGN_OIDC_CLIENT_ID, COUNTERSIGN_OIDC_CLIENT_SECRET), and the demo sign-in is \
-         only available when the server listens on a loopback address.",
+         only available when the server listens on a loopback address and its public URL is on a \
+         loopback host (not behind a reverse proxy).",
         false,
     )
 }

@@ -74,7 +74,7 @@ pub struct Auth {
 }
 
 /// The sign-in mode `config` allows: OIDC if an issuer is set; otherwise the demo sign-in
-/// only on a loopback listen address.
+/// only on a loopback listen address with a loopback public URL.
 pub fn mode_for(config: &Config, store: &Store) -> Result<Mode, oidc::SignInError> {
     match &config.oidc {
         Some(oidc) => {
@@ -86,22 +86,31 @@ pub fn mode_for(config: &Config, store: &Store) -> Result<Mode, oidc::SignInErro
                 oidc.clone(),
                 redirect.as_str(),
                 store.clock().clone(),
+                std::time::Duration::from_secs(u64::from(config.session_max_hours) * 3600),
             )?)))
         }
-        None if config.listen.ip().is_loopback() => Ok(Mode::Demo),
+        // Behind a reverse proxy (a public URL off loopback) the listen address says nothing
+        // about who can reach the server: no demo sign-in there.
+        None if config.listen.ip().is_loopback() && loopback_host(&config.public_url) => {
+            Ok(Mode::Demo)
+        }
         None => Ok(Mode::Off),
+    }
+}
+
+/// Whether `url` names a loopback host.
+fn loopback_host(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
     }
 }
 
 /// Whether cookies must be `Secure`: always, except for plain http on a loopback host.
 pub fn cookie_secure(public_url: &url::Url) -> bool {
-    let loopback = match public_url.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        None => false,
-    };
-    !(public_url.scheme() == "http" && loopback)
+    !(public_url.scheme() == "http" && loopback_host(public_url))
 }
 
 impl Auth {
@@ -392,6 +401,8 @@ pub fn same_origin(headers: &HeaderMap, origin: &str) -> bool {
 #[derive(Deserialize)]
 struct LoginQuery {
     next: Option<String>,
+    /// Present (any value): a step-up sign-in, the provider must authenticate the person now.
+    fresh: Option<String>,
 }
 
 async fn login(
@@ -408,7 +419,7 @@ async fn login(
             Redirect::to(&format!("/auth/demo?{}", target.finish())).into_response()
         }
         Mode::Off => demo::off_page(),
-        Mode::Oidc(oidc) => match oidc.begin(next).await {
+        Mode::Oidc(oidc) => match oidc.begin(next, q.fresh.is_some()).await {
             Ok((url, pending)) => match session.insert(PENDING, pending).await {
                 Ok(()) => Redirect::to(&url).into_response(),
                 Err(e) => {

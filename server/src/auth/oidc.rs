@@ -10,6 +10,10 @@
 //!   and its `iss`, `aud` (this client), `exp` (against the injected clock) and `nonce` (the
 //!   one stored for this browser's sign-in) match. Anything else is refused with a reason.
 //! * The provider's HTTP client follows no redirects.
+//! * A person's `auth_time` is when the provider last authenticated them (the ID token's
+//!   `auth_time`, which every request asks for with `max_age`), never when the callback ran:
+//!   a sign-in the provider answers from its own session does not make a step-up sign-in
+//!   fresh. A step-up sign-in ([`Oidc::begin`] with `fresh`) asks for `prompt=login`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -129,6 +133,7 @@ pub struct Oidc {
     http: openidconnect::reqwest::Client,
     client: Mutex<Option<Arc<OidcClient>>>,
     clock: Arc<dyn Clock>,
+    max_age: Duration,
 }
 
 impl std::fmt::Debug for Oidc {
@@ -141,11 +146,13 @@ impl std::fmt::Debug for Oidc {
 }
 
 impl Oidc {
-    /// A relying party for `config`, redirecting back to `redirect`.
+    /// A relying party for `config`, redirecting back to `redirect`; the provider is asked
+    /// to authenticate again any person it authenticated longer than `max_age` ago.
     pub fn new(
         config: OidcConfig,
         redirect: &str,
         clock: Arc<dyn Clock>,
+        max_age: Duration,
     ) -> Result<Self, SignInError> {
         let redirect = RedirectUrl::new(redirect.to_string())
             .map_err(|e| SignInError::Discovery(format!("redirect URI: {e}")))?;
@@ -160,6 +167,7 @@ impl Oidc {
             http,
             client: Mutex::new(None),
             clock,
+            max_age,
         })
     }
 
@@ -199,10 +207,16 @@ impl Oidc {
     }
 
     /// The provider URL to send the browser to, and what to remember until the callback.
-    pub async fn begin(&self, next: String) -> Result<(String, PendingLogin), SignInError> {
+    /// `fresh`: the person must authenticate now (a step-up), not through the provider's
+    /// session.
+    pub async fn begin(
+        &self,
+        next: String,
+        fresh: bool,
+    ) -> Result<(String, PendingLogin), SignInError> {
         let client = self.client().await?;
         let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
-        let (url, state, nonce) = client
+        let mut request = client
             .authorize_url(
                 CoreAuthenticationFlow::AuthorizationCode,
                 CsrfToken::new_random,
@@ -211,8 +225,13 @@ impl Oidc {
             .add_scope(Scope::new("openid".into()))
             .add_scope(Scope::new("profile".into()))
             .add_scope(Scope::new("email".into()))
-            .set_pkce_challenge(challenge)
-            .url();
+            // Makes `auth_time` a required claim of the ID token.
+            .set_max_age(self.max_age)
+            .set_pkce_challenge(challenge);
+        if fresh {
+            request = request.add_prompt(CoreAuthPrompt::Login);
+        }
+        let (url, state, nonce) = request.url();
         Ok((
             url.to_string(),
             PendingLogin {
@@ -272,9 +291,16 @@ impl Oidc {
                 .get(&self.config.tenant_claim)
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_string),
-            auth_time: self.clock.now_ms(),
+            auth_time: authenticated_at(claims.auth_time(), self.clock.now_ms()),
         })
     }
+}
+
+/// When the provider authenticated the person: the ID token's `auth_time`, never later than
+/// `now` (a provider clock ahead of ours does not extend a sign-in); `now` for a provider
+/// that leaves the claim out although `max_age` asks for it.
+pub fn authenticated_at(auth_time: Option<chrono::DateTime<chrono::Utc>>, now: i64) -> i64 {
+    auth_time.map_or(now, |t| t.timestamp_millis().min(now))
 }
 
 /// The roles `groups` (a string or a list of strings) map to, sorted, no duplicates.

@@ -112,17 +112,20 @@ impl Provider {
 /// A server configured for the provider's `main` issuer, with its clock set to the
 /// provider's.
 async fn oidc_app(backend: Backend) -> Option<(TestApp, Provider)> {
+    oidc_app_with(backend, &[]).await
+}
+
+/// [`oidc_app`] with `extra` settings.
+async fn oidc_app_with(backend: Backend, extra: &[(&str, &str)]) -> Option<(TestApp, Provider)> {
     let mut provider = start_provider()?;
     let issuer = provider.main.clone();
-    let app = spawn_app_with(
-        backend,
-        &[
-            ("COUNTERSIGN_OIDC_ISSUER", issuer.as_str()),
-            ("COUNTERSIGN_OIDC_CLIENT_ID", CLIENT_ID),
-            ("COUNTERSIGN_OIDC_CLIENT_SECRET", CLIENT_SECRET),
-        ],
-    )
-    .await?;
+    let mut env = vec![
+        ("COUNTERSIGN_OIDC_ISSUER", issuer.as_str()),
+        ("COUNTERSIGN_OIDC_CLIENT_ID", CLIENT_ID),
+        ("COUNTERSIGN_OIDC_CLIENT_SECRET", CLIENT_SECRET),
+    ];
+    env.extend_from_slice(extra);
+    let app = spawn_app_with(backend, &env).await?;
     let now = provider.configure(&app.url("/auth/callback"));
     app.clock
         .set(chrono::DateTime::from_timestamp_millis(now).unwrap());
@@ -255,6 +258,45 @@ async fn authorize(
             return next;
         }
         if next.starts_with("/interaction/") {
+            next = format!("{next}?login={user}");
+        }
+        url = if next.starts_with('/') {
+            format!("{base}{next}")
+        } else {
+            next
+        };
+    }
+    panic!("the provider never redirected back");
+}
+
+/// [`authorize`], also telling whether the provider asked the person to authenticate (an
+/// interaction) rather than answering from its own session.
+async fn authorize_seen(
+    browser: &Browser,
+    authorize_url: &str,
+    user: &str,
+    redirect_uri: &str,
+) -> (String, bool) {
+    let base = {
+        let u = reqwest::Url::parse(authorize_url).unwrap();
+        format!(
+            "{}://{}:{}",
+            u.scheme(),
+            u.host_str().unwrap(),
+            u.port().unwrap()
+        )
+    };
+    let mut url = authorize_url.to_string();
+    let mut interacted = false;
+    for _ in 0..8 {
+        let resp = browser.get(&url).await;
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER, "{url}");
+        let mut next = location(&resp);
+        if next.starts_with(redirect_uri) {
+            return (next, interacted);
+        }
+        if next.starts_with("/interaction/") {
+            interacted = true;
             next = format!("{next}?login={user}");
         }
         url = if next.starts_with('/') {
@@ -644,6 +686,29 @@ async fn demo_sign_in_is_refused_off_loopback_and_when_an_issuer_is_configured()
     let resp = b.get(&app.url("/auth/login")).await;
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     app.stop().await;
+
+    // On loopback behind a reverse proxy (the public URL elsewhere): no demo sign-in either.
+    let Some(app) = demo_app(
+        Backend::Sqlite,
+        &[("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com")],
+    )
+    .await
+    else {
+        return;
+    };
+    let b = Browser::new();
+    let resp = b.get(&app.url("/auth/demo")).await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let resp = b
+        .client
+        .post(app.url("/auth/demo"))
+        .header("origin", "https://countersign.example.com")
+        .form(&[("user", "ada")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    app.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -760,7 +825,8 @@ async fn cross_origin_state_changes_are_refused() {
 async fn a_secure_public_url_gets_a_host_prefixed_secure_cookie() {
     let Some(app) = demo_app(
         Backend::Sqlite,
-        &[("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com")],
+        // https on a loopback host: the demo sign-in stays available to set the cookie.
+        &[("COUNTERSIGN_PUBLIC_URL", "https://localhost:8443")],
     )
     .await
     else {
@@ -769,7 +835,7 @@ async fn a_secure_public_url_gets_a_host_prefixed_secure_cookie() {
     let resp = app
         .client
         .post(app.url("/auth/demo"))
-        .header("origin", "https://countersign.example.com")
+        .header("origin", "https://localhost:8443")
         .form(&[("user", "ana")])
         .send()
         .await
@@ -830,4 +896,100 @@ fn the_role_map_reads_strings_and_lists_and_ignores_unknown_groups() {
     assert!(parse_role_map("clerks=superuser").is_err());
     assert!(parse_role_map("=admin").is_err());
     assert!(parse_role_map("clerks").is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_step_up_needs_the_provider_to_authenticate_the_person_again() {
+    // The finance registry, with payments wanting a sign-in within 3 seconds: the provider's
+    // clock is the real one, so the test waits real seconds instead of moving a clock.
+    let dir = std::env::temp_dir().join(format!("cs-step-up-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let yaml = std::fs::read_to_string(format!(
+        "{}/registry.yaml",
+        crate::helpers::example("finance")
+    ))
+    .unwrap()
+    .replacen("step_up_max_age: 15m", "step_up_max_age: 3s", 1);
+    for file in ["policy.cedar", "policy.cedarschema"] {
+        std::fs::copy(
+            format!("{}/{file}", crate::helpers::example("finance")),
+            dir.join(file),
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.join("registry.yaml"), yaml).unwrap();
+    let registry = dir.to_str().unwrap().to_string();
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some((app, _provider)) =
+            oidc_app_with(backend, &[("COUNTERSIGN_REGISTRY", registry.as_str())]).await
+        else {
+            continue;
+        };
+        // A payment waits for a person.
+        let (_, fin) = crate::mcp::agent(&app, "fin-1", "worker.finance").await;
+        let mut agent = crate::mcp::Client::new(&app, &fin);
+        agent.connect().await;
+        let reply = agent
+            .call(
+                "payment.schedule",
+                crate::mcp::payment_for("INV-20260611", json!(4180.00)),
+            )
+            .await;
+        let step = reply["result"]["structuredContent"]["step_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{reply}"))
+            .to_string();
+        let ana = Browser::new();
+        assert_eq!(
+            sign_in(&ana, &app, "ana").await.status(),
+            StatusCode::SEE_OTHER
+        );
+        let decide = || {
+            ana.client
+                .post(app.url(&format!("/api/steps/{step}/decision")))
+                .header("origin", format!("http://{}", app.addr))
+                .json(&json!({"verdict": "approved", "reason": "matches the PO"}))
+                .send()
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
+        app.clock.set(chrono::Utc::now());
+        assert_eq!(
+            decide().await.unwrap().status(),
+            StatusCode::UNAUTHORIZED,
+            "a sign-in 4 seconds old"
+        );
+        // Signing in again through the provider's own session proves nothing new.
+        let callback = app.url("/auth/callback");
+        let (back, interacted) =
+            authorize_seen(&ana, &begin(&ana, &app).await, "ana", &callback).await;
+        assert!(!interacted, "the provider answered from its session");
+        assert_eq!(ana.get(&back).await.status(), StatusCode::SEE_OTHER);
+        app.clock.set(chrono::Utc::now());
+        assert_eq!(
+            decide().await.unwrap().status(),
+            StatusCode::UNAUTHORIZED,
+            "a silent sign-in does not make the sign-in fresh"
+        );
+        // The step-up sign-in the inbox links to makes the provider authenticate her now.
+        let resp = ana
+            .get(&app.url(&format!("/auth/login?next=/inbox/{step}&fresh=1")))
+            .await;
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        let url = location(&resp);
+        assert_eq!(
+            query_param(&url, "prompt").as_deref(),
+            Some("login"),
+            "{url}"
+        );
+        assert!(query_param(&url, "max_age").is_some(), "{url}");
+        let (back, interacted) = authorize_seen(&ana, &url, "ana", &callback).await;
+        assert!(interacted, "the provider asked her to authenticate");
+        assert_eq!(ana.get(&back).await.status(), StatusCode::SEE_OTHER);
+        // Her new authentication is now: the decision goes through.
+        app.clock.set(chrono::Utc::now());
+        let ok = decide().await.unwrap();
+        assert!(ok.status().is_success(), "{}", ok.status());
+        app.stop().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -230,10 +230,14 @@ async fn inbox_form_refuses_cross_origin_missing_reasons_and_stale_sign_ins_then
             .unwrap();
         assert_eq!(location(&stale), format!("/inbox/{step}?error=step_up"));
         assert_eq!(step_status(&app, &step).await, StepStatus::NeedsApproval);
+        let shown = page(&ana, &app, &location(&stale)).await;
+        assert!(shown.contains("needs a recent sign-in"));
+        // Its link asks the identity provider to authenticate her now, back to this gate.
         assert!(
-            page(&ana, &app, &location(&stale))
-                .await
-                .contains("needs a recent sign-in")
+            shown.contains(&format!(
+                "href=\"/auth/login?fresh=1&amp;next=/inbox/{step}\""
+            )) || shown.contains(&format!("href=\"/auth/login?fresh=1&next=/inbox/{step}\"")),
+            "{shown}"
         );
 
         let ana = app.demo_client("ana").await;
