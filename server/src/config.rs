@@ -97,7 +97,8 @@ pub const KEYS: &[KeySpec] = &[
     },
     KeySpec {
         name: "webhook_urls",
-        secret: false,
+        // A webhook URL is often the credential itself (Slack's incoming webhooks).
+        secret: true,
         default: None,
         help: "comma-separated URLs told (JSON POST, Slack-compatible `text`) when a gate opens",
     },
@@ -544,9 +545,7 @@ impl Config {
             let url = Url::parse(text)
                 .ok()
                 .filter(|u| matches!(u.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    invalid("webhook_urls", format!("{text:?} is not an http(s) URL"))
-                })?;
+                .ok_or_else(|| invalid("webhook_urls", "an entry is not an http(s) URL".into()))?;
             webhook_urls.push(url);
         }
 

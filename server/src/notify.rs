@@ -55,19 +55,22 @@ pub fn gate_opened(state: &AppState, step: &Step) {
                     return;
                 }
             };
+            // A webhook URL's path and userinfo are often its credential: logs name the host.
+            let shown = format!("{}/…", url.origin().ascii_serialization());
             for attempt in 1..=ATTEMPTS {
                 match client.post(url.clone()).json(&body).send().await {
                     Ok(r) if r.status().is_success() => return,
                     Ok(r) => {
-                        tracing::warn!(%url, status = %r.status(), attempt, "notify: webhook refused")
+                        tracing::warn!(webhook = %shown, status = %r.status(), attempt, "notify: webhook refused")
                     }
                     Err(e) => {
-                        tracing::warn!(%url, error = %e, attempt, "notify: webhook unreachable")
+                        let e = e.without_url();
+                        tracing::warn!(webhook = %shown, error = %e, attempt, "notify: webhook unreachable")
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(250 * 2u64.pow(attempt))).await;
             }
-            tracing::warn!(%url, "notify: gave up; the inbox still shows the gate");
+            tracing::warn!(webhook = %shown, "notify: gave up; the inbox still shows the gate");
         });
     }
 }

@@ -199,20 +199,37 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// `url` with any password replaced by `***`, safe to print.
+/// `url` with any password replaced by `***`, safe to print: the userinfo password and every
+/// query parameter whose name holds "password" (`?password=`, `?sslpassword=`, which the
+/// drivers read as well).
 pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            // set_password only fails for URLs that cannot carry one; keep the original then.
-            if parsed.set_password(Some("***")).is_ok() {
-                parsed.to_string()
-            } else {
-                "[unprintable URL]".to_string()
-            }
-        }
-        Ok(_) => url.to_string(),
-        Err(_) => "[unparseable URL]".to_string(),
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "[unparseable URL]".to_string();
+    };
+    let secret = |k: &str| k.to_ascii_lowercase().contains("password");
+    let in_query = parsed.query_pairs().any(|(k, _)| secret(&k));
+    if parsed.password().is_none() && !in_query {
+        return url.to_string();
     }
+    // set_password only fails for URLs that cannot carry one.
+    if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
+        return "[unprintable URL]".to_string();
+    }
+    if in_query {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) {
+                    "***".to_string()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
 }
 
 /// How long a pooled Postgres connection may sit idle before it is pinged on acquire. Under

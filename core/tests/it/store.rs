@@ -232,6 +232,18 @@ async fn bad_urls_are_refused_with_the_password_hidden() {
     assert!(matches!(err, StoreError::Connect { .. }), "{err:?}");
     assert!(!msg.contains("s3cr3t"), "{msg}");
     assert!(msg.contains("***"), "{msg}");
+
+    // The drivers also take the password as a query parameter: hidden too.
+    let err = Store::connect(
+        &Secret::new("postgres://u@127.0.0.1:1/db?password=hunter2&sslmode=disable".into()),
+        &opts,
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(!msg.contains("hunter2"), "{msg}");
+    assert!(msg.contains("sslmode=disable"), "{msg}");
 }
 
 #[tokio::test]

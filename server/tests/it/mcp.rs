@@ -604,6 +604,11 @@ async fn mcp_tokens_never_reach_the_log() {
             .env("COUNTERSIGN_DATABASE_URL", &db)
             .env("COUNTERSIGN_REGISTRY", example("finance"))
             .env("COUNTERSIGN_LISTEN", format!("127.0.0.1:{port}"))
+            // A webhook whose URL is its secret, on a port nobody listens on.
+            .env(
+                "COUNTERSIGN_WEBHOOK_URLS",
+                "http://hook:pw123@127.0.0.1:1/services/T0/B0/HOOKSECRET",
+            )
             .env("COUNTERSIGN_LOG_LEVEL", "trace");
         cmd
     };
@@ -683,8 +688,28 @@ async fn mcp_tokens_never_reach_the_log() {
         reply["result"]["structuredContent"]["status"], "on_hold",
         "{reply}"
     );
+    // A hold above the policy's threshold opens a gate: the webhook is told, and fails.
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "invoice.hold", "arguments": hold(json!(1500))}});
+    let resp = post(&token, call, Some(&session)).await.unwrap();
+    let reply = read_response(resp, 3).await;
+    assert_eq!(
+        reply["result"]["structuredContent"]["status"], "needs_approval",
+        "{reply}"
+    );
     let resp = post(&bad, initialize_body(), None).await.unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let began = std::time::Instant::now();
+    while !std::fs::read_to_string(&log_path)
+        .unwrap()
+        .contains("notify: webhook unreachable")
+    {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(10),
+            "no webhook attempt"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 
     server.kill().unwrap();
     server.wait().unwrap();
@@ -694,6 +719,11 @@ async fn mcp_tokens_never_reach_the_log() {
         "the log was captured: {log}"
     );
     assert!(!log.contains(&token), "valid token logged");
+    assert!(
+        !log.contains("HOOKSECRET"),
+        "the webhook's secret path logged"
+    );
+    assert!(!log.contains("pw123"), "the webhook's password logged");
     assert!(!log.contains(&bad), "refused token logged");
     assert!(
         !log.contains(&token["cs_agent_".len()..]),
