@@ -22,7 +22,9 @@
 //!   a registry operation can never leave `base_url`'s path.
 //! * What is known about the effect is reported honestly: a failure to connect is
 //!   [`AdapterError::Unavailable`] (nothing was sent); once the request may have been sent,
-//!   a lost or unreadable answer is [`AdapterError::Timeout`] (it may have happened).
+//!   a lost or unreadable answer, or a server error other than 503 (a crash, a gateway that
+//!   lost the answer), is [`AdapterError::Timeout`] (it may have happened); 503 and 429 say
+//!   the target did not take the request ([`AdapterError::Unavailable`]).
 //! * Answers are read up to [`MAX_BODY`] bytes; a larger one is unreadable.
 
 use std::collections::BTreeSet;
@@ -158,8 +160,14 @@ fn success_json(body: &[u8]) -> Result<Value, AdapterError> {
 
 /// The error a non-2xx answer stands for.
 fn status_error(status: StatusCode, body: &[u8]) -> AdapterError {
-    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
         return AdapterError::Unavailable(format!("target answered {status}"));
+    }
+    if status.is_server_error() {
+        // The request arrived; a crash (500) or a gateway that lost the answer (502, 504)
+        // leaves the effect unknown.
+        tracing::info!(%status, "outbound call: server error after sending; effect unknown");
+        return AdapterError::Timeout;
     }
     if status.is_redirection() {
         return AdapterError::Rejected {

@@ -129,8 +129,13 @@ impl McpAdapter {
         };
         if !status.is_success() {
             return Err(
-                if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+                if status == StatusCode::SERVICE_UNAVAILABLE
+                    || status == StatusCode::TOO_MANY_REQUESTS
+                {
                     AdapterError::Unavailable(format!("upstream MCP server answered {status}"))
+                } else if status.is_server_error() {
+                    // The request arrived: a crash or a lost answer leaves the effect unknown.
+                    AdapterError::Timeout
                 } else {
                     AdapterError::Rejected {
                         code: format!("upstream.http.{}", status.as_u16()),

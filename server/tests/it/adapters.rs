@@ -108,6 +108,12 @@ async fn bank_call(
             )
                 .into_response();
         }
+        // Answers a server error with the status the operation names (after the request
+        // arrived: the bank may have acted on it).
+        "status.500" | "status.502" | "status.503" | "status.504" => {
+            let code: u16 = op["status.".len()..].parse().unwrap();
+            return StatusCode::from_u16(code).unwrap().into_response();
+        }
         "transfers.reject" => {
             return (
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -838,4 +844,45 @@ pub(crate) async fn forged_annotations_trial() -> usize {
     })
     .await;
     plays.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn http_server_errors_after_sending_leave_the_effect_unknown_unless_the_target_says_it_did_not_act()
+ {
+    use countersign::adapters::Invocation;
+    let bank = start_bank().await;
+    let settings = AdapterSettings::with_timeout(Duration::from_secs(2));
+    let adapter = HttpAdapter::new(
+        &provider(
+            ProviderKind::Http,
+            &format!("http://{}/api", bank.addr),
+            &["127.0.0.1"],
+        ),
+        &settings,
+    )
+    .unwrap();
+    let call = |status: u16| Invocation {
+        tool: "bank.transfer".into(),
+        operation: format!("status.{status}"),
+        arguments: json!({"amount": 1}),
+        idem_key: format!("idem:s{status}"),
+        approval_token: None,
+        trace_id: "t".into(),
+        tenant: "acme".into(),
+        acts_for: None,
+    };
+    // A crash or a gateway that lost the answer: the transfer may have happened, so an
+    // irreversible call goes to `unknown` and is reconciled, never re-sent blind.
+    for status in [500, 502, 504] {
+        assert_eq!(
+            adapter.invoke(&call(status)).await,
+            Err(AdapterError::Timeout),
+            "{status}"
+        );
+    }
+    // 503 says the target did not take the request: nothing happened, it may be retried.
+    assert!(matches!(
+        adapter.invoke(&call(503)).await,
+        Err(AdapterError::Unavailable(_))
+    ));
 }
