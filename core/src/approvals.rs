@@ -354,9 +354,14 @@ impl Store {
                     .bind(approval.expires_at)
                     .execute(&mut *tx)
                     .await?;
+                // Counted as the gate counts them: bound to these inputs and not expired.
                 let approvals = 1 + earlier
                     .iter()
-                    .filter(|a| a.decision == "approved" && a.inputs_hash == approval.inputs_hash)
+                    .filter(|a| {
+                        a.decision == "approved"
+                            && a.inputs_hash == approval.inputs_hash
+                            && a.expires_at > approval.decided_at
+                    })
                     .count();
                 let t = transition(approvals);
                 match crate::store::steps::apply_transition!(&mut *tx, $lock, &mut head, &t, now) {

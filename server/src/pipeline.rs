@@ -767,10 +767,14 @@ async fn execute(
     if let Decision::RequireApproval(gate_rule) = &report.decision
         && approval.is_none()
     {
-        let expires_at = store.clock().now_ms()
-            + i64::try_from(ctx.tool.approval_expiry().as_secs())
-                .unwrap_or(i64::MAX / 2_000)
-                .saturating_mul(1000);
+        // The window opened when the step first reached its gate stays what it was: a step
+        // parked again (its approval ended with a batch grant) gets no new one.
+        let expires_at = step.expires_at.unwrap_or_else(|| {
+            store.clock().now_ms()
+                + i64::try_from(ctx.tool.approval_expiry().as_secs())
+                    .unwrap_or(i64::MAX / 2_000)
+                    .saturating_mul(1000)
+        });
         let waiting_record = ctx.record(
             AuditEvent::WaitingApproval,
             Some(&step),

@@ -428,3 +428,42 @@ async fn a_step_whose_inputs_change_after_the_batch_is_refused_at_execution() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_batch_approval_ended_waits_again_in_its_first_window() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let args = payment_for("INV-20260611", json!(4180.00));
+        let step = waiting(&mut client, "payment.schedule", &args).await;
+        let window = app.store.get_step(&step).await.unwrap().expires_at.unwrap();
+        // Approved in a batch whose grant ends in a minute.
+        let now = app.store.clock().now_ms();
+        let body = json!({
+            "tool": "payment.schedule", "step_ids": [step], "max_count": 1,
+            "proposed_from": now - 60_000, "proposed_to": now + 60_000,
+            "expires_at": now + 60_000, "reason": "June supplier run, three-way matched",
+        });
+        let ana = app.demo_client("ana").await;
+        let (code, answer) = post_batch(&app, &ana, &body).await;
+        assert_eq!(code, StatusCode::OK, "{answer}");
+        assert_eq!(status(&app, &step).await, StepStatus::Pending);
+        // The agent comes back after the grant ended: the step waits again, in the window
+        // its gate opened with (no new 72 hours).
+        app.clock.advance(chrono::Duration::minutes(2));
+        let reply = client.call("payment.schedule", args.clone()).await;
+        assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");
+        let parked = app.store.get_step(&step).await.unwrap();
+        assert_eq!(parked.status, StepStatus::NeedsApproval);
+        assert_eq!(parked.expires_at, Some(window));
+        // Past that window it expires, however often it was parked.
+        app.clock
+            .set(chrono::DateTime::from_timestamp_millis(window + 1).unwrap());
+        let reply = client.call("payment.schedule", args).await;
+        assert_eq!(content(&reply)["status"], "expired", "{reply}");
+        assert_eq!(payments(&app).await, 0);
+        app
+    })
+    .await;
+}
