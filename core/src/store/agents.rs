@@ -91,6 +91,10 @@ pub enum CreateAgentError {
 
 const COLUMNS: &str = "id, name, role, tenant, created_by, created_at, expires_at, revoked_at";
 
+fn taken(name: &str) -> CreateAgentError {
+    CreateAgentError::Invalid(format!("an active credential is already named {name:?}"))
+}
+
 impl Store {
     /// Creates a credential and returns it with its token, which is not stored and cannot be
     /// recovered: show it once.
@@ -111,10 +115,7 @@ impl Store {
             }
         }
         if self.find_active_agent_by_name(&new.name).await?.is_some() {
-            return Err(CreateAgentError::Invalid(format!(
-                "an active credential is already named {:?}",
-                new.name
-            )));
+            return Err(taken(&new.name));
         }
         let token = AgentToken::generate()?;
         let id = Uuid::new_v4().to_string();
@@ -135,7 +136,11 @@ impl Store {
             .bind(new.expires_at)
             .execute(p)
             .await
-            .map_err(StoreError::from)?
+            .map_err(|e| match &e {
+                // Another creation took the name meanwhile (the index holds it).
+                sqlx::Error::Database(d) if d.is_unique_violation() => taken(&new.name),
+                _ => CreateAgentError::Store(StoreError::from(e)),
+            })?
             .rows_affected()
         });
         Ok((self.get_agent(&id).await?, token))

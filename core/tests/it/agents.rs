@@ -117,3 +117,36 @@ async fn names_are_unique_among_active_credentials_and_fields_required() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn two_creations_of_one_name_at_once_leave_one_active_credential() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        for round in 0..8 {
+            let name = format!("fin-bot-{round}");
+            let (first, second) = (agent(&name, None), agent(&name, None));
+            let (a, b) = tokio::join!(store.create_agent(&first), store.create_agent(&second));
+            assert_eq!(
+                usize::from(a.is_ok()) + usize::from(b.is_ok()),
+                1,
+                "round {round}: {a:?} / {b:?}"
+            );
+            let refused = if a.is_ok() { b } else { a };
+            assert!(
+                matches!(refused, Err(CreateAgentError::Invalid(_))),
+                "{refused:?}"
+            );
+            // Revoking by name leaves no active credential of that name.
+            store.revoke_agent(&name).await.unwrap();
+            let active = store
+                .list_agents()
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|c| c.name == name && c.revoked_at.is_none())
+                .count();
+            assert_eq!(active, 0);
+        }
+    })
+    .await;
+}
