@@ -952,7 +952,8 @@ async fn oidc_step_up_needs_the_provider_to_authenticate_the_person_again() {
                 .send()
         };
         tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
-        app.clock.set(chrono::Utc::now());
+        app.clock
+            .set(countersign_core::Clock::now(&countersign_core::SystemClock));
         assert_eq!(
             decide().await.unwrap().status(),
             StatusCode::UNAUTHORIZED,
@@ -964,7 +965,8 @@ async fn oidc_step_up_needs_the_provider_to_authenticate_the_person_again() {
             authorize_seen(&ana, &begin(&ana, &app).await, "ana", &callback).await;
         assert!(!interacted, "the provider answered from its session");
         assert_eq!(ana.get(&back).await.status(), StatusCode::SEE_OTHER);
-        app.clock.set(chrono::Utc::now());
+        app.clock
+            .set(countersign_core::Clock::now(&countersign_core::SystemClock));
         assert_eq!(
             decide().await.unwrap().status(),
             StatusCode::UNAUTHORIZED,
@@ -986,7 +988,8 @@ async fn oidc_step_up_needs_the_provider_to_authenticate_the_person_again() {
         assert!(interacted, "the provider asked her to authenticate");
         assert_eq!(ana.get(&back).await.status(), StatusCode::SEE_OTHER);
         // Her new authentication is now: the decision goes through.
-        app.clock.set(chrono::Utc::now());
+        app.clock
+            .set(countersign_core::Clock::now(&countersign_core::SystemClock));
         let ok = decide().await.unwrap();
         assert!(ok.status().is_success(), "{}", ok.status());
         app.stop().await;
