@@ -35,8 +35,13 @@ const USERS = {
   eve: { name: 'Eve Nobody', email: 'eve@acme.test', groups: ['staff'], tenant: 'acme' },
 };
 
-const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
-const jwk = { ...privateKey.export({ format: 'jwk' }), kid: 'test-key-1', use: 'sig', alg: 'RS256' };
+function signingKey(kid) {
+  const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+  return { ...privateKey.export({ format: 'jwk' }), kid, use: 'sig', alg: 'RS256' };
+}
+// Replaced by POST /__test__/rotate (the provider rotates its signing key).
+let jwk = signingKey('test-key-1');
+let rotations = 1;
 
 const clientsFor = (redirectUri) => ['countersign', 'other-client'].map((id) => ({
   client_id: id,
@@ -119,6 +124,13 @@ function serve({ server, issuer }, redirectUri, withHooks) {
   server.on('request', async (req, res) => {
     try {
       const url = new URL(req.url, issuer);
+      if (withHooks && url.pathname === '/__test__/rotate' && req.method === 'POST') {
+        rotations += 1;
+        jwk = signingKey(`test-key-${rotations}`);
+        serve({ server, issuer }, redirectUri, withHooks);
+        res.writeHead(204).end();
+        return;
+      }
       if (withHooks && url.pathname === '/__test__/tamper' && req.method === 'POST') {
         tamper = JSON.parse(await readBody(req));
         res.writeHead(204).end();

@@ -3,7 +3,10 @@
 //!
 //! Invariants:
 //! * Discovery is lazy and retried on the next sign-in until it succeeds; the issuer in the
-//!   discovery document must equal the configured one (openidconnect checks this).
+//!   discovery document must equal the configured one (openidconnect checks this). An ID
+//!   token whose signature does not verify against the cached keys makes it discover once
+//!   more (the provider rotated its keys) and check that same token again; nothing else is
+//!   retried.
 //! * Every authorization request carries PKCE (S256), a random `state` and a random `nonce`.
 //! * An ID token is accepted only if its signature verifies against the provider's published
 //!   keys with an asymmetric algorithm (never `none`, never a MAC keyed by the client secret),
@@ -181,6 +184,19 @@ impl Oidc {
         if let Some(client) = cached.as_ref() {
             return Ok(client.clone());
         }
+        self.discover(&mut cached).await
+    }
+
+    /// Discovers again (the provider's keys may have changed), replacing the cached client.
+    async fn rediscover(&self) -> Result<Arc<OidcClient>, SignInError> {
+        let mut cached = self.client.lock().await;
+        self.discover(&mut cached).await
+    }
+
+    async fn discover(
+        &self,
+        cached: &mut Option<Arc<OidcClient>>,
+    ) -> Result<Arc<OidcClient>, SignInError> {
         let issuer = IssuerUrl::new(self.config.issuer.clone())
             .map_err(|e| SignInError::Discovery(e.to_string()))?;
         let metadata = CoreProviderMetadata::discover_async(issuer, &self.http)
@@ -265,14 +281,28 @@ impl Oidc {
             .await
             .map_err(|e| SignInError::Exchange(error_chain(&e)))?;
         let id_token = tokens.id_token().ok_or(SignInError::NoIdToken)?;
-        let clock = self.clock.clone();
-        let verifier = client
-            .id_token_verifier()
-            .set_allowed_algs(ALLOWED_ALGS)
-            .set_time_fn(move || clock.now());
-        let claims = id_token
-            .claims(&verifier, &Nonce::new(pending.nonce))
-            .map_err(|e| SignInError::IdToken(describe(&e)))?;
+        let nonce = Nonce::new(pending.nonce);
+        fn verifier<'c>(
+            client: &'c OidcClient,
+            clock: Arc<dyn Clock>,
+        ) -> openidconnect::IdTokenVerifier<'c, CoreJsonWebKey> {
+            client
+                .id_token_verifier()
+                .set_allowed_algs(ALLOWED_ALGS)
+                .set_time_fn(move || clock.now())
+        }
+        let claims = match id_token.claims(&verifier(&client, self.clock.clone()), &nonce) {
+            Ok(claims) => claims,
+            // The provider may have rotated its signing keys since discovery: discover once
+            // more and check the same token against the keys it publishes now.
+            Err(ClaimsVerificationError::SignatureVerification(_)) => {
+                let fresh = self.rediscover().await?;
+                id_token
+                    .claims(&verifier(&fresh, self.clock.clone()), &nonce)
+                    .map_err(|e| SignInError::IdToken(describe(&e)))?
+            }
+            Err(e) => return Err(SignInError::IdToken(describe(&e))),
+        };
 
         let extra = &claims.additional_claims().rest;
         let name = claims

@@ -98,6 +98,16 @@ impl Provider {
         ready["now"].as_i64().unwrap()
     }
 
+    /// The provider replaces its signing key (a new `kid`; the old key is gone).
+    async fn rotate_key(&self) {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/__test__/rotate", self.main))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    }
+
     async fn tamper(&self, mode: Value) {
         let resp = reqwest::Client::new()
             .post(format!("{}/__test__/tamper", self.main))
@@ -995,4 +1005,26 @@ async fn oidc_step_up_needs_the_provider_to_authenticate_the_person_again() {
         app.stop().await;
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_sign_in_survives_the_provider_rotating_its_signing_key() {
+    let Some((app, provider)) = oidc_app(Backend::Sqlite).await else {
+        return;
+    };
+    // The first sign-in discovers the provider and its keys.
+    let ana = Browser::new();
+    assert_eq!(
+        sign_in(&ana, &app, "ana").await.status(),
+        StatusCode::SEE_OTHER
+    );
+    provider.rotate_key().await;
+    // Its ID tokens are now signed with a key Countersign has not seen: it fetches the keys
+    // again rather than refusing everyone until a restart.
+    let pat = Browser::new();
+    let resp = sign_in(&pat, &app, "ana").await;
+    let status = resp.status();
+    assert_eq!(status, StatusCode::SEE_OTHER, "{:?}", resp.text().await);
+    assert!(pat.me(&app).await.is_some());
+    app.stop().await;
 }
