@@ -143,7 +143,13 @@ async fn submit(state: &AppState, caller: &Caller, args: &Value) -> Result<Value
                         problems.push(format!("step {seq} ({name}): tenant.mismatch on {field}"));
                     }
                     Ok(_) => {}
-                    Err(e) => problems.push(format!("step {seq} ({name}): {field}: {e}")),
+                    Err(e) => {
+                        // The cause goes to the log; the planner learns only that it failed.
+                        tracing::info!(step = seq, tool = %name, error = %e, "plan: a resource check failed");
+                        problems.push(format!(
+                            "step {seq} ({name}): {field}: the target could not be asked; try again"
+                        ));
+                    }
                 }
             }
         }
@@ -332,6 +338,9 @@ async fn cancel(
 }
 
 async fn list(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, AdapterError> {
+    let Some(loaded) = state.registry.current() else {
+        return Err(AdapterError::Refused("no registry in force".into()));
+    };
     let limit = args.get("limit").and_then(Value::as_i64).unwrap_or(50);
     let statuses = match args.get("status").and_then(Value::as_str) {
         Some(s) => vec![StepStatus::parse(s).ok_or_else(|| rejected("bad_request", "status"))?],
@@ -355,7 +364,16 @@ async fn list(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, 
             }
             let mut view = step_view(&step);
             view["run_id"] = json!(step.run_id);
-            view["inputs"] = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+            // The inputs as the step's tool shows them: its `redact` fields hidden; withheld
+            // when the tool is no longer in the registry.
+            let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+            let tool = countersign_core::ToolName::parse(&step.tool)
+                .ok()
+                .and_then(|name| loaded.bundle.registry.tool(&name).cloned());
+            view["inputs"] = match &tool {
+                Some(tool) => crate::pipeline::redacted(tool, &inputs),
+                None => json!({"withheld": "the tool is no longer in the registry"}),
+            };
             view["reason"] = json!(step.reason);
             out.push(view);
             if out.len() as i64 >= limit {

@@ -1502,3 +1502,34 @@ async fn runs_an_unknown_call_the_target_never_got_is_not_resent_once_its_attemp
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_a_reviewer_sees_planned_inputs_with_redacted_fields_hidden() {
+    each_finance_app(|app| async move {
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let iban = "DE89370400440532013000";
+        let change = json!({"tool": "supplier.update_iban",
+            "arguments": {"supplier_id": "SUP-000417", "iban": iban,
+                          "reason": "The supplier's signed letter asks for the new IBAN"},
+            "reason": "The supplier's signed letter asks for the new IBAN"});
+        let (_, steps) = submit(&mut client, vec![change]).await;
+        wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        let (_, reviewer) = agent(&app, "reviewer-1", "reviewer").await;
+        let mut rev = Client::new(&app, &reviewer);
+        rev.connect().await;
+        let listed = rev.call("step.list", json!({})).await;
+        let step = content(&listed)["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["step_id"] == steps[0].as_str())
+            .unwrap_or_else(|| panic!("{listed}"))
+            .clone();
+        assert_eq!(step["inputs"]["supplier_id"], "SUP-000417", "{step}");
+        assert!(!listed.to_string().contains(iban), "{listed}");
+        app
+    })
+    .await;
+}
