@@ -459,6 +459,12 @@ impl ChainVerifier {
         self.skipped_checkpoints
     }
 
+    /// Checkpoints for records after the last one pushed so far (a sparse export that ends
+    /// before them never compares them; a whole chain refuses them at [`Self::finish`]).
+    pub fn pending_checkpoints(&self) -> usize {
+        self.expected.values().map(Vec::len).sum()
+    }
+
     /// Requires the chain to hold `hash` at `seq` (`source` names the checkpoint in
     /// messages). Call before pushing records.
     ///

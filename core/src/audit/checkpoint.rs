@@ -300,6 +300,30 @@ pub struct VerifyReport {
 
 const CP_COLUMNS: &str = "seq, hash, at, public_key, signature";
 
+/// `cp` when it is `signer`'s checkpoint of record `seq` with `hash` (the head just read);
+/// a conflict naming what is wrong otherwise.
+fn stands(
+    cp: Checkpoint,
+    seq: i64,
+    hash: &str,
+    signer: &CheckpointSigner,
+) -> Result<Checkpoint, StoreError> {
+    if cp.seq > seq {
+        return Err(StoreError::Conflict(format!(
+            "a stored checkpoint signed record {} but the chain ends at record {seq}: the tail \
+             was cut; run `countersign audit verify`",
+            cp.seq
+        )));
+    }
+    if cp.hash != hash || cp.check(&[signer.public_key()]).is_err() {
+        return Err(StoreError::Conflict(format!(
+            "the stored checkpoint for record {seq} is not this key's signature over the \
+             chain's head; run `countersign audit verify`"
+        )));
+    }
+    Ok(cp)
+}
+
 impl Store {
     /// The chain head: `(seq, hash)`, or `None` for an empty chain.
     pub async fn audit_head(&self) -> Result<Option<(i64, String)>, StoreError> {
@@ -381,8 +405,12 @@ impl Store {
         };
         let last = self.audit_checkpoint_at_or_before(None).await?;
         let last_seq = last.as_ref().map_or(0, |c| c.seq);
-        if last_seq >= seq {
-            return Ok(if policy.is_some() { None } else { last });
+        if let Some(last) = last.filter(|c| c.seq >= seq) {
+            // The head is signed already: only by a checkpoint that is this signer's, for this
+            // very head. A stored row for a later record (the tail was cut) or one this key did
+            // not sign is refused, never handed out or quietly taken as "nothing due".
+            let last = stands(last, seq, &hash, signer)?;
+            return Ok(if policy.is_some() { None } else { Some(last) });
         }
         let now = self.clock().now_ms();
         if let Some(policy) = policy {
@@ -402,8 +430,11 @@ impl Store {
         if self.insert_audit_checkpoint(&cp).await? {
             Ok(Some(cp))
         } else {
-            // Another replica signed this head first; theirs stands.
-            self.audit_checkpoint_at_or_before(Some(seq)).await
+            // Another replica signed this head first; theirs stands if it is sound.
+            match self.audit_checkpoint_at_or_before(Some(seq)).await? {
+                Some(theirs) => Ok(Some(stands(theirs, seq, &hash, signer)?)),
+                None => Ok(None),
+            }
         }
     }
 

@@ -1290,3 +1290,52 @@ async fn a_record_stored_below_record_one_is_refused_and_never_verifies() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_checkpoint_request_never_hands_out_a_stored_checkpoint_it_did_not_sign() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let a = CheckpointSigner::from_seed(&SEED_A);
+        let b = CheckpointSigner::from_seed(&SEED_B);
+        let mut head = None;
+        for i in 0..4 {
+            head = Some(store.append_audit(&record(i)).await.unwrap());
+        }
+        let head = head.unwrap();
+        // Someone stored a checkpoint of the head signed by another key.
+        let foreign = b.sign(head.seq, &head.hash, head.at).unwrap();
+        assert!(store.insert_audit_checkpoint(&foreign).await.unwrap());
+        assert!(store.checkpoint_audit(&a, None).await.is_err(), "not ours");
+        // The background signer does not take it as "nothing due" either.
+        let policy = Some(CheckpointPolicy {
+            every: 1,
+            max_age_ms: 0,
+        });
+        assert!(store.checkpoint_audit(&a, policy).await.is_err());
+        // A checkpoint for a record beyond the head (the tail was cut): refused too.
+        let ahead = a.sign(head.seq + 5, &head.hash, head.at).unwrap();
+        assert!(store.insert_audit_checkpoint(&ahead).await.unwrap());
+        let err = store.checkpoint_audit(&a, None).await.unwrap_err();
+        assert!(err.to_string().contains("tail"), "{err}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_checkpoint_request_returns_this_keys_checkpoint_of_the_head() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let a = CheckpointSigner::from_seed(&SEED_A);
+        for i in 0..3 {
+            store.append_audit(&record(i)).await.unwrap();
+        }
+        let first = store.checkpoint_audit(&a, None).await.unwrap().unwrap();
+        let again = store.checkpoint_audit(&a, None).await.unwrap().unwrap();
+        assert_eq!(
+            first, again,
+            "the head is signed once; asking again returns it"
+        );
+        assert_eq!(first.seq, 3);
+    })
+    .await;
+}

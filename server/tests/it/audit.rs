@@ -304,6 +304,25 @@ async fn scenario(env: &Env, store: &Store, backend: Backend) {
         "--sparse",
     );
     ok(&env.run(&["audit", "verify", "--file", &run_file, "--sparse"], None));
+    // A sparse export that ends before the checkpoint's record (6) says it was not compared.
+    let short = run_b.lines().take(2).collect::<Vec<_>>().join("\n") + "\n";
+    let short_file = env.write("run-b-short.jsonl", &short);
+    let text = ok(&env.run(
+        &[
+            "audit",
+            "verify",
+            "--file",
+            &short_file,
+            "--sparse",
+            "--from-checkpoint",
+            &cp_file,
+        ],
+        Some(KEY_A),
+    ));
+    assert!(
+        text.contains("1 of them outside the export and not compared"),
+        "{text}"
+    );
 
     // Offline tampering: a changed byte, a deleted line, a swap, a cut tail.
     let lines: Vec<&str> = all.lines().collect();
