@@ -115,6 +115,29 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes every session that has expired (pending sign-ins left unfinished, sessions
+    /// never signed out); returns how many. Expired rows are never read, only kept.
+    pub async fn session_delete_expired(&self) -> Result<u64, StoreError> {
+        let now = self.clock.now_ms() / 1000;
+        Ok(match &self.pool {
+            crate::store::Pool::Sqlite(p) => {
+                sqlx::query("DELETE FROM tower_sessions WHERE expiry_date <= $1")
+                    .bind(now)
+                    .execute(p)
+                    .await?
+                    .rows_affected()
+            }
+            crate::store::Pool::Postgres(p) => sqlx::query(
+                "DELETE FROM tower_sessions.session
+                      WHERE expiry_date <= to_timestamp($1::double precision)",
+            )
+            .bind(now)
+            .execute(p)
+            .await?
+            .rows_affected(),
+        })
+    }
+
     /// Whether a session row with `id` exists at all, expired or not (tests check that
     /// sign-out deleted it server-side).
     pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {

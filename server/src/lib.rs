@@ -244,6 +244,7 @@ impl Application {
                 None
             }
         };
+        let sweeper = tokio::spawn(sweep_sessions(self.state.store.clone()));
         let demo = if self.state.config.demo {
             let addr = self.listener.local_addr().map_err(StartError::Serve)?;
             let host = if addr.ip().is_unspecified() {
@@ -265,6 +266,7 @@ impl Application {
             .with_graceful_shutdown(shutdown)
             .await;
         watcher.abort();
+        sweeper.abort();
         if let Some(d) = demo {
             d.abort();
         }
@@ -278,6 +280,20 @@ impl Application {
         served.map_err(StartError::Serve)?;
         self.state.store.close().await;
         Ok(())
+    }
+}
+
+/// Every ten minutes, deletes the browser sessions that have expired: unfinished sign-ins and
+/// sessions nobody signed out of would otherwise stay in the table for good.
+async fn sweep_sessions(store: countersign_core::Store) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(600));
+    loop {
+        every.tick().await;
+        match store.session_delete_expired().await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(deleted = n, "expired sessions deleted"),
+            Err(e) => tracing::warn!(error = %e, "deleting expired sessions failed; retried later"),
+        }
     }
 }
 

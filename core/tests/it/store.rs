@@ -968,3 +968,33 @@ async fn a_failing_job_fails_alone_and_leaves_the_append_lock_free() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn expired_sessions_are_swept_and_live_ones_kept() {
+    let (manual, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            let now_s = store.clock().now_ms() / 1000;
+            assert!(store.session_insert("old", b"a", now_s - 10).await.unwrap());
+            assert!(store.session_insert("edge", b"b", now_s).await.unwrap());
+            assert!(
+                store
+                    .session_insert("live", b"c", now_s + 3600)
+                    .await
+                    .unwrap()
+            );
+            assert_eq!(store.session_delete_expired().await.unwrap(), 2);
+            assert_eq!(store.session_count().await.unwrap(), 1);
+            assert_eq!(
+                store.session_load("live").await.unwrap().as_deref(),
+                Some(&b"c"[..])
+            );
+            // An hour later the last one goes too.
+            manual.advance(chrono::Duration::hours(1));
+            assert_eq!(store.session_delete_expired().await.unwrap(), 1);
+            assert_eq!(store.session_count().await.unwrap(), 0);
+        }
+    })
+    .await;
+}
