@@ -250,33 +250,9 @@ async fn authorize(
     user: &str,
     redirect_uri: &str,
 ) -> String {
-    let base = {
-        let u = reqwest::Url::parse(authorize_url).unwrap();
-        format!("{}://{}", u.scheme(), u.host_str().unwrap()) + &format!(":{}", u.port().unwrap())
-    };
-    let mut url = authorize_url.to_string();
-    for _ in 0..8 {
-        let resp = browser.get(&url).await;
-        assert_eq!(
-            resp.status(),
-            StatusCode::SEE_OTHER,
-            "{url}: {:?}",
-            resp.text().await
-        );
-        let mut next = location(&resp);
-        if next.starts_with(redirect_uri) {
-            return next;
-        }
-        if next.starts_with("/interaction/") {
-            next = format!("{next}?login={user}");
-        }
-        url = if next.starts_with('/') {
-            format!("{base}{next}")
-        } else {
-            next
-        };
-    }
-    panic!("the provider never redirected back");
+    authorize_seen(browser, authorize_url, user, redirect_uri)
+        .await
+        .0
 }
 
 /// [`authorize`], also telling whether the provider asked the person to authenticate (an
@@ -300,7 +276,10 @@ async fn authorize_seen(
     let mut interacted = false;
     for _ in 0..8 {
         let resp = browser.get(&url).await;
-        assert_eq!(resp.status(), StatusCode::SEE_OTHER, "{url}");
+        let status = resp.status();
+        if status != StatusCode::SEE_OTHER {
+            panic!("{url}: {status} {:?}", resp.text().await);
+        }
         let mut next = location(&resp);
         if next.starts_with(redirect_uri) {
             return (next, interacted);
