@@ -258,7 +258,18 @@ async fn settle(
                 fail_run(state, run_id, &step, answer).await?;
             }
         }
-        StepStatus::Refused | StepStatus::Expired | StepStatus::Cancelled => {
+        StepStatus::Refused | StepStatus::Expired => {
+            fail_run(state, run_id, &step, answer).await?;
+        }
+        // Cancelled because its run ended (a person cancelled it, a bound or another step's
+        // failure ended it) or by the emergency stop, whose own pass ends every active run as
+        // stopped and revokes its agent: not a failure of the run, nothing to undo here.
+        StepStatus::Cancelled
+            if step
+                .rule
+                .as_deref()
+                .is_some_and(|r| r.starts_with("run.") || r == pipeline::STOP_RULE) => {}
+        StepStatus::Cancelled => {
             fail_run(state, run_id, &step, answer).await?;
         }
         StepStatus::Done => {
@@ -608,7 +619,7 @@ pub async fn emergency_stop(state: &AppState, by: &str, reason: &str) -> Result<
             step_id: None,
             tool: None,
             actor: Some(by.to_string()),
-            rule: Some("emergency.stop".into()),
+            rule: Some(pipeline::STOP_RULE.into()),
             detail,
         })
         .await?;

@@ -47,6 +47,8 @@ pub const APPROVAL_EXPIRED: &str = "approval.expired";
 pub const TARGET_TIMEOUT: &str = "target.timeout";
 /// The target did not complete the call.
 pub const TARGET_FAILED: &str = "target.failed";
+/// A step the emergency stop kept from starting.
+pub const STOP_RULE: &str = "emergency.stop";
 /// A planned step's agent credential was revoked before the step started.
 pub const AGENT_REVOKED: &str = "agent.revoked";
 /// A planned step's agent credential expired before the step started.
@@ -938,7 +940,7 @@ async fn halted(ctx: &Ctx<'_>, run_id: &str) -> Result<Option<String>, Internal>
 /// emergency stop `stopped` or not; `None` when it may start.
 fn halt_rule(guard: &RunGuard, status: RunStatus, stopped: bool) -> Option<String> {
     if stopped && guard.unless_switch.is_some() {
-        return Some("emergency.stop".to_string());
+        return Some(STOP_RULE.to_string());
     }
     match status {
         RunStatus::Active => None,

@@ -1255,6 +1255,19 @@ async fn runs_a_write_that_checked_before_the_emergency_stop_does_not_start_afte
                 .is_empty()
         );
         assert_eq!(effects(&app, "notes.draft").await, 0);
+        // The worker leaves the run to the stop's own pass: it ends `stopped` (not `failed`)
+        // and its agent is revoked.
+        assert_eq!(
+            app.store.get_run(&run).await.unwrap().status,
+            RunStatus::Active
+        );
+        countersign::executor::emergency_stop(&app.state, "ops", "test")
+            .await
+            .unwrap();
+        assert_eq!(
+            app.store.get_run(&run).await.unwrap().status,
+            RunStatus::Stopped
+        );
         app
     })
     .await;
@@ -1529,6 +1542,89 @@ async fn runs_a_reviewer_sees_planned_inputs_with_redacted_fields_hidden() {
             .clone();
         assert_eq!(step["inputs"]["supplier_id"], "SUP-000417", "{step}");
         assert!(!listed.to_string().contains(iban), "{listed}");
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_a_step_cancelled_with_its_run_while_a_worker_held_it_compensates_nothing() {
+    use sqlx::Connection;
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
+        // Postgres only: the test holds the audit chain's append lock from its own session.
+        if app.store.backend() != countersign_core::Backend::Postgres {
+            return app;
+        }
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let hold = json!({"tool": "invoice.hold", "arguments": crate::mcp::hold(json!(500)),
+                          "reason": "Dispute on line 1 quantities received"});
+        let (run, steps) = submit(&mut client, vec![note_step(), hold]).await;
+        let timings = countersign::executor::Timings::default();
+        assert!(
+            countersign::executor::work_once(&app.state, "w1", timings)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            app.store.get_step(&steps[0]).await.unwrap().status,
+            StepStatus::Done
+        );
+        // The worker takes the hold and waits for the append lock to start it; meanwhile the
+        // run is cancelled (its status, as a person's cancel leaves it).
+        let mut holder = sqlx::PgConnection::connect(&app.db_url()).await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(countersign_core::audit::PG_AUDIT_LOCK)
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let state = app.state.clone();
+        let worker =
+            tokio::spawn(
+                async move { countersign::executor::work_once(&state, "w1", timings).await },
+            );
+        let began = Instant::now();
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(&mut holder)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "the step never tried to start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        sqlx::query(
+            "UPDATE runs SET status = 'cancelled', reason = 'no longer needed' WHERE id = $1",
+        )
+        .bind(&run)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(countersign_core::audit::PG_AUDIT_LOCK)
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        worker.await.unwrap().unwrap();
+        let step = app.store.get_step(&steps[1]).await.unwrap();
+        assert_eq!(step.status, StepStatus::Cancelled, "{step:?}");
+        assert_eq!(step.rule.as_deref(), Some("run.cancelled"));
+        // A cancel is not a failure: the drafted note stays, nothing is escalated.
+        let all = app.store.steps_for_run(&run).await.unwrap();
+        assert_eq!(all.len(), 2, "no compensation step: {all:?}");
+        let trail = app.store.audit_for_run(&run).await.unwrap();
+        assert!(!trail.iter().any(|r| r.event == "compensated"), "{trail:?}");
+        let ended = app.store.get_run(&run).await.unwrap();
+        assert!(!ended.replan);
+        assert_eq!(ended.status, RunStatus::Cancelled);
         app
     })
     .await;
