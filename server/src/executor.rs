@@ -251,6 +251,13 @@ async fn settle(
                         from: vec![StepStatus::Failed],
                         to: Some(StepStatus::Pending),
                         not_before: Some(store.clock().now_ms() + backoff),
+                        // Only while the run is active: a run that ended meanwhile keeps the
+                        // step as it failed, never a pending step nobody will run.
+                        guard: Some(countersign_core::store::RunGuard {
+                            run_id: run_id.to_string(),
+                            allow_failed: false,
+                            unless_switch: None,
+                        }),
                         ..Transition::default()
                     })
                     .await?;

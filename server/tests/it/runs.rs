@@ -1629,3 +1629,95 @@ async fn runs_a_step_cancelled_with_its_run_while_a_worker_held_it_compensates_n
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_a_retry_is_not_scheduled_in_a_run_that_ended_meanwhile() {
+    use countersign::adapters::builtin::{Fault, FaultMode, Latency, inject_fault, set_latency};
+    use sqlx::Connection;
+    each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
+        // Postgres only: the test holds the audit chain's append lock from its own session.
+        if app.store.backend() != countersign_core::Backend::Postgres {
+            return app;
+        }
+        // The ERP takes 1.5 s, then answers unavailable: a failure that may be retried.
+        set_latency(
+            &app.store,
+            ERP,
+            "notes.draft",
+            Latency {
+                before_ms: 1_500,
+                after_ms: 0,
+            },
+        )
+        .await
+        .unwrap();
+        inject_fault(
+            &app.store,
+            ERP,
+            "notes.draft",
+            &Fault {
+                mode: FaultMode::Unavailable,
+                times: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let (run, steps) = submit(&mut client, vec![note_step()]).await;
+        let state = app.state.clone();
+        let timings = countersign::executor::Timings::default();
+        let worker =
+            tokio::spawn(
+                async move { countersign::executor::work_once(&state, "w1", timings).await },
+            );
+        wait_for(&app, &steps[0], StepStatus::Running).await;
+        // While the call is out, the run is cancelled; the failure is recorded after that.
+        let mut holder = sqlx::PgConnection::connect(&app.db_url()).await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(countersign_core::audit::PG_AUDIT_LOCK)
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        sqlx::query(
+            "UPDATE runs SET status = 'cancelled', reason = 'no longer needed' WHERE id = $1",
+        )
+        .bind(&run)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+        let began = Instant::now();
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(&mut holder)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "the failure was never recorded"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(countersign_core::audit::PG_AUDIT_LOCK)
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        worker.await.unwrap().unwrap();
+        let step = app.store.get_step(&steps[0]).await.unwrap();
+        assert_eq!(
+            step.status,
+            StepStatus::Failed,
+            "no retry in an ended run: {step:?}"
+        );
+        assert_eq!(effects(&app, "notes.draft").await, 0);
+        app
+    })
+    .await;
+}
