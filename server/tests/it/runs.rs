@@ -1191,7 +1191,6 @@ async fn runs_a_revalidation_failure_never_shows_a_redacted_value_in_clear() {
 
 #[tokio::test]
 async fn runs_a_write_that_checked_before_the_emergency_stop_does_not_start_after_it() {
-    use sqlx::Connection;
     each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
         // Postgres only: the test holds the audit chain's append lock from its own session.
         if app.store.backend() != countersign_core::Backend::Postgres {
@@ -1203,12 +1202,7 @@ async fn runs_a_write_that_checked_before_the_emergency_stop_does_not_start_afte
         let (run, steps) = submit(&mut client, vec![note_step()]).await;
         // The step's start (its records) waits for the append lock: the worker has read the
         // world (stop off) and decided policy by then.
-        let mut holder = sqlx::PgConnection::connect(&app.db_url()).await.unwrap();
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(countersign_core::audit::PG_AUDIT_LOCK)
-            .execute(&mut holder)
-            .await
-            .unwrap();
+        let mut holder = hold_append_lock(&app).await;
         let state = app.state.clone();
         let worker = tokio::spawn(async move {
             countersign::executor::work_once(
@@ -1218,33 +1212,13 @@ async fn runs_a_write_that_checked_before_the_emergency_stop_does_not_start_afte
             )
             .await
         });
-        let began = Instant::now();
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-            )
-            .fetch_one(&mut holder)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            assert!(
-                began.elapsed() < Duration::from_secs(20),
-                "the step never tried to start"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_lock_waiter(&mut holder, "the step never tried to start").await;
         // The operator pulls the emergency stop now, then the lock is let go.
         app.store
             .set_switch(countersign::executor::EMERGENCY_STOP, "test", "ops")
             .await
             .unwrap();
-        sqlx::query("SELECT pg_advisory_unlock($1)")
-            .bind(countersign_core::audit::PG_AUDIT_LOCK)
-            .execute(&mut holder)
-            .await
-            .unwrap();
+        release_append_lock(&mut holder).await;
         worker.await.unwrap().unwrap();
         let step = app.store.get_step(&steps[0]).await.unwrap();
         assert_eq!(step.status, StepStatus::Cancelled, "{step:?}");
@@ -1549,7 +1523,6 @@ async fn runs_a_reviewer_sees_planned_inputs_with_redacted_fields_hidden() {
 
 #[tokio::test]
 async fn runs_a_step_cancelled_with_its_run_while_a_worker_held_it_compensates_nothing() {
-    use sqlx::Connection;
     each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
         // Postgres only: the test holds the audit chain's append lock from its own session.
         if app.store.backend() != countersign_core::Backend::Postgres {
@@ -1573,34 +1546,13 @@ async fn runs_a_step_cancelled_with_its_run_while_a_worker_held_it_compensates_n
         );
         // The worker takes the hold and waits for the append lock to start it; meanwhile the
         // run is cancelled (its status, as a person's cancel leaves it).
-        let mut holder = sqlx::PgConnection::connect(&app.db_url()).await.unwrap();
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(countersign_core::audit::PG_AUDIT_LOCK)
-            .execute(&mut holder)
-            .await
-            .unwrap();
+        let mut holder = hold_append_lock(&app).await;
         let state = app.state.clone();
         let worker =
             tokio::spawn(
                 async move { countersign::executor::work_once(&state, "w1", timings).await },
             );
-        let began = Instant::now();
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-            )
-            .fetch_one(&mut holder)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            assert!(
-                began.elapsed() < Duration::from_secs(20),
-                "the step never tried to start"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_lock_waiter(&mut holder, "the step never tried to start").await;
         sqlx::query(
             "UPDATE runs SET status = 'cancelled', reason = 'no longer needed' WHERE id = $1",
         )
@@ -1608,11 +1560,7 @@ async fn runs_a_step_cancelled_with_its_run_while_a_worker_held_it_compensates_n
         .execute(&mut holder)
         .await
         .unwrap();
-        sqlx::query("SELECT pg_advisory_unlock($1)")
-            .bind(countersign_core::audit::PG_AUDIT_LOCK)
-            .execute(&mut holder)
-            .await
-            .unwrap();
+        release_append_lock(&mut holder).await;
         worker.await.unwrap().unwrap();
         let step = app.store.get_step(&steps[1]).await.unwrap();
         assert_eq!(step.status, StepStatus::Cancelled, "{step:?}");
@@ -1633,7 +1581,6 @@ async fn runs_a_step_cancelled_with_its_run_while_a_worker_held_it_compensates_n
 #[tokio::test]
 async fn runs_a_retry_is_not_scheduled_in_a_run_that_ended_meanwhile() {
     use countersign::adapters::builtin::{Fault, FaultMode, Latency, inject_fault, set_latency};
-    use sqlx::Connection;
     each_finance_app_with(&[("COUNTERSIGN_WORKERS", "0")], |app| async move {
         // Postgres only: the test holds the audit chain's append lock from its own session.
         if app.store.backend() != countersign_core::Backend::Postgres {
@@ -1674,12 +1621,7 @@ async fn runs_a_retry_is_not_scheduled_in_a_run_that_ended_meanwhile() {
             );
         wait_for(&app, &steps[0], StepStatus::Running).await;
         // While the call is out, the run is cancelled; the failure is recorded after that.
-        let mut holder = sqlx::PgConnection::connect(&app.db_url()).await.unwrap();
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(countersign_core::audit::PG_AUDIT_LOCK)
-            .execute(&mut holder)
-            .await
-            .unwrap();
+        let mut holder = hold_append_lock(&app).await;
         sqlx::query(
             "UPDATE runs SET status = 'cancelled', reason = 'no longer needed' WHERE id = $1",
         )
@@ -1687,28 +1629,8 @@ async fn runs_a_retry_is_not_scheduled_in_a_run_that_ended_meanwhile() {
         .execute(&mut holder)
         .await
         .unwrap();
-        let began = Instant::now();
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-            )
-            .fetch_one(&mut holder)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            assert!(
-                began.elapsed() < Duration::from_secs(20),
-                "the failure was never recorded"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        sqlx::query("SELECT pg_advisory_unlock($1)")
-            .bind(countersign_core::audit::PG_AUDIT_LOCK)
-            .execute(&mut holder)
-            .await
-            .unwrap();
+        wait_for_lock_waiter(&mut holder, "the failure was never recorded").await;
+        release_append_lock(&mut holder).await;
         worker.await.unwrap().unwrap();
         let step = app.store.get_step(&steps[0]).await.unwrap();
         assert_eq!(
@@ -1720,4 +1642,43 @@ async fn runs_a_retry_is_not_scheduled_in_a_run_that_ended_meanwhile() {
         app
     })
     .await;
+}
+
+/// A session of its own holding the audit chain's append lock (Postgres): every write of a
+/// step's records waits for [`release_append_lock`].
+async fn hold_append_lock(app: &TestApp) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    let mut holder = sqlx::PgConnection::connect(&app.db_url()).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(countersign_core::audit::PG_AUDIT_LOCK)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    holder
+}
+
+/// Waits (at most 20 s) until some session waits for the append lock; `what` names it.
+async fn wait_for_lock_waiter(holder: &mut sqlx::PgConnection, what: &str) {
+    let began = Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(began.elapsed() < Duration::from_secs(20), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn release_append_lock(holder: &mut sqlx::PgConnection) {
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(countersign_core::audit::PG_AUDIT_LOCK)
+        .execute(holder)
+        .await
+        .unwrap();
 }
