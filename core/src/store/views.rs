@@ -5,8 +5,8 @@
 //! * Every query here only reads. Filters are bound parameters, never spliced into SQL text;
 //!   the SQL text is assembled only from fixed fragments.
 //! * A tenant scope, when given, confines results to that tenant's runs (plus, for the
-//!   audit trail, records that belong to no run: operational events such as a registry
-//!   import). Callers pass the signed-in person's tenant; a person without one sees nothing
+//!   audit trail, records that belong to no run and name no tenant or this one: operational
+//!   events such as a registry import, this tenant's standing grants and batch approvals). Callers pass the signed-in person's tenant; a person without one sees nothing
 //!   (the callers refuse before asking).
 //! * The audit search pages by keyset on `seq` (never OFFSET), newest first; each filter
 //!   column has an index with `seq` (migration 0007), so a page costs its own rows.
@@ -84,6 +84,13 @@ pub fn approver_parts(text: &str) -> (Option<&str>, &str) {
     }
 }
 
+/// `text` with LIKE's wildcards and its escape character escaped (`ESCAPE '\'`).
+fn like_escape(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_")
+}
+
 /// The `seq` range a filter's time range covers: `seq >= from` and `seq < to` when set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct SeqRange {
@@ -102,12 +109,24 @@ fn conditions(f: &AuditFilter, seqs: SeqRange, guard_at: bool) -> (Vec<String>, 
         conds.push(cond.replace('?', &format!("${}", binds.len())));
     }
     if let Some(t) = &f.tenant {
-        add(
-            "(a.run_id IS NULL OR EXISTS (SELECT 1 FROM runs r WHERE r.id = a.run_id AND r.tenant = ?))",
-            Bind::Text(t.clone()),
-            &mut conds,
-            &mut binds,
-        );
+        // A record of no run is shown when it names no tenant (a global operational event)
+        // or names this one: standing grants and batch approvals carry `"tenant":"T"` in
+        // their canonical detail, an agent's refused call ends its actor with ` tenant:T`.
+        // Anything else naming a tenant is another tenant's (fail closed).
+        let escaped = like_escape(t);
+        binds.push(Bind::Text(t.clone()));
+        let n_run = binds.len();
+        binds.push(Bind::Text(format!("%\"tenant\":\"{escaped}\"%")));
+        let n_record = binds.len();
+        binds.push(Bind::Text(format!("% tenant:{escaped}")));
+        let n_actor = binds.len();
+        conds.push(format!(
+            "(EXISTS (SELECT 1 FROM runs r WHERE r.id = a.run_id AND r.tenant = ${n_run}) \
+             OR (a.run_id IS NULL AND ( \
+                 (a.record NOT LIKE '%\"tenant\":%' AND COALESCE(a.actor, '') NOT LIKE '% tenant:%') \
+                 OR a.record LIKE ${n_record} ESCAPE '\\' \
+                 OR a.actor LIKE ${n_actor} ESCAPE '\\')))"
+        ));
     }
     for (value, cond) in [
         (&f.run, "a.run_id = ?"),

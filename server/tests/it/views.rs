@@ -169,6 +169,57 @@ async fn views_refuse_signed_out_people_and_wrong_roles_and_show_no_data() {
         assert_eq!(rows(&html, "audit-row"), 0, "{html}");
         let (_, jsonl) = get(&aud, &app, "/audit/export.jsonl?tool=globex.tool").await;
         assert!(jsonl.is_empty(), "{jsonl}");
+
+        // Records of no run: global ones and this tenant's are shown, another tenant's not
+        // (its standing grants, batch approvals, its agents' refused calls).
+        let runless = |detail: serde_json::Value, actor: &str, tool: &str| NewAuditRecord {
+            event: Some(AuditEvent::Operational),
+            run_id: None,
+            tool: Some(tool.into()),
+            actor: Some(actor.into()),
+            detail: detail.as_object().unwrap().clone(),
+            ..NewAuditRecord::default()
+        };
+        for record in [
+            runless(
+                serde_json::json!({"kind": "standing_authorization", "tenant": "globex",
+                                   "party": "Globex secret party"}),
+                "person:https://idp.example#gus",
+                "standing.tool",
+            ),
+            runless(
+                serde_json::json!({"kind": "batch", "batch": {"tenant": "globex",
+                                   "reason": "Globex secret batch"}}),
+                "person:https://idp.example#gus",
+                "batch.tool",
+            ),
+            runless(
+                serde_json::json!({"requested_tool": "Globex secret tool"}),
+                "agent:g1 role:worker.finance tenant:globex",
+                "refused.tool",
+            ),
+            runless(
+                serde_json::json!({"kind": "standing_authorization", "tenant": "acme",
+                                   "party": "Acme own party"}),
+                "person:https://idp.example#ada",
+                "standing.tool",
+            ),
+            runless(
+                serde_json::json!({"kind": "registry_import", "version": 7}),
+                "config:COUNTERSIGN_REGISTRY",
+                "global.tool",
+            ),
+        ] {
+            app.store.append_audit(&record).await.unwrap();
+        }
+        let html = ok_page(&aud, &app, "/audit?event=operational").await;
+        assert!(html.contains("Acme own party"), "{html}");
+        assert!(html.contains("registry_import"), "{html}");
+        assert!(!html.contains("Globex secret"), "{html}");
+        let (_, jsonl) = get(&aud, &app, "/audit/export.jsonl").await;
+        assert!(!jsonl.contains("Globex secret"), "{jsonl}");
+        assert!(!jsonl.contains("tenant:globex"), "{jsonl}");
+        assert!(jsonl.contains("Acme own party"), "{jsonl}");
         app
     })
     .await;
