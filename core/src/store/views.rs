@@ -460,6 +460,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn like_patterns_match_the_tenant_literally() {
+        assert_eq!(like_escape("acme"), "acme");
+        assert_eq!(like_escape("a%b_c\\d"), "a\\%b\\_c\\\\d");
+    }
+
+    #[test]
     fn approver_text_forms() {
         assert_eq!(approver_parts("ana"), (None, "ana"));
         assert_eq!(approver_parts("person:urn:x#ana"), (Some("urn:x"), "ana"));
@@ -482,8 +488,9 @@ mod tests {
         let (conds, binds) = conditions(&f, seqs, true);
         let sql = conds.join(" AND ");
         assert!(!sql.contains("DROP"), "{sql}");
-        assert_eq!(binds.len(), 7);
-        for n in 1..=7 {
+        // The tenant scope takes three (the tenant, and its two LIKE patterns).
+        assert_eq!(binds.len(), 9);
+        for n in 1..=9 {
             assert!(sql.contains(&format!("${n}")), "{sql}");
         }
         assert!(!sql.contains('?'), "{sql}");
