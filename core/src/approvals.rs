@@ -18,6 +18,9 @@
 //!   inputs hash.
 //! * A step leaves `needs_approval` only through [`Store::decide_step`]: approved → `pending`
 //!   (the gate lets it through on its next execution), rejected → `refused`, never to run.
+//! * A decision is stored in the same transaction as the step's audited transition, under the
+//!   audit chain's append lock ([`Store::record_decision`]): no approval row exists without its
+//!   record, and concurrent decisions on one step each count every earlier one.
 //! * The token is shown once to the caller; only its SHA-256 is stored.
 
 use serde::Serialize;

@@ -598,7 +598,7 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
         && to == StepStatus::Failed
         && run.planned
     {
-        let answer = pipeline::stored_answer(after);
+        let answer = pipeline::stored_outcome(after);
         fail_run(state, &run.id, after, &answer).await?;
     }
     if moved.is_some() && to == StepStatus::Done && run.planned {

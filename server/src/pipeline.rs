@@ -24,8 +24,8 @@ use countersign_core::policy::{
 };
 use countersign_core::registry::Tool;
 use countersign_core::store::{
-    AgentCredential, KeyState, NewRun, NewStep, Reservation, Run, RunGuard, RunStatus, Step,
-    Transition,
+    AgentCredential, AuthError, KeyState, NewRun, NewStep, Reservation, Run, RunGuard, RunStatus,
+    Step, Transition,
 };
 use countersign_core::{
     CanonicalJson, Decision, Effect, InputsHash, RoleName, Rule, StepStatus, StoreError,
@@ -277,11 +277,7 @@ async fn call_inner(
     // 3. The closed schema, before anything else looks at the arguments.
     let arguments = Value::Object(request.arguments.clone());
     if let Err(errors) = loaded.bundle.registry.validate(&tool.name, &arguments) {
-        let errors: Vec<Value> = errors
-            .iter()
-            .map(|e| json!({"path": e.path, "message": e.message}))
-            .collect();
-        return refuse_invalid(&ctx, errors).await;
+        return refuse_invalid(&ctx, schema_errors(&errors)).await;
     }
 
     // 4. Canonical form, its hash, the run and the step (whose key is derived on opening).
@@ -486,12 +482,7 @@ fn rfc3339(ms: i64) -> String {
 }
 
 /// The stored outcome of a finished step, as the caller first heard it.
-/// A step's stored outcome as its answer (for the executor, after the fact).
-pub fn stored_answer(step: &Step) -> Answer {
-    stored_outcome(step)
-}
-
-fn stored_outcome(step: &Step) -> Answer {
+pub fn stored_outcome(step: &Step) -> Answer {
     let parsed = step
         .outcome
         .as_deref()
@@ -1025,10 +1016,6 @@ fn closing(opening: Option<Opening>, mut t: Transition) -> Transition {
     t
 }
 
-/// [revalidation] Records a step that failed closed on revalidation (`state.changed` before the
-/// call or on read-back, `state.unverified` / `readback.unconfirmed` when the state could not
-/// be read): `failed` with the rule, the check and the fields, its key settled so it is never
-/// retried, and its run flagged for re-planning.
 /// Revalidation's `{field, expected, current}` entries as the agent and the audit may see
 /// them: where the field is redacted by the tool (its arguments) or by its verify tool (the
 /// state read back), both values are shown as their SHA-256 digests (equal values still
@@ -1073,6 +1060,10 @@ fn hidden_fields(ctx: &Ctx<'_>, fields: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// [revalidation] Records a step that failed closed on revalidation (`state.changed` before the
+/// call or on read-back, `state.unverified` / `readback.unconfirmed` when the state could not
+/// be read): `failed` with the rule, the check and the fields, its key settled so it is never
+/// retried, and its run flagged for re-planning.
 async fn fail_closed(
     ctx: &Ctx<'_>,
     step: &Step,
@@ -1204,18 +1195,17 @@ pub async fn execute_claimed_in(
         .agent_id
         .clone()
         .ok_or_else(|| Internal(format!("planned run {} has no agent", run.id)))?;
-    let mut credential = store.get_agent(&agent_id).await?;
     // [credentials] A planned step acts with its run's agent credential: once that is revoked
-    // or expired, nothing more runs on it (as the guard refuses the agent's own next call).
-    if credential.revoked_at.is_some() {
-        return refuse_claimed(store, &step, worker, AGENT_REVOKED, Map::new()).await;
-    }
-    if credential
-        .expires_at
-        .is_some_and(|t| t <= store.clock().now_ms())
-    {
-        return refuse_claimed(store, &step, worker, AGENT_EXPIRED, Map::new()).await;
-    }
+    // or expired, nothing more runs on it (the same check the guard makes on every request).
+    let mut credential = match store.check_credential(store.get_agent(&agent_id).await?) {
+        Ok(credential) => credential,
+        Err(AuthError::Expired(_)) => {
+            return refuse_claimed(store, &step, worker, AGENT_EXPIRED, Map::new()).await;
+        }
+        Err(AuthError::Revoked(_) | AuthError::Unknown) => {
+            return refuse_claimed(store, &step, worker, AGENT_REVOKED, Map::new()).await;
+        }
+    };
     credential.role = step.role.clone();
     let caller = Caller {
         credential,
@@ -1234,19 +1224,8 @@ pub async fn execute_claimed_in(
     let stored: Value =
         serde_json::from_str(&step.inputs).map_err(|e| Internal(format!("stored inputs: {e}")))?;
     if let Err(errors) = loaded.bundle.registry.validate(&tool.name, &stored) {
-        let errors: Vec<Value> = errors
-            .iter()
-            .map(|e| json!({"path": e.path, "message": e.message}))
-            .collect();
-        let rule = Rule::INPUT_SCHEMA.as_str();
-        return refuse_claimed(
-            store,
-            &step,
-            worker,
-            rule,
-            detail(&[("errors", json!(errors))]),
-        )
-        .await;
+        let errors = detail(&[("errors", json!(schema_errors(&errors)))]);
+        return refuse_claimed(store, &step, worker, Rule::INPUT_SCHEMA.as_str(), errors).await;
     }
     let ctx = Ctx {
         state,
@@ -1258,6 +1237,14 @@ pub async fn execute_claimed_in(
     let canonical = CanonicalJson::from_canonical_text(&step.inputs)
         .map_err(|e| Internal(format!("stored inputs: {e}")))?;
     execute(&ctx, &run, step, false, true, &canonical).await
+}
+
+/// Schema errors as the caller and the audit see them: `{path, message}` each.
+fn schema_errors(errors: &[countersign_core::schema::SchemaError]) -> Vec<Value> {
+    errors
+        .iter()
+        .map(|e| json!({"path": e.path, "message": e.message}))
+        .collect()
 }
 
 /// Refuses a claimed planned step before it starts (`rule`, with `extra` in its record).

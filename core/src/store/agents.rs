@@ -295,8 +295,9 @@ impl Store {
         Ok(self.check_credential(cred))
     }
 
-    /// A known credential, unless revoked or expired at the store clock's now.
-    fn check_credential(&self, cred: AgentCredential) -> Result<AgentCredential, AuthError> {
+    /// A known credential, unless revoked or expired at the store clock's now (the check every
+    /// `/mcp` request and every planned step of the agent passes).
+    pub fn check_credential(&self, cred: AgentCredential) -> Result<AgentCredential, AuthError> {
         if cred.revoked_at.is_some() {
             return Err(AuthError::Revoked(cred.id));
         }
