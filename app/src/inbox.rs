@@ -294,6 +294,11 @@ pub fn error_text(code: &str) -> Option<&'static str> {
             "Four eyes: you created the credential of the agent that proposed this step, so \
              someone else must approve it."
         }
+        "four_eyes_unknown" => {
+            "Four eyes cannot be checked: the credential of the agent that proposed this step \
+             was not created by a signed-in person, so nobody can approve it. An admin must \
+             re-create the credential from the admin page; the step can still be rejected."
+        }
         "self" => "You cannot approve a step of a run that acts for you.",
         "not_approver" => "You hold none of this tool's approver roles.",
         "already" => {

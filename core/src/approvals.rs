@@ -11,13 +11,19 @@
 //!   [`Store::valid_approval`] does not read them for it.
 //! * Batch approvals ([`crate::batch`]) go through the same per-step decision.
 //! * The approver is never the principal the run acts for, holds one of the tool's approver
-//!   roles, is not the person who created the proposing agent's credential when the tool asks
-//!   for four eyes, and signed in recently enough when the tool asks for step-up.
+//!   roles, and signed in recently enough when the tool asks for step-up.
+//! * Four eyes (approvals only; anyone allowed may reject): the proposing agent's credential
+//!   must name a person as its creator (`person:ISS#SUB`) and that person is not the
+//!   approver. A credential whose creator is not a person (a CLI user name, a scenario) cannot
+//!   be checked, so its steps cannot be approved under four eyes (fail closed).
 //! * Above the tool's threshold two distinct people must approve: the step stays at
 //!   `needs_approval` after the first, and the gate counts only approvals bound to the current
 //!   inputs hash.
 //! * A step leaves `needs_approval` only through [`Store::decide_step`]: approved → `pending`
 //!   (the gate lets it through on its next execution), rejected → `refused`, never to run.
+//! * One decision per person per step: a person decides a step again only when their earlier
+//!   decision was an approval that lapsed (expired, e.g. with its batch, or bound to other
+//!   inputs); the lapsed row is replaced, its audit record stays.
 //! * A decision is stored in the same transaction as the step's audited transition, under the
 //!   audit chain's append lock ([`Store::record_decision`]): no approval row exists without its
 //!   record, and concurrent decisions on one step each count every earlier one.
@@ -133,6 +139,20 @@ pub enum DecideError {
     /// The person created the credential of the agent that proposed the step.
     #[error("four eyes: the creator of the proposing agent's credential cannot approve")]
     FourEyes,
+    /// Four eyes cannot be checked: the proposing agent's credential was not created by a
+    /// signed-in person (a CLI user name, a scenario), so nobody can be told apart from its
+    /// creator. Fails closed until the credential is re-created by a person.
+    #[error(
+        "four eyes: credential {name:?} was created by {created_by:?}, not by a signed-in \
+         person, so its creator cannot be told apart from you; re-create it from the admin \
+         page or with `countersign agent-token create --by person:ISS#SUB`"
+    )]
+    FourEyesUnknownCreator {
+        /// The credential's name.
+        name: String,
+        /// What it records as its creator.
+        created_by: String,
+    },
     /// The same person already decided this step.
     #[error("you already decided this step; a second approval must come from someone else")]
     AlreadyDecided,
@@ -225,12 +245,11 @@ impl Store {
             return Err(DecideError::SelfApproval);
         }
         if rules.four_eyes
+            && verdict == Verdict::Approved
             && let Some(agent_id) = &step.agent_id
         {
             let agent = self.get_agent(agent_id).await?;
-            if agent.created_by == person || agent.created_by == approver.sub {
-                return Err(DecideError::FourEyes);
-            }
+            four_eyes(&agent.created_by, &agent.name, approver)?;
         }
         let mut raw = [0u8; 32];
         getrandom::fill(&mut raw)
@@ -337,12 +356,23 @@ impl Store {
                     .bind(&approval.step_id)
                     .fetch_all(&mut *tx)
                     .await?;
-                if earlier.iter().any(|a| {
+                if let Some(mine) = earlier.iter().find(|a| {
                     a.approver_iss == approval.approver_iss
                         && a.approver_sub == approval.approver_sub
                 }) {
-                    tx.rollback().await?;
-                    return Ok(Recorded::AlreadyDecided);
+                    // Only a lapsed approval (expired, or bound to other inputs) gives way to
+                    // a new decision; its record stays in the audit.
+                    let lapsed = mine.decision == Verdict::Approved.as_str()
+                        && (mine.expires_at <= approval.decided_at
+                            || mine.inputs_hash != approval.inputs_hash);
+                    if !lapsed {
+                        tx.rollback().await?;
+                        return Ok(Recorded::AlreadyDecided);
+                    }
+                    sqlx::query("DELETE FROM approvals WHERE id = $1")
+                        .bind(&mine.id)
+                        .execute(&mut *tx)
+                        .await?;
                 }
                 sqlx::query(&insert)
                     .bind(&approval.id)
@@ -440,4 +470,23 @@ impl Store {
             sqlx::query_as(&sql).bind(step_id).fetch_all(p).await?
         }))
     }
+}
+
+/// Four eyes: `created_by` must be a person (`person:ISS#SUB`) other than `approver`.
+fn four_eyes(created_by: &str, name: &str, approver: &Approver) -> Result<(), DecideError> {
+    // An OIDC issuer has no fragment, so the first `#` ends it.
+    let is_person = created_by
+        .strip_prefix("person:")
+        .and_then(|who| who.split_once('#'))
+        .is_some_and(|(iss, sub)| !iss.is_empty() && !sub.is_empty());
+    if !is_person {
+        return Err(DecideError::FourEyesUnknownCreator {
+            name: name.to_string(),
+            created_by: created_by.to_string(),
+        });
+    }
+    if created_by == format!("person:{}#{}", approver.iss, approver.sub) {
+        return Err(DecideError::FourEyes);
+    }
+    Ok(())
 }

@@ -13,6 +13,9 @@
 //!   same checks as a single decision ([`Store::decide_step`]: approver role, self-approval,
 //!   four eyes, step-up, one decision per person per step), bound to that step's own inputs
 //!   hash. A step that needs two approvers gets one of them from the batch and stays waiting.
+//! * A listed step of another tenant, or of a tool whose approver roles the person holds
+//!   none of, is answered as missing (`not_found`) before anything else about it (tool,
+//!   status, age) is looked at.
 //! * Approvals made through a batch expire no later than the batch.
 //! * The batch is audited as one `approved` record (no step) naming the batch id, tool,
 //!   count, window, expiry and step ids, before the per-step records, which name the batch.
@@ -169,6 +172,7 @@ pub fn decide_code(e: &DecideError) -> &'static str {
         DecideError::NoReason => "no_reason",
         DecideError::NotAnApprover => "not_an_approver",
         DecideError::FourEyes => "four_eyes",
+        DecideError::FourEyesUnknownCreator { .. } => "four_eyes_unknown",
         DecideError::AlreadyDecided => "already_decided",
         DecideError::StepUpRequired { .. } => "step_up_required",
         DecideError::Store(_) => "unavailable",
@@ -278,6 +282,18 @@ impl Store {
         if run.tenant != grant.tenant {
             return outside(Outside::OtherTenant);
         }
+        let Some(rules) = rules_for(&step) else {
+            return outside(Outside::UnknownTool);
+        };
+        // A step of a tool this person may not approve is answered as missing, before anything
+        // about it (tool, status, age) is told.
+        if !rules
+            .approver_roles
+            .iter()
+            .any(|r| decider.roles.iter().any(|have| have == r))
+        {
+            return outside(Outside::NotFound);
+        }
         if step.tool != grant.tool {
             return outside(Outside::OtherTool);
         }
@@ -290,9 +306,6 @@ impl Store {
         if given >= grant.max_count {
             return outside(Outside::OverCount);
         }
-        let Some(rules) = rules_for(&step) else {
-            return outside(Outside::UnknownTool);
-        };
         match self
             .decide_step_within(
                 &step.id,

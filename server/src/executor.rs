@@ -396,6 +396,8 @@ async fn run_compensation(
         .and_then(Value::as_object)
     {
         for name in props.keys() {
+            let previous = result.get(format!("previous_{name}").as_str());
+            let current = result.get(name).or_else(|| inputs.get(name));
             if name == "reason" {
                 args.insert(
                     name.clone(),
@@ -404,11 +406,7 @@ async fn run_compensation(
                         step.seq, failed.seq, failed.tool
                     )),
                 );
-            } else if let Some(v) = result
-                .get(format!("previous_{name}").as_str())
-                .or_else(|| result.get(name))
-                .or_else(|| inputs.get(name))
-            {
+            } else if let Some(v) = previous.or(current) {
                 args.insert(name.clone(), v.clone());
             }
         }
@@ -451,6 +449,38 @@ async fn run_compensation(
         .map_err(|e| e.to_string())?;
     match store.get_step(&id).await.map_err(|e| e.to_string())?.status {
         StepStatus::Done => Ok(id),
+        StepStatus::NeedsApproval => {
+            // Its run has failed, so no worker would run it once approved: it leaves the
+            // inbox, and the escalation (recorded by the caller) goes to a person instead.
+            let mut detail = Map::new();
+            detail.insert("reason".into(), json!("the undo needs a person; escalated"));
+            store
+                .transition(&Transition {
+                    step_id: id.clone(),
+                    from: vec![StepStatus::NeedsApproval],
+                    to: Some(StepStatus::Cancelled),
+                    rule: Some("compensation.escalated".into()),
+                    records: vec![(
+                        AuditEvent::Cancelled,
+                        NewAuditRecord {
+                            event: Some(AuditEvent::Cancelled),
+                            run_id: Some(step.run_id.clone()),
+                            step_id: Some(id.clone()),
+                            tool: Some(comp.name.as_str().to_string()),
+                            actor: Some("executor".into()),
+                            rule: Some("compensation.escalated".into()),
+                            detail,
+                        },
+                    )],
+                    ..Transition::default()
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            Err(format!(
+                "compensation step {id} ended needs_approval: a person decides the undo (the \
+                 step was cancelled, its run has ended)"
+            ))
+        }
         other => Err(format!("compensation step {id} ended {}", other.as_str())),
     }
 }
@@ -634,7 +664,7 @@ pub async fn emergency_stop(state: &AppState, by: &str, reason: &str) -> Result<
     for run in &runs {
         crate::runs::cancel_run(state, &run.id, by, reason, RunStatus::Stopped).await?;
         if let Some(agent) = &run.agent_id {
-            match store.revoke_agent(agent).await {
+            match store.revoke_agent(agent, by).await {
                 Ok(_) | Err(StoreError::NotFound) => {}
                 Err(e) => return Err(e),
             }

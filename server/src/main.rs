@@ -119,7 +119,8 @@ enum AgentTokenCommand {
         /// Lifetime such as 30d, 12h or 90m; without it the token does not expire.
         #[arg(long)]
         expires: Option<String>,
-        /// Who is creating it (recorded); defaults to $USER.
+        /// Who is creating it (recorded); defaults to $USER. Four eyes needs a person here,
+        /// named person:ISS#SUB (their OIDC issuer and subject).
         #[arg(long)]
         by: Option<String>,
     },
@@ -129,6 +130,9 @@ enum AgentTokenCommand {
     Revoke {
         /// Credential id, or the name of an active credential.
         id_or_name: String,
+        /// Who is revoking it (recorded in the audit); defaults to $USER.
+        #[arg(long)]
+        by: Option<String>,
     },
 }
 
@@ -494,6 +498,13 @@ async fn registry_command(store: &Store, command: RegistryCommand) -> Result<(),
     }
 }
 
+/// Whether `who` names a signed-in person: `person:ISS#SUB`, both parts non-empty.
+fn is_person(who: &str) -> bool {
+    who.strip_prefix("person:")
+        .and_then(|w| w.split_once('#'))
+        .is_some_and(|(iss, sub)| !iss.is_empty() && !sub.is_empty())
+}
+
 fn who(by: Option<String>) -> String {
     by.or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "cli".to_string())
@@ -512,13 +523,36 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
                 store.current_bundle().await.map_err(StartError::Database)?
             {
                 let bundle = Bundle::load(sources).map_err(|e| CliError::Refused(e.to_string()))?;
-                let known = RoleName::parse(&role)
+                let Some(role_name) = RoleName::parse(&role)
                     .ok()
-                    .is_some_and(|r| bundle.registry.role(&r).is_some());
-                if !known {
+                    .filter(|r| bundle.registry.role(r).is_some())
+                else {
                     return Err(CliError::Refused(format!(
                         "--role {role:?} is not a role in registry version {version}"
                     )));
+                };
+                if let Some(by) = &by
+                    && by.starts_with("person:")
+                    && !is_person(by)
+                {
+                    return Err(CliError::Refused(format!(
+                        "--by {by:?}: a person is named person:ISS#SUB (the OIDC issuer and subject)"
+                    )));
+                }
+                let creator = who(by.clone());
+                let four_eyes: Vec<&str> = bundle
+                    .registry
+                    .tools_for_role(&role_name)
+                    .filter(|t| t.approval.as_ref().is_some_and(|a| a.four_eyes))
+                    .map(|t| t.name.as_str())
+                    .collect();
+                if !four_eyes.is_empty() && !is_person(&creator) {
+                    eprintln!(
+                        "warning: the creator {creator:?} is not a person (person:ISS#SUB), so \
+                         four eyes cannot be checked and nobody can approve this agent's calls \
+                         of {}; pass --by person:ISS#SUB or create it from the admin page",
+                        four_eyes.join(", ")
+                    );
                 }
             } else {
                 return Err(CliError::Refused(
@@ -566,13 +600,16 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
             }
             Ok(())
         }
-        AgentTokenCommand::Revoke { id_or_name } => {
-            let cred = store.revoke_agent(&id_or_name).await.map_err(|e| match e {
-                countersign_core::StoreError::NotFound => CliError::Refused(format!(
-                    "no credential with id or active name {id_or_name:?}"
-                )),
-                other => CliError::Start(StartError::Database(other)),
-            })?;
+        AgentTokenCommand::Revoke { id_or_name, by } => {
+            let cred = store
+                .revoke_agent(&id_or_name, &who(by))
+                .await
+                .map_err(|e| match e {
+                    countersign_core::StoreError::NotFound => CliError::Refused(format!(
+                        "no credential with id or active name {id_or_name:?}"
+                    )),
+                    other => CliError::Start(StartError::Database(other)),
+                })?;
             println!("revoked {} ({})", cred.id, cred.name);
             Ok(())
         }

@@ -883,6 +883,7 @@ async fn execute(
         trace_id: ctx.trace_id.clone(),
         tenant: run.tenant.clone(),
         acts_for,
+        resend: step.attempts > 1,
     };
     // [revalidation] The state the step was planned on must still hold (fails closed, the
     // adapter is not called).

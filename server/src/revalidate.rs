@@ -237,6 +237,7 @@ async fn read(
         trace_id: call.trace_id.clone(),
         tenant: call.tenant.clone(),
         acts_for: call.acts_for.clone(),
+        resend: false,
     };
     match tokio::time::timeout(ADAPTER_TIMEOUT, adapter.invoke(&invocation)).await {
         Ok(Ok(value)) => Ok(value),

@@ -28,8 +28,10 @@
 //!    with `prefixItems`) and `maxItems`.
 //! 6. Rules 3-5 do not apply when the schema has `enum` or `const`: the set is then finite.
 //!    Bounds must sit on the same schema object as the `type` they bound.
-//! 7. **References** are local: `$ref` is `#` or starts with `#/$defs/` or `#/definitions/`
-//!    (so its target is itself checked); `$id` only at the root.
+//! 7. **References** are local and name a schema the walk checks: `$ref` is `#`, or
+//!    `#/$defs/NAME` / `#/definitions/NAME` with one plain NAME (letters, digits, `_`, `-`,
+//!    `.`). A longer pointer (`#/$defs/a/not`, `#/$defs/a/x-open`, `#/$defs/a/anyOf/0`) could
+//!    reach JSON the walk never looks at; `$id` only at the root.
 //! 8. **Keywords** are draft 2020-12 keywords or `x-` extensions; anything else (a typo such
 //!    as `requried` would silently make every field optional) is refused. The keywords that
 //!    widen what is accepted or defeat these checks are refused outright: `patternProperties`,
@@ -331,13 +333,26 @@ impl Walker<'_> {
             }
         }
         if let Some(r) = obj.get("$ref") {
+            // Exactly the root or one named definition, which the walk checks: a longer
+            // pointer could reach a part it never looks at (`#/$defs/a/not`, an `x-` key, a
+            // branch), and escapes or percent-encoding could disguise one.
             let local = r.as_str().is_some_and(|r| {
-                r == "#" || r.starts_with("#/$defs/") || r.starts_with("#/definitions/")
+                r == "#"
+                    || ["#/$defs/", "#/definitions/"].iter().any(|p| {
+                        r.strip_prefix(p).is_some_and(|name| {
+                            !name.is_empty()
+                                && name
+                                    .chars()
+                                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+                        })
+                    })
             });
             if !local {
                 self.push(
                     &child(ptr, "$ref"),
-                    "`$ref` must be local: `#`, `#/$defs/…` or `#/definitions/…`",
+                    "`$ref` must be local and name the root or one definition: `#`, \
+                     `#/$defs/NAME` or `#/definitions/NAME` (NAME of letters, digits, `_`, `-`, \
+                     `.`)",
                 );
             }
         }

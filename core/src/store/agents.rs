@@ -1,15 +1,26 @@
 //! Agent credentials in the database: create (hash only), list, revoke, authenticate.
+//!
+//! Invariants:
+//! * Only the token's SHA-256 is stored; the token itself is returned once by
+//!   [`Store::create_agent`] and never written anywhere.
+//! * Creating and revoking a credential are audited (`operational`, rules `agent.created` and
+//!   `agent.revoked`, naming who did it, the credential's id, name, role and tenant, never its
+//!   token or hash), each in the same transaction as its row: no credential exists or ends
+//!   without its record. Revoking an already revoked credential changes and records nothing.
 
 use serde::Serialize;
+use serde_json::{Map, json};
 use uuid::Uuid;
 
 use sqlx::{FromRow, Row};
 
+use super::standing::write_audited;
 use super::standing::{
     CONTEXT_COLUMNS, CONTEXT_CTE, CONTEXT_GRANTS_JOIN, ContextRow, context_from_rows, party_sql,
 };
-use super::{CallContext, Store, StoreError, on_pool};
+use super::{CallContext, Pool, Store, StoreError, on_pool};
 use crate::agents::{AgentToken, RandomnessError};
+use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
 
 /// What is needed to create a credential.
 #[derive(Debug, Clone)]
@@ -120,29 +131,54 @@ impl Store {
         let token = AgentToken::generate()?;
         let id = Uuid::new_v4().to_string();
         let now = self.clock.now_ms();
-        on_pool!(self, |p| {
-            sqlx::query(
-                "INSERT INTO agent_credentials
-                   (id, name, role, tenant, token_hash, created_by, created_at, expires_at, revoked_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL)",
-            )
-            .bind(&id)
-            .bind(&new.name)
-            .bind(&new.role)
-            .bind(&new.tenant)
-            .bind(token.hash())
-            .bind(&new.created_by)
-            .bind(now)
-            .bind(new.expires_at)
-            .execute(p)
-            .await
-            .map_err(|e| match &e {
-                // Another creation took the name meanwhile (the index holds it).
-                sqlx::Error::Database(d) if d.is_unique_violation() => taken(&new.name),
-                _ => CreateAgentError::Store(StoreError::from(e)),
-            })?
-            .rows_affected()
-        });
+        let audit = record(
+            CREATED_RULE,
+            &new.created_by,
+            &id,
+            &new.name,
+            &new.role,
+            &new.tenant,
+            new.expires_at,
+        );
+        let inserted: Result<bool, StoreError> = async {
+            Ok(write_audited!(
+                self,
+                audit,
+                now,
+                sqlx::query(
+                    "INSERT INTO agent_credentials
+                       (id, name, role, tenant, token_hash, created_by, created_at, expires_at,
+                        revoked_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL)",
+                )
+                .bind(&id)
+                .bind(&new.name)
+                .bind(&new.role)
+                .bind(&new.tenant)
+                .bind(token.hash())
+                .bind(&new.created_by)
+                .bind(now)
+                .bind(new.expires_at)
+            ))
+        }
+        .await;
+        match inserted {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(CreateAgentError::Store(StoreError::Conflict(
+                    "the credential was not stored".into(),
+                )));
+            }
+            // Another creation took the name meanwhile (the index holds it; a unique
+            // violation arrives as a conflict).
+            Err(e @ StoreError::Conflict(_)) => {
+                return Err(match self.find_active_agent_by_name(&new.name).await? {
+                    Some(_) => taken(&new.name),
+                    None => CreateAgentError::Store(e),
+                });
+            }
+            Err(e) => return Err(CreateAgentError::Store(e)),
+        }
         Ok((self.get_agent(&id).await?, token))
     }
 
@@ -176,25 +212,43 @@ impl Store {
         Ok(rows)
     }
 
-    /// Revokes the credential with this id, or the active one with this name. Revoking twice
-    /// is harmless; the first revocation time is kept.
-    pub async fn revoke_agent(&self, id_or_name: &str) -> Result<AgentCredential, StoreError> {
-        let id = match self.find_active_agent_by_name(id_or_name).await? {
-            Some(a) => a.id,
-            None => id_or_name.to_string(),
+    /// Revokes the credential with this id, or the active one with this name, as `by`, with
+    /// its audit record in the same transaction. Revoking twice is harmless: the first
+    /// revocation time and record are kept.
+    pub async fn revoke_agent(
+        &self,
+        id_or_name: &str,
+        by: &str,
+    ) -> Result<AgentCredential, StoreError> {
+        let cred = match self.find_active_agent_by_name(id_or_name).await? {
+            Some(a) => a,
+            None => self.get_agent(id_or_name).await?,
         };
+        if cred.revoked_at.is_some() {
+            return Ok(cred);
+        }
         let now = self.clock.now_ms();
-        on_pool!(self, |p| {
+        let audit = record(
+            REVOKED_RULE,
+            by,
+            &cred.id,
+            &cred.name,
+            &cred.role,
+            &cred.tenant,
+            cred.expires_at,
+        );
+        // Only an unrevoked row is touched: a concurrent revocation writes the one record.
+        write_audited!(
+            self,
+            audit,
+            now,
             sqlx::query(
-                "UPDATE agent_credentials SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2",
+                "UPDATE agent_credentials SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL",
             )
             .bind(now)
-            .bind(&id)
-            .execute(p)
-            .await?
-            .rows_affected()
-        });
-        self.get_agent(&id).await
+            .bind(&cred.id)
+        );
+        self.get_agent(&cred.id).await
     }
 
     /// [`Store::authenticate_agent`] and, in the same statement, the [`CallContext`] of the call
@@ -305,5 +359,38 @@ impl Store {
             return Err(AuthError::Expired(cred.id));
         }
         Ok(cred)
+    }
+}
+
+/// The audit rule of a credential's creation.
+pub const CREATED_RULE: &str = "agent.created";
+/// The audit rule of a credential's revocation.
+pub const REVOKED_RULE: &str = "agent.revoked";
+
+/// The audit record of a credential change (never its token or hash).
+fn record(
+    rule: &str,
+    actor: &str,
+    id: &str,
+    name: &str,
+    role: &str,
+    tenant: &str,
+    expires_at: Option<i64>,
+) -> NewAuditRecord {
+    let mut detail = Map::new();
+    detail.insert("kind".into(), json!("agent_credential"));
+    detail.insert("id".into(), json!(id));
+    detail.insert("name".into(), json!(name));
+    detail.insert("role".into(), json!(role));
+    detail.insert("tenant".into(), json!(tenant));
+    detail.insert("expires_at".into(), json!(expires_at));
+    NewAuditRecord {
+        event: Some(AuditEvent::Operational),
+        run_id: None,
+        step_id: None,
+        tool: None,
+        actor: Some(actor.to_string()),
+        rule: Some(rule.to_string()),
+        detail,
     }
 }

@@ -374,6 +374,8 @@ macro_rules! write_audited {
     }};
 }
 
+pub(crate) use write_audited;
+
 impl Store {
     /// Grants a standing authorization (refused if a field is empty, it expires at or before
     /// now, or its id is taken), with its audit record in the same transaction.

@@ -68,7 +68,7 @@ async fn unknown_malformed_revoked_and_expired_tokens_are_refused() {
             );
 
             let (cred, token) = store.create_agent(&agent("to-revoke", None)).await.unwrap();
-            let revoked = store.revoke_agent("to-revoke").await.unwrap();
+            let revoked = store.revoke_agent("to-revoke", "test").await.unwrap();
             assert!(revoked.revoked_at.is_some());
             assert_eq!(
                 store.authenticate_agent(&token).await.unwrap(),
@@ -76,7 +76,7 @@ async fn unknown_malformed_revoked_and_expired_tokens_are_refused() {
             );
             // Revoking again keeps the first time.
             manual.advance(Duration::seconds(10));
-            let again = store.revoke_agent(&cred.id).await.unwrap();
+            let again = store.revoke_agent(&cred.id, "test").await.unwrap();
             assert_eq!(again.revoked_at, revoked.revoked_at);
 
             let expires = manual.now_ms() + 30 * 24 * 3600 * 1000;
@@ -104,7 +104,7 @@ async fn names_are_unique_among_active_credentials_and_fields_required() {
             store.create_agent(&agent("bot", None)).await,
             Err(CreateAgentError::Invalid(_))
         ));
-        store.revoke_agent("bot").await.unwrap();
+        store.revoke_agent("bot", "test").await.unwrap();
         // After revocation the name may be reused.
         store.create_agent(&agent("bot", None)).await.unwrap();
         let mut empty = agent("x", None);
@@ -137,7 +137,7 @@ async fn two_creations_of_one_name_at_once_leave_one_active_credential() {
                 "{refused:?}"
             );
             // Revoking by name leaves no active credential of that name.
-            store.revoke_agent(&name).await.unwrap();
+            store.revoke_agent(&name, "test").await.unwrap();
             let active = store
                 .list_agents()
                 .await
@@ -147,6 +147,56 @@ async fn two_creations_of_one_name_at_once_leave_one_active_credential() {
                 .count();
             assert_eq!(active, 0);
         }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn creating_and_revoking_a_credential_are_audited_without_its_token() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let (cred, token) = store.create_agent(&agent("audited", None)).await.unwrap();
+        // A refused creation (the name is taken) records nothing.
+        assert!(store.create_agent(&agent("audited", None)).await.is_err());
+        store
+            .revoke_agent("audited", "person:https://idp.example#ana")
+            .await
+            .unwrap();
+        // Revoking again changes nothing and records nothing.
+        store.revoke_agent(&cred.id, "someone-else").await.unwrap();
+        assert!(store.revoke_agent("no-such-credential", "x").await.is_err());
+
+        let records = store.audit_records(1, 1_000).await.unwrap();
+        let ours: Vec<_> = records
+            .iter()
+            .filter(|r| r.record.contains(&cred.id))
+            .collect();
+        let rules: Vec<_> = ours
+            .iter()
+            .map(|r| r.rule.as_deref().unwrap_or(""))
+            .collect();
+        assert_eq!(rules, ["agent.created", "agent.revoked"], "{records:?}");
+        assert_eq!(ours[0].actor.as_deref(), Some("admin@acme"));
+        assert_eq!(
+            ours[1].actor.as_deref(),
+            Some("person:https://idp.example#ana")
+        );
+        for r in &ours {
+            assert_eq!(r.event, "operational");
+            assert!(r.record.contains("\"tenant\":\"acme\""), "{}", r.record);
+            assert!(
+                r.record.contains("\"role\":\"worker.finance\""),
+                "{}",
+                r.record
+            );
+            assert!(!r.record.contains(token.reveal()));
+            assert!(
+                !r.record
+                    .contains(token.hash().trim_start_matches("sha256:"))
+            );
+        }
+        assert_eq!(records.len(), 2, "{records:?}");
+        store.verify_audit().await.unwrap().unwrap();
     })
     .await;
 }

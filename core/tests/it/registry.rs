@@ -281,6 +281,38 @@ fn refuses_remote_refs() {
 }
 
 #[test]
+fn refuses_refs_into_parts_the_walk_does_not_check() {
+    let schema = |target: &str| {
+        with_tool(&format!(
+            "description: A tool\neffect: read\ngate: never\nroles: [worker]\n\
+             handler: {{provider: erp, operation: things.get}}\n\
+             inputSchema:\n  type: object\n  additionalProperties: false\n  properties:\n\
+             \x20   id: {{$ref: '{target}'}}\n  $defs:\n\
+             \x20   s: {{type: string, maxLength: 5, x-open: {{}}, not: {{type: object}}, anyOf: [{{type: object}}]}}\n"
+        ))
+    };
+    for target in [
+        "#/$defs/s/x-open",
+        "#/$defs/s/not",
+        "#/$defs/s/anyOf/0",
+        "#/$defs/s%2Fx-open",
+        "#/$defs/s~1x-open",
+        "#/properties/id",
+        "#/$defs/",
+    ] {
+        let p = refused(&schema(target));
+        assert_problem(
+            &p,
+            tool("t.one"),
+            "/inputSchema/properties/id/$ref",
+            "must be local",
+        );
+    }
+    // One named definition is fine.
+    Registry::from_yaml_str(&schema("#/$defs/s")).unwrap();
+}
+
+#[test]
 fn the_per_step_marker_is_honoured_only_on_a_step() {
     // Honoured: beside a required string `tool`.
     let ok = tool_with_schema(

@@ -4,12 +4,17 @@
 //! * invoke: `POST {base_url}/{operation}` (each `/`-separated part of the operation one path
 //!   segment), body = the canonical arguments, headers `Idempotency-Key`,
 //!   `X-Countersign-Trace`, `X-Countersign-Tenant` and, when a person approved the call,
-//!   `X-Countersign-Approval`. 2xx → the JSON body (an empty body is `{}`); 3xx → rejected
-//!   (`http.redirect`, never followed); 429 and 5xx → unavailable; other 4xx → rejected with
-//!   `code` (and `message`) from the body, `{"code": ..}` or `{"error": {"code": ..}}`, else
-//!   `http.<status>`.
-//! * lookup (reconciliation): `GET {base_url}/_lookup?idempotency_key=K` → 200 with the
-//!   stored result, 404 = never happened.
+//!   `X-Countersign-Approval`. 2xx → the JSON body (an empty body is `{}`); 3xx → effect
+//!   unknown (never followed: the target may have acted before redirecting); 429 and 503 →
+//!   unavailable; other 5xx, and 409 on a re-send of a key (the key's first request still in
+//!   progress, as the IETF Idempotency-Key draft answers) → effect unknown; other 4xx (a 409
+//!   on a key's first send is a business conflict) → rejected with `code` (and `message`) from the body,
+//!   `{"code": ..}` or `{"error": {"code": ..}}`, else `http.<status>`.
+//! * lookup (reconciliation): `GET {base_url}/_lookup?idempotency_key=K` → 200 with
+//!   `{"idempotency_key": K, "found": true, "result": {..}}` (it happened, with its result) or
+//!   `{"idempotency_key": K, "found": false}` (it never did). Any other answer — a 404 from a
+//!   server without the route, a catch-all 200, another key — is "cannot tell": only an
+//!   answer about this key settles a step.
 //! * facts: `GET {base_url}/_facts/{kind}/{id}` → 200 with a `ResourceFact` JSON, 404 = none.
 //!
 //! Invariants (all fail closed):
@@ -18,14 +23,16 @@
 //!   connection made. Redirects are never followed and no proxy (`HTTP_PROXY` …) is used, so
 //!   no request leaves for a host that was not checked. The list holds names: what they
 //!   resolve to is DNS's answer.
-//! * An operation is appended as path segments; `..`, `.` or empty segments are refused, so
-//!   a registry operation can never leave `base_url`'s path.
+//! * An operation (and a resource id) is appended as path segments; `..`, `.`, empty segments
+//!   and segments holding control characters (which URL parsing strips, turning `.\t.` into
+//!   `..`) are refused, so neither can leave `base_url`'s path or name another record.
 //! * What is known about the effect is reported honestly: a failure to connect is
 //!   [`AdapterError::Unavailable`] (nothing was sent); once the request may have been sent,
 //!   a lost or unreadable answer, or a server error other than 503 (a crash, a gateway that
 //!   lost the answer), is [`AdapterError::Timeout`] (it may have happened); 503 and 429 say
 //!   the target did not take the request ([`AdapterError::Unavailable`]).
-//! * Answers are read up to [`MAX_BODY`] bytes; a larger one is unreadable.
+//! * Answers are read up to [`MAX_BODY`] bytes; a larger one is unreadable. The status is
+//!   judged first: a large error page of a 503 is still "unavailable".
 
 use std::collections::BTreeSet;
 
@@ -158,22 +165,23 @@ fn success_json(body: &[u8]) -> Result<Value, AdapterError> {
     })
 }
 
-/// The error a non-2xx answer stands for.
-fn status_error(status: StatusCode, body: &[u8]) -> AdapterError {
-    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+/// The error a non-2xx answer stands for; `resend` = the key was sent before.
+fn status_error(status: StatusCode, body: &[u8], resend: bool) -> AdapterError {
+    if status == StatusCode::SERVICE_UNAVAILABLE
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status.as_u16() == 425
+    {
         return AdapterError::Unavailable(format!("target answered {status}"));
     }
-    if status.is_server_error() {
-        // The request arrived; a crash (500) or a gateway that lost the answer (502, 504)
-        // leaves the effect unknown.
-        tracing::info!(%status, "outbound call: server error after sending; effect unknown");
+    if status.is_server_error()
+        || status.is_redirection()
+        || (resend && status == StatusCode::CONFLICT)
+    {
+        // The request arrived; a crash (500), a gateway that lost the answer (502, 504), a
+        // redirect after acting (303 after a POST), or "this key's first request is still
+        // running" (409 to a re-send) leaves the effect unknown. Redirects are never followed.
+        tracing::info!(%status, "outbound call: answer does not say what happened; effect unknown");
         return AdapterError::Timeout;
-    }
-    if status.is_redirection() {
-        return AdapterError::Rejected {
-            code: "http.redirect".into(),
-            message: format!("the target answered {status}; redirects are not followed"),
-        };
     }
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let field = |name: &str| -> Option<String> {
@@ -189,7 +197,32 @@ fn status_error(status: StatusCode, body: &[u8]) -> AdapterError {
     }
 }
 
-/// `base` with `parts` appended as path segments; `.`/`..`/empty parts are refused.
+/// "Cannot tell" from a lookup.
+fn cannot_tell(why: String) -> AdapterError {
+    AdapterError::Unavailable(format!("the lookup cannot tell: {why}"))
+}
+
+/// A lookup's answer about `key`: only `{"idempotency_key": key, "found": true|false, ..}`
+/// settles anything.
+fn lookup_answer(body: &[u8], key: &str) -> Result<Option<Value>, AdapterError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|_| cannot_tell("the answer is not JSON".into()))?;
+    if v.get("idempotency_key").and_then(Value::as_str) != Some(key) {
+        return Err(cannot_tell(
+            "the answer does not name the key asked about".into(),
+        ));
+    }
+    match (v.get("found").and_then(Value::as_bool), v.get("result")) {
+        (Some(true), Some(result @ Value::Object(_))) => Ok(Some(result.clone())),
+        (Some(false), None) => Ok(None),
+        _ => Err(cannot_tell(
+            "the answer has no `found` with a `result` object (or none when not found)".into(),
+        )),
+    }
+}
+
+/// `base` with `parts` appended as path segments; `.`/`..`/empty parts and parts with
+/// control characters are refused.
 fn join<'p>(base: &Url, parts: impl IntoIterator<Item = &'p str>) -> Result<Url, AdapterError> {
     let mut url = base.clone();
     {
@@ -198,7 +231,8 @@ fn join<'p>(base: &Url, parts: impl IntoIterator<Item = &'p str>) -> Result<Url,
             .map_err(|()| AdapterError::Refused("base_url cannot take a path".into()))?;
         segments.pop_if_empty();
         for part in parts {
-            if part.is_empty() || part == "." || part == ".." {
+            if part.is_empty() || part == "." || part == ".." || part.chars().any(char::is_control)
+            {
                 return Err(AdapterError::Refused(format!(
                     "path segment {part:?} is not allowed"
                 )));
@@ -257,7 +291,12 @@ impl HttpAdapter {
         }
         let resp = req.send().await.map_err(|e| send_error(&e))?;
         let status = resp.status();
-        Ok((status, read_body(resp).await?))
+        match read_body(resp).await {
+            Ok(body) => Ok((status, body)),
+            // An error answer too large to read still says what its status says.
+            Err(AdapterError::Timeout) if !status.is_success() => Ok((status, Vec::new())),
+            Err(e) => Err(e),
+        }
     }
 
     /// A GET that answers `None` on 404.
@@ -271,7 +310,7 @@ impl HttpAdapter {
             return Ok(None);
         }
         if !status.is_success() {
-            return Err(status_error(status, &body));
+            return Err(status_error(status, &body, false));
         }
         // A read: an unreadable answer means "cannot tell", never a guess.
         success_json(&body).map(Some)
@@ -296,7 +335,7 @@ impl super::Adapter for HttpAdapter {
             if status.is_success() {
                 success_json(&body)
             } else {
-                Err(status_error(status, &body))
+                Err(status_error(status, &body, call.resend))
             }
         })
     }
@@ -310,7 +349,13 @@ impl super::Adapter for HttpAdapter {
             let mut url = join(&self.base, ["_lookup"])?;
             url.query_pairs_mut()
                 .append_pair("idempotency_key", idem_key);
-            self.get_optional(url, &[(TENANT, tenant)]).await
+            let (status, body) = self
+                .send(Method::GET, url, &[(TENANT, tenant)], None)
+                .await?;
+            if !status.is_success() {
+                return Err(cannot_tell(format!("the target answered {status}")));
+            }
+            lookup_answer(&body, idem_key)
         })
     }
 
@@ -381,34 +426,99 @@ mod tests {
     fn answers_map_to_what_is_known_about_the_effect() {
         let body = br#"{"error": {"code": "insufficient_funds", "message": "no"}}"#;
         assert_eq!(
-            status_error(StatusCode::UNPROCESSABLE_ENTITY, body),
+            status_error(StatusCode::UNPROCESSABLE_ENTITY, body, false),
             AdapterError::Rejected {
                 code: "insufficient_funds".into(),
                 message: "no".into()
             }
         );
+        // A 409 to a key's first send is a business conflict; to a re-send it may be "the
+        // first request with this key is still running": unknown.
         assert!(matches!(
-            status_error(StatusCode::CONFLICT, b"not json"),
+            status_error(StatusCode::CONFLICT, b"not json", false),
             AdapterError::Rejected { code, .. } if code == "http.409"
         ));
-        // The request arrived and the answer was lost or the target crashed: unknown.
         assert_eq!(
-            status_error(StatusCode::BAD_GATEWAY, b""),
+            status_error(StatusCode::CONFLICT, b"", true),
             AdapterError::Timeout
         );
-        assert!(matches!(
-            status_error(StatusCode::SERVICE_UNAVAILABLE, b""),
-            AdapterError::Unavailable(_)
-        ));
-        assert!(matches!(
-            status_error(StatusCode::TOO_MANY_REQUESTS, b""),
-            AdapterError::Unavailable(_)
-        ));
-        assert!(matches!(
-            status_error(StatusCode::FOUND, b""),
-            AdapterError::Rejected { code, .. } if code == "http.redirect"
-        ));
+        // The request arrived and the answer was lost, the target crashed, or it redirected
+        // (possibly after acting): unknown.
+        for status in [
+            StatusCode::BAD_GATEWAY,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            StatusCode::FOUND,
+            StatusCode::SEE_OTHER,
+            StatusCode::TEMPORARY_REDIRECT,
+        ] {
+            assert_eq!(
+                status_error(status, b"", false),
+                AdapterError::Timeout,
+                "{status}"
+            );
+        }
+        for status in [
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::from_u16(425).unwrap(),
+        ] {
+            assert!(
+                matches!(
+                    status_error(status, b"", true),
+                    AdapterError::Unavailable(_)
+                ),
+                "{status}"
+            );
+        }
         assert_eq!(success_json(b"").unwrap(), json!({}));
         assert_eq!(success_json(b"garbage"), Err(AdapterError::Timeout));
+    }
+
+    #[test]
+    fn only_a_lookup_answer_about_the_key_settles_anything() {
+        let k = "idem:k1";
+        assert_eq!(
+            lookup_answer(
+                br#"{"idempotency_key":"idem:k1","found":true,"result":{"ref":"T-1"}}"#,
+                k
+            ),
+            Ok(Some(json!({"ref": "T-1"})))
+        );
+        assert_eq!(
+            lookup_answer(br#"{"idempotency_key":"idem:k1","found":false}"#, k),
+            Ok(None)
+        );
+        for unclear in [
+            &b"{}"[..],
+            b"",
+            b"<html>not found</html>",
+            br#"{"ref":"T-1"}"#,
+            br#"{"idempotency_key":"idem:other","found":false}"#,
+            br#"{"idempotency_key":"idem:k1"}"#,
+            br#"{"idempotency_key":"idem:k1","found":true}"#,
+            br#"{"idempotency_key":"idem:k1","found":true,"result":"done"}"#,
+            br#"{"idempotency_key":"idem:k1","found":false,"result":{}}"#,
+            br#"{"idempotency_key":"idem:k1","found":"yes","result":{}}"#,
+            br#"{"args":{"idempotency_key":"idem:k1"},"found":true,"result":{}}"#,
+        ] {
+            assert!(
+                matches!(lookup_answer(unclear, k), Err(AdapterError::Unavailable(_))),
+                "{}",
+                String::from_utf8_lossy(unclear)
+            );
+        }
+    }
+
+    #[test]
+    fn control_characters_cannot_make_a_dot_segment() {
+        for bad in [".\t.", "..\n", "\t..", "INV-1\t", "a\rb"] {
+            assert!(
+                matches!(
+                    join(&base(), ["_facts", "invoice", bad]),
+                    Err(AdapterError::Refused(_))
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -6,8 +6,11 @@
 //! `tools/call {name: operation, arguments: canonical arguments, _meta: {idempotency_key,
 //! trace_id, tenant, approval?}}`. Answers may be JSON or an SSE stream.
 //! `structuredContent` is the result (else the first text content, parsed as JSON when it is
-//! JSON); `isError: true` → rejected (`code` from `structuredContent.code`, else
-//! `upstream.error`); a JSON-RPC error → rejected (`upstream.<code>`).
+//! a JSON object or array, so redaction applies to its fields); `isError: true` → rejected
+//! (`code` from `structuredContent.code`, else `upstream.error`); a JSON-RPC error saying the
+//! call was never dispatched (parse error, invalid request, unknown method, invalid params)
+//! → rejected (`upstream.<code>`); any other JSON-RPC error (an internal error, a server's
+//! own code: the handler may have failed after acting) → effect unknown.
 //!
 //! Invariants (all fail closed):
 //! * The upstream's own descriptions are never trusted: this adapter never asks for
@@ -287,10 +290,25 @@ fn call_outcome(result: &Value) -> Result<Value, AdapterError> {
     Ok(match text {
         Some(t) => serde_json::from_str::<Value>(t)
             .ok()
-            .filter(Value::is_object)
+            .filter(|v| v.is_object() || v.is_array())
             .unwrap_or_else(|| json!({"text": t})),
         None => json!({}),
     })
+}
+
+/// What a JSON-RPC error to `tools/call` says about the effect: only the codes that mean the
+/// call never reached a handler are a rejection.
+fn rpc_error(code: i64, message: String) -> AdapterError {
+    const NEVER_DISPATCHED: [i64; 4] = [-32700, -32600, -32601, -32602];
+    if NEVER_DISPATCHED.contains(&code) {
+        AdapterError::Rejected {
+            code: format!("upstream.{code}"),
+            message,
+        }
+    } else {
+        tracing::info!(code, "upstream MCP error after dispatch; effect unknown");
+        AdapterError::Timeout
+    }
 }
 
 impl Adapter for McpAdapter {
@@ -321,10 +339,7 @@ impl Adapter for McpAdapter {
                     .await?;
                 return match reply {
                     Some(Reply::Result(result)) => call_outcome(&result),
-                    Some(Reply::Error { code, message }) => Err(AdapterError::Rejected {
-                        code: format!("upstream.{code}"),
-                        message,
-                    }),
+                    Some(Reply::Error { code, message }) => Err(rpc_error(code, message)),
                     // The upstream rejected the session before looking at the call: once more
                     // on a fresh one.
                     Some(Reply::SessionGone) if !fresh => {
@@ -390,5 +405,27 @@ mod tests {
         assert_eq!(ok, Ok(json!({"b": 2})));
         let text = call_outcome(&json!({"content": [{"type": "text", "text": "done"}]}));
         assert_eq!(text, Ok(json!({"text": "done"})));
+        // A JSON array in text is the result itself, so redaction sees its fields.
+        let list = call_outcome(&json!({"content": [{"type": "text",
+            "text": "[{\"email\":\"x@y.example\"}]"}]}));
+        assert_eq!(list, Ok(json!([{"email": "x@y.example"}])));
+    }
+
+    #[test]
+    fn only_json_rpc_errors_before_dispatch_are_rejections() {
+        for code in [-32700, -32600, -32601, -32602] {
+            assert!(
+                matches!(rpc_error(code, "no".into()), AdapterError::Rejected { .. }),
+                "{code}"
+            );
+        }
+        // An internal error (a handler that threw, maybe after acting) or a server's own code.
+        for code in [-32603, -32001, 0, 1] {
+            assert_eq!(
+                rpc_error(code, "boom".into()),
+                AdapterError::Timeout,
+                "{code}"
+            );
+        }
     }
 }

@@ -53,6 +53,9 @@ pub struct Invocation {
     /// records have owners refuse anyone else's (the built-in StillOn systems do; a target
     /// that sees `None` where an owner matters refuses).
     pub acts_for: Option<String>,
+    /// This key was sent before (an earlier attempt of the step): a target answering "this
+    /// key's first request is still running" then leaves the effect unknown.
+    pub resend: bool,
 }
 
 /// What went wrong, and what is known about the effect.

@@ -280,12 +280,21 @@ pub fn check_intent(
         .and_then(Value::as_i64)
         .ok_or_else(|| bad("reservation without a party size"))?;
     let booked_at = time_of(reservation, "starts_at")?;
+    // Times are compared as instants: an option's "HH:MM" is on the reservation's day in
+    // its UTC offset, and the earliest arrival is read in that offset too.
     let earliest_arrival = earliest(flights, rides)?
         .into_iter()
         .find(|r| r.reservation == id)
-        .map_or(booked_at, |r| r.start);
-    let earliest_minutes = minutes(&hhmm(&earliest_arrival))
-        .ok_or_else(|| bad("earliest arrival is not a time of day"))?;
+        .map_or(booked_at, |r| r.start)
+        .with_timezone(booked_at.offset());
+    let on_booked_day = |at: i64| {
+        let hm = u32::try_from(at).ok()?;
+        booked_at
+            .date_naive()
+            .and_hms_opt(hm / 60, hm % 60, 0)?
+            .and_local_timezone(*booked_at.offset())
+            .single()
+    };
     let mut judged = Vec::new();
     for (index, opt) in options.iter().enumerate() {
         let time = opt
@@ -293,6 +302,8 @@ pub fn check_intent(
             .and_then(Value::as_str)
             .ok_or_else(|| bad(format!("option {index} has no time")))?;
         let at = minutes(time).ok_or_else(|| bad(format!("option {index}: time {time:?}")))?;
+        let starts =
+            on_booked_day(at).ok_or_else(|| bad(format!("option {index}: time {time:?}")))?;
         let party = opt
             .get("party_size")
             .and_then(Value::as_i64)
@@ -305,7 +316,7 @@ pub fn check_intent(
         for c in &list {
             let ok = match &c.rule {
                 Rule::PartyBooked => party >= booked_party,
-                Rule::NotBeforeArrival => at >= earliest_minutes,
+                Rule::NotBeforeArrival => starts >= earliest_arrival,
                 Rule::Time(t) => Some(at) == minutes(t),
                 Rule::RestaurantBooked => {
                     restaurant.is_none_or(|r| Some(r) == reservation["restaurant_id"].as_str())
@@ -451,6 +462,51 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c["chosen"], Value::Null);
+    }
+
+    #[test]
+    fn an_arrival_after_midnight_or_in_another_offset_is_compared_as_an_instant() {
+        let arrive = [json!({"time": "21:00"}), json!({"time": "23:30"})];
+        let only_arrival = json!({"constraints": [
+            {"id": "arrive.in_time", "rank": 1, "kind": "hard", "rule": {"not_before": "earliest_arrival"}},
+        ]});
+        // Landing at 23:50 local: with transfer and drive the traveller arrives at 00:30 the
+        // next day, after every option that evening (00:30 is not "before 21:00").
+        let c = check_intent(
+            &only_arrival,
+            &dinner(),
+            &[flight("2026-06-11T23:50:00+01:00")],
+            &[ride()],
+            &arrive,
+        )
+        .unwrap();
+        assert_eq!(c["chosen"], Value::Null, "{c}");
+        assert_eq!(c["earliest_time"], "00:30");
+        // The same instant as the 20:00 arrival, written in UTC: 21:00 local is after it.
+        let c = check_intent(
+            &only_arrival,
+            &dinner(),
+            &[flight("2026-06-11T18:20:00+00:00")],
+            &[ride()],
+            &arrive,
+        )
+        .unwrap();
+        assert_eq!(c["chosen"], 0, "{c}");
+        assert_eq!(
+            c["earliest_time"], "20:00",
+            "shown in the reservation's offset: {c}"
+        );
+        // Landing at 19:30 UTC (20:30 local) means arriving at 21:10 local (20:10 UTC):
+        // 21:00 local is too early, 23:30 is fine.
+        let c = check_intent(
+            &only_arrival,
+            &dinner(),
+            &[flight("2026-06-11T19:30:00+00:00")],
+            &[ride()],
+            &arrive,
+        )
+        .unwrap();
+        assert_eq!(c["chosen"], 1, "{c}");
     }
 
     #[test]

@@ -419,6 +419,7 @@ impl StillOn {
             .to_string();
         let date = res["date"].as_str().unwrap_or_default().to_string();
         let (r_obj, mut r) = self.must_get("restaurant", &restaurant, tenant).await?;
+        let previous_party = res["party_size"].as_i64();
         let party = call
             .arguments
             .get("party_size")
@@ -465,7 +466,7 @@ impl StillOn {
         let result = json!({"ref": format!("{id}@{time}"), "reservation_id": res["reservation_id"],
                             "status": "confirmed", "time": time, "previous_time": previous,
                             "previous_requested_time": previous,
-                            "party_size": party});
+                            "party_size": party, "previous_party_size": previous_party});
         Ok((
             result,
             vec![

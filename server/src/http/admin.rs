@@ -578,7 +578,8 @@ pub async fn revoke_agent(
     if let Some(refused) = cross_origin(&state, &headers) {
         return refused;
     }
-    match state.store.revoke_agent(&id).await {
+    let by = format!("person:{}", identity(&admin.0));
+    match state.store.revoke_agent(&id, &by).await {
         Ok(cred) => {
             tracing::info!(credential = %cred.id, sub = %admin.0.sub, "agent credential revoked");
             back(Some("revoked"), None)

@@ -243,6 +243,7 @@ pub async fn decide_form(
             DecideError::NoReason => "reason",
             DecideError::StepUpRequired { .. } => "step_up",
             DecideError::FourEyes => "four_eyes",
+            DecideError::FourEyesUnknownCreator { .. } => "four_eyes_unknown",
             DecideError::SelfApproval => "self",
             DecideError::NotAnApprover => "not_approver",
             DecideError::AlreadyDecided => "already",

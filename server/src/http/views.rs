@@ -347,19 +347,27 @@ impl Views {
             }
         }
         let step_seq: BTreeMap<&str, i64> = steps.iter().map(|s| (s.id.as_str(), s.seq)).collect();
+        let loaded = self.0.registry.current();
         let step_views = steps
             .iter()
             .map(|s| {
-                let inputs: Value = serde_json::from_str(&s.inputs).unwrap_or(Value::Null);
-                let reference = s
-                    .outcome
-                    .as_deref()
-                    .and_then(|o| serde_json::from_str::<Value>(o).ok())
-                    .and_then(|o| {
-                        o.pointer("/answer/ref")
-                            .and_then(Value::as_str)
-                            .map(str::to_string)
-                    });
+                // Shown through the tool's redaction; a tool no longer in the registry shows
+                // nothing of its inputs or answer (fail closed).
+                let tool = loaded.as_ref().and_then(|l| {
+                    countersign_core::ToolName::parse(&s.tool)
+                        .ok()
+                        .and_then(|t| l.bundle.registry.tool(&t).cloned())
+                });
+                let shown = |text: &str| match (&tool, serde_json::from_str::<Value>(text)) {
+                    (Some(tool), Ok(v)) => crate::pipeline::redacted(tool, &v),
+                    _ => Value::Null,
+                };
+                let inputs = shown(&s.inputs);
+                let reference = s.outcome.as_deref().map(shown).and_then(|o| {
+                    o.pointer("/answer/ref")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                });
                 StepView {
                     id: s.id.clone(),
                     seq: s.seq,

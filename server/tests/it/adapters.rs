@@ -154,9 +154,12 @@ async fn bank_lookup(
     State(state): State<Arc<BankState>>,
     Query(q): Query<LookupQuery>,
 ) -> Response {
-    match state.effects.lock().unwrap().get(&q.idempotency_key) {
-        Some((_, result)) => Json(result.clone()).into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
+    let key = &q.idempotency_key;
+    match state.effects.lock().unwrap().get(key) {
+        Some((_, result)) => {
+            Json(json!({"idempotency_key": key, "found": true, "result": result})).into_response()
+        }
+        None => Json(json!({"idempotency_key": key, "found": false})).into_response(),
     }
 }
 
@@ -254,6 +257,8 @@ impl ServerHandler for Upstream {
         ));
         let result = match request.name.as_ref() {
             "refuse" => CallToolResult::error(vec![ContentBlock::text("label is frozen")]),
+            // Acts (the call is recorded above), then its handler fails.
+            "crash" => return Err(ErrorData::internal_error("handler panicked", None)),
             _ => CallToolResult::structured(json!({"tagged": args["label"], "by": "upstream"})),
         };
         Ok(result.into())
@@ -345,6 +350,17 @@ tools:
     roles: [worker]
     approval: {{approver_roles: [approver]}}
     handler: {{provider: remote, operation: purge}}
+    inputSchema:
+      type: object
+      additionalProperties: false
+      properties:
+        account: {{type: string, maxLength: 20}}
+  remote.crash:
+    description: Archive records upstream; the upstream's handler fails after acting.
+    effect: write
+    gate: never
+    roles: [worker]
+    handler: {{provider: remote, operation: crash}}
     inputSchema:
       type: object
       additionalProperties: false
@@ -503,8 +519,12 @@ async fn http_adapter_does_not_follow_a_redirect() {
         client.connect().await;
         let reply = client.call("transfer.moved", json!({"text": "go"})).await;
         assert_eq!(reply["result"]["isError"], true, "{reply}");
+        // Not followed, and not taken as "nothing happened": the bank may have acted before
+        // redirecting (303 after a POST), so the effect is unknown — a write may be retried
+        // under its key, an irreversible call would be reconciled.
         assert_eq!(content(&reply)["status"], "failed", "{reply}");
-        assert_eq!(content(&reply)["code"], "http.redirect", "{reply}");
+        assert_eq!(content(&reply)["code"], "timeout", "{reply}");
+        assert_eq!(content(&reply)["retryable"], true, "{reply}");
         let (step_id, _) = started(&env.app, "transfer.moved").await;
         assert_eq!(
             env.app.store.get_step(&step_id).await.unwrap().status,
@@ -734,6 +754,17 @@ async fn upstream_mcp_annotations_are_ignored_and_the_key_travels_in_meta() {
         assert_eq!(content(&refused)["code"], "upstream.error", "{refused}");
         assert_eq!(content(&refused)["message"], "label is frozen", "{refused}");
 
+        // A JSON-RPC internal error after the upstream got the call: the effect is unknown,
+        // so the write may be retried under its key (an irreversible call would go to
+        // `unknown`), never recorded as a clean refusal.
+        let crashed = client.call("remote.crash", json!({"account": "a-1"})).await;
+        assert_eq!(content(&crashed)["code"], "timeout", "{crashed}");
+        assert_eq!(content(&crashed)["retryable"], true, "{crashed}");
+        assert!(
+            !crashed.to_string().contains("handler panicked"),
+            "{crashed}"
+        );
+
         assert_eq!(
             env.upstream.lists.load(Ordering::SeqCst),
             0,
@@ -870,6 +901,7 @@ async fn http_server_errors_after_sending_leave_the_effect_unknown_unless_the_ta
         trace_id: "t".into(),
         tenant: "acme".into(),
         acts_for: None,
+        resend: false,
     };
     // A crash or a gateway that lost the answer: the transfer may have happened, so an
     // irreversible call goes to `unknown` and is reconciled, never re-sent blind.

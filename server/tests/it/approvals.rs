@@ -209,6 +209,54 @@ async fn approvals_refuse_non_approvers_self_approval_four_eyes_and_stale_sign_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_eyes_refuses_approvals_when_the_credential_creator_is_not_a_person() {
+    each_finance_app(|app| async move {
+        let now = app.store.clock().now_ms();
+        // Created from the CLI by a Unix user: nobody can be told apart from "pat".
+        for (i, creator) in ["pat", "person:pat", "person:#pat", "scenario:x"].into_iter().enumerate() {
+            let (_, token) = app
+                .store
+                .create_agent(&NewAgent {
+                    name: format!("vm-{i}"),
+                    role: "worker.vendor_master".into(),
+                    tenant: "acme".into(),
+                    created_by: creator.into(),
+                    expires_at: None,
+                })
+                .await
+                .unwrap();
+            let mut vendor = Client::new(&app, token.reveal());
+            vendor.connect().await;
+            let args = json!({"supplier_id": "SUP-000417", "iban": "DE89370400440532013000", "reason": REASON});
+            let reply = vendor.call("supplier.update_iban", args.clone()).await;
+            let step = content(&reply)["step_id"].as_str().unwrap().to_string();
+            let rules = finance_rules("supplier.update_iban", &args);
+            let pat = person("pat", &["approver"], now);
+            let refused = app
+                .store
+                .decide_step(&step, &pat, &rules, Verdict::Approved, "verified by phone")
+                .await;
+            assert!(
+                matches!(&refused, Err(DecideError::FourEyesUnknownCreator { created_by, .. }) if created_by == creator),
+                "{creator}: {refused:?}"
+            );
+            assert_eq!(app.store.get_step(&step).await.unwrap().status, StepStatus::NeedsApproval);
+            assert!(app.store.approvals_for_step(&step).await.unwrap().is_empty(), "{creator}");
+            // Rejecting never runs anything: still allowed.
+            app.store
+                .decide_step(&step, &pat, &rules, Verdict::Rejected, "bank details never change this way")
+                .await
+                .unwrap();
+            assert_eq!(app.store.get_step(&step).await.unwrap().status, StepStatus::Refused);
+        }
+        let effects = app.store.demo_effects(ERP, "suppliers.update_iban").await.unwrap();
+        assert!(effects.is_empty(), "{effects:?}");
+        app
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvals_http_api_lists_and_decides_for_signed_in_approvers_only() {
     each_finance_app(|app| async move {
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;

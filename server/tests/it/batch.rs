@@ -467,3 +467,117 @@ async fn a_step_whose_batch_approval_ended_waits_again_in_its_first_window() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_answers_steps_of_tools_the_approver_cannot_approve_as_missing() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let held = waiting(&mut client, "invoice.hold", &hold(json!(2000))).await;
+        let paid = waiting(
+            &mut client,
+            "payment.schedule",
+            &payment_for("INV-20260612", json!(1860.50)),
+        )
+        .await;
+        // Holds are now decided by controllers only; Ana is an approver, not a controller.
+        let yaml = std::fs::read_to_string(format!(
+            "{}/registry.yaml",
+            crate::helpers::example("finance")
+        ))
+        .unwrap();
+        let controllers = yaml.replacen(
+            "    approval:\n      approver_roles: [approver]\n      expires: 72h\n    handler: {provider: erp, operation: invoices.hold}",
+            "    approval:\n      approver_roles: [controller]\n      expires: 72h\n    handler: {provider: erp, operation: invoices.hold}",
+            1,
+        );
+        assert_ne!(controllers, yaml);
+        app.store.import_registry(&controllers, "test").await.unwrap();
+        assert!(app.state.registry.refresh(&app.store).await);
+
+        let ana = app.demo_client("ana").await;
+        let now = app.store.clock().now_ms();
+        for tool in ["payment.schedule", "invoice.hold"] {
+            let (code, answer) = post_batch(
+                &app,
+                &ana,
+                &json!({
+                    "tool": tool, "step_ids": [&held, &paid], "max_count": 5,
+                    "proposed_from": now - 3_600_000, "proposed_to": now + 3_600_000,
+                    "expires_at": now + 3_600_000, "reason": "June supplier run",
+                }),
+            )
+            .await;
+            assert_eq!(code, StatusCode::OK, "{answer}");
+            // Nothing about the hold is told: not its tool, not that it waits.
+            assert_eq!(result_for(&answer, &held)["reason"], "not_found", "{tool}: {answer}");
+            assert_eq!(result_for(&answer, &held)["message"], "no such step", "{answer}");
+        }
+        assert_eq!(status(&app, &held).await, StepStatus::NeedsApproval);
+        assert!(app.store.approvals_for_step(&held).await.unwrap().is_empty());
+        app
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_whose_batch_approval_ended_may_approve_the_step_again() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let args = payment_for("INV-20260611", json!(4180.00));
+        let step = waiting(&mut client, "payment.schedule", &args).await;
+        let now = app.store.clock().now_ms();
+        let body = json!({
+            "tool": "payment.schedule", "step_ids": [step], "max_count": 1,
+            "proposed_from": now - 60_000, "proposed_to": now + 60_000,
+            "expires_at": now + 60_000, "reason": "June supplier run, three-way matched",
+        });
+        let ana = app.demo_client("ana").await;
+        let (code, answer) = post_batch(&app, &ana, &body).await;
+        assert_eq!(code, StatusCode::OK, "{answer}");
+        app.clock.advance(chrono::Duration::minutes(2));
+        let reply = client.call("payment.schedule", args.clone()).await;
+        assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");
+        // Her approval lapsed with the batch: she may decide this step again.
+        let decide = |verdict: &str, reason: &str| {
+            ana.post(app.url(&format!("/api/steps/{step}/decision")))
+                .header("origin", format!("http://{}", app.addr))
+                .json(&json!({"verdict": verdict, "reason": reason}))
+                .send()
+        };
+        let again = decide("approved", "checked the payment run again")
+            .await
+            .unwrap();
+        assert_eq!(
+            again.status(),
+            StatusCode::OK,
+            "{}",
+            again.text().await.unwrap()
+        );
+        let approvals = app.store.approvals_for_step(&step).await.unwrap();
+        assert_eq!(
+            approvals.len(),
+            1,
+            "the lapsed approval is replaced: {approvals:?}"
+        );
+        assert!(approvals[0].expires_at > app.store.clock().now_ms());
+        let paid = client.call("payment.schedule", args).await;
+        assert_eq!(content(&paid)["status"], "scheduled", "{paid}");
+        assert_eq!(payments(&app).await, 1);
+        // Both of her approvals stay in the audit.
+        let approved = audit(&app)
+            .await
+            .into_iter()
+            .filter(|r| r.step_id.as_deref() == Some(step.as_str()) && r.event == "approved")
+            .count();
+        assert_eq!(approved, 2);
+        // A standing decision is still final: deciding once more is a conflict.
+        let late = decide("rejected", "too late").await.unwrap();
+        assert_eq!(late.status(), StatusCode::CONFLICT);
+        app
+    })
+    .await;
+}

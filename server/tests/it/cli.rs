@@ -145,6 +145,56 @@ fn agent_tokens_are_created_once_listed_without_secrets_and_revoked() {
 
     let out = run(&["agent-token", "revoke", "nobody"]);
     assert_eq!(out.status.code(), Some(1));
+
+    // Four eyes needs a person as the creator: a malformed one is refused, a Unix user warned.
+    let vm = |name: &str, by: &str| {
+        run(&[
+            "agent-token",
+            "create",
+            "--name",
+            name,
+            "--role",
+            "worker.vendor_master",
+            "--by",
+            by,
+        ])
+    };
+    let out = vm("vm-a", "person:alice");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("person:ISS#SUB"));
+    let out = vm("vm-b", "alice");
+    assert!(out.status.success());
+    let warned = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        warned.contains("warning") && warned.contains("supplier.update_iban"),
+        "{warned}"
+    );
+    let out = vm("vm-c", "person:https://idp.example#alice");
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+    // A role without four-eyes tools is not warned about.
+    assert!(
+        !String::from_utf8_lossy(
+            &run(&[
+                "agent-token",
+                "create",
+                "--name",
+                "f2",
+                "--role",
+                "worker.finance",
+                "--by",
+                "alice"
+            ])
+            .stderr
+        )
+        .contains("warning")
+    );
+    let listing = String::from_utf8_lossy(&run(&["agent-token", "list"]).stdout).to_string();
+    assert!(
+        !listing.contains("vm-a")
+            && listing.contains("created_by=person:https://idp.example#alice"),
+        "{listing}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -48,7 +48,8 @@ pub async fn agent(app: &TestApp, name: &str, role: &str) -> (String, String) {
             name: name.into(),
             role: role.into(),
             tenant: "acme".into(),
-            created_by: "test".into(),
+            // An admin who approves nothing in these tests (four eyes needs a person).
+            created_by: "person:https://idp.example#admin".into(),
             expires_at: None,
         })
         .await
@@ -267,7 +268,7 @@ async fn mcp_refuses_a_token_revoked_mid_session() {
         let mut client = Client::new(&app, &token);
         client.connect().await;
         assert!(!client.tool_names().await.is_empty());
-        app.store.revoke_agent(&id).await.unwrap();
+        app.store.revoke_agent(&id, "test").await.unwrap();
         let resp = client
             .post(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/list", "params": {}}))
             .send()
@@ -758,6 +759,8 @@ async fn mcp_every_call_outcome_is_audited_and_the_chain_verifies() {
         assert_eq!(
             summary,
             vec![
+                // The credential's creation comes first.
+                ("operational".into(), None, Some("agent.created".into())),
                 ("refused".into(), None, Some("role.tool_not_listed".into())),
                 (
                     "refused".into(),
@@ -778,17 +781,17 @@ async fn mcp_every_call_outcome_is_audited_and_the_chain_verifies() {
             "{records:#?}"
         );
         assert!(
-            records[0].record.contains("supplier.update_iban"),
+            records[1].record.contains("supplier.update_iban"),
             "the refusal names what was asked for"
         );
         assert!(
-            records[0]
+            records[1]
                 .actor
                 .as_deref()
                 .unwrap()
                 .contains("role:worker.finance")
         );
-        assert!(records[2].record.contains("require_approval"));
+        assert!(records[3].record.contains("require_approval"));
         for r in &records {
             assert!(!r.record.contains(iban), "inputs are not written in clear");
             assert!(
@@ -796,7 +799,7 @@ async fn mcp_every_call_outcome_is_audited_and_the_chain_verifies() {
                 "the token never reaches the audit"
             );
         }
-        assert_eq!(app.store.verify_audit().await.unwrap(), Ok(4));
+        assert_eq!(app.store.verify_audit().await.unwrap(), Ok(5));
         app
     })
     .await;

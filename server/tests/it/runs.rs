@@ -958,7 +958,7 @@ async fn runs_a_revoked_agents_planned_steps_never_start() {
             submit(&mut client, vec![payment_step(json!(4180.00)), note_step()]).await;
         wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
         // The planner's credential leaks and is revoked while its payment waits for a person.
-        app.store.revoke_agent(&planner_id).await.unwrap();
+        app.store.revoke_agent(&planner_id, "test").await.unwrap();
         app.store
             .decide_step(
                 &steps[0],

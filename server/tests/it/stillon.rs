@@ -11,7 +11,7 @@ use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
 use countersign::adapters::stillon::{HOLD_OPERATION, STILLON, TENANT, TRAVELLER};
 use countersign::revalidate::{BEFORE_CALL, READ_BACK, STATE_CHANGED};
 use countersign::standing::bind_party;
-use countersign_core::approvals::{Approver, Decider, GateRules, Verdict};
+use countersign_core::approvals::{Approver, DecideError, Decider, GateRules, Verdict};
 use countersign_core::store::RunStatus;
 use countersign_core::{Backend, StepStatus};
 use serde_json::{Value, json};
@@ -519,6 +519,91 @@ async fn stillon_notify_failing_after_the_move_is_recorded() {
             (event.as_str(), rule.as_deref()),
             ("failed", Some("target.failed"))
         );
+        app
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stillon_an_undo_that_needs_a_person_restores_the_party_and_leaves_the_inbox() {
+    each_stillon_app(|app| async move {
+        inject_fault(
+            &app.store,
+            STILLON,
+            "messaging.send",
+            &Fault {
+                mode: FaultMode::Fail,
+                times: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let token = for_traveller(&app, "maestro", "planner").await;
+        let mut planner = Client::new(&app, &token);
+        planner.connect().await;
+        // The move also grows the party: outside the standing authorization, so approved.
+        let mut bigger = move_step(observed_free_2000());
+        bigger["arguments"]["party_size"] = json!(6);
+        let notify = json!({"tool": "notify.send",
+            "arguments": {"contact_id": "CONTACT-0042", "channel": "sms",
+                          "message": "Dinner moved to 20:00 at Osteria Lume"},
+            "reason": "Tell the guest the dinner moved to 20:00"});
+        let (run, steps) = submit(&mut planner, vec![bigger, notify]).await;
+        for step in &steps {
+            wait_for(&app, step, StepStatus::NeedsApproval).await;
+            app.store
+                .decide_step(
+                    step,
+                    &traveller(),
+                    &traveller_gate(),
+                    Verdict::Approved,
+                    "yes",
+                )
+                .await
+                .unwrap();
+        }
+        wait_for(&app, &steps[1], StepStatus::Failed).await;
+        wait_run(&app, &run, RunStatus::Failed).await;
+        let trail = loop {
+            let trail = step_audit(&app, &run, &steps[0]).await;
+            if trail.iter().any(|(e, _, _)| e == "compensated") {
+                break trail;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            trail
+                .iter()
+                .any(|(e, r, _)| e == "compensated"
+                    && r.as_deref() == Some("compensation.escalated")),
+            "{trail:?}"
+        );
+        let all = app.store.steps_for_run(&run).await.unwrap();
+        let comp = all
+            .iter()
+            .find(|s| s.reason.starts_with("compensates step"))
+            .unwrap();
+        let undo: Value = serde_json::from_str(&comp.inputs).unwrap();
+        assert_eq!(undo["party_size"], 4, "the party it had: {undo}");
+        assert_eq!(undo["requested_time"], "19:30", "{undo}");
+        // Nobody is invited to approve an undo no worker would run: it is cancelled.
+        assert_eq!(comp.status, StepStatus::Cancelled);
+        assert_eq!(comp.rule.as_deref(), Some("compensation.escalated"));
+        assert!(matches!(
+            app.store
+                .decide_step(
+                    &comp.id,
+                    &traveller(),
+                    &traveller_gate(),
+                    Verdict::Approved,
+                    "undo"
+                )
+                .await,
+            Err(DecideError::NotWaiting(_))
+        ));
+        let reservation = object(&app, "reservation", "8472").await;
+        assert_eq!(reservation["time"], "20:00", "{reservation}");
+        assert_eq!(reservation["party_size"], 6, "{reservation}");
         app
     })
     .await;

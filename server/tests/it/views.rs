@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, LOCATION};
 use serde_json::{Value, json};
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, example};
 use crate::mcp::{Client, INV, REASON, agent, each_finance_app, payment_for};
 
 async fn get(client: &reqwest::Client, app: &TestApp, path: &str) -> (StatusCode, String) {
@@ -374,6 +374,36 @@ async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_li
         }
         // Events link back to their step.
         assert!(html.contains(&format!("href=\"#step-{step}\"")), "{html}");
+
+        // The step rows show inputs and references through the tool's redaction in force.
+        let row = |html: &str, id: &str| {
+            html.split(&format!("data-step-id=\"{id}\""))
+                .nth(1)
+                .and_then(|r| r.split("</tr>").next())
+                .unwrap()
+                .to_string()
+        };
+        assert!(row(&html, &odd.id).contains("INV-20260612"));
+        let yaml = std::fs::read_to_string(format!("{}/registry.yaml", example("finance"))).unwrap();
+        let redacting = yaml.replacen(
+            "    handler: {provider: erp, operation: payments.schedule}\n",
+            "    handler: {provider: erp, operation: payments.schedule}\n    redact: [amount, {field: invoice_id, how: drop}, ref]\n",
+            1,
+        );
+        assert_ne!(redacting, yaml);
+        app.store.import_registry(&redacting, "test").await.unwrap();
+        assert!(app.state.registry.refresh(&app.store).await);
+        let html = ok_page(&max, &app, &format!("/runs/{run}")).await;
+        let reference = reply["result"]["structuredContent"]["ref"].as_str().unwrap();
+        for (id, secrets) in [
+            (&odd.id, ["99.50", "INV-20260612", "PAYRUN-2026-06-15/0001"]),
+            (&step, ["4,180.00", INV, reference]),
+        ] {
+            let row = row(&html, id);
+            for secret in secrets {
+                assert!(!row.contains(secret), "{secret} in {row}");
+            }
+        }
         app
     })
     .await;
