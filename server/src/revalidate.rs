@@ -96,7 +96,7 @@ pub async fn before(
     let mut fields = Vec::new();
     for (field, value) in &observed {
         let now = path(&current, field);
-        if now.is_none_or(|v| scalar_text(v).as_deref() != Some(value.as_str())) {
+        if now.is_none_or(|v| !holds(v, value)) {
             fields.push(json!({"field": field, "expected": value, "current": now}));
         }
     }
@@ -273,6 +273,18 @@ fn scalar_text(v: &Value) -> Option<String> {
     }
 }
 
+/// Whether the current `now` is what was observed as `text`: the same text, or, for a number,
+/// the same value however it was written (`4180.00` for `4180.0`).
+fn holds(now: &Value, text: &str) -> bool {
+    if scalar_text(now).as_deref() == Some(text) {
+        return true;
+    }
+    match (now.as_f64(), text.trim().parse::<f64>()) {
+        (Some(n), Ok(t)) if now.is_number() && t.is_finite() => n == t,
+        _ => false,
+    }
+}
+
 fn equal(a: &Value, b: &Value) -> bool {
     a == b || matches!((scalar_text(a), scalar_text(b)), (Some(x), Some(y)) if x == y)
 }
@@ -291,6 +303,15 @@ mod tests {
         assert!(equal(&json!(8472), &json!("8472")));
         assert!(!equal(&json!({"a": 1}), &json!("{\"a\":1}")));
         assert!(!equal(&json!("20:00"), &json!("19:30")));
+        // An observed number holds however it was written; nothing else is coerced.
+        assert!(holds(&json!(4180.0), "4180.00"));
+        assert!(holds(&json!(4180.0), "4180"));
+        assert!(holds(&json!(4180), "4180.0"));
+        assert!(!holds(&json!(4180.0), "4180.01"));
+        assert!(!holds(&json!("4180.0"), "4180.00"), "a string stays text");
+        assert!(!holds(&json!(1.0), "NaN"));
+        assert!(holds(&json!("free"), "free"));
+        assert!(!holds(&json!({"a": 1}), "{\"a\":1}"));
     }
 
     #[test]
