@@ -317,9 +317,37 @@ async fn fail_run(
 /// `compensate` tool — a new step of the run, through the same pipeline, under its own key.
 /// An irreversible step, or a write without a compensating tool or whose compensation cannot
 /// be built or fails, is escalated to a person (audited, run flagged for re-planning), never
-/// silently left.
+/// silently left. So is `failed` itself when its effect was applied but not confirmed (a
+/// read-back that found something else): what the target did is not known well enough to undo.
 async fn compensate(state: &AppState, run_id: &str, failed: &Step) -> Result<(), StoreError> {
     let store = &state.store;
+    let applied = failed
+        .outcome
+        .as_deref()
+        .and_then(|o| serde_json::from_str::<Value>(o).ok())
+        .and_then(|o| o.pointer("/answer/effect_applied").and_then(Value::as_bool))
+        .unwrap_or(false);
+    if applied {
+        let mut detail = Map::new();
+        detail.insert("after_failed_step".into(), json!(failed.id));
+        detail.insert(
+            "outcome".into(),
+            json!({"escalated": "its effect was applied but the read-back did not confirm it; \
+                   a person decides whether and how to undo it"}),
+        );
+        store
+            .append_audit(&NewAuditRecord {
+                event: Some(AuditEvent::Compensated),
+                run_id: Some(run_id.to_string()),
+                step_id: Some(failed.id.clone()),
+                tool: Some(failed.tool.clone()),
+                actor: Some("executor".into()),
+                rule: Some("compensation.escalated".into()),
+                detail,
+            })
+            .await?;
+        store.mark_replan(run_id).await?;
+    }
     let Some(loaded) = state.registry.current() else {
         return Ok(());
     };

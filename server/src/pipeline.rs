@@ -1077,6 +1077,7 @@ async fn fail_closed(
         json!({"status": "failed", "step_id": step.id, "rule": failure.rule,
                             "check": failure.check,
                             "message": failure.message, "fields": fields,
+                            "effect_applied": result.is_some(),
                             "retryable": false, "replan": true}),
     );
     let mut d = detail(&[

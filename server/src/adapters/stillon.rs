@@ -706,6 +706,14 @@ impl Adapter for StillOn {
             &call.operation,
             move |misapply| async move {
                 if READS.contains(&call.operation.as_str()) {
+                    // A read has nothing else to apply: the injected fault refuses it, never
+                    // silently used up.
+                    if misapply {
+                        return Err(rejected(
+                            "injected",
+                            "the partner refused (injected fault: a read has nothing else to apply)",
+                        ));
+                    }
                     self.read(call).await
                 } else {
                     self.write(call, misapply).await

@@ -227,6 +227,24 @@ async fn stillon_a_30_minute_move_runs_within_the_standing_authorization_once() 
             .await;
         assert_eq!(content(&read)["time"], "20:00", "{read}");
         assert_eq!(content(&read)["slots"]["2000"], "yours", "{read}");
+        // A "misapplied" fault on a read refuses it (a read has nothing else to apply): the
+        // fault is never used up unseen.
+        inject_fault(
+            &app.store,
+            STILLON,
+            "dining.reservation.get",
+            &Fault {
+                mode: FaultMode::Misapplied,
+                times: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let faulted = client
+            .call("reservation.get", json!({"reservation_id": 8472}))
+            .await;
+        assert_eq!(faulted["result"]["isError"], true, "{faulted}");
+        assert_eq!(content(&faulted)["code"], "injected", "{faulted}");
         app
     })
     .await;
@@ -363,6 +381,25 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
         let outcome: Value = serde_json::from_str(failed.outcome.as_deref().unwrap()).unwrap();
         assert_eq!(outcome["error"], true, "{outcome}");
         assert_eq!(outcome["answer"]["rule"], STATE_CHANGED, "{outcome}");
+        assert_eq!(outcome["answer"]["effect_applied"], true, "{outcome}");
+        // Its applied effect is not left in silence: escalated to a person.
+        let escalated = loop {
+            let trail = step_audit(&app, &run, &steps[0]).await;
+            if let Some(r) = trail.into_iter().find(|(e, _, _)| e == "compensated") {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            escalated.1.as_deref(),
+            Some("compensation.escalated"),
+            "{escalated:?}"
+        );
+        assert_eq!(
+            escalated.2["after_failed_step"],
+            steps[0].as_str(),
+            "{escalated:?}"
+        );
         // The target: one effect (not retried), the reservation where the partner put it, and
         // the later step never started.
         assert_eq!(effects(&app, "dining.reservation.modify").await, 1);
@@ -384,8 +421,11 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
         // The audit: started, then failed with the read-back's fields — no `succeeded`.
         let audit = step_audit(&app, &run, &steps[0]).await;
         let events: Vec<&str> = audit.iter().map(|(e, _, _)| e.as_str()).collect();
-        assert_eq!(events, ["proposed", "decided", "started", "failed"]);
-        let (_, rule, detail) = audit.last().unwrap().clone();
+        assert_eq!(
+            events,
+            ["proposed", "decided", "started", "failed", "compensated"]
+        );
+        let (_, rule, detail) = audit[3].clone();
         assert_eq!(rule.as_deref(), Some(STATE_CHANGED));
         assert_eq!(detail["check"], READ_BACK, "{detail}");
         assert_eq!(detail["effect_applied"], true, "{detail}");
