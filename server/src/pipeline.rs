@@ -28,7 +28,7 @@ use countersign_core::store::{
     Step, Transition,
 };
 use countersign_core::{
-    CanonicalJson, Decision, Effect, InputsHash, RoleName, Rule, StepStatus, StoreError,
+    CanonicalJson, Decision, Effect, Gate, InputsHash, RoleName, Rule, StepStatus, StoreError,
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -349,6 +349,25 @@ async fn call_inner(
     // [reads] A read's row is written with its outcome (or when it is parked or refused
     // first): no row is opened before it runs. A write opens its row, the key's owner.
     if tool.effect == Effect::Read {
+        // [gate] A gated read repeated in its run continues the step its first call parked
+        // (so an approval of it can be used); ungated reads never look.
+        if tool.gate != Gate::Never {
+            let hash = InputsHash::of(&canonical).to_string();
+            if let Some(step) = state
+                .store
+                .gated_read(&run.id, tool.name.as_str(), &hash)
+                .await?
+            {
+                if step.status == StepStatus::NeedsApproval
+                    && step
+                        .expires_at
+                        .is_some_and(|at| state.store.clock().now_ms() < at)
+                {
+                    return Ok(waiting(&step));
+                }
+                return execute(&ctx, &run, step, false, true, &canonical).await;
+            }
+        }
         let step = state.store.prepare_read(&new_step)?;
         return execute(&ctx, &run, step, true, false, &canonical).await;
     }

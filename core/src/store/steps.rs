@@ -578,6 +578,32 @@ impl Store {
         row.try_into()
     }
 
+    /// The read step of `run_id` that a repeat of a gated read call continues: same tool and
+    /// inputs hash, parked at its gate or approved and not yet run (`needs_approval`, or
+    /// `pending` after its gate window opened). The newest such step; `None` otherwise.
+    pub async fn gated_read(
+        &self,
+        run_id: &str,
+        tool: &str,
+        inputs_hash: &str,
+    ) -> Result<Option<Step>, StoreError> {
+        let sql = format!(
+            "SELECT {STEP_COLUMNS} FROM steps
+              WHERE run_id = $1 AND tool = $2 AND inputs_hash = $3 AND effect = 'read'
+                AND (status = 'needs_approval' OR (status = 'pending' AND expires_at IS NOT NULL))
+              ORDER BY seq DESC LIMIT 1"
+        );
+        let row: Option<StepRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(run_id)
+                .bind(tool)
+                .bind(inputs_hash)
+                .fetch_optional(p)
+                .await?
+        });
+        row.map(Step::try_from).transpose()
+    }
+
     /// One step, and whether every step of its run is done: what settling a step after its
     /// execution needs, in one read.
     pub async fn step_and_run_done(&self, id: &str) -> Result<(Step, bool), StoreError> {

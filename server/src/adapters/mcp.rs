@@ -210,6 +210,13 @@ impl McpAdapter {
             .and_then(Value::as_str)
             .unwrap_or(PROTOCOL)
             .to_string();
+        // It is sent back as a header on every call: only a revision date (YYYY-MM-DD) is
+        // usable; anything else would break every later call of this session.
+        if !is_revision(&protocol) {
+            return Err(AdapterError::Unavailable(
+                "upstream answered initialize with an unusable protocolVersion".into(),
+            ));
+        }
         let session = Session { id: sid, protocol };
         self.post(Some(&session), "notifications/initialized", json!({}), None)
             .await
@@ -227,6 +234,16 @@ impl McpAdapter {
         *guard = Some(s.clone());
         Ok(s)
     }
+}
+
+/// Whether `v` is an MCP revision: `YYYY-MM-DD`.
+fn is_revision(v: &str) -> bool {
+    let b = v.as_bytes();
+    b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            _ => c.is_ascii_digit(),
+        })
 }
 
 /// The JSON-RPC message with `id` among the `data:` lines of an SSE body.
@@ -409,6 +426,21 @@ mod tests {
         let list = call_outcome(&json!({"content": [{"type": "text",
             "text": "[{\"email\":\"x@y.example\"}]"}]}));
         assert_eq!(list, Ok(json!([{"email": "x@y.example"}])));
+    }
+
+    #[test]
+    fn only_revision_dates_are_usable_protocol_versions() {
+        assert!(is_revision("2025-06-18"));
+        for bad in [
+            "2025-06-18\u{1}",
+            "2025-06-1",
+            "latest",
+            "2025/06/18",
+            "",
+            "2025-06-18 ",
+        ] {
+            assert!(!is_revision(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -328,3 +328,56 @@ async fn approvals_http_api_lists_and_decides_for_signed_in_approvers_only() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_read_repeated_in_its_run_continues_its_step_and_runs_once_approved() {
+    each_finance_app(|app| async move {
+        // Reading a supplier's master data now needs an approver.
+        let yaml = std::fs::read_to_string(format!("{}/registry.yaml", example("finance"))).unwrap();
+        let gated = yaml.replacen(
+            "    effect: read\n    gate: never\n    roles: [planner, worker.finance, reviewer, worker.vendor_master]\n    handler: {provider: erp, operation: suppliers.get}\n",
+            "    effect: read\n    gate: always\n    roles: [planner, worker.finance, reviewer, worker.vendor_master]\n    approval: {approver_roles: [approver], expires: 1h}\n    handler: {provider: erp, operation: suppliers.get}\n",
+            1,
+        );
+        assert_ne!(gated, yaml);
+        app.store.import_registry(&gated, "test").await.unwrap();
+        assert!(app.state.registry.refresh(&app.store).await);
+
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let args = json!({"supplier_id": "SUP-000417"});
+        let first = client.call("supplier.get", args.clone()).await;
+        assert_eq!(content(&first)["status"], "needs_approval", "{first}");
+        let step = content(&first)["step_id"].as_str().unwrap().to_string();
+        // Asking again: the same step, still waiting (not a new gate each time).
+        let again = client.call("supplier.get", args.clone()).await;
+        assert_eq!(content(&again)["status"], "needs_approval", "{again}");
+        assert_eq!(content(&again)["step_id"], step.as_str(), "{again}");
+        // Another supplier is another step.
+        let other = client.call("supplier.get", json!({"supplier_id": "SUP-000042"})).await;
+        assert_ne!(content(&other)["step_id"], step.as_str(), "{other}");
+
+        let now = app.store.clock().now_ms();
+        app.store
+            .decide_step(
+                &step,
+                &person("pat", &["approver"], now),
+                &finance_rules("supplier.update_iban", &args),
+                Verdict::Approved,
+                "needed for the payment run",
+            )
+            .await
+            .unwrap();
+        let read = client.call("supplier.get", args.clone()).await;
+        assert_eq!(read["result"]["isError"], false, "{read}");
+        assert_eq!(content(&read)["supplier_id"], "SUP-000417", "{read}");
+        assert_eq!(app.store.get_step(&step).await.unwrap().status, StepStatus::Done);
+        // Done is done: the next read is a new step, gated again.
+        let next = client.call("supplier.get", args).await;
+        assert_eq!(content(&next)["status"], "needs_approval", "{next}");
+        assert_ne!(content(&next)["step_id"], step.as_str(), "{next}");
+        app
+    })
+    .await;
+}
