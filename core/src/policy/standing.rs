@@ -52,7 +52,9 @@ fn holds(condition: &AuthorizationCondition, req: &Request) -> bool {
             let Some(amount) = args.get(MONEY_FIELD) else {
                 return false;
             };
-            money_member(args, amount, "args.amount").is_ok_and(|minor| minor <= *max)
+            // A bound on what may be spent: a negative amount (a refund, a reversal) is not
+            // "below" it; it is outside what the grant speaks of.
+            money_member(args, amount, "args.amount").is_ok_and(|minor| (0..=*max).contains(&minor))
         }
         AuthorizationCondition::OnlyArguments(allowed) => req
             .arguments
@@ -161,6 +163,23 @@ mod tests {
         assert!(!within(json!("20:00"), json!("2026-06-11T19:29:59Z")));
         // Across midnight: almost a day, never within a grant.
         assert!(!within(json!("00:10"), json!("2026-06-11T23:50:00Z")));
+    }
+
+    #[test]
+    fn an_amount_bound_covers_zero_to_the_bound_only() {
+        let covered = |amount: Value| {
+            let mut req = request(json!("20:00"), json!("2026-06-11T19:30:00Z"));
+            req.arguments = json!({"amount": amount, "currency": "EUR"});
+            holds(&AuthorizationCondition::MaxAmountMinor(200_000), &req)
+        };
+        assert!(covered(json!(1500)));
+        assert!(covered(json!(2000.00)));
+        assert!(!covered(json!(2000.01)));
+        assert!(
+            !covered(json!(-5)),
+            "a negative amount is outside the grant"
+        );
+        assert!(!covered(json!("1500")));
     }
 
     #[test]
