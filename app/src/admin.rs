@@ -768,7 +768,7 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
                     "Role" <select name="role" class=INPUT>{options}</select>
                 </label>
                 <label class="flex flex-col text-sm">
-                    "Tenant" <input name="tenant" required value=tenant class=INPUT/>
+                    "Tenant" <input name="tenant" required readonly value=tenant class=INPUT/>
                 </label>
                 <label class="flex flex-col text-sm">
                     "Expires after (e.g. 30d, optional)" <input name="expires" class=INPUT/>

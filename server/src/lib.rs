@@ -38,6 +38,8 @@ pub use registry::LiveRegistry;
 
 /// How often a server checks the database for a new registry version.
 pub const REGISTRY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long connections may take to finish once shutdown is signalled.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +85,9 @@ pub struct AppState {
     /// gateway hashes redacted values with plain SHA-256 only (fine on loopback for trying
     /// things out; anyone holding the audit can test guesses of low-entropy values).
     pub redaction: Option<Arc<RedactionKey>>,
+    /// Cancelled when the process shuts down: ends every MCP session (and its SSE stream),
+    /// which would otherwise hold the graceful shutdown open.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl axum::extract::FromRef<AppState> for LeptosOptions {
@@ -132,6 +137,7 @@ pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<App
         metrics: Arc::default(),
         auth,
         redaction,
+        shutdown: tokio_util::sync::CancellationToken::new(),
     })
 }
 
@@ -185,6 +191,7 @@ impl Application {
             metrics: Arc::default(),
             auth,
             redaction,
+            shutdown: tokio_util::sync::CancellationToken::new(),
         };
         let router = http::router(state.clone());
         Ok(Self {
@@ -262,9 +269,29 @@ impl Application {
         } else {
             None
         };
-        let served = axum::serve(without_nagle(self.listener), self.router)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        // On the signal: workers stop claiming at once, MCP sessions end (their SSE streams
+        // would hold the drain open for good), and connections get SHUTDOWN_GRACE to finish.
+        let (signaled_tx, mut signaled) = tokio::sync::watch::channel(false);
+        let (token, workers) = (self.state.shutdown.clone(), stop_tx.clone());
+        let signal = async move {
+            shutdown.await;
+            let _ = workers.send(true);
+            token.cancel();
+            let _ = signaled_tx.send(true);
+        };
+        let serving = axum::serve(without_nagle(self.listener), self.router)
+            .with_graceful_shutdown(signal)
+            .into_future();
+        let served = tokio::select! {
+            served = serving => served,
+            () = async {
+                let _ = signaled.wait_for(|s| *s).await;
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } => {
+                tracing::warn!("connections still open after the shutdown grace; closing them");
+                Ok(())
+            }
+        };
         watcher.abort();
         sweeper.abort();
         if let Some(d) = demo {

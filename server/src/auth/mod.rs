@@ -278,8 +278,11 @@ fn exempt(path: &str) -> bool {
     {
         return true;
     }
-    // Static files copied from public/ (favicon and the like).
-    let last = path.rsplit('/').next().unwrap_or_default();
+    // Static files copied from public/ (favicon and the like), which sit at the root: a
+    // deeper path (`/runs/x.css`) is a page like any other.
+    let Some(last) = path.strip_prefix('/').filter(|rest| !rest.contains('/')) else {
+        return false;
+    };
     [
         ".svg",
         ".png",

@@ -168,10 +168,12 @@ impl AdminBackend {
                 diff: v.diff.lines().map(str::to_owned).collect(),
             })
             .collect();
+        // Credentials are per tenant: an admin sees (and manages) their own tenant's only.
         let agents = store
             .list_agents()
             .await?
             .into_iter()
+            .filter(|a| person.tenant.as_ref() == Some(&a.tenant))
             .map(|a| AgentRow {
                 state: match (a.revoked_at, a.expires_at) {
                     (Some(_), _) => "revoked",
@@ -523,6 +525,12 @@ pub async fn create_agent(
     if !known {
         return back(None, Some("agent"));
     }
+    // An admin creates credentials in their own tenant only.
+    let tenant = match (field(&form, "tenant").trim(), &person.tenant) {
+        ("", Some(mine)) => mine.clone(),
+        (t, Some(mine)) if t == mine => t.to_string(),
+        _ => return back(None, Some("agent")),
+    };
     let expires_at = match field(&form, "expires").trim() {
         "" => None,
         text => match Span::parse(text) {
@@ -535,7 +543,7 @@ pub async fn create_agent(
         .create_agent(&NewAgent {
             name: field(&form, "name").trim().to_string(),
             role,
-            tenant: field(&form, "tenant").trim().to_string(),
+            tenant,
             created_by: format!("person:{}", identity(&person)),
             expires_at,
         })
@@ -577,6 +585,15 @@ pub async fn revoke_agent(
 ) -> Response {
     if let Some(refused) = cross_origin(&state, &headers) {
         return refused;
+    }
+    // Another tenant's credential does not exist for this admin.
+    match state.store.get_agent(&id).await {
+        Ok(cred) if admin.0.tenant.as_ref() == Some(&cred.tenant) => {}
+        Ok(_) | Err(StoreError::NotFound) => return back(None, Some("not_found")),
+        Err(e) => {
+            tracing::error!(error = %e, "admin: revoking failed");
+            return back(None, Some("unavailable"));
+        }
     }
     let by = format!("person:{}", identity(&admin.0));
     match state.store.revoke_agent(&id, &by).await {

@@ -3,6 +3,7 @@
 
 mod admin;
 mod approvals;
+mod headers;
 mod health;
 mod inbox;
 mod render;
@@ -55,7 +56,8 @@ pub fn router(state: AppState) -> Router {
             move || shell(options.clone()),
         )
         .layer(axum::middleware::from_fn(render::pin_owner));
-    // Layers run outside-in: trace, session, CSRF origin check, session gate.
+    // Layers run outside-in: trace, security headers, session, CSRF origin check, session
+    // gate.
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/metrics", get(crate::metrics::metrics))
@@ -93,6 +95,7 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(state.clone(), auth::gate))
         .layer(from_fn_with_state(state.clone(), auth::csrf))
         .layer(sessions)
+        .layer(axum::middleware::from_fn(headers::security_headers))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -78,9 +78,12 @@ fn transport_config(state: &AppState) -> StreamableHttpServerConfig {
     if let Some(host) = state.config.public_url.host_str() {
         hosts.push(host.to_string());
     }
-    StreamableHttpServerConfig::default()
+    let mut config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
-        .disable_allowed_origins()
+        .disable_allowed_origins();
+    // Shutdown ends every session and its stream (see `Application::run_until`).
+    config.cancellation_token = state.shutdown.clone();
+    config
 }
 
 /// The MCP server handler: one per session, all sharing the application state.

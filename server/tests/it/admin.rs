@@ -631,6 +631,59 @@ async fn admin_credentials_and_the_emergency_stop_switch() {
         assert_eq!(location(&resp), "/admin?done=revoked");
         let (status, _) = planner.try_request("tools/list", json!({})).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+        // Credentials are per tenant: Ada (acme) neither creates, sees nor revokes globex's.
+        let resp = post(
+            &ada,
+            &app,
+            "/admin/agents",
+            &[
+                ("name", "globex-bot".to_string()),
+                ("role", "planner".into()),
+                ("tenant", "globex".into()),
+            ],
+        )
+        .await;
+        assert_eq!(location(&resp), "/admin?error=agent");
+        let (globex, _) = app
+            .store
+            .create_agent(&countersign_core::store::NewAgent {
+                name: "globex-planner".into(),
+                role: "planner".into(),
+                tenant: "globex".into(),
+                created_by: "person:https://idp.example#gus".into(),
+                expires_at: None,
+            })
+            .await
+            .unwrap();
+        let page = ada
+            .get(app.url("/admin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            !page.contains("globex-planner"),
+            "another tenant's credential is not listed"
+        );
+        let resp = post(
+            &ada,
+            &app,
+            &format!("/admin/agents/{}/revoke", globex.id),
+            &[],
+        )
+        .await;
+        assert_eq!(location(&resp), "/admin?error=not_found");
+        assert!(
+            app.store
+                .get_agent(&globex.id)
+                .await
+                .unwrap()
+                .revoked_at
+                .is_none()
+        );
         app
     })
     .await;

@@ -902,3 +902,40 @@ fn gateway_redaction_honours_dotted_paths_bare_names_and_drop_over_hash() {
     let shown = countersign::pipeline::redacted(&tool, &result);
     assert!(!shown.to_string().contains(iban), "{shown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_open_mcp_streams_instead_of_waiting_for_them() {
+    let registry = crate::helpers::example("finance");
+    let app = crate::helpers::spawn_app_with(
+        countersign_core::Backend::Sqlite,
+        &[("COUNTERSIGN_REGISTRY", registry.as_str())],
+    )
+    .await
+    .unwrap();
+    let (_, token) = crate::mcp::agent(&app, "fin-1", "worker.finance").await;
+    let mut client = crate::mcp::Client::new(&app, &token);
+    client.connect().await;
+    let session = client.session().unwrap();
+    // The agent holds the session's standalone SSE stream open, as clients do.
+    let stream = app
+        .client
+        .get(app.url("/mcp"))
+        .bearer_auth(&token)
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", crate::mcp::PROTOCOL)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert!(stream.status().is_success(), "{}", stream.status());
+    // Stopping returns (before, the drain waited for the stream for good); a bound far above
+    // the shutdown grace tells "returned" from "hangs".
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(60), app.stop()).await;
+    assert!(
+        stopped.is_ok(),
+        "the server did not stop while an MCP stream was open"
+    );
+    // And the stream itself was ended by the server, not left dangling.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(60), stream.bytes()).await;
+    assert!(ended.is_ok(), "the MCP stream stayed open after shutdown");
+}

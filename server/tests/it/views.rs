@@ -629,3 +629,56 @@ async fn gate_metrics_show_rejection_rates_latency_expired_gates_and_break_even(
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_refuses_framing_sniffing_and_caching() {
+    each_finance_app(|app| async move {
+        let ana = app.demo_client("ana").await;
+        let anonymous = &app.client;
+        for (who, path) in [
+            (&ana, "/inbox"),
+            (&ana, "/runs"),
+            (&ana, "/api/gates"),
+            (anonymous, "/healthz"),
+            (anonymous, "/inbox"),
+            (anonymous, "/auth/login"),
+        ] {
+            let resp = who.get(app.url(path)).send().await.unwrap();
+            let h = resp.headers();
+            let value = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+            assert_eq!(value("x-frame-options"), "DENY", "{path}");
+            assert!(
+                value("content-security-policy").contains("frame-ancestors 'none'"),
+                "{path}"
+            );
+            assert_eq!(value("x-content-type-options"), "nosniff", "{path}");
+            assert_eq!(value("referrer-policy"), "same-origin", "{path}");
+            assert_eq!(value("cache-control"), "no-store", "{path}");
+        }
+        // A page path that merely ends like a static file still needs a session.
+        for path in ["/runs/x.css", "/inbox/x.js", "/audit/a.png"] {
+            let resp = anonymous.get(app.url(path)).send().await.unwrap();
+            assert_eq!(resp.status(), StatusCode::SEE_OTHER, "{path}");
+            let to = resp.headers().get(LOCATION).unwrap().to_str().unwrap();
+            assert!(to.starts_with("/auth/login"), "{path}: {to}");
+        }
+        // The favicon at the root does not.
+        let icon = anonymous.get(app.url("/favicon.svg")).send().await.unwrap();
+        assert_ne!(icon.status(), StatusCode::SEE_OTHER);
+        // The compiled assets may be cached.
+        let asset = anonymous
+            .get(app.url("/pkg/countersign.css"))
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(
+            asset
+                .headers()
+                .get("cache-control")
+                .and_then(|v| v.to_str().ok()),
+            Some("no-store")
+        );
+        app
+    })
+    .await;
+}

@@ -1,0 +1,43 @@
+//! Security headers on every HTTP response.
+//!
+//! Invariants:
+//! * No page can be framed by another site (`X-Frame-Options: DENY` and CSP
+//!   `frame-ancestors 'none'`): an approve, revoke or stop button cannot be clickjacked.
+//! * Responses are not content-sniffed (`X-Content-Type-Options: nosniff`) and send no
+//!   referrer to other origins (`Referrer-Policy: same-origin`).
+//! * Nothing but the compiled static assets (`/pkg/…`) is stored by browsers or proxies
+//!   (`Cache-Control: no-store`): inputs, audit records and one-time tokens do not outlive
+//!   the page in a shared browser's cache. A handler's own `Cache-Control` is kept.
+//! * A header a handler set itself is never overwritten.
+
+use axum::extract::Request;
+use axum::http::HeaderValue;
+use axum::http::header::{
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS,
+    X_FRAME_OPTIONS,
+};
+use axum::middleware::Next;
+use axum::response::Response;
+
+/// The static assets' path prefix (cacheable).
+const STATIC_PREFIX: &str = "/pkg/";
+
+/// Adds the security headers to the response of `req`.
+pub async fn security_headers(req: Request, next: Next) -> Response {
+    let cacheable = req.uri().path().starts_with(STATIC_PREFIX);
+    let mut resp = next.run(req).await;
+    let headers = resp.headers_mut();
+    let mut set = |name, value: &'static str| {
+        headers
+            .entry(name)
+            .or_insert_with(|| HeaderValue::from_static(value));
+    };
+    set(X_FRAME_OPTIONS, "DENY");
+    set(CONTENT_SECURITY_POLICY, "frame-ancestors 'none'");
+    set(X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(REFERRER_POLICY, "same-origin");
+    if !cacheable {
+        set(CACHE_CONTROL, "no-store");
+    }
+    resp
+}
