@@ -256,8 +256,8 @@ pub struct Config {
     pub workers: usize,
     /// Play the finance demo at start when the database has no runs (`serve --demo`).
     pub demo: bool,
-    /// Where gate notifications are posted.
-    pub webhook_urls: Vec<Url>,
+    /// Where gate notifications are posted (secret: a webhook URL's path is its credential).
+    pub webhook_urls: Vec<Secret<Url>>,
     /// Per-run limits the executor enforces.
     pub run_bounds: RunBounds,
     /// Total time an outbound `http`/`mcp` adapter call may take (connecting included).
@@ -546,7 +546,7 @@ impl Config {
                 .ok()
                 .filter(|u| matches!(u.scheme(), "http" | "https"))
                 .ok_or_else(|| invalid("webhook_urls", "an entry is not an http(s) URL".into()))?;
-            webhook_urls.push(url);
+            webhook_urls.push(Secret::new(url));
         }
 
         let number = |name: &'static str| -> Result<Option<i64>, ConfigError> {
@@ -658,10 +658,25 @@ impl Config {
             Some(issuer) => {
                 let url = Url::parse(&issuer)
                     .map_err(|e| invalid("oidc_issuer", format!("not an absolute URL ({e})")))?;
-                if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                // Plain http would carry the client secret and the code in clear and let
+                // anyone on the path serve signing keys: only for a provider on this machine.
+                let loopback = match url.host() {
+                    Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                    Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                    Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                    None => false,
+                };
+                let allowed = match url.scheme() {
+                    "https" => url.host().is_some(),
+                    "http" => loopback,
+                    _ => false,
+                };
+                if !allowed {
                     return Err(invalid(
                         "oidc_issuer",
-                        "expected an https:// URL (http:// only for a local test provider)".into(),
+                        "expected an https:// URL (http:// only for a test provider on \
+                         localhost or a loopback address)"
+                            .into(),
                     ));
                 }
                 let client_id = nonempty("oidc_client_id").ok_or_else(|| {

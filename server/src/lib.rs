@@ -303,6 +303,15 @@ impl Application {
         }
         if let Some(c) = checkpointer {
             c.abort();
+            // The records written since the last checkpoint are signed before the process
+            // goes: a tail cut while it was down is then still detected.
+            if let Some(signer) = &self.state.config.audit_signing_key {
+                match self.state.store.checkpoint_audit(signer, None).await {
+                    Ok(Some(cp)) => tracing::info!(seq = cp.seq, "final audit checkpoint signed"),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "final audit checkpoint failed"),
+                }
+            }
         }
         served.map_err(StartError::Serve)?;
         self.state.store.close().await;

@@ -41,7 +41,7 @@ pub fn gate_opened(state: &AppState, step: &Step) {
         "expires_at": step.expires_at,
         "inbox": inbox,
     });
-    for url in state.config.webhook_urls.clone() {
+    for url in state.config.webhook_urls.iter().map(|u| u.expose().clone()) {
         let body = body.clone();
         tokio::spawn(async move {
             let client = match reqwest::Client::builder()

@@ -465,3 +465,38 @@ async fn serve_signs_checkpoints_by_count_and_age_and_records_the_redaction_key(
         app.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_server_signs_the_records_written_since_the_last_checkpoint() {
+    for backend in [
+        countersign_core::Backend::Sqlite,
+        countersign_core::Backend::Postgres,
+    ] {
+        // A checkpoint is due only every 1,000 records: none during this short run.
+        let Some(app) = crate::helpers::spawn_app_with(
+            backend,
+            &[
+                ("COUNTERSIGN_AUDIT_SIGNING_KEY", KEY_A),
+                ("COUNTERSIGN_AUDIT_CHECKPOINT_EVERY", "1000"),
+            ],
+        )
+        .await
+        else {
+            continue;
+        };
+        crate::mcp::agent(&app, "bot-1", "worker.finance").await;
+        crate::mcp::agent(&app, "bot-2", "worker.finance").await;
+        let clock = app.store.clock().clone();
+        let db = app.stop_keeping_db().await;
+        let store = db.store(clock).await;
+        let (head, _) = store.audit_head().await.unwrap().unwrap();
+        let last = store.audit_checkpoint_at_or_before(None).await.unwrap();
+        assert_eq!(
+            last.map(|c| c.seq),
+            Some(head),
+            "{backend:?}: the head is signed at exit"
+        );
+        store.close().await;
+        db.drop_db().await;
+    }
+}

@@ -115,6 +115,23 @@ fn bad_values_name_the_key_and_source() {
             &[("COUNTERSIGN_REGISTRY", "/no/such/registry.yaml")],
             "COUNTERSIGN_REGISTRY",
         ),
+        // Plain http only for a provider on this machine.
+        (
+            &[
+                ("COUNTERSIGN_OIDC_ISSUER", "http://idp.example.com"),
+                ("COUNTERSIGN_OIDC_CLIENT_ID", "c"),
+                ("COUNTERSIGN_OIDC_CLIENT_SECRET", "s"),
+            ],
+            "COUNTERSIGN_OIDC_ISSUER",
+        ),
+        (
+            &[
+                ("COUNTERSIGN_OIDC_ISSUER", "http://10.0.0.5:8080"),
+                ("COUNTERSIGN_OIDC_CLIENT_ID", "c"),
+                ("COUNTERSIGN_OIDC_CLIENT_SECRET", "s"),
+            ],
+            "COUNTERSIGN_OIDC_ISSUER",
+        ),
     ];
     for (vars, key) in cases {
         let err = Config::load(Some(&temp_file("")), env(vars)).unwrap_err();
@@ -155,6 +172,18 @@ fn secrets_never_appear_in_errors_or_debug_output() {
     )
     .unwrap();
     assert!(!format!("{c:?}").contains("hunter2"));
+
+    // A webhook URL's path is its credential: never printed with the configuration.
+    let c = Config::load(
+        Some(&temp_file("")),
+        env(&[(
+            "COUNTERSIGN_WEBHOOK_URLS",
+            "https://hooks.example.com/services/T0/B0/xoxb-secret-path",
+        )]),
+    )
+    .unwrap();
+    assert_eq!(c.webhook_urls.len(), 1);
+    assert!(!format!("{c:?}").contains("xoxb-secret-path"));
 }
 
 #[test]

@@ -66,6 +66,17 @@ impl TestApp {
         client
     }
 
+    /// Stops the server and hands back its database (still there, for inspection).
+    pub async fn stop_keeping_db(mut self) -> FreshDb {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.await;
+        }
+        self.db.take().expect("the database")
+    }
+
     /// Stops the server and drops its database.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
