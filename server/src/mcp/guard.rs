@@ -11,6 +11,9 @@
 //! * An MCP session belongs to the agent whose `initialize` opened it: a request naming
 //!   another agent's session (to resume its stream, end it or send into it) is answered as
 //!   for a session that does not exist (404), whatever token it carries.
+//! * One agent credential holds at most [`MAX_SESSIONS_PER_AGENT`] live sessions in a
+//!   process: a further `initialize` is refused (429) until it ends one, so one token cannot
+//!   grow the server's memory without bound.
 //! * The call context read with the authentication ([`Admission::prefetched`]) is chosen by an
 //!   in-memory hint and grants nothing: it is read in the same statement as the credential,
 //!   only for the agent the token proves to be, and the pipeline uses it only for the run the
@@ -72,6 +75,9 @@ impl IntoResponse for Refusal {
 /// The MCP session header.
 const SESSION_HEADER: &str = "mcp-session-id";
 
+/// The most live MCP sessions one agent credential may hold in this process.
+pub const MAX_SESSIONS_PER_AGENT: usize = 32;
+
 /// What the guard works with: the application, and which agent opened each of this
 /// process's MCP sessions.
 #[derive(Clone)]
@@ -121,6 +127,20 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
     }
     let agent = credential.id.clone();
+    if session.is_none()
+        && req.method() == axum::http::Method::POST
+        && sessions_held(&state, &agent).await >= MAX_SESSIONS_PER_AGENT
+    {
+        tracing::info!(agent = %agent, "mcp: session limit reached");
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(json!({"error": format!(
+                "this credential holds {MAX_SESSIONS_PER_AGENT} open MCP sessions; end one \
+                 (DELETE /mcp) before opening another"
+            )})),
+        )
+            .into_response();
+    }
     let ending = req.method() == axum::http::Method::DELETE;
     // The token has done its job: nothing behind the guard (rmcp, handlers, their logs) ever
     // holds it.
@@ -162,6 +182,32 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         _ => {}
     }
     response
+}
+
+/// How many of this process's live MCP sessions `agent` opened (owners of sessions that
+/// ended by themselves are forgotten first when the count reaches the limit).
+async fn sessions_held(state: &GuardState, agent: &str) -> usize {
+    let count = || {
+        state
+            .owners
+            .lock()
+            .values()
+            .filter(|owner| *owner == agent)
+            .count()
+    };
+    if count() < MAX_SESSIONS_PER_AGENT {
+        return count();
+    }
+    let live: std::collections::HashSet<String> = state
+        .sessions
+        .sessions
+        .read()
+        .await
+        .keys()
+        .map(|k| k.to_string())
+        .collect();
+    state.owners.lock().retain(|id, _| live.contains(id));
+    count()
 }
 
 /// The key [`Admission::hint_key`] is: a digest of the token's hash and the MCP session id, so

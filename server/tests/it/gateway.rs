@@ -939,3 +939,41 @@ async fn shutdown_ends_open_mcp_streams_instead_of_waiting_for_them() {
     let ended = tokio::time::timeout(std::time::Duration::from_secs(60), stream.bytes()).await;
     assert!(ended.is_ok(), "the MCP stream stayed open after shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_credential_holds_a_bounded_number_of_mcp_sessions() {
+    use countersign::mcp::guard::MAX_SESSIONS_PER_AGENT;
+    each_finance_app(|app| async move {
+        let (_, token) = agent(&app, "fin-1", "worker.finance").await;
+        let mut open = Vec::new();
+        for _ in 0..MAX_SESSIONS_PER_AGENT {
+            let mut c = Client::new(&app, &token);
+            c.connect().await;
+            open.push(c.session().unwrap());
+        }
+        let initialize = json!({"protocolVersion": crate::mcp::PROTOCOL, "capabilities": {},
+                                "clientInfo": {"name": "it", "version": "0"}});
+        let mut extra = Client::new(&app, &token);
+        let (status, _) = extra.try_request("initialize", initialize.clone()).await;
+        assert_eq!(status, reqwest::StatusCode::TOO_MANY_REQUESTS);
+        // Another credential is not affected.
+        let (_, other) = agent(&app, "fin-2", "worker.finance").await;
+        Client::new(&app, &other).connect().await;
+        // Ending one session makes room for one more.
+        let ended = app
+            .client
+            .delete(app.url("/mcp"))
+            .bearer_auth(&token)
+            .header("mcp-session-id", &open[0])
+            .header("mcp-protocol-version", crate::mcp::PROTOCOL)
+            .send()
+            .await
+            .unwrap();
+        assert!(ended.status().is_success(), "{}", ended.status());
+        let mut again = Client::new(&app, &token);
+        let (status, _) = again.try_request("initialize", initialize).await;
+        assert_eq!(status, reqwest::StatusCode::OK);
+        app
+    })
+    .await;
+}
