@@ -162,17 +162,8 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
                     owners.insert(opened, agent);
                     owners.len()
                 };
-                // Forget the owners of sessions that ended by themselves (timeouts).
                 if owned > 2 * live + 64 {
-                    let live: std::collections::HashSet<String> = state
-                        .sessions
-                        .sessions
-                        .read()
-                        .await
-                        .keys()
-                        .map(|k| k.to_string())
-                        .collect();
-                    state.owners.lock().retain(|id, _| live.contains(id));
+                    forget_ended(&state).await;
                 }
             }
         }
@@ -198,6 +189,12 @@ async fn sessions_held(state: &GuardState, agent: &str) -> usize {
     if count() < MAX_SESSIONS_PER_AGENT {
         return count();
     }
+    forget_ended(state).await;
+    count()
+}
+
+/// Forgets the owners of sessions that ended by themselves (rmcp's idle timeout).
+async fn forget_ended(state: &GuardState) {
     let live: std::collections::HashSet<String> = state
         .sessions
         .sessions
@@ -207,7 +204,6 @@ async fn sessions_held(state: &GuardState, agent: &str) -> usize {
         .map(|k| k.to_string())
         .collect();
     state.owners.lock().retain(|id, _| live.contains(id));
-    count()
 }
 
 /// The key [`Admission::hint_key`] is: a digest of the token's hash and the MCP session id, so

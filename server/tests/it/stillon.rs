@@ -229,17 +229,7 @@ async fn stillon_a_30_minute_move_runs_within_the_standing_authorization_once() 
         assert_eq!(content(&read)["slots"]["2000"], "yours", "{read}");
         // A "misapplied" fault on a read refuses it (a read has nothing else to apply): the
         // fault is never used up unseen.
-        inject_fault(
-            &app.store,
-            STILLON,
-            "dining.reservation.get",
-            &Fault {
-                mode: FaultMode::Misapplied,
-                times: 1,
-            },
-        )
-        .await
-        .unwrap();
+        fault_once(&app, "dining.reservation.get", FaultMode::Misapplied).await;
         let faulted = client
             .call("reservation.get", json!({"reservation_id": 8472}))
             .await;
@@ -344,17 +334,7 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
     each_stillon_app(|app| async move {
         // The partner accepts "20:00" and answers "20:00", but seats the party at 19:00 (the
         // free sitting nearest 20:00: 20:30 and 21:00 are taken).
-        inject_fault(
-            &app.store,
-            STILLON,
-            "dining.reservation.modify",
-            &Fault {
-                mode: FaultMode::Misapplied,
-                times: 1,
-            },
-        )
-        .await
-        .unwrap();
+        fault_once(&app, "dining.reservation.modify", FaultMode::Misapplied).await;
         let token = for_traveller(&app, "maestro", "planner").await;
         let mut planner = Client::new(&app, &token);
         planner.connect().await;
@@ -383,13 +363,11 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
         assert_eq!(outcome["answer"]["rule"], STATE_CHANGED, "{outcome}");
         assert_eq!(outcome["answer"]["effect_applied"], true, "{outcome}");
         // Its applied effect is not left in silence: escalated to a person.
-        let escalated = loop {
-            let trail = step_audit(&app, &run, &steps[0]).await;
-            if let Some(r) = trail.into_iter().find(|(e, _, _)| e == "compensated") {
-                break r;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let escalated = compensated(&app, &run, &steps[0])
+            .await
+            .into_iter()
+            .find(|(e, _, _)| e == "compensated")
+            .unwrap();
         assert_eq!(
             escalated.1.as_deref(),
             Some("compensation.escalated"),
@@ -510,24 +488,11 @@ async fn stillon_cancel_waits_for_the_traveller() {
 #[tokio::test]
 async fn stillon_notify_failing_after_the_move_is_recorded() {
     each_stillon_app(|app| async move {
-        inject_fault(
-            &app.store,
-            STILLON,
-            "messaging.send",
-            &Fault {
-                mode: FaultMode::Fail,
-                times: 1,
-            },
-        )
-        .await
-        .unwrap();
+        fault_once(&app, "messaging.send", FaultMode::Fail).await;
         let token = for_traveller(&app, "maestro", "planner").await;
         let mut planner = Client::new(&app, &token);
         planner.connect().await;
-        let notify = json!({"tool": "notify.send",
-            "arguments": {"contact_id": "CONTACT-0042", "channel": "sms",
-                          "message": "Dinner moved to 20:00 at Osteria Lume"},
-            "reason": "Tell the guest the dinner moved to 20:00"});
+        let notify = notify_step();
         let (run, steps) =
             submit(&mut planner, vec![move_step(observed_free_2000()), notify]).await;
         wait_for(&app, &steps[0], StepStatus::Done).await;
@@ -567,27 +532,14 @@ async fn stillon_notify_failing_after_the_move_is_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stillon_an_undo_that_needs_a_person_restores_the_party_and_leaves_the_inbox() {
     each_stillon_app(|app| async move {
-        inject_fault(
-            &app.store,
-            STILLON,
-            "messaging.send",
-            &Fault {
-                mode: FaultMode::Fail,
-                times: 1,
-            },
-        )
-        .await
-        .unwrap();
+        fault_once(&app, "messaging.send", FaultMode::Fail).await;
         let token = for_traveller(&app, "maestro", "planner").await;
         let mut planner = Client::new(&app, &token);
         planner.connect().await;
         // The move also grows the party: outside the standing authorization, so approved.
         let mut bigger = move_step(observed_free_2000());
         bigger["arguments"]["party_size"] = json!(6);
-        let notify = json!({"tool": "notify.send",
-            "arguments": {"contact_id": "CONTACT-0042", "channel": "sms",
-                          "message": "Dinner moved to 20:00 at Osteria Lume"},
-            "reason": "Tell the guest the dinner moved to 20:00"});
+        let notify = notify_step();
         let (run, steps) = submit(&mut planner, vec![bigger, notify]).await;
         for step in &steps {
             wait_for(&app, step, StepStatus::NeedsApproval).await;
@@ -604,13 +556,7 @@ async fn stillon_an_undo_that_needs_a_person_restores_the_party_and_leaves_the_i
         }
         wait_for(&app, &steps[1], StepStatus::Failed).await;
         wait_run(&app, &run, RunStatus::Failed).await;
-        let trail = loop {
-            let trail = step_audit(&app, &run, &steps[0]).await;
-            if trail.iter().any(|(e, _, _)| e == "compensated") {
-                break trail;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let trail = compensated(&app, &run, &steps[0]).await;
         assert!(
             trail
                 .iter()
@@ -647,6 +593,32 @@ async fn stillon_an_undo_that_needs_a_person_restores_the_party_and_leaves_the_i
         app
     })
     .await;
+}
+
+/// The partner fails `operation`'s next call with `mode`.
+async fn fault_once(app: &TestApp, operation: &str, mode: FaultMode) {
+    inject_fault(&app.store, STILLON, operation, &Fault { mode, times: 1 })
+        .await
+        .unwrap();
+}
+
+/// A plan step telling the guest the dinner moved to 20:00.
+fn notify_step() -> Value {
+    json!({"tool": "notify.send",
+        "arguments": {"contact_id": "CONTACT-0042", "channel": "sms",
+                      "message": "Dinner moved to 20:00 at Osteria Lume"},
+        "reason": "Tell the guest the dinner moved to 20:00"})
+}
+
+/// `step`'s audit trail in `run` once it holds its `compensated` record.
+async fn compensated(app: &TestApp, run: &str, step: &str) -> Vec<(String, Option<String>, Value)> {
+    loop {
+        let trail = step_audit(app, run, step).await;
+        if trail.iter().any(|(e, _, _)| e == "compensated") {
+            return trail;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// `countersign standing ARGS…` on `app`'s database: (exit code, stdout, stderr).
