@@ -476,7 +476,9 @@ impl Config {
                 }) => (format!("{name} (default)"), value.as_str()),
                 None => (env_name(name), ""),
             };
-            let shown = if secret {
+            // A URL carrying a password is shown as nothing, whichever key it was given for.
+            let has_password = Url::parse(value.trim()).is_ok_and(|u| u.password().is_some());
+            let shown = if secret || has_password {
                 String::new()
             } else {
                 format!(" = {value:?}")
@@ -582,6 +584,20 @@ impl Config {
                     return Err(invalid(
                         "public_url",
                         "expected an http:// or https:// URL with a host".into(),
+                    ));
+                }
+                // Served at the root: links, redirect URIs and origins are built from scheme,
+                // host and port alone, and a password here would be logged and sent out.
+                if !url.username().is_empty()
+                    || url.password().is_some()
+                    || url.path() != "/"
+                    || url.query().is_some()
+                    || url.fragment().is_some()
+                {
+                    return Err(invalid(
+                        "public_url",
+                        "expected scheme, host and port only (no user, path, query or fragment)"
+                            .into(),
                     ));
                 }
                 url

@@ -104,6 +104,21 @@ fn bad_values_name_the_key_and_source() {
             "COUNTERSIGN_PUBLIC_URL",
         ),
         (
+            &[("COUNTERSIGN_PUBLIC_URL", "https://admin:pw@cs.example.com")],
+            "COUNTERSIGN_PUBLIC_URL",
+        ),
+        (
+            &[(
+                "COUNTERSIGN_PUBLIC_URL",
+                "https://cs.example.com/countersign",
+            )],
+            "COUNTERSIGN_PUBLIC_URL",
+        ),
+        (
+            &[("COUNTERSIGN_PUBLIC_URL", "https://cs.example.com/?x=1")],
+            "COUNTERSIGN_PUBLIC_URL",
+        ),
+        (
             &[("COUNTERSIGN_LOG_FORMAT", "xml")],
             "COUNTERSIGN_LOG_FORMAT",
         ),
@@ -165,6 +180,16 @@ fn secrets_never_appear_in_errors_or_debug_output() {
     )
     .unwrap_err();
     assert!(!err.to_string().contains("hunter2"), "{err}");
+    // Nor a password put into a URL that is not itself secret.
+    let err = Config::load(
+        Some(&temp_file("")),
+        env(&[(
+            "COUNTERSIGN_PUBLIC_URL",
+            "https://admin:hunter2@cs.example.com",
+        )]),
+    )
+    .unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
 
     let c = Config::load(
         Some(&temp_file("")),
@@ -208,10 +233,7 @@ fn allowed_origins_default_to_the_public_urls_origin_and_are_normalised() {
     let c = Config::load(
         Some(&temp_file("")),
         env(&[
-            (
-                "COUNTERSIGN_PUBLIC_URL",
-                "https://countersign.example.com/base",
-            ),
+            ("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com/"),
             (
                 "COUNTERSIGN_ALLOWED_ORIGINS",
                 " https://Agents.Example:443 , http://localhost:8080 ",
@@ -230,7 +252,7 @@ fn allowed_origins_default_to_the_public_urls_origin_and_are_normalised() {
         Some(&temp_file("")),
         env(&[(
             "COUNTERSIGN_PUBLIC_URL",
-            "https://countersign.example.com/base",
+            "https://countersign.example.com:443",
         )]),
     )
     .unwrap();
