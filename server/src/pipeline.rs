@@ -355,7 +355,13 @@ async fn call_inner(
             let hash = InputsHash::of(&canonical).to_string();
             if let Some(step) = state
                 .store
-                .gated_read(&run.id, tool.name.as_str(), &hash)
+                .gated_read(
+                    &run.id,
+                    &credential.id,
+                    &credential.role,
+                    tool.name.as_str(),
+                    &hash,
+                )
                 .await?
             {
                 if step.status == StepStatus::NeedsApproval

@@ -279,9 +279,26 @@ fn holds(now: &Value, text: &str) -> bool {
     if scalar_text(now).as_deref() == Some(text) {
         return true;
     }
-    match (now.as_f64(), text.trim().parse::<f64>()) {
-        (Some(n), Ok(t)) if now.is_number() && t.is_finite() => n == t,
-        _ => false,
+    let (Value::Number(n), Ok(Value::Number(t))) =
+        (now, serde_json::from_str::<Value>(text.trim()))
+    else {
+        return false;
+    };
+    // Integers compare exactly; a fraction compares as f64 only with values an f64 holds
+    // exactly (a long id above 2^53 is never "equal" by rounding).
+    match (n.as_i128(), t.as_i128()) {
+        (Some(a), Some(b)) => a == b,
+        _ => matches!((exact_f64(n), exact_f64(&t)), (Some(a), Some(b)) if a == b),
+    }
+}
+
+/// `n` as an f64 when that loses nothing.
+fn exact_f64(n: &serde_json::Number) -> Option<f64> {
+    const EXACT: i128 = 1 << 53;
+    match n.as_i128() {
+        Some(i) if i.abs() <= EXACT => n.as_f64(),
+        Some(_) => None,
+        None => n.as_f64().filter(|f| f.is_finite()),
     }
 }
 
@@ -310,6 +327,16 @@ mod tests {
         assert!(!holds(&json!(4180.0), "4180.01"));
         assert!(!holds(&json!("4180.0"), "4180.00"), "a string stays text");
         assert!(!holds(&json!(1.0), "NaN"));
+        // Long ids: exact, never equal by rounding.
+        assert!(holds(&json!(9_007_199_254_740_993_u64), "9007199254740993"));
+        assert!(!holds(
+            &json!(9_007_199_254_740_993_u64),
+            "9007199254740992"
+        ));
+        assert!(!holds(
+            &json!(9_007_199_254_740_993_u64),
+            "9007199254740992.0"
+        ));
         assert!(holds(&json!("free"), "free"));
         assert!(!holds(&json!({"a": 1}), "{\"a\":1}"));
     }

@@ -212,7 +212,7 @@ impl Store {
         Ok(rows)
     }
 
-    /// Revokes the credential with this id, or the active one with this name, as `by`, with
+    /// Revokes the credential with this id, else the active one with this name, as `by`, with
     /// its audit record in the same transaction. Revoking twice is harmless: the first
     /// revocation time and record are kept.
     pub async fn revoke_agent(
@@ -220,9 +220,14 @@ impl Store {
         id_or_name: &str,
         by: &str,
     ) -> Result<AgentCredential, StoreError> {
-        let cred = match self.find_active_agent_by_name(id_or_name).await? {
-            Some(a) => a,
-            None => self.get_agent(id_or_name).await?,
+        // An id first: a name that happens to spell another credential's id never wins.
+        let cred = match self.get_agent(id_or_name).await {
+            Ok(a) => a,
+            Err(StoreError::NotFound) => self
+                .find_active_agent_by_name(id_or_name)
+                .await?
+                .ok_or(StoreError::NotFound)?,
+            Err(e) => return Err(e),
         };
         if cred.revoked_at.is_some() {
             return Ok(cred);

@@ -578,26 +578,34 @@ impl Store {
         row.try_into()
     }
 
-    /// The read step of `run_id` that a repeat of a gated read call continues: same tool and
-    /// inputs hash, parked at its gate or approved and not yet run (`needs_approval`, or
-    /// `pending` after its gate window opened). The newest such step; `None` otherwise.
+    /// The read step of `run_id` that `agent`'s repeat of a gated read call in `role`
+    /// continues: the same agent, role, tool and inputs hash, parked at its gate with the
+    /// window still open, or approved and not yet run (`pending` after its gate window
+    /// opened). The newest such step; `None` otherwise (a new read is opened).
     pub async fn gated_read(
         &self,
         run_id: &str,
+        agent: &str,
+        role: &str,
         tool: &str,
         inputs_hash: &str,
     ) -> Result<Option<Step>, StoreError> {
         let sql = format!(
             "SELECT {STEP_COLUMNS} FROM steps
-              WHERE run_id = $1 AND tool = $2 AND inputs_hash = $3 AND effect = 'read'
-                AND (status = 'needs_approval' OR (status = 'pending' AND expires_at IS NOT NULL))
+              WHERE run_id = $1 AND agent_id = $2 AND role = $3 AND tool = $4
+                AND inputs_hash = $5 AND effect = 'read' AND expires_at IS NOT NULL
+                AND ((status = 'needs_approval' AND expires_at > $6) OR status = 'pending')
               ORDER BY seq DESC LIMIT 1"
         );
+        let now = self.clock.now_ms();
         let row: Option<StepRow> = on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(run_id)
+                .bind(agent)
+                .bind(role)
                 .bind(tool)
                 .bind(inputs_hash)
+                .bind(now)
                 .fetch_optional(p)
                 .await?
         });

@@ -200,3 +200,26 @@ async fn creating_and_revoking_a_credential_are_audited_without_its_token() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn revoking_by_id_never_takes_a_credential_named_like_that_id() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let (target, _) = store.create_agent(&agent("target", None)).await.unwrap();
+        let (decoy, _) = store.create_agent(&agent(&target.id, None)).await.unwrap();
+        let revoked = store.revoke_agent(&target.id, "admin").await.unwrap();
+        assert_eq!(revoked.id, target.id);
+        assert!(
+            store
+                .get_agent(&decoy.id)
+                .await
+                .unwrap()
+                .revoked_at
+                .is_none()
+        );
+        // A name still works when no id matches.
+        let (bot, _) = store.create_agent(&agent("bot", None)).await.unwrap();
+        assert_eq!(store.revoke_agent("bot", "admin").await.unwrap().id, bot.id);
+    })
+    .await;
+}

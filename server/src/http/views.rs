@@ -362,7 +362,12 @@ impl Views {
                     (Some(tool), Ok(v)) => crate::pipeline::redacted(tool, &v),
                     _ => Value::Null,
                 };
-                let inputs = shown(&s.inputs);
+                // Inputs as the audit shows them (keyed digests; a plan's steps each by its
+                // own tool).
+                let inputs = match (&tool, serde_json::from_str::<Value>(&s.inputs)) {
+                    (Some(tool), Ok(v)) => crate::pipeline::audit_inputs(&self.0, tool, &v),
+                    _ => Value::Null,
+                };
                 let reference = s.outcome.as_deref().map(shown).and_then(|o| {
                     o.pointer("/answer/ref")
                         .and_then(Value::as_str)

@@ -90,15 +90,49 @@ pub struct GuardState {
     pub sessions: Arc<LocalSessionManager>,
 }
 
-/// Session id → the id of the agent credential that opened it.
+/// Session id → the id of the agent credential that opened it, and per agent the
+/// `initialize` requests under way (counted against the limit before their session exists).
 #[derive(Debug, Default)]
-pub struct SessionOwners(Mutex<HashMap<String, String>>);
+pub struct SessionOwners(
+    Mutex<HashMap<String, String>>,
+    Mutex<HashMap<String, usize>>,
+);
 
 impl SessionOwners {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
         match self.0.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn opening(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        match self.1.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Takes one of `agent`'s session slots for an `initialize` under way, if one is free
+    /// (`held` sessions are live already).
+    fn reserve(&self, agent: &str, held: usize) -> bool {
+        let mut opening = self.opening();
+        let pending = opening.entry(agent.to_string()).or_default();
+        if held + *pending >= MAX_SESSIONS_PER_AGENT {
+            return false;
+        }
+        *pending += 1;
+        true
+    }
+
+    /// Gives back a slot taken by [`SessionOwners::reserve`].
+    fn release(&self, agent: &str) {
+        let mut opening = self.opening();
+        if let Some(n) = opening.get_mut(agent) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                opening.remove(agent);
+            }
         }
     }
 }
@@ -127,9 +161,11 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
     }
     let agent = credential.id.clone();
-    if session.is_none()
-        && req.method() == axum::http::Method::POST
-        && sessions_held(&state, &agent).await >= MAX_SESSIONS_PER_AGENT
+    let opening = session.is_none() && req.method() == axum::http::Method::POST;
+    if opening
+        && !state
+            .owners
+            .reserve(&agent, sessions_held(&state, &agent).await)
     {
         tracing::info!(agent = %agent, "mcp: session limit reached");
         return (
@@ -149,6 +185,9 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
     req.extensions_mut().insert(admission);
     let response = next.run(req).await;
     if !response.status().is_success() {
+        if opening {
+            state.owners.release(&agent);
+        }
         return response;
     }
     match (&session, response.headers().get(SESSION_HEADER)) {
@@ -159,7 +198,7 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
                 let live = state.sessions.sessions.read().await.len();
                 let owned = {
                     let mut owners = state.owners.lock();
-                    owners.insert(opened, agent);
+                    owners.insert(opened, agent.clone());
                     owners.len()
                 };
                 if owned > 2 * live + 64 {
@@ -171,6 +210,10 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
             state.owners.lock().remove(id);
         }
         _ => {}
+    }
+    // The slot reserved for an `initialize` is now a recorded session (or was never used).
+    if opening {
+        state.owners.release(&agent);
     }
     response
 }

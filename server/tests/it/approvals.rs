@@ -357,6 +357,13 @@ async fn a_gated_read_repeated_in_its_run_continues_its_step_and_runs_once_appro
         // Another supplier is another step.
         let other = client.call("supplier.get", json!({"supplier_id": "SUP-000042"})).await;
         assert_ne!(content(&other)["step_id"], step.as_str(), "{other}");
+        // Another agent asking the same in its own run gets its own step.
+        let (_, fin2) = agent(&app, "fin-2", "worker.finance").await;
+        let mut second = Client::new(&app, &fin2);
+        second.connect().await;
+        let theirs = second.call("supplier.get", args.clone()).await;
+        assert_eq!(content(&theirs)["status"], "needs_approval", "{theirs}");
+        assert_ne!(content(&theirs)["step_id"], step.as_str(), "{theirs}");
 
         let now = app.store.clock().now_ms();
         app.store
@@ -377,6 +384,12 @@ async fn a_gated_read_repeated_in_its_run_continues_its_step_and_runs_once_appro
         let next = client.call("supplier.get", args).await;
         assert_eq!(content(&next)["status"], "needs_approval", "{next}");
         assert_ne!(content(&next)["step_id"], step.as_str(), "{next}");
+        // Past its window a parked read is not continued: the call opens a new one.
+        let lapsed = content(&other)["step_id"].as_str().unwrap().to_string();
+        app.clock.advance(chrono::Duration::minutes(61));
+        let anew = client.call("supplier.get", json!({"supplier_id": "SUP-000042"})).await;
+        assert_eq!(content(&anew)["status"], "needs_approval", "{anew}");
+        assert_ne!(content(&anew)["step_id"], lapsed.as_str(), "{anew}");
         app
     })
     .await;

@@ -977,3 +977,35 @@ async fn one_credential_holds_a_bounded_number_of_mcp_sessions() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_initializes_cannot_exceed_the_session_limit() {
+    use countersign::mcp::guard::MAX_SESSIONS_PER_AGENT;
+    each_finance_app(|app| async move {
+        let (_, token) = agent(&app, "fin-1", "worker.finance").await;
+        let initialize = json!({"protocolVersion": crate::mcp::PROTOCOL, "capabilities": {},
+                                "clientInfo": {"name": "it", "version": "0"}});
+        let attempts = (0..MAX_SESSIONS_PER_AGENT + 12).map(|_| {
+            let initialize = initialize.clone();
+            let app = &app;
+            let token = &token;
+            async move {
+                Client::new(app, token)
+                    .try_request("initialize", initialize)
+                    .await
+                    .0
+            }
+        });
+        let statuses = futures_util::future::join_all(attempts).await;
+        let opened = statuses.iter().filter(|s| s.is_success()).count();
+        assert!(opened <= MAX_SESSIONS_PER_AGENT, "{opened} sessions opened");
+        assert!(
+            statuses
+                .iter()
+                .all(|s| s.is_success() || *s == reqwest::StatusCode::TOO_MANY_REQUESTS),
+            "{statuses:?}"
+        );
+        app
+    })
+    .await;
+}
