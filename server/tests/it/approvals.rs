@@ -333,15 +333,12 @@ async fn approvals_http_api_lists_and_decides_for_signed_in_approvers_only() {
 async fn a_gated_read_repeated_in_its_run_continues_its_step_and_runs_once_approved() {
     each_finance_app(|app| async move {
         // Reading a supplier's master data now needs an approver.
-        let yaml = std::fs::read_to_string(format!("{}/registry.yaml", example("finance"))).unwrap();
-        let gated = yaml.replacen(
+        crate::helpers::use_finance_registry_with(
+            &app,
             "    effect: read\n    gate: never\n    roles: [planner, worker.finance, reviewer, worker.vendor_master]\n    handler: {provider: erp, operation: suppliers.get}\n",
             "    effect: read\n    gate: always\n    roles: [planner, worker.finance, reviewer, worker.vendor_master]\n    approval: {approver_roles: [approver], expires: 1h}\n    handler: {provider: erp, operation: suppliers.get}\n",
-            1,
-        );
-        assert_ne!(gated, yaml);
-        app.store.import_registry(&gated, "test").await.unwrap();
-        assert!(app.state.registry.refresh(&app.store).await);
+        )
+        .await;
 
         let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
         let mut client = Client::new(&app, &fin);

@@ -482,19 +482,12 @@ async fn batch_answers_steps_of_tools_the_approver_cannot_approve_as_missing() {
         )
         .await;
         // Holds are now decided by controllers only; Ana is an approver, not a controller.
-        let yaml = std::fs::read_to_string(format!(
-            "{}/registry.yaml",
-            crate::helpers::example("finance")
-        ))
-        .unwrap();
-        let controllers = yaml.replacen(
+        crate::helpers::use_finance_registry_with(
+            &app,
             "    approval:\n      approver_roles: [approver]\n      expires: 72h\n    handler: {provider: erp, operation: invoices.hold}",
             "    approval:\n      approver_roles: [controller]\n      expires: 72h\n    handler: {provider: erp, operation: invoices.hold}",
-            1,
-        );
-        assert_ne!(controllers, yaml);
-        app.store.import_registry(&controllers, "test").await.unwrap();
-        assert!(app.state.registry.refresh(&app.store).await);
+        )
+        .await;
 
         let ana = app.demo_client("ana").await;
         let now = app.store.clock().now_ms();

@@ -91,6 +91,16 @@ impl TestApp {
     }
 }
 
+/// Puts in force the finance registry with its first `from` replaced by `to` (the text must
+/// be there), as the next registry version, and swaps it in.
+pub async fn use_finance_registry_with(app: &TestApp, from: &str, to: &str) {
+    let yaml = std::fs::read_to_string(format!("{}/registry.yaml", example("finance"))).unwrap();
+    let changed = yaml.replacen(from, to, 1);
+    assert_ne!(changed, yaml, "{from:?} is not in the finance registry");
+    app.store.import_registry(&changed, "test").await.unwrap();
+    assert!(app.state.registry.refresh(&app.store).await);
+}
+
 /// The example bundle folder `name` (finance, stillon).
 pub fn example(name: &str) -> String {
     format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))

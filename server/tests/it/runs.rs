@@ -1010,19 +1010,12 @@ async fn runs_a_planned_step_meets_the_schema_in_force_when_it_runs() {
                           "reason": "Dispute on line 1 quantities received"});
         let (run, steps) = submit(&mut client, vec![hold]).await;
         wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
-        let yaml = std::fs::read_to_string(format!(
-            "{}/registry.yaml",
-            crate::helpers::example("finance")
-        ))
-        .unwrap();
-        let tightened = yaml.replacen(
+        crate::helpers::use_finance_registry_with(
+            &app,
             "amount: {type: number, exclusiveMinimum: 0, maximum: 50000}",
             "amount: {type: number, exclusiveMinimum: 0, maximum: 1000}",
-            1,
-        );
-        assert_ne!(tightened, yaml);
-        app.store.import_registry(&tightened, "test").await.unwrap();
-        assert!(app.state.registry.refresh(&app.store).await);
+        )
+        .await;
         app.store
             .decide_step(
                 &steps[0],

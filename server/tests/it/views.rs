@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, LOCATION};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, example};
+use crate::helpers::TestApp;
 use crate::mcp::{Client, INV, REASON, agent, each_finance_app, payment_for};
 
 async fn get(client: &reqwest::Client, app: &TestApp, path: &str) -> (StatusCode, String) {
@@ -384,15 +384,12 @@ async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_li
                 .to_string()
         };
         assert!(row(&html, &odd.id).contains("INV-20260612"));
-        let yaml = std::fs::read_to_string(format!("{}/registry.yaml", example("finance"))).unwrap();
-        let redacting = yaml.replacen(
+        crate::helpers::use_finance_registry_with(
+            &app,
             "    handler: {provider: erp, operation: payments.schedule}\n",
             "    handler: {provider: erp, operation: payments.schedule}\n    redact: [amount, {field: invoice_id, how: drop}, ref]\n",
-            1,
-        );
-        assert_ne!(redacting, yaml);
-        app.store.import_registry(&redacting, "test").await.unwrap();
-        assert!(app.state.registry.refresh(&app.store).await);
+        )
+        .await;
         let html = ok_page(&max, &app, &format!("/runs/{run}")).await;
         let reference = reply["result"]["structuredContent"]["ref"].as_str().unwrap();
         for (id, secrets) in [
