@@ -163,9 +163,12 @@ enum StandingCommand {
         /// Condition: `requested_time` is within this many minutes of the record's start.
         #[arg(long, value_name = "MINUTES")]
         max_shift_minutes: Option<u32>,
-        /// Condition: `amount` is at most this many minor units.
+        /// Condition: `amount` is between 0 and this many minor units (needs --currency).
         #[arg(long, value_name = "MINOR_UNITS")]
         max_amount_minor: Option<i64>,
+        /// Condition: `currency` is exactly this code (ISO 4217, e.g. EUR).
+        #[arg(long, value_name = "CODE")]
+        currency: Option<String>,
         /// Condition: the call carries no argument outside this comma-separated list.
         #[arg(long, value_name = "NAMES", value_delimiter = ',')]
         only_arguments: Option<Vec<String>>,
@@ -633,6 +636,7 @@ async fn standing_command(store: &Store, command: StandingCommand) -> Result<(),
             owns_resource,
             max_shift_minutes,
             max_amount_minor,
+            currency,
             only_arguments,
             unconditional,
             id,
@@ -675,6 +679,24 @@ async fn standing_command(store: &Store, command: StandingCommand) -> Result<(),
                     ));
                 }
                 conditions.push(Condition::MaxAmountMinor(m));
+            }
+            match currency.as_deref().map(str::trim) {
+                Some(c) if c.len() == 3 && c.chars().all(|ch| ch.is_ascii_uppercase()) => {
+                    conditions.push(Condition::Currency(c.to_string()));
+                }
+                Some(c) => {
+                    return Err(CliError::Refused(format!(
+                        "--currency {c:?}: expected a three-letter ISO 4217 code such as EUR"
+                    )));
+                }
+                None if max_amount_minor.is_some() => {
+                    return Err(CliError::Refused(
+                        "--max-amount-minor needs --currency: an amount bound means nothing \
+                         without its currency"
+                            .into(),
+                    ));
+                }
+                None => {}
             }
             if let Some(names) = only_arguments {
                 let known = found

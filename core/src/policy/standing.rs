@@ -56,6 +56,11 @@ fn holds(condition: &AuthorizationCondition, req: &Request) -> bool {
             // "below" it; it is outside what the grant speaks of.
             money_member(args, amount, "args.amount").is_ok_and(|minor| (0..=*max).contains(&minor))
         }
+        AuthorizationCondition::Currency(code) => req
+            .arguments
+            .get("currency")
+            .and_then(Value::as_str)
+            .is_some_and(|c| c == code),
         AuthorizationCondition::OnlyArguments(allowed) => req
             .arguments
             .as_object()
@@ -180,6 +185,15 @@ mod tests {
             "a negative amount is outside the grant"
         );
         assert!(!covered(json!("1500")));
+        let in_currency = |currency: Value| {
+            let mut req = request(json!("20:00"), json!("2026-06-11T19:30:00Z"));
+            req.arguments = json!({"amount": 10, "currency": currency});
+            holds(&AuthorizationCondition::Currency("EUR".into()), &req)
+        };
+        assert!(in_currency(json!("EUR")));
+        assert!(!in_currency(json!("GBP")));
+        assert!(!in_currency(json!("eur")));
+        assert!(!in_currency(Value::Null));
     }
 
     #[test]

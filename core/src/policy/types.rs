@@ -265,8 +265,11 @@ pub enum AuthorizationCondition {
     /// offset of the resource's `starts_at`) is within this many minutes of the `starts_at`
     /// attribute (RFC 3339) of every resource that has one, and at least one has.
     MaxShiftMinutes(u32),
-    /// The argument `amount` (with `currency`) is at most this many minor units.
+    /// The argument `amount` (with `currency`) is between 0 and this many minor units.
     MaxAmountMinor(i64),
+    /// The argument `currency` is exactly this code (an amount bound means nothing without
+    /// it: 100.00 EUR is not 100.00 GBP).
+    Currency(String),
     /// The arguments carry no member outside this list.
     OnlyArguments(Vec<String>),
 }

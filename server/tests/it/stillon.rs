@@ -682,6 +682,22 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
                 ][..],
                 "no argument",
             ),
+            // An amount bound needs its currency, and a currency is a code.
+            (
+                &["--tool", "reservation.modify", "--max-amount-minor", "5000"][..],
+                "needs --currency",
+            ),
+            (
+                &[
+                    "--tool",
+                    "reservation.modify",
+                    "--max-amount-minor",
+                    "5000",
+                    "--currency",
+                    "euro",
+                ][..],
+                "ISO 4217",
+            ),
         ] {
             let args: Vec<&str> = base.iter().chain(extra).copied().collect();
             let (code, _, err) = standing_cli(&app, &args);
