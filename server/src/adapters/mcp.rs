@@ -21,6 +21,9 @@
 //!   no connection), no redirects, no proxy, bounded time and answer size.
 //! * The key Countersign derived travels in `_meta.idempotency_key`; an upstream that
 //!   honours it answers a repeat with its first result.
+//! * One call takes at most the adapter timeout (kept under the pipeline's own limit), waiting
+//!   for a session included: running out before `tools/call` was sent is
+//!   [`AdapterError::Unavailable`] (nothing sent), after it [`AdapterError::Timeout`].
 //! * Upstream servers offer no standard lookup by key: [`Adapter::lookup`] answers "cannot
 //!   tell" (an error), never "did not happen". They expose no facts (`None`).
 
@@ -55,6 +58,8 @@ pub struct McpAdapter {
     client: reqwest::Client,
     session: Mutex<Option<Session>>,
     next_id: std::sync::atomic::AtomicU64,
+    /// The most one `invoke` may take, waiting for a session included.
+    budget: std::time::Duration,
 }
 
 /// What one JSON-RPC exchange produced.
@@ -83,6 +88,11 @@ impl McpAdapter {
             client: client(settings)?,
             session: Mutex::new(None),
             next_id: std::sync::atomic::AtomicU64::new(1),
+            // Inside the pipeline's own limit, so that this adapter, not the pipeline's
+            // timer, says whether the call was sent.
+            budget: settings.timeout.min(
+                crate::pipeline::ADAPTER_TIMEOUT.saturating_sub(std::time::Duration::from_secs(1)),
+            ),
         })
     }
 
@@ -343,17 +353,30 @@ impl Adapter for McpAdapter {
                 "arguments": call.arguments,
                 "_meta": meta,
             });
+            // One deadline for the whole call: running out while waiting for a session (another
+            // call initialising it, or this one) means nothing was sent; during `tools/call`, it
+            // may have been.
+            let deadline = tokio::time::Instant::now() + self.budget;
             let mut fresh = false;
             loop {
-                let session = self.session(fresh).await?;
-                let (_, _, reply) = self
-                    .post(
+                let session = tokio::time::timeout_at(deadline, self.session(fresh))
+                    .await
+                    .map_err(|_| {
+                        AdapterError::Unavailable(
+                            "no upstream MCP session in time; nothing was sent".into(),
+                        )
+                    })??;
+                let (_, _, reply) = tokio::time::timeout_at(
+                    deadline,
+                    self.post(
                         Some(&session),
                         "tools/call",
                         params.clone(),
                         Some(self.id()),
-                    )
-                    .await?;
+                    ),
+                )
+                .await
+                .map_err(|_| AdapterError::Timeout)??;
                 return match reply {
                     Some(Reply::Result(result)) => call_outcome(&result),
                     Some(Reply::Error { code, message }) => Err(rpc_error(code, message)),

@@ -918,3 +918,57 @@ async fn http_server_errors_after_sending_leave_the_effect_unknown_unless_the_ta
         Err(AdapterError::Unavailable(_))
     ));
 }
+
+/// A listener that accepts connections and never answers (keeps them open).
+async fn silent_listener() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_never_opens_a_session_leaves_nothing_unknown() {
+    // The longest adapter timeout there is: before, a call waiting for another's session
+    // ran into the pipeline's own 20 s limit and was taken as sent (`timeout`; `unknown` if
+    // irreversible). The adapter's one deadline now ends the wait first: nothing was sent.
+    let bank = start_bank().await;
+    let silent = silent_listener().await;
+    let dir = std::env::temp_dir().join(format!("cs-silent-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("registry.yaml");
+    std::fs::write(&file, registry_yaml(bank.addr, silent)).unwrap();
+    let path = file.display().to_string();
+    let app = spawn_app_with(
+        Backend::Sqlite,
+        &[
+            ("COUNTERSIGN_REGISTRY", &path),
+            ("COUNTERSIGN_ADAPTER_TIMEOUT", "20s"),
+        ],
+    )
+    .await
+    .unwrap();
+    let (_, token) = agent(&app, "w-1", "worker").await;
+    // Two calls at once: one initialises the upstream session, the other waits for it.
+    let call = |label: &'static str| {
+        let (app, token) = (&app, &token);
+        async move {
+            let mut client = Client::new(app, token);
+            client.connect().await;
+            client.call("remote.tag", json!({ "label": label })).await
+        }
+    };
+    let (first, second) = tokio::join!(call("urgent"), call("later"));
+    for reply in [first, second] {
+        assert_eq!(content(&reply)["status"], "failed", "{reply}");
+        assert_eq!(content(&reply)["code"], "unavailable", "{reply}");
+        assert_eq!(content(&reply)["retryable"], true, "{reply}");
+    }
+    app.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
