@@ -14,7 +14,7 @@
 //!   four eyes, step-up, one decision per person per step), bound to that step's own inputs
 //!   hash. A step that needs two approvers gets one of them from the batch and stays waiting.
 //! * A listed step of another tenant, or of a tool whose approver roles the person holds
-//!   none of, is answered as missing (`not_found`) before anything else about it (tool,
+//!   none of (or that is no longer in the registry), is answered as missing (`not_found`) before anything else about it (tool,
 //!   status, age) is looked at.
 //! * Approvals made through a batch expire no later than the batch.
 //! * The batch is audited as one `approved` record (no step) naming the batch id, tool,
@@ -103,8 +103,6 @@ pub enum Outside {
     OutsideWindow,
     /// The batch's count was used up by steps listed before it.
     OverCount,
-    /// Its tool is not in the registry in force (no rules to apply).
-    UnknownTool,
 }
 
 impl Outside {
@@ -117,7 +115,6 @@ impl Outside {
             Self::NotWaiting(_) => "not_waiting",
             Self::OutsideWindow => "outside_window",
             Self::OverCount => "over_count",
-            Self::UnknownTool => "unknown_tool",
         }
     }
 }
@@ -282,8 +279,9 @@ impl Store {
         if run.tenant != grant.tenant {
             return outside(Outside::OtherTenant);
         }
+        // A tool no longer in the registry has no approvers: its steps are as missing.
         let Some(rules) = rules_for(&step) else {
-            return outside(Outside::UnknownTool);
+            return outside(Outside::NotFound);
         };
         // A step of a tool this person may not approve is answered as missing, before anything
         // about it (tool, status, age) is told.

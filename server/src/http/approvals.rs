@@ -378,6 +378,5 @@ fn outside_text(o: &Outside, grant: &BatchGrant) -> String {
             "the batch approves at most {} steps; this one needs its own approval",
             grant.max_count
         ),
-        Outside::UnknownTool => "its tool is not in the registry in force".into(),
     }
 }

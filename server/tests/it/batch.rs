@@ -509,6 +509,48 @@ async fn batch_answers_steps_of_tools_the_approver_cannot_approve_as_missing() {
         }
         assert_eq!(status(&app, &held).await, StepStatus::NeedsApproval);
         assert!(app.store.approvals_for_step(&held).await.unwrap().is_empty());
+
+        // A waiting step of a tool the registry no longer has is as missing too.
+        let run = app.store.get_step(&held).await.unwrap().run_id;
+        let (gone, _) = app
+            .store
+            .open_step(&countersign_core::store::NewStep {
+                run_id: run,
+                role: "worker.finance".into(),
+                tool: "credit_note.issue".into(),
+                effect: countersign_core::Effect::Write,
+                inputs: countersign_core::CanonicalJson::from_value(&json!({"x": 1})).unwrap(),
+                agent_id: None,
+                reason: String::new(),
+                evidence: vec![],
+                observed: None,
+                trace_id: "t".into(),
+                status: StepStatus::Pending,
+            })
+            .await
+            .unwrap();
+        app.store
+            .transition(&countersign_core::store::Transition {
+                step_id: gone.id.clone(),
+                from: vec![StepStatus::Pending],
+                to: Some(StepStatus::NeedsApproval),
+                expires_at: Some(now + 3_600_000),
+                ..countersign_core::store::Transition::default()
+            })
+            .await
+            .unwrap();
+        let (code, answer) = post_batch(
+            &app,
+            &ana,
+            &json!({
+                "tool": "credit_note.issue", "step_ids": [&gone.id], "max_count": 1,
+                "proposed_from": now - 3_600_000, "proposed_to": now + 3_600_000,
+                "expires_at": now + 3_600_000, "reason": "June supplier run",
+            }),
+        )
+        .await;
+        assert_eq!(code, StatusCode::OK, "{answer}");
+        assert_eq!(result_for(&answer, &gone.id)["reason"], "not_found", "{answer}");
         app
     })
     .await;
