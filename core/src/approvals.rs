@@ -472,14 +472,17 @@ impl Store {
     }
 }
 
+/// Whether `who` names a signed-in person: `person:ISS#SUB`, both parts non-empty (an OIDC
+/// issuer has no fragment, so the first `#` ends it).
+pub fn is_person(who: &str) -> bool {
+    who.strip_prefix("person:")
+        .and_then(|w| w.split_once('#'))
+        .is_some_and(|(iss, sub)| !iss.is_empty() && !sub.is_empty())
+}
+
 /// Four eyes: `created_by` must be a person (`person:ISS#SUB`) other than `approver`.
 fn four_eyes(created_by: &str, name: &str, approver: &Approver) -> Result<(), DecideError> {
-    // An OIDC issuer has no fragment, so the first `#` ends it.
-    let is_person = created_by
-        .strip_prefix("person:")
-        .and_then(|who| who.split_once('#'))
-        .is_some_and(|(iss, sub)| !iss.is_empty() && !sub.is_empty());
-    if !is_person {
+    if !is_person(created_by) {
         return Err(DecideError::FourEyesUnknownCreator {
             name: name.to_string(),
             created_by: created_by.to_string(),

@@ -328,25 +328,9 @@ async fn compensate(state: &AppState, run_id: &str, failed: &Step) -> Result<(),
         .and_then(|o| o.pointer("/answer/effect_applied").and_then(Value::as_bool))
         .unwrap_or(false);
     if applied {
-        let mut detail = Map::new();
-        detail.insert("after_failed_step".into(), json!(failed.id));
-        detail.insert(
-            "outcome".into(),
-            json!({"escalated": "its effect was applied but the read-back did not confirm it; \
-                   a person decides whether and how to undo it"}),
-        );
-        store
-            .append_audit(&NewAuditRecord {
-                event: Some(AuditEvent::Compensated),
-                run_id: Some(run_id.to_string()),
-                step_id: Some(failed.id.clone()),
-                tool: Some(failed.tool.clone()),
-                actor: Some("executor".into()),
-                rule: Some("compensation.escalated".into()),
-                detail,
-            })
-            .await?;
-        store.mark_replan(run_id).await?;
+        let why = "its effect was applied but the read-back did not confirm it; a person \
+                   decides whether and how to undo it";
+        record_compensation(store, run_id, failed, failed, &Err(why.into())).await?;
     }
     let Some(loaded) = state.registry.current() else {
         return Ok(());
@@ -374,27 +358,41 @@ async fn compensate(state: &AppState, run_id: &str, failed: &Step) -> Result<(),
                 _ => "no compensate tool in the registry".to_string(),
             }),
         };
-        let (rule, detail_value) = match &outcome {
-            Ok(comp_id) => ("compensation.done", json!({"compensation_step": comp_id})),
-            Err(why) => ("compensation.escalated", json!({"escalated": why})),
-        };
-        let mut detail = Map::new();
-        detail.insert("after_failed_step".into(), json!(failed.id));
-        detail.insert("outcome".into(), detail_value);
-        store
-            .append_audit(&NewAuditRecord {
-                event: Some(AuditEvent::Compensated),
-                run_id: Some(run_id.to_string()),
-                step_id: Some(step.id.clone()),
-                tool: Some(step.tool.clone()),
-                actor: Some("executor".into()),
-                rule: Some(rule.into()),
-                detail,
-            })
-            .await?;
-        if outcome.is_err() {
-            store.mark_replan(run_id).await?;
-        }
+        record_compensation(store, run_id, &step, failed, &outcome).await?;
+    }
+    Ok(())
+}
+
+/// Audits what compensation did about `step` after `failed`: the compensating step
+/// (`compensation.done`) or why a person must decide (`compensation.escalated`, and the run
+/// is flagged for re-planning).
+async fn record_compensation(
+    store: &countersign_core::Store,
+    run_id: &str,
+    step: &Step,
+    failed: &Step,
+    outcome: &Result<String, String>,
+) -> Result<(), StoreError> {
+    let (rule, detail_value) = match outcome {
+        Ok(comp_id) => ("compensation.done", json!({"compensation_step": comp_id})),
+        Err(why) => ("compensation.escalated", json!({"escalated": why})),
+    };
+    let mut detail = Map::new();
+    detail.insert("after_failed_step".into(), json!(failed.id));
+    detail.insert("outcome".into(), detail_value);
+    store
+        .append_audit(&NewAuditRecord {
+            event: Some(AuditEvent::Compensated),
+            run_id: Some(run_id.to_string()),
+            step_id: Some(step.id.clone()),
+            tool: Some(step.tool.clone()),
+            actor: Some("executor".into()),
+            rule: Some(rule.into()),
+            detail,
+        })
+        .await?;
+    if outcome.is_err() {
+        store.mark_replan(run_id).await?;
     }
     Ok(())
 }

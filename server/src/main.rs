@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use countersign::audit::{AuditCliError, AuditCommand};
 use countersign::config::Config;
 use countersign::{Application, StartError, telemetry};
+use countersign_core::approvals::is_person;
 use countersign_core::bundle::{Bundle, BundleSources};
 use countersign_core::registry::{RoleName, Span};
 use countersign_core::store::NewAgent;
@@ -501,13 +502,6 @@ async fn registry_command(store: &Store, command: RegistryCommand) -> Result<(),
     }
 }
 
-/// Whether `who` names a signed-in person: `person:ISS#SUB`, both parts non-empty.
-fn is_person(who: &str) -> bool {
-    who.strip_prefix("person:")
-        .and_then(|w| w.split_once('#'))
-        .is_some_and(|(iss, sub)| !iss.is_empty() && !sub.is_empty())
-}
-
 fn who(by: Option<String>) -> String {
     by.or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "cli".to_string())
@@ -522,6 +516,13 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
             expires,
             by,
         } => {
+            let creator = who(by);
+            if creator.starts_with("person:") && !is_person(&creator) {
+                return Err(CliError::Refused(format!(
+                    "--by {creator:?}: a person is named person:ISS#SUB (the OIDC issuer and \
+                     subject)"
+                )));
+            }
             if let Some((version, sources)) =
                 store.current_bundle().await.map_err(StartError::Database)?
             {
@@ -534,15 +535,6 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
                         "--role {role:?} is not a role in registry version {version}"
                     )));
                 };
-                if let Some(by) = &by
-                    && by.starts_with("person:")
-                    && !is_person(by)
-                {
-                    return Err(CliError::Refused(format!(
-                        "--by {by:?}: a person is named person:ISS#SUB (the OIDC issuer and subject)"
-                    )));
-                }
-                let creator = who(by.clone());
                 let four_eyes: Vec<&str> = bundle
                     .registry
                     .tools_for_role(&role_name)
@@ -576,7 +568,7 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
                     name,
                     role,
                     tenant,
-                    created_by: who(by),
+                    created_by: creator,
                     expires_at,
                 })
                 .await

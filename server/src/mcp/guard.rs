@@ -229,8 +229,9 @@ async fn sessions_held(state: &GuardState, agent: &str) -> usize {
             .filter(|owner| *owner == agent)
             .count()
     };
-    if count() < MAX_SESSIONS_PER_AGENT {
-        return count();
+    let held = count();
+    if held < MAX_SESSIONS_PER_AGENT {
+        return held;
     }
     forget_ended(state).await;
     count()

@@ -4,8 +4,8 @@
 use countersign::adapters::builtin::ERP;
 use countersign_core::StepStatus;
 use countersign_core::approvals::{Approver, DecideError, Decider, Verdict};
-use countersign_core::store::{NewAgent, NewRun, NewStep, Transition};
-use countersign_core::{CanonicalJson, Effect, Registry, ToolName};
+use countersign_core::store::{NewAgent, NewRun};
+use countersign_core::{Registry, ToolName};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -116,34 +116,7 @@ async fn approvals_refuse_non_approvers_self_approval_four_eyes_and_stale_sign_i
             })
             .await
             .unwrap();
-        let inputs = CanonicalJson::from_value(&json!({"x": 1})).unwrap();
-        let (step, _) = app
-            .store
-            .open_step(&NewStep {
-                run_id: run.id.clone(),
-                role: "worker.finance".into(),
-                tool: "invoice.hold".into(),
-                effect: Effect::Write,
-                inputs,
-                agent_id: None,
-                reason: String::new(),
-                evidence: vec![],
-                observed: None,
-                trace_id: "t".into(),
-                status: StepStatus::Pending,
-            })
-            .await
-            .unwrap();
-        app.store
-            .transition(&Transition {
-                step_id: step.id.clone(),
-                from: vec![StepStatus::Pending],
-                to: Some(StepStatus::NeedsApproval),
-                expires_at: Some(now + 3_600_000),
-                ..Transition::default()
-            })
-            .await
-            .unwrap();
+        let step = crate::helpers::park_step(&app.store, &run.id, "invoice.hold", now + 3_600_000).await;
         let own = app
             .store
             .decide_step(&step.id, &ana(), &one(), Verdict::Approved, "looks fine to me")

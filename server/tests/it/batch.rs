@@ -50,6 +50,18 @@ async fn post_batch(app: &TestApp, who: &reqwest::Client, body: &Value) -> (Stat
     )
 }
 
+/// `who` approves the payment `step` in a batch whose grant ends a minute from now.
+async fn approve_in_a_minute_long_batch(app: &TestApp, who: &reqwest::Client, step: &str) {
+    let now = app.store.clock().now_ms();
+    let body = json!({
+        "tool": "payment.schedule", "step_ids": [step], "max_count": 1,
+        "proposed_from": now - 60_000, "proposed_to": now + 60_000,
+        "expires_at": now + 60_000, "reason": "June supplier run, three-way matched",
+    });
+    let (code, answer) = post_batch(app, who, &body).await;
+    assert_eq!(code, StatusCode::OK, "{answer}");
+}
+
 /// The result for `step` in a batch answer.
 fn result_for<'a>(answer: &'a Value, step: &str) -> &'a Value {
     answer["results"]
@@ -439,15 +451,8 @@ async fn a_step_whose_batch_approval_ended_waits_again_in_its_first_window() {
         let step = waiting(&mut client, "payment.schedule", &args).await;
         let window = app.store.get_step(&step).await.unwrap().expires_at.unwrap();
         // Approved in a batch whose grant ends in a minute.
-        let now = app.store.clock().now_ms();
-        let body = json!({
-            "tool": "payment.schedule", "step_ids": [step], "max_count": 1,
-            "proposed_from": now - 60_000, "proposed_to": now + 60_000,
-            "expires_at": now + 60_000, "reason": "June supplier run, three-way matched",
-        });
         let ana = app.demo_client("ana").await;
-        let (code, answer) = post_batch(&app, &ana, &body).await;
-        assert_eq!(code, StatusCode::OK, "{answer}");
+        approve_in_a_minute_long_batch(&app, &ana, &step).await;
         assert_eq!(status(&app, &step).await, StepStatus::Pending);
         // The agent comes back after the grant ended: the step waits again, in the window
         // its gate opened with (no new 72 hours).
@@ -512,33 +517,8 @@ async fn batch_answers_steps_of_tools_the_approver_cannot_approve_as_missing() {
 
         // A waiting step of a tool the registry no longer has is as missing too.
         let run = app.store.get_step(&held).await.unwrap().run_id;
-        let (gone, _) = app
-            .store
-            .open_step(&countersign_core::store::NewStep {
-                run_id: run,
-                role: "worker.finance".into(),
-                tool: "credit_note.issue".into(),
-                effect: countersign_core::Effect::Write,
-                inputs: countersign_core::CanonicalJson::from_value(&json!({"x": 1})).unwrap(),
-                agent_id: None,
-                reason: String::new(),
-                evidence: vec![],
-                observed: None,
-                trace_id: "t".into(),
-                status: StepStatus::Pending,
-            })
-            .await
-            .unwrap();
-        app.store
-            .transition(&countersign_core::store::Transition {
-                step_id: gone.id.clone(),
-                from: vec![StepStatus::Pending],
-                to: Some(StepStatus::NeedsApproval),
-                expires_at: Some(now + 3_600_000),
-                ..countersign_core::store::Transition::default()
-            })
-            .await
-            .unwrap();
+        let gone =
+            crate::helpers::park_step(&app.store, &run, "credit_note.issue", now + 3_600_000).await;
         let (code, answer) = post_batch(
             &app,
             &ana,
@@ -564,15 +544,8 @@ async fn an_approver_whose_batch_approval_ended_may_approve_the_step_again() {
         client.connect().await;
         let args = payment_for("INV-20260611", json!(4180.00));
         let step = waiting(&mut client, "payment.schedule", &args).await;
-        let now = app.store.clock().now_ms();
-        let body = json!({
-            "tool": "payment.schedule", "step_ids": [step], "max_count": 1,
-            "proposed_from": now - 60_000, "proposed_to": now + 60_000,
-            "expires_at": now + 60_000, "reason": "June supplier run, three-way matched",
-        });
         let ana = app.demo_client("ana").await;
-        let (code, answer) = post_batch(&app, &ana, &body).await;
-        assert_eq!(code, StatusCode::OK, "{answer}");
+        approve_in_a_minute_long_batch(&app, &ana, &step).await;
         app.clock.advance(chrono::Duration::minutes(2));
         let reply = client.call("payment.schedule", args.clone()).await;
         assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");

@@ -101,6 +101,45 @@ pub async fn use_finance_registry_with(app: &TestApp, from: &str, to: &str) {
     assert!(app.state.registry.refresh(&app.store).await);
 }
 
+/// Opens a step of `tool` (inputs `{"x": 1}`) in `run_id` and parks it at its gate until
+/// `expires_at`, as the pipeline would: a step waiting for a person.
+pub async fn park_step(
+    store: &Store,
+    run_id: &str,
+    tool: &str,
+    expires_at: i64,
+) -> countersign_core::store::Step {
+    use countersign_core::store::{NewStep, Transition};
+    use countersign_core::{CanonicalJson, Effect, StepStatus};
+    let (step, _) = store
+        .open_step(&NewStep {
+            run_id: run_id.into(),
+            role: "worker.finance".into(),
+            tool: tool.into(),
+            effect: Effect::Write,
+            inputs: CanonicalJson::from_value(&serde_json::json!({"x": 1})).unwrap(),
+            agent_id: None,
+            reason: String::new(),
+            evidence: vec![],
+            observed: None,
+            trace_id: "t".into(),
+            status: StepStatus::Pending,
+        })
+        .await
+        .unwrap();
+    store
+        .transition(&Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending],
+            to: Some(StepStatus::NeedsApproval),
+            expires_at: Some(expires_at),
+            ..Transition::default()
+        })
+        .await
+        .unwrap();
+    step
+}
+
 /// The example bundle folder `name` (finance, stillon).
 pub fn example(name: &str) -> String {
     format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
