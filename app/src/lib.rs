@@ -109,8 +109,38 @@ fn demo_sign_in() -> bool {
     false
 }
 
+/// The Content-Security-Policy of a page whose inline scripts carry `nonce`: only scripts
+/// with this response's nonce run (and what they load: `'strict-dynamic'`), the wasm bundle
+/// may compile, no plugins, no `<base>` rewriting, no framing. Styles are not restricted.
+///
+/// Invariant: an injected `<script>` (or `on*=` attribute) without the nonce never runs; each
+/// response has its own random nonce (Leptos makes one per request), so a nonce read from one
+/// page is useless on the next.
+pub fn page_policy(nonce: &str) -> String {
+    format!(
+        "script-src 'nonce-{nonce}' 'strict-dynamic' 'wasm-unsafe-eval'; object-src 'none'; \
+         base-uri 'none'; frame-ancestors 'none'"
+    )
+}
+
+/// Puts [`page_policy`] with this request's nonce on the response. Without a nonce (never
+/// expected on the server) nothing is set here and the server's default policy — no
+/// scripts at all — applies: the page stays readable but does not hydrate (fails closed).
+#[cfg(feature = "ssr")]
+fn set_page_policy() {
+    let nonce = leptos::nonce::use_nonce();
+    let resp = use_context::<leptos_axum::ResponseOptions>();
+    if let (Some(nonce), Some(resp)) = (nonce, resp)
+        && let Ok(value) = http::HeaderValue::from_str(&page_policy(&nonce))
+    {
+        resp.insert_header(http::header::CONTENT_SECURITY_POLICY, value);
+    }
+}
+
 /// The HTML document around [`App`], rendered by the server.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    set_page_policy();
     // After <App/>: hydration walks the body from its first child through App's nodes only.
     let demo = demo_sign_in();
     let banner = demo.then(|| {

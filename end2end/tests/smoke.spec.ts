@@ -35,6 +35,31 @@ test('the dashboard shell renders, is styled, and hydrates', async ({ page }) =>
   expect(errors).toEqual([]);
 });
 
+test('a script injected into a page does not run; the page still hydrates under its policy', async ({ page }) => {
+  const resp = await page.goto('/');
+  const policy = resp?.headers()['content-security-policy'] ?? '';
+  const nonce = /'nonce-([^']+)'/.exec(policy)?.[1];
+  expect(nonce, policy).toBeTruthy();
+  expect(policy).toContain("frame-ancestors 'none'");
+  // The page's own scripts carry the nonce: hydration works under the policy.
+  await expect(page.getByTestId('hydration-status')).toHaveText('Interactive', { timeout: 15_000 });
+  // Markup that slipped past escaping (an inline handler, an inline script) is refused by the browser.
+  const ran = await page.evaluate(async () => {
+    const w = window as unknown as { injected?: number };
+    const box = document.createElement('div');
+    box.innerHTML = '<img src="/no-such-image.png" onerror="window.injected = 1">';
+    document.body.appendChild(box);
+    await new Promise((r) => setTimeout(r, 500));
+    return w.injected ?? 0;
+  });
+  expect(ran).toBe(0);
+  // A second page load gets a fresh nonce.
+  const again = await page.goto('/');
+  const second = /'nonce-([^']+)'/.exec(again?.headers()['content-security-policy'] ?? '')?.[1];
+  expect(second).toBeTruthy();
+  expect(second).not.toBe(nonce);
+});
+
 test('every page is reachable from the navigation and says when it is empty', async ({ page }) => {
   const pages: Array<[string, string, RegExp]> = [
     ['Inbox', 'Approval inbox', /No gated calls/],

@@ -260,6 +260,29 @@ async fn main() {
     )
     .await;
 
+    // Reference: the least any audited call can do — a `tools/call` of a tool the role does
+    // not have: the transport, the guard's statement, the role's listing and one chained,
+    // durable audit record (`refused`, through the same committer and flush barrier). No
+    // schema, policy, target read or step row. A read cannot be cheaper than this.
+    let refusers = mcp_clients(&server, clients, "worker.finance", "refuser").await;
+    let refusals = closed_loop(
+        "reference: unlisted tool (transport + authentication + one audit record)",
+        refusers,
+        warmup,
+        secs,
+        |mut mcp: Mcp, _c, _n| async move {
+            let reply = mcp
+                .request(
+                    "tools/call",
+                    json!({"name": "supplier.update_iban", "arguments": {}}),
+                )
+                .await;
+            assert!(reply["error"].is_object(), "{reply}");
+            (mcp, true)
+        },
+    )
+    .await;
+
     let writers = mcp_clients(&server, clients, "worker.finance", "writer").await;
     let writes = closed_loop(
         "note.draft (write)",
@@ -315,7 +338,7 @@ async fn main() {
          | CPU per call (machine) | of it in the bench process |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for m in [&baseline, &reads, &writes, &pings] {
+    for m in [&baseline, &reads, &writes, &pings, &refusals] {
         let (machine, process) = CpuUsed::cells(m.cpu.as_ref(), m.calls + m.failed);
         println!(
             "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
@@ -351,7 +374,10 @@ async fn main() {
     println!(
         "The reference row is an authenticated MCP `ping` (no tool, no pipeline, no audit \
          record): what the transport, rmcp's session handling and the guard's one statement \
-         cost by themselves; a read cannot go faster than it.\n"
+         cost by themselves; a read cannot go faster than it. The second reference is a \
+         `tools/call` refused as unlisted: the same plus the role's listing and one chained, \
+         durable audit record (committer batch and flush barrier) — the floor of any audited \
+         call, before schema, policy, the target's read and the step row.\n"
     );
     let samples: usize = waits.iter().map(|(_, n)| n).sum();
     if samples > 0 {

@@ -100,7 +100,7 @@ pub const KEYS: &[KeySpec] = &[
         // A webhook URL is often the credential itself (Slack's incoming webhooks).
         secret: true,
         default: None,
-        help: "comma-separated URLs told (JSON POST, Slack-compatible `text`) when a gate opens",
+        help: "comma-separated URLs told (JSON POST, Slack-compatible `text`) when a gate opens or a failed run leaves a write for a person to undo",
     },
     KeySpec {
         name: "log_format",
@@ -137,6 +137,12 @@ pub const KEYS: &[KeySpec] = &[
         secret: true,
         default: None,
         help: "HMAC key (at least 32 bytes of text) for redacted values; its fingerprint is audited",
+    },
+    KeySpec {
+        name: "metrics_token",
+        secret: true,
+        default: None,
+        help: "bearer token (at least 32 characters) a scraper must send to /metrics; unset: /metrics is open",
     },
     KeySpec {
         name: "site_root",
@@ -276,6 +282,8 @@ pub struct Config {
     pub audit_checkpoint_minutes: i64,
     /// The HMAC key redacted values are hashed with; `None`: plain SHA-256 only.
     pub redaction_key: Option<Arc<RedactionKey>>,
+    /// The bearer token `/metrics` requires; `None`: `/metrics` answers anyone.
+    pub metrics_token: Option<Secret<String>>,
 }
 
 /// Limits on one planned run, enforced before each of its steps starts.
@@ -768,6 +776,18 @@ impl Config {
             )),
         };
 
+        let metrics_token = match get("metrics_token") {
+            None => None,
+            Some(t) if t.is_empty() => None,
+            Some(t) if t.chars().count() < MIN_METRICS_TOKEN || t.chars().any(char::is_control) => {
+                return Err(invalid(
+                    "metrics_token",
+                    format!("must be at least {MIN_METRICS_TOKEN} printable characters"),
+                ));
+            }
+            Some(t) => Some(Secret::new(t)),
+        };
+
         Ok(Self {
             database_url: Secret::new(database_url),
             listen,
@@ -789,9 +809,13 @@ impl Config {
             audit_checkpoint_every,
             audit_checkpoint_minutes,
             redaction_key,
+            metrics_token,
         })
     }
 }
+
+/// The shortest `metrics_token` accepted.
+pub const MIN_METRICS_TOKEN: usize = 32;
 
 /// `800ms` or `15s`: a whole number of milliseconds or seconds.
 fn parse_duration(text: &str) -> Option<Duration> {

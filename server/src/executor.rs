@@ -330,7 +330,7 @@ async fn compensate(state: &AppState, run_id: &str, failed: &Step) -> Result<(),
     if applied {
         let why = "its effect was applied but the read-back did not confirm it; a person \
                    decides whether and how to undo it";
-        record_compensation(store, run_id, failed, failed, &Err(why.into())).await?;
+        record_compensation(state, run_id, failed, failed, &Err(why.into())).await?;
     }
     let Some(loaded) = state.registry.current() else {
         return Ok(());
@@ -358,16 +358,16 @@ async fn compensate(state: &AppState, run_id: &str, failed: &Step) -> Result<(),
                 _ => "no compensate tool in the registry".to_string(),
             }),
         };
-        record_compensation(store, run_id, &step, failed, &outcome).await?;
+        record_compensation(state, run_id, &step, failed, &outcome).await?;
     }
     Ok(())
 }
 
 /// Audits what compensation did about `step` after `failed`: the compensating step
 /// (`compensation.done`) or why a person must decide (`compensation.escalated`, and the run
-/// is flagged for re-planning).
+/// is flagged for re-planning, and the webhooks are told).
 async fn record_compensation(
-    store: &countersign_core::Store,
+    state: &AppState,
     run_id: &str,
     step: &Step,
     failed: &Step,
@@ -380,7 +380,8 @@ async fn record_compensation(
     let mut detail = Map::new();
     detail.insert("after_failed_step".into(), json!(failed.id));
     detail.insert("outcome".into(), detail_value);
-    store
+    state
+        .store
         .append_audit(&NewAuditRecord {
             event: Some(AuditEvent::Compensated),
             run_id: Some(run_id.to_string()),
@@ -392,7 +393,8 @@ async fn record_compensation(
         })
         .await?;
     if outcome.is_err() {
-        store.mark_replan(run_id).await?;
+        state.store.mark_replan(run_id).await?;
+        crate::notify::compensation_escalated(state, step, &failed.id);
     }
     Ok(())
 }

@@ -159,6 +159,13 @@ impl Application {
             ),
             None => {}
         }
+        if config.metrics_token.is_none() && !config.listen.ip().is_loopback() {
+            tracing::warn!(
+                "metrics_token is not set: /metrics answers anyone who can reach {} (tool \
+                 names, decisions, queue depths of every tenant)",
+                config.listen
+            );
+        }
         let listener =
             TcpListener::bind(config.listen)
                 .await

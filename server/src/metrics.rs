@@ -10,6 +10,11 @@
 //!   client's `DELETE /mcp`, or by rmcp after they sit idle).
 //!
 //! Counters live in this process; with several replicas, sum them in Prometheus.
+//!
+//! Access: with `metrics_token` configured, a scrape must send `Authorization: Bearer TOKEN`
+//! (anything else is 401, nothing counted or read); the comparison is of SHA-256 digests, so
+//! its time does not depend on how much of the token matched. Without it `/metrics` is open:
+//! keep it on an internal network (the server warns at start when it listens beyond loopback).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -17,7 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use countersign_core::StepStatus;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -144,8 +149,30 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// Whether `headers` carry the bearer token `expected` (digests compared, see the module doc).
+fn scrape_allowed(expected: &countersign_core::Secret<String>, headers: &HeaderMap) -> bool {
+    use sha2::{Digest, Sha256};
+    let Some(sent) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    Sha256::digest(sent.as_bytes()) == Sha256::digest(expected.expose().as_bytes())
+}
+
 /// `GET /metrics`.
-pub async fn metrics(State(state): State<AppState>) -> Response {
+pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(expected) = &state.config.metrics_token
+        && !scrape_allowed(expected, &headers)
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer realm=\"metrics\"")],
+        )
+            .into_response();
+    }
     let mut text = state.metrics.render();
     for (name, help, status) in [
         (

@@ -1,5 +1,6 @@
-//! Gate notifications: when a step starts waiting for a person, each configured webhook gets a
-//! JSON POST with a Slack-compatible `text` field and the step's facts.
+//! Notifications to people: when a step starts waiting for a person (`gate_opened`), or when
+//! a failed run leaves a write that only a person can undo (`compensation_escalated`), each
+//! configured webhook gets a JSON POST with a Slack-compatible `text` field and the step's facts.
 //!
 //! The inbox is the source of truth: a notification is a courtesy. Delivery is retried
 //! (3 attempts, backoff), runs in the background, and a failure is logged — never fatal, never
@@ -41,6 +42,40 @@ pub fn gate_opened(state: &AppState, step: &Step) {
         "expires_at": step.expires_at,
         "inbox": inbox,
     });
+    post_all(state, body);
+}
+
+/// Posts "a person must decide the undo of `step`" (its run failed at `failed_step` and the
+/// step could not be compensated) to every configured URL, in the background. The reason is
+/// left to the run page and the audit: it may quote the step's inputs.
+pub fn compensation_escalated(state: &AppState, step: &Step, failed_step: &str) {
+    if state.config.webhook_urls.is_empty() {
+        return;
+    }
+    let run = state
+        .config
+        .public_url
+        .join(&format!("runs/{}", step.run_id))
+        .map(|u| u.to_string())
+        .unwrap_or_default();
+    let body = json!({
+        "text": format!(
+            "Countersign: a run failed after {} had run, and it could not be undone \
+             automatically. A person must decide: {run}",
+            step.tool
+        ),
+        "event": "compensation_escalated",
+        "step_id": step.id,
+        "run_id": step.run_id,
+        "tool": step.tool,
+        "after_failed_step": failed_step,
+        "run": run,
+    });
+    post_all(state, body);
+}
+
+/// Posts `body` to every configured webhook, each in its own background task with retries.
+fn post_all(state: &AppState, body: serde_json::Value) {
     for url in state.config.webhook_urls.iter().map(|u| u.expose().clone()) {
         let body = body.clone();
         tokio::spawn(async move {

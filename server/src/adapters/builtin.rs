@@ -273,6 +273,22 @@ pub(super) fn rejected(code: &str, message: impl Into<String>) -> AdapterError {
     }
 }
 
+/// The answer to a call whose key already has an effect: that effect's first result when the
+/// call repeats its operation and arguments; any other call under a used key is refused
+/// (`idempotency_mismatch`: never another request's result, never a second effect), as a
+/// target honouring `Idempotency-Key` answers a key reused with another payload.
+pub(super) fn replayed(before: &DemoEffect, call: &Invocation) -> Result<Value, AdapterError> {
+    let same = before.operation == call.operation
+        && serde_json::from_str::<Value>(&before.request).is_ok_and(|r| r == call.arguments);
+    if !same {
+        return Err(rejected(
+            "idempotency_mismatch",
+            "this idempotency key was used for another request",
+        ));
+    }
+    serde_json::from_str(&before.result).map_err(unavailable)
+}
+
 pub(super) fn parse(obj: &DemoObject) -> Result<Value, AdapterError> {
     serde_json::from_str(&obj.data).map_err(unavailable)
 }
@@ -516,7 +532,7 @@ impl Erp {
             .await
             .map_err(unavailable)?
         {
-            return serde_json::from_str(&before.result).map_err(unavailable);
+            return replayed(&before, call);
         }
         for _ in 0..8 {
             let (result, writes) = self.plan(call).await?;
@@ -535,9 +551,7 @@ impl Erp {
                 .map_err(unavailable)?
             {
                 Applied::Now => return Ok(result),
-                Applied::Before(before) => {
-                    return serde_json::from_str(&before.result).map_err(unavailable);
-                }
+                Applied::Before(before) => return replayed(&before, call),
                 // Someone changed a record between read and write: plan again on fresh state.
                 Applied::Changed => continue,
             }

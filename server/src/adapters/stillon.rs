@@ -634,9 +634,7 @@ impl StillOn {
             .map_err(unavailable)?
         {
             Applied::Now => Ok(Some(result.clone())),
-            Applied::Before(before) => Ok(Some(
-                serde_json::from_str(&before.result).map_err(unavailable)?,
-            )),
+            Applied::Before(before) => super::builtin::replayed(&before, call).map(Some),
             Applied::Changed => Ok(None),
         }
     }
@@ -652,7 +650,7 @@ impl StillOn {
             .await
             .map_err(unavailable)?
         {
-            return serde_json::from_str(&before.result).map_err(unavailable);
+            return super::builtin::replayed(&before, call);
         }
         if call.operation == "dining.reservation.modify" {
             return self.modify(call, misapply).await;

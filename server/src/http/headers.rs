@@ -8,6 +8,10 @@
 //! * Nothing but the compiled static assets (`/pkg/…`) is stored by browsers or proxies
 //!   (`Cache-Control: no-store`): inputs, audit records and one-time tokens do not outlive
 //!   the page in a shared browser's cache. A handler's own `Cache-Control` is kept.
+//! * No script runs on a document unless its handler allowed it: the default policy is
+//!   `script-src 'none'` (with `object-src` and `base-uri` off). The dashboard's pages replace
+//!   it with a policy naming their own per-response nonce (`countersign_app::page_policy`),
+//!   which also keeps `frame-ancestors 'none'`.
 //! * A header a handler set itself is never overwritten.
 
 use axum::extract::Request;
@@ -22,6 +26,11 @@ use axum::response::Response;
 /// The static assets' path prefix (cacheable).
 const STATIC_PREFIX: &str = "/pkg/";
 
+/// The policy of every response whose handler set none: no scripts, no plugins, no `<base>`,
+/// no framing.
+pub const DEFAULT_POLICY: &str =
+    "script-src 'none'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'";
+
 /// Adds the security headers to the response of `req`.
 pub async fn security_headers(req: Request, next: Next) -> Response {
     let cacheable = req.uri().path().starts_with(STATIC_PREFIX);
@@ -33,7 +42,7 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
             .or_insert_with(|| HeaderValue::from_static(value));
     };
     set(X_FRAME_OPTIONS, "DENY");
-    set(CONTENT_SECURITY_POLICY, "frame-ancestors 'none'");
+    set(CONTENT_SECURITY_POLICY, DEFAULT_POLICY);
     set(X_CONTENT_TYPE_OPTIONS, "nosniff");
     set(REFERRER_POLICY, "same-origin");
     if !cacheable {

@@ -972,3 +972,51 @@ async fn an_upstream_that_never_opens_a_session_leaves_nothing_unknown() {
     app.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ------------------------------------------------------------------ the demo targets' keys
+
+#[tokio::test]
+async fn demo_targets_refuse_a_used_key_for_another_request() {
+    use countersign::adapters::Invocation;
+    crate::mcp::each_finance_app(|app| async move {
+        let loaded = app.state.registry.current().unwrap();
+        let erp = loaded.adapters.get("erp").unwrap().clone();
+        let call = |operation: &str, text: &str| Invocation {
+            tool: "note.draft".into(),
+            operation: operation.into(),
+            arguments: json!({"invoice_id": crate::mcp::INV, "text": text}),
+            idem_key: "idem:demo-key".into(),
+            approval_token: None,
+            trace_id: "t".into(),
+            tenant: "acme".into(),
+            acts_for: None,
+            resend: false,
+        };
+        let first = erp.invoke(&call("notes.draft", "first")).await.unwrap();
+        // The same request again: the first result, no second note.
+        assert_eq!(
+            erp.invoke(&call("notes.draft", "first")).await.unwrap(),
+            first
+        );
+        // The key with other arguments, or for another operation: refused, nothing applied.
+        for other in [
+            call("notes.draft", "second"),
+            call("notes.discard", "first"),
+        ] {
+            match erp.invoke(&other).await {
+                Err(AdapterError::Rejected { code, .. }) => {
+                    assert_eq!(code, "idempotency_mismatch", "{}", other.operation)
+                }
+                answer => panic!("{}: {answer:?}", other.operation),
+            }
+        }
+        let notes = app
+            .store
+            .demo_effects(countersign::adapters::builtin::ERP, "notes.draft")
+            .await
+            .unwrap();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        app
+    })
+    .await;
+}

@@ -130,6 +130,11 @@ fn bad_values_name_the_key_and_source() {
             &[("COUNTERSIGN_REGISTRY", "/no/such/registry.yaml")],
             "COUNTERSIGN_REGISTRY",
         ),
+        // A metrics token short enough to guess is refused (its value is not echoed).
+        (
+            &[("COUNTERSIGN_METRICS_TOKEN", "too-short-to-be-a-token")],
+            "COUNTERSIGN_METRICS_TOKEN",
+        ),
         // Plain http only for a provider on this machine.
         (
             &[
@@ -209,6 +214,24 @@ fn secrets_never_appear_in_errors_or_debug_output() {
     .unwrap();
     assert_eq!(c.webhook_urls.len(), 1);
     assert!(!format!("{c:?}").contains("xoxb-secret-path"));
+
+    let token = "metrics-scrape-token-0123456789abcdef";
+    let c = Config::load(
+        Some(&temp_file("")),
+        env(&[("COUNTERSIGN_METRICS_TOKEN", token)]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.metrics_token.as_ref().map(|t| t.expose().as_str()),
+        Some(token)
+    );
+    assert!(!format!("{c:?}").contains(token));
+    let err = Config::load(
+        Some(&temp_file("")),
+        env(&[("COUNTERSIGN_METRICS_TOKEN", "short-secret-7")]),
+    )
+    .unwrap_err();
+    assert!(!err.to_string().contains("short-secret-7"), "{err}");
 }
 
 #[test]

@@ -7,7 +7,9 @@ use countersign_core::approvals::{Approver, DecideError, Decider, GateRules, Ver
 use serde_json::{Value, json};
 
 use crate::helpers::TestApp;
-use crate::mcp::{Client, INV, agent, each_finance_app, hold, payment, payment_for};
+use crate::mcp::{
+    Client, INV, agent, each_finance_app, each_finance_app_with, hold, payment, payment_for,
+};
 
 /// Ana, an approver who signed in just now (by the test clock's epoch: long ago is fine for
 /// tools without step-up).
@@ -563,6 +565,50 @@ async fn gateway_retries_a_write_the_target_never_applied() {
             1
         );
         // A business refusal is final: the ERP will not hold a paid invoice, and is not asked twice.
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn metrics_with_a_token_configured_answer_only_a_scraper_sending_it() {
+    const TOKEN: &str = "scrape-0123456789abcdef0123456789abcdef";
+    each_finance_app_with(&[("COUNTERSIGN_METRICS_TOKEN", TOKEN)], |app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        client.call("invoice.get", json!({"invoice_id": INV})).await;
+        let scrape = |auth: Option<String>| {
+            let mut req = app.client.get(app.url("/metrics"));
+            if let Some(auth) = auth {
+                req = req.header("authorization", auth);
+            }
+            req.send()
+        };
+        for auth in [
+            None,
+            Some("Bearer wrong-0123456789abcdef0123456789abcdef".to_string()),
+            Some(format!("Bearer {}", &TOKEN[..TOKEN.len() - 1])),
+            Some(format!("Basic {TOKEN}")),
+            Some(format!("Bearer {TOKEN}x")),
+            // An agent's own credential is not a scrape token.
+            Some(format!("Bearer {fin}")),
+        ] {
+            let resp = scrape(auth.clone()).await.unwrap();
+            assert_eq!(resp.status(), reqwest::StatusCode::UNAUTHORIZED, "{auth:?}");
+            assert_eq!(
+                resp.headers()["www-authenticate"],
+                "Bearer realm=\"metrics\"",
+                "{auth:?}"
+            );
+            let body = resp.text().await.unwrap();
+            assert!(!body.contains("countersign_"), "{auth:?}: {body}");
+        }
+        let resp = scrape(Some(format!("Bearer {TOKEN}"))).await.unwrap();
+        assert_eq!(resp.status(), reqwest::StatusCode::OK);
+        let text = resp.text().await.unwrap();
+        let line = "countersign_tool_calls_total{tool=\"invoice.get\",decision=\"allow\",outcome=\"done\"} 1";
+        assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
         app
     })
     .await;

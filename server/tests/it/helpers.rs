@@ -234,3 +234,24 @@ pub fn countersign_on(db_url: &str) -> std::process::Command {
         .env("COUNTERSIGN_LOG_LEVEL", "off");
     cmd
 }
+
+/// A webhook receiver on loopback: its URL and every JSON body POSTed to it, in order
+/// (each answered 200).
+pub async fn webhook_sink() -> (String, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+    let seen: Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let hits = seen.clone();
+    let hook = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |axum::Json(body): axum::Json<serde_json::Value>| {
+            let hits = hits.clone();
+            async move {
+                hits.lock().unwrap().push(body);
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, hook).await.unwrap() });
+    (format!("http://{addr}/hook"), seen)
+}

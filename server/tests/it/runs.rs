@@ -553,92 +553,126 @@ async fn runs_many_workers_execute_each_step_exactly_once() {
 #[tokio::test]
 async fn runs_a_failed_step_compensates_earlier_writes_or_escalates() {
     use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
-    each_finance_app(|app| async move {
-        let (_, planner) = agent(&app, "planner-1", "planner").await;
-        let mut client = Client::new(&app, &planner);
-        client.connect().await;
-        let fail = Fault {
-            mode: FaultMode::Fail,
-            times: 1,
-        };
-        // The note is drafted, then the hold fails for good: the note is discarded.
-        inject_fault(&app.store, ERP, "invoices.hold", &fail)
-            .await
-            .unwrap();
-        let hold = json!({"tool": "invoice.hold", "arguments": crate::mcp::hold(json!(500)),
+    let (hook, told) = crate::helpers::webhook_sink().await;
+    let env = [("COUNTERSIGN_WEBHOOK_URLS", hook.as_str())];
+    each_finance_app_with(&env, |app| {
+        let told = told.clone();
+        async move {
+            told.lock().unwrap().clear();
+            let (_, planner) = agent(&app, "planner-1", "planner").await;
+            let mut client = Client::new(&app, &planner);
+            client.connect().await;
+            let fail = Fault {
+                mode: FaultMode::Fail,
+                times: 1,
+            };
+            // The note is drafted, then the hold fails for good: the note is discarded.
+            inject_fault(&app.store, ERP, "invoices.hold", &fail)
+                .await
+                .unwrap();
+            let hold = json!({"tool": "invoice.hold", "arguments": crate::mcp::hold(json!(500)),
                           "reason": "Dispute on line 1 quantities received"});
-        let (run, steps) = submit(&mut client, vec![note_step(), hold]).await;
-        wait_for(&app, &steps[1], StepStatus::Failed).await;
-        let began = Instant::now();
-        loop {
-            let all = app.store.steps_for_run(&run).await.unwrap();
-            if all.len() == 3 && all[2].status == StepStatus::Done {
-                assert_eq!(all[2].tool, "note.discard");
-                break;
+            let (run, steps) = submit(&mut client, vec![note_step(), hold]).await;
+            wait_for(&app, &steps[1], StepStatus::Failed).await;
+            let began = Instant::now();
+            loop {
+                let all = app.store.steps_for_run(&run).await.unwrap();
+                if all.len() == 3 && all[2].status == StepStatus::Done {
+                    assert_eq!(all[2].tool, "note.discard");
+                    break;
+                }
+                assert!(
+                    began.elapsed() < Duration::from_secs(20),
+                    "no compensation: {all:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            assert!(
-                began.elapsed() < Duration::from_secs(20),
-                "no compensation: {all:?}"
+            let note = app
+                .store
+                .demo_get(ERP, "note", "NOTE-00000001")
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(note.data.contains("\"discarded\""), "{}", note.data);
+            assert_eq!(
+                app.store.get_run(&run).await.unwrap().status,
+                RunStatus::Failed
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let note = app
-            .store
-            .demo_get(ERP, "note", "NOTE-00000001")
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(note.data.contains("\"discarded\""), "{}", note.data);
-        assert_eq!(
-            app.store.get_run(&run).await.unwrap().status,
-            RunStatus::Failed
-        );
-        // The compensation is recorded once its step is done (the record follows it).
-        let began = Instant::now();
-        let compensated: Vec<_> = loop {
-            let found: Vec<_> = app
+            // The compensation is recorded once its step is done (the record follows it).
+            let began = Instant::now();
+            let compensated: Vec<_> = loop {
+                let found: Vec<_> = app
+                    .store
+                    .audit_for_run(&run)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .filter(|r| r.event == "compensated")
+                    .collect();
+                if !found.is_empty() || began.elapsed() > Duration::from_secs(20) {
+                    break found;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            assert_eq!(compensated.len(), 1);
+            assert_eq!(compensated[0].rule.as_deref(), Some("compensation.done"));
+            assert_eq!(compensated[0].step_id.as_deref(), Some(steps[0].as_str()));
+
+            // A hold has no compensating tool: when the note after it fails, a person is asked.
+            inject_fault(&app.store, ERP, "notes.draft", &fail)
+                .await
+                .unwrap();
+            let hold = json!({"tool": "invoice.hold", "arguments": {"invoice_id": "INV-20260612",
+            "amount": 100, "currency": "EUR", "reason": REASON},
+            "reason": "Dispute on the freight surcharge"});
+            let note = json!({"tool": "note.draft", "arguments": {"invoice_id": "INV-20260612",
+            "text": "Held for the surcharge."}, "reason": "Tell AP why the invoice is held"});
+            let (run, steps) = submit(&mut client, vec![hold, note]).await;
+            wait_for(&app, &steps[1], StepStatus::Failed).await;
+            let began = Instant::now();
+            while !app.store.get_run(&run).await.unwrap().replan {
+                assert!(began.elapsed() < Duration::from_secs(20), "never escalated");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let escalated = app
                 .store
                 .audit_for_run(&run)
                 .await
                 .unwrap()
                 .into_iter()
-                .filter(|r| r.event == "compensated")
-                .collect();
-            if !found.is_empty() || began.elapsed() > Duration::from_secs(20) {
-                break found;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        assert_eq!(compensated.len(), 1);
-        assert_eq!(compensated[0].rule.as_deref(), Some("compensation.done"));
-        assert_eq!(compensated[0].step_id.as_deref(), Some(steps[0].as_str()));
-
-        // A hold has no compensating tool: when the note after it fails, a person is asked.
-        inject_fault(&app.store, ERP, "notes.draft", &fail)
-            .await
-            .unwrap();
-        let hold = json!({"tool": "invoice.hold", "arguments": {"invoice_id": "INV-20260612",
-            "amount": 100, "currency": "EUR", "reason": REASON},
-            "reason": "Dispute on the freight surcharge"});
-        let note = json!({"tool": "note.draft", "arguments": {"invoice_id": "INV-20260612",
-            "text": "Held for the surcharge."}, "reason": "Tell AP why the invoice is held"});
-        let (run, steps) = submit(&mut client, vec![hold, note]).await;
-        wait_for(&app, &steps[1], StepStatus::Failed).await;
-        let began = Instant::now();
-        while !app.store.get_run(&run).await.unwrap().replan {
-            assert!(began.elapsed() < Duration::from_secs(20), "never escalated");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+                .filter(|r| r.rule.as_deref() == Some("compensation.escalated"))
+                .count();
+            assert_eq!(escalated, 1);
+            // The people on the webhooks are told which step of which run needs them (and only
+            // about the escalation: the discarded note was undone without them).
+            let began = Instant::now();
+            let bodies = loop {
+                let bodies: Vec<Value> = told
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|b| b["event"] == "compensation_escalated")
+                    .cloned()
+                    .collect();
+                if !bodies.is_empty() || began.elapsed() > Duration::from_secs(10) {
+                    break bodies;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            assert_eq!(bodies.len(), 1, "{bodies:?}");
+            assert_eq!(bodies[0]["step_id"], steps[0].as_str());
+            assert_eq!(bodies[0]["run_id"], run.as_str());
+            assert_eq!(bodies[0]["tool"], "invoice.hold");
+            assert_eq!(bodies[0]["after_failed_step"], steps[1].as_str());
+            let text = bodies[0]["text"].as_str().unwrap();
+            assert!(text.contains(&format!("/runs/{run}")), "{text}");
+            assert!(
+                !bodies[0].to_string().contains("surcharge"),
+                "no inputs: {}",
+                bodies[0]
+            );
+            app
         }
-        let escalated = app
-            .store
-            .audit_for_run(&run)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.rule.as_deref() == Some("compensation.escalated"))
-            .count();
-        assert_eq!(escalated, 1);
-        app
     })
     .await;
 }

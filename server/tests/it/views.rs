@@ -652,6 +652,42 @@ async fn every_response_refuses_framing_sniffing_and_caching() {
             assert_eq!(value("referrer-policy"), "same-origin", "{path}");
             assert_eq!(value("cache-control"), "no-store", "{path}");
         }
+        // Documents that are not dashboard pages run no scripts at all.
+        for path in ["/healthz", "/auth/login"] {
+            let resp = anonymous.get(app.url(path)).send().await.unwrap();
+            let policy = resp.headers()["content-security-policy"].to_str().unwrap();
+            assert!(policy.contains("script-src 'none'"), "{path}: {policy}");
+        }
+        // A dashboard page runs only the scripts carrying its response's own nonce.
+        let mut nonces = Vec::new();
+        for _ in 0..2 {
+            let resp = ana.get(app.url("/inbox")).send().await.unwrap();
+            let policy = resp.headers()["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            let html = resp.text().await.unwrap();
+            let nonce = policy
+                .split("'nonce-")
+                .nth(1)
+                .and_then(|rest| rest.split('\'').next())
+                .unwrap_or_else(|| panic!("no nonce in {policy}"))
+                .to_string();
+            assert!(nonce.len() >= 16, "{nonce}");
+            assert!(policy.contains("frame-ancestors 'none'"), "{policy}");
+            assert!(!policy.contains("unsafe-inline"), "{policy}");
+            let scripts: Vec<&str> = html.split("<script").skip(1).collect();
+            assert!(!scripts.is_empty(), "the page hydrates: {html}");
+            for script in scripts {
+                let tag = script.split('>').next().unwrap_or_default();
+                assert!(
+                    tag.contains(&format!("nonce=\"{nonce}\"")),
+                    "a script without the nonce: <script{tag}>"
+                );
+            }
+            nonces.push(nonce);
+        }
+        assert_ne!(nonces[0], nonces[1], "each response has its own nonce");
         // A page path that merely ends like a static file still needs a session.
         for path in ["/runs/x.css", "/inbox/x.js", "/audit/a.png"] {
             let resp = anonymous.get(app.url(path)).send().await.unwrap();
