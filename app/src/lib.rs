@@ -109,16 +109,18 @@ fn demo_sign_in() -> bool {
     false
 }
 
-/// The Content-Security-Policy of a page whose inline scripts carry `nonce`: only scripts
-/// with this response's nonce run (and what they load: `'strict-dynamic'`), the wasm bundle
-/// may compile, no plugins, no `<base>` rewriting, no framing. Styles are not restricted.
+/// The Content-Security-Policy of a page whose inline scripts carry `nonce`: inline scripts
+/// run only with this response's nonce, script files only from this origin (the hydration
+/// bundle under `/pkg/`), the wasm bundle may compile; no plugins, no `<base>` rewriting, no
+/// framing. Styles are not restricted.
 ///
-/// Invariant: an injected `<script>` (or `on*=` attribute) without the nonce never runs; each
-/// response has its own random nonce (Leptos makes one per request), so a nonce read from one
-/// page is useless on the next.
+/// Invariant: an injected inline `<script>` or `on*=` attribute never runs, and an injected
+/// `<script src>` runs only a file this server serves as JavaScript (`nosniff` keeps JSON
+/// and text from running as script). Each response has its own random nonce (Leptos makes one
+/// per request), so a nonce read from one page is useless on the next.
 pub fn page_policy(nonce: &str) -> String {
     format!(
-        "script-src 'nonce-{nonce}' 'strict-dynamic' 'wasm-unsafe-eval'; object-src 'none'; \
+        "script-src 'self' 'nonce-{nonce}' 'wasm-unsafe-eval'; object-src 'none'; \
          base-uri 'none'; frame-ancestors 'none'"
     )
 }

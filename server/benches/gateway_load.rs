@@ -260,29 +260,6 @@ async fn main() {
     )
     .await;
 
-    // Reference: the least any audited call can do — a `tools/call` of a tool the role does
-    // not have: the transport, the guard's statement, the role's listing and one chained,
-    // durable audit record (`refused`, through the same committer and flush barrier). No
-    // schema, policy, target read or step row. A read cannot be cheaper than this.
-    let refusers = mcp_clients(&server, clients, "worker.finance", "refuser").await;
-    let refusals = closed_loop(
-        "reference: unlisted tool (transport + authentication + one audit record)",
-        refusers,
-        warmup,
-        secs,
-        |mut mcp: Mcp, _c, _n| async move {
-            let reply = mcp
-                .request(
-                    "tools/call",
-                    json!({"name": "supplier.update_iban", "arguments": {}}),
-                )
-                .await;
-            assert!(reply["error"].is_object(), "{reply}");
-            (mcp, true)
-        },
-    )
-    .await;
-
     let writers = mcp_clients(&server, clients, "worker.finance", "writer").await;
     let writes = closed_loop(
         "note.draft (write)",
@@ -319,6 +296,30 @@ async fn main() {
         "{drafted} notes drafted for {} measured calls",
         writes.calls
     );
+
+    // (Last: its records would otherwise lengthen the audit log the writes append to.)
+    // Reference: the least any audited call can do — a `tools/call` of a tool the role does
+    // not have: the transport, the guard's statement, the role's listing and one chained,
+    // durable audit record (`refused`, through the same committer and flush barrier). No
+    // schema, policy, target read or step row. A read cannot be cheaper than this.
+    let refusers = mcp_clients(&server, clients, "worker.finance", "refuser").await;
+    let refusals = closed_loop(
+        "reference: unlisted tool (transport + authentication + one audit record)",
+        refusers,
+        warmup,
+        secs,
+        |mut mcp: Mcp, _c, _n| async move {
+            let reply = mcp
+                .request(
+                    "tools/call",
+                    json!({"name": "supplier.update_iban", "arguments": {}}),
+                )
+                .await;
+            assert!(reply["error"].is_object(), "{reply}");
+            (mcp, true)
+        },
+    )
+    .await;
 
     server.stop().await;
     db.drop_db().await;

@@ -142,7 +142,7 @@ pub const KEYS: &[KeySpec] = &[
         name: "metrics_token",
         secret: true,
         default: None,
-        help: "bearer token (at least 32 characters) a scraper must send to /metrics; unset: /metrics is open",
+        help: "bearer token (at least 32 printable ASCII characters) a scraper must send to /metrics; unset: /metrics is open",
     },
     KeySpec {
         name: "site_root",
@@ -779,10 +779,13 @@ impl Config {
         let metrics_token = match get("metrics_token") {
             None => None,
             Some(t) if t.is_empty() => None,
-            Some(t) if t.chars().count() < MIN_METRICS_TOKEN || t.chars().any(char::is_control) => {
+            // Printable ASCII only: anything else could never arrive in an HTTP header.
+            Some(t) if t.len() < MIN_METRICS_TOKEN || !t.bytes().all(|b| b.is_ascii_graphic()) => {
                 return Err(invalid(
                     "metrics_token",
-                    format!("must be at least {MIN_METRICS_TOKEN} printable characters"),
+                    format!(
+                        "must be at least {MIN_METRICS_TOKEN} printable ASCII characters, no spaces"
+                    ),
                 ));
             }
             Some(t) => Some(Secret::new(t)),

@@ -152,10 +152,13 @@ fn escape(s: &str) -> String {
 /// Whether `headers` carry the bearer token `expected` (digests compared, see the module doc).
 fn scrape_allowed(expected: &countersign_core::Secret<String>, headers: &HeaderMap) -> bool {
     use sha2::{Digest, Sha256};
+    // The scheme is case-insensitive (RFC 9110 §11.1).
     let Some(sent) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token)
     else {
         return false;
     };

@@ -4,7 +4,8 @@
 //!
 //! They behave like well-built targets so the gateway's guarantees can be tested against
 //! real state: every effect is applied at most once per idempotency key (a repeated key
-//! returns the first result), effects can be looked up by key for reconciliation, business
+//! returns the first result; the key with other arguments is refused `idempotency_mismatch`),
+//! effects can be looked up by key for reconciliation, business
 //! rules refuse what a real ERP would (paying an invoice twice, another tenant's records),
 //! and faults can be injected per operation — fail, be unavailable, time out after the
 //! effect was applied, or accept the call and apply something else — by writing a `fault`
@@ -274,12 +275,13 @@ pub(super) fn rejected(code: &str, message: impl Into<String>) -> AdapterError {
 }
 
 /// The answer to a call whose key already has an effect: that effect's first result when the
-/// call repeats its operation and arguments; any other call under a used key is refused
+/// call repeats its arguments; the key with other arguments is refused
 /// (`idempotency_mismatch`: never another request's result, never a second effect), as a
-/// target honouring `Idempotency-Key` answers a key reused with another payload.
+/// target honouring `Idempotency-Key` answers a key reused with another payload. The
+/// operation is not compared: a registry that remapped the tool between two attempts of one
+/// step still gets the step's first result.
 pub(super) fn replayed(before: &DemoEffect, call: &Invocation) -> Result<Value, AdapterError> {
-    let same = before.operation == call.operation
-        && serde_json::from_str::<Value>(&before.request).is_ok_and(|r| r == call.arguments);
+    let same = serde_json::from_str::<Value>(&before.request).is_ok_and(|r| r == call.arguments);
     if !same {
         return Err(rejected(
             "idempotency_mismatch",

@@ -5,7 +5,8 @@
 //! They behave like well-built partner APIs so that the gateway's guarantees can be tested
 //! against real state:
 //! * every effect is applied at most once per idempotency key — a repeated key answers with
-//!   the first result and changes nothing; [`Adapter::lookup`] finds an effect by key;
+//!   the first result and changes nothing, the key with other arguments is refused
+//!   `idempotency_mismatch`; [`Adapter::lookup`] finds an effect by key;
 //! * records belong to a tenant (another tenant's record does not exist for a call) and to an
 //!   owner: a call whose [`Invocation::acts_for`] is not the owner is refused `not_owner`
 //!   (no `acts_for` at all is refused too — fail closed);

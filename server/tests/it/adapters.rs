@@ -998,10 +998,15 @@ async fn demo_targets_refuse_a_used_key_for_another_request() {
             erp.invoke(&call("notes.draft", "first")).await.unwrap(),
             first
         );
-        // The key with other arguments, or for another operation: refused, nothing applied.
+        // The same arguments under a remapped operation are the same request: the first
+        // result. The key with other arguments is refused, nothing applied.
+        assert_eq!(
+            erp.invoke(&call("notes.discard", "first")).await.unwrap(),
+            first
+        );
         for other in [
             call("notes.draft", "second"),
-            call("notes.discard", "first"),
+            call("notes.discard", "second"),
         ] {
             match erp.invoke(&other).await {
                 Err(AdapterError::Rejected { code, .. }) => {

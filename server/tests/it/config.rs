@@ -135,6 +135,21 @@ fn bad_values_name_the_key_and_source() {
             &[("COUNTERSIGN_METRICS_TOKEN", "too-short-to-be-a-token")],
             "COUNTERSIGN_METRICS_TOKEN",
         ),
+        // …and so is one no HTTP header could carry as sent.
+        (
+            &[(
+                "COUNTERSIGN_METRICS_TOKEN",
+                "jeton-de-métriques-0123456789abcdef",
+            )],
+            "COUNTERSIGN_METRICS_TOKEN",
+        ),
+        (
+            &[(
+                "COUNTERSIGN_METRICS_TOKEN",
+                "two words 0123456789abcdef0123456789",
+            )],
+            "COUNTERSIGN_METRICS_TOKEN",
+        ),
         // Plain http only for a provider on this machine.
         (
             &[

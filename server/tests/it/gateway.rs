@@ -604,6 +604,9 @@ async fn metrics_with_a_token_configured_answer_only_a_scraper_sending_it() {
             let body = resp.text().await.unwrap();
             assert!(!body.contains("countersign_"), "{auth:?}: {body}");
         }
+        // The scheme's case does not matter.
+        let resp = scrape(Some(format!("bearer {TOKEN}"))).await.unwrap();
+        assert_eq!(resp.status(), reqwest::StatusCode::OK);
         let resp = scrape(Some(format!("Bearer {TOKEN}"))).await.unwrap();
         assert_eq!(resp.status(), reqwest::StatusCode::OK);
         let text = resp.text().await.unwrap();
