@@ -813,7 +813,11 @@ async fn execute(
             .await?;
         return match moved {
             Some(step) => {
-                crate::notify::gate_opened(ctx.state, &step);
+                // Only a run that goes on invites a person to the inbox: a gate in a failed
+                // run is a compensation's, cancelled at once and escalated (its own notice).
+                if run.status != RunStatus::Failed {
+                    crate::notify::gate_opened(ctx.state, &step);
+                }
                 Ok(waiting(&step))
             }
             None => settle(ctx, &step).await,

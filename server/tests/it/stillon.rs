@@ -28,11 +28,20 @@ where
     F: Fn(TestApp) -> Fut,
     Fut: std::future::Future<Output = TestApp>,
 {
+    each_stillon_app_with(&[], test).await
+}
+
+/// [`each_stillon_app`] with extra `COUNTERSIGN_*` settings.
+pub async fn each_stillon_app_with<F, Fut>(extra: &[(&str, &str)], test: F)
+where
+    F: Fn(TestApp) -> Fut,
+    Fut: std::future::Future<Output = TestApp>,
+{
     let registry = example("stillon");
+    let mut env = vec![("COUNTERSIGN_REGISTRY", registry.as_str())];
+    env.extend_from_slice(extra);
     for backend in [Backend::Sqlite, Backend::Postgres] {
-        let Some(app) =
-            spawn_app_with(backend, &[("COUNTERSIGN_REGISTRY", registry.as_str())]).await
-        else {
+        let Some(app) = spawn_app_with(backend, &env).await else {
             continue;
         };
         let app = test(app).await;
@@ -531,66 +540,97 @@ async fn stillon_notify_failing_after_the_move_is_recorded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stillon_an_undo_that_needs_a_person_restores_the_party_and_leaves_the_inbox() {
-    each_stillon_app(|app| async move {
-        fault_once(&app, "messaging.send", FaultMode::Fail).await;
-        let token = for_traveller(&app, "maestro", "planner").await;
-        let mut planner = Client::new(&app, &token);
-        planner.connect().await;
-        // The move also grows the party: outside the standing authorization, so approved.
-        let mut bigger = move_step(observed_free_2000());
-        bigger["arguments"]["party_size"] = json!(6);
-        let notify = notify_step();
-        let (run, steps) = submit(&mut planner, vec![bigger, notify]).await;
-        for step in &steps {
-            wait_for(&app, step, StepStatus::NeedsApproval).await;
-            app.store
-                .decide_step(
-                    step,
-                    &traveller(),
-                    &traveller_gate(),
-                    Verdict::Approved,
-                    "yes",
-                )
-                .await
-                .unwrap();
-        }
-        wait_for(&app, &steps[1], StepStatus::Failed).await;
-        wait_run(&app, &run, RunStatus::Failed).await;
-        let trail = compensated(&app, &run, &steps[0]).await;
-        assert!(
-            trail
-                .iter()
-                .any(|(e, r, _)| e == "compensated"
+    let (hook, told) = crate::helpers::webhook_sink().await;
+    let env = [("COUNTERSIGN_WEBHOOK_URLS", hook.as_str())];
+    each_stillon_app_with(&env, |app| {
+        let told = told.clone();
+        async move {
+            told.lock().unwrap().clear();
+            fault_once(&app, "messaging.send", FaultMode::Fail).await;
+            let token = for_traveller(&app, "maestro", "planner").await;
+            let mut planner = Client::new(&app, &token);
+            planner.connect().await;
+            // The move also grows the party: outside the standing authorization, so approved.
+            let mut bigger = move_step(observed_free_2000());
+            bigger["arguments"]["party_size"] = json!(6);
+            let notify = notify_step();
+            let (run, steps) = submit(&mut planner, vec![bigger, notify]).await;
+            for step in &steps {
+                wait_for(&app, step, StepStatus::NeedsApproval).await;
+                app.store
+                    .decide_step(
+                        step,
+                        &traveller(),
+                        &traveller_gate(),
+                        Verdict::Approved,
+                        "yes",
+                    )
+                    .await
+                    .unwrap();
+            }
+            wait_for(&app, &steps[1], StepStatus::Failed).await;
+            wait_run(&app, &run, RunStatus::Failed).await;
+            let trail = compensated(&app, &run, &steps[0]).await;
+            assert!(
+                trail.iter().any(|(e, r, _)| e == "compensated"
                     && r.as_deref() == Some("compensation.escalated")),
-            "{trail:?}"
-        );
-        let all = app.store.steps_for_run(&run).await.unwrap();
-        let comp = all
-            .iter()
-            .find(|s| s.reason.starts_with("compensates step"))
-            .unwrap();
-        let undo: Value = serde_json::from_str(&comp.inputs).unwrap();
-        assert_eq!(undo["party_size"], 4, "the party it had: {undo}");
-        assert_eq!(undo["requested_time"], "19:30", "{undo}");
-        // Nobody is invited to approve an undo no worker would run: it is cancelled.
-        assert_eq!(comp.status, StepStatus::Cancelled);
-        assert_eq!(comp.rule.as_deref(), Some("compensation.escalated"));
-        assert!(matches!(
-            app.store
-                .decide_step(
-                    &comp.id,
-                    &traveller(),
-                    &traveller_gate(),
-                    Verdict::Approved,
-                    "undo"
-                )
-                .await,
-            Err(DecideError::NotWaiting(_))
-        ));
-        let reservation = object(&app, "reservation", "8472").await;
-        assert_eq!(reservation["time"], "20:00", "{reservation}");
-        assert_eq!(reservation["party_size"], 6, "{reservation}");
-        app
+                "{trail:?}"
+            );
+            let all = app.store.steps_for_run(&run).await.unwrap();
+            let comp = all
+                .iter()
+                .find(|s| s.reason.starts_with("compensates step"))
+                .unwrap();
+            let undo: Value = serde_json::from_str(&comp.inputs).unwrap();
+            assert_eq!(undo["party_size"], 4, "the party it had: {undo}");
+            assert_eq!(undo["requested_time"], "19:30", "{undo}");
+            // Nobody is invited to approve an undo no worker would run: it is cancelled.
+            assert_eq!(comp.status, StepStatus::Cancelled);
+            assert_eq!(comp.rule.as_deref(), Some("compensation.escalated"));
+            assert!(matches!(
+                app.store
+                    .decide_step(
+                        &comp.id,
+                        &traveller(),
+                        &traveller_gate(),
+                        Verdict::Approved,
+                        "undo"
+                    )
+                    .await,
+                Err(DecideError::NotWaiting(_))
+            ));
+            let reservation = object(&app, "reservation", "8472").await;
+            assert_eq!(reservation["time"], "20:00", "{reservation}");
+            assert_eq!(reservation["party_size"], 6, "{reservation}");
+            // The webhooks: one invitation per planned gate, none for the cancelled undo, and the
+            // escalation of the move.
+            let began = std::time::Instant::now();
+            let bodies = loop {
+                let bodies = told.lock().unwrap().clone();
+                if bodies
+                    .iter()
+                    .any(|b| b["event"] == "compensation_escalated")
+                    || began.elapsed() > Duration::from_secs(10)
+                {
+                    break bodies;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let of = |event: &str| -> Vec<String> {
+                bodies
+                    .iter()
+                    .filter(|b| b["event"] == event)
+                    .map(|b| b["step_id"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            };
+            assert_eq!(of("gate_opened"), steps, "{bodies:?}");
+            assert_eq!(
+                of("compensation_escalated"),
+                vec![steps[0].clone()],
+                "{bodies:?}"
+            );
+            app
+        }
     })
     .await;
 }
