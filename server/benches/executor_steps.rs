@@ -186,6 +186,76 @@ async fn ours(
     (total, began.elapsed())
 }
 
+/// The floor of any crash-safe, audited execution, through the store's own API: the
+/// executor's claim, then a transition to `running` with one audit record (committed and
+/// flushed before an effect could start, as the crash tests require) and a transition to
+/// `done` with one record — no run or agent read, no policy, no key, no release, no settling.
+async fn floor(server: &Server, workers: usize, progress: &Arc<AtomicU64>) -> (u64, Duration) {
+    use countersign_core::audit::{AuditEvent, NewAuditRecord};
+    use countersign_core::store::Transition;
+    let began = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let store = server.state.store.clone();
+        let progress = progress.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = format!("floor-worker-{w}");
+            let mut done = 0_u64;
+            let record = |event, step: &countersign_core::store::Step| {
+                (
+                    event,
+                    NewAuditRecord {
+                        event: Some(event),
+                        run_id: Some(step.run_id.clone()),
+                        step_id: Some(step.id.clone()),
+                        tool: Some(step.tool.clone()),
+                        actor: Some(format!("executor:{id}")),
+                        rule: Some("policy.allow".into()),
+                        detail: serde_json::Map::new(),
+                    },
+                )
+            };
+            loop {
+                let lease = store.clock().now_ms() + 60_000;
+                let Some(step) = store
+                    .claim_step(&id, lease, Some(EMERGENCY_STOP))
+                    .await
+                    .unwrap()
+                else {
+                    break;
+                };
+                let started = Transition {
+                    step_id: step.id.clone(),
+                    from: vec![StepStatus::Pending],
+                    to: Some(StepStatus::Running),
+                    bump_attempts: true,
+                    records: vec![record(AuditEvent::Started, &step)],
+                    ..Transition::default()
+                };
+                assert!(store.move_step(&started).await.unwrap(), "started once");
+                let finished = Transition {
+                    step_id: step.id.clone(),
+                    from: vec![StepStatus::Running],
+                    to: Some(StepStatus::Done),
+                    outcome: Some(r#"{"answer":{"status":"ok"}}"#.into()),
+                    records: vec![record(AuditEvent::Succeeded, &step)],
+                    answer_at_commit: true,
+                    ..Transition::default()
+                };
+                assert!(store.move_step(&finished).await.unwrap(), "done once");
+                done += 1;
+                progress.fetch_add(1, Ordering::Relaxed);
+            }
+            done
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    (total, began.elapsed())
+}
+
 /// The pools of the baseline: claims on connections that do not wait for the WAL flush (as
 /// the store's claims), completions on ordinary ones.
 struct Raw {
@@ -601,6 +671,17 @@ async fn main() {
             cpu_raw.map(|c| (c, n_raw as usize)),
         ));
     }
+    // The floor at the target's 4 workers, next to the 4-worker baseline measured above.
+    seed(&mut planner, pool, tool, steps, "floor-4").await;
+    let before = cpu_reading();
+    let (n_floor, t_floor) = floor(&server, 4, &progress).await;
+    let cpu_floor = cpu_used(before, cpu_reading());
+    assert_eq!(
+        n_floor as usize, steps,
+        "every seeded step went through the floor"
+    );
+    let floor_per_s = n_floor as f64 / t_floor.as_secs_f64();
+    eprintln!("  floor, 4 workers: {floor_per_s:.0}/s");
     assert_eq!(
         store.count_steps(StepStatus::Running).await.unwrap(),
         0,
@@ -673,6 +754,24 @@ async fn main() {
                 pct(ceiling, *r)
             );
         }
+    }
+    if let Some((_, _, r, _, _)) = rows.iter().find(|row| row.0 == 4) {
+        let cpu = cpu_floor
+            .map(|c| {
+                format!(
+                    " at {} of CPU per step",
+                    CpuUsed::per_call(c.machine, n_floor as usize)
+                )
+            })
+            .unwrap_or_default();
+        println!(
+            "Floor, 4 workers (the claim, then `running` and `done` through the store's \
+             committer with one audit record each, nothing else): {floor_per_s:.0} steps/s{cpu} \
+             — {} of the baseline. Whatever the executor adds to a crash-safe, audited step \
+             (the run, bounds, agent and context reads, policy, the key, the release, the \
+             run's settling) comes on top of it.\n",
+            pct(floor_per_s, *r)
+        );
     }
     for (label, waits) in &profiles {
         print_profile(label, waits, &profile, steps);
