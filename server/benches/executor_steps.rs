@@ -179,11 +179,7 @@ async fn ours(
             done
         }));
     }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
-    (total, began.elapsed())
+    joined(tasks, began).await
 }
 
 /// The floor of any crash-safe, audited execution, through the store's own API: the
@@ -249,6 +245,11 @@ async fn floor(server: &Server, workers: usize, progress: &Arc<AtomicU64>) -> (u
             done
         }));
     }
+    joined(tasks, began).await
+}
+
+/// Waits for every worker task: (the steps they did in all, time since `began`).
+async fn joined(tasks: Vec<tokio::task::JoinHandle<u64>>, began: Instant) -> (u64, Duration) {
     let mut total = 0;
     for t in tasks {
         total += t.await.unwrap();
@@ -308,11 +309,7 @@ async fn baseline(
             done
         }));
     }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
-    (total, began.elapsed())
+    joined(tasks, began).await
 }
 
 // ---- profiling (BENCH_PROFILE=1) -------------------------------------------------------------
