@@ -299,12 +299,13 @@ async fn main() {
 
     // (Last: its records would otherwise lengthen the audit log the writes append to.)
     // Reference: the least any audited call can do — a `tools/call` of a tool the role does
-    // not have: the transport, the guard's statement, the role's listing and one chained,
-    // durable audit record (`refused`, through the same committer and flush barrier). No
-    // schema, policy, target read or step row. A read cannot be cheaper than this.
+    // not have: the transport, the guard's credential statement (without the call context a
+    // read's statement also reads), the role's listing and one chained, durable audit record
+    // (`refused`, through the same committer and flush barrier). No schema, policy, target
+    // read or step row. A read cannot be cheaper than this.
     let refusers = mcp_clients(&server, clients, "worker.finance", "refuser").await;
     let refusals = closed_loop(
-        "reference: unlisted tool (transport + authentication + one audit record)",
+        "reference: unlisted tool (transport + credential check + one audit record)",
         refusers,
         warmup,
         secs,
@@ -315,7 +316,8 @@ async fn main() {
                     json!({"name": "supplier.update_iban", "arguments": {}}),
                 )
                 .await;
-            assert!(reply["error"].is_object(), "{reply}");
+            // The unknown-tool answer (-32602), not an internal error (a failed append).
+            assert_eq!(reply["error"]["code"], json!(-32602), "{reply}");
             (mcp, true)
         },
     )
