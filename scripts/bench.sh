@@ -54,6 +54,9 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo
   echo "Reproduce everything: \`make bench\`. Each section names its own command."
   echo
+  echo "What these figures mean, how they moved across runs and machines, and what was tried:"
+  echo "[docs/performance.md](performance.md) (hand-written; this file is regenerated whole)."
+  echo
   cat "$logs/gateway.md"
   echo "Reproduce: \`cargo bench -p countersign --bench gateway_load\` (\`BENCH_SECONDS\`, \`BENCH_CLIENTS\`)."
   echo

@@ -37,6 +37,8 @@
 //!   closing transition after its effect, whose worker starts no effect before another
 //!   barrier): it is answered at COMMIT, and a crash that loses it leaves what a crash just
 //!   before its COMMIT leaves (a `running` step with an `in_flight` key, reconciled by key).
+//! * A batch whose every job was answered at COMMIT runs no barrier of its own: nobody waits
+//!   for it, and the next barrier (before any effect starts) flushes past it.
 //! * WAL order: a batch committed before another is flushed no later than it, so a database
 //!   crash can lose only a suffix of the chain (the unanswered batches), never a middle part.
 //! * Other sessions may read a batch's rows during its flush; anything they then commit
@@ -47,6 +49,7 @@
 //!   this database refuses it, batches commit synchronously as before.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -111,14 +114,22 @@ fn micros(d: Duration) -> u64 {
 #[derive(Clone)]
 pub(crate) struct Committer {
     jobs: mpsc::UnboundedSender<Job>,
+    /// Flush barriers run so far (Postgres, pipelined).
+    barriers: Arc<AtomicU64>,
 }
 
 impl Committer {
     /// Starts the committer task over `store` (which must not itself have a committer).
     pub(crate) fn start(store: Store) -> Self {
         let (jobs, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(store, rx));
-        Self { jobs }
+        let barriers = Arc::new(AtomicU64::new(0));
+        tokio::spawn(run(store, rx, barriers.clone()));
+        Self { jobs, barriers }
+    }
+
+    /// Flush barriers this committer has run.
+    pub(crate) fn barriers(&self) -> u64 {
+        self.barriers.load(Ordering::Relaxed)
     }
 
     /// Submits `work`; `None` when the committer is gone (the caller writes alone).
@@ -135,7 +146,7 @@ impl Committer {
     }
 }
 
-async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
+async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>, barriers: Arc<AtomicU64>) {
     let pipelined = match store.lazy {
         Some(_) => match store.flush_barrier().await {
             Ok(()) => true,
@@ -186,10 +197,19 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>) {
                     for (job, done) in now {
                         let _ = job.reply.send(Ok(done));
                     }
+                    // Nobody waits for this batch's flush: each job was answered at COMMIT,
+                    // and its worker starts no effect before a later barrier, which flushes
+                    // the WAL past this commit too (WAL order). No barrier of its own.
+                    if later.is_empty() {
+                        drop(permit);
+                        continue;
+                    }
                     let store = store.clone();
+                    let barriers = barriers.clone();
                     tokio::spawn(async move {
                         let flushing = Instant::now();
                         let flushed = store.flush_barrier_retrying().await;
+                        barriers.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(
                             target: TIMING,
                             barrier_us = micros(flushing.elapsed()),

@@ -353,6 +353,12 @@ impl Store {
         })
     }
 
+    /// Flush barriers this store's committer has run (0 without one; see
+    /// [`crate::store`]'s group commit). For tests and diagnostics.
+    pub fn flush_barriers(&self) -> u64 {
+        self.committer.as_ref().map_or(0, |c| c.barriers())
+    }
+
     /// Applies every migration not yet applied.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match &self.pool {

@@ -772,6 +772,93 @@ async fn racing_transitions_across_committers_move_each_step_once() {
     }
 }
 
+/// Group commit on Postgres: a job answered before its batch's flush (an executor's closing
+/// transition, `answer_at_commit`) costs no flush barrier of its own; any other job waits for
+/// one. Both commit, and the chain holds both records in order.
+#[tokio::test]
+async fn a_batch_answered_at_commit_runs_no_flush_barrier_of_its_own() {
+    use countersign_core::canonical::CanonicalJson;
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::testing::FreshDb;
+    use countersign_core::store::{NewRun, NewStep, Transition};
+
+    let (_, clock) = test_clock();
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    let store = db.store(clock.clone()).await;
+    let run = store
+        .create_run(&NewRun {
+            tenant: "acme".into(),
+            principal: "user:1".into(),
+            agent_id: None,
+            task: "barriers".into(),
+            origin: "user".into(),
+            planned: true,
+        })
+        .await
+        .unwrap();
+    let (step, _) = store
+        .open_step(&NewStep {
+            run_id: run.id.clone(),
+            role: "worker".into(),
+            tool: "note.draft".into(),
+            effect: Effect::Write,
+            inputs: CanonicalJson::from_value(&json!({"n": 1})).unwrap(),
+            agent_id: None,
+            reason: String::new(),
+            evidence: vec![],
+            observed: None,
+            trace_id: "t".into(),
+            status: StepStatus::Pending,
+        })
+        .await
+        .unwrap();
+    let mut started = record(1);
+    started.step_id = Some(step.id.clone());
+    let before = store.flush_barriers();
+    // Taking the step: answered only once its commit is on disk.
+    let taken = Transition {
+        step_id: step.id.clone(),
+        from: vec![StepStatus::Pending],
+        to: Some(StepStatus::Running),
+        records: vec![(AuditEvent::Started, started.clone())],
+        ..Transition::default()
+    };
+    assert!(store.move_step(&taken).await.unwrap());
+    assert_eq!(
+        store.flush_barriers(),
+        before + 1,
+        "a barrier before the answer"
+    );
+    // Closing it, answered at COMMIT: no barrier of its own, now or later.
+    let closed = Transition {
+        step_id: step.id.clone(),
+        from: vec![StepStatus::Running],
+        to: Some(StepStatus::Done),
+        records: vec![(AuditEvent::Succeeded, started)],
+        answer_at_commit: true,
+        ..Transition::default()
+    };
+    assert!(store.move_step(&closed).await.unwrap());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        store.flush_barriers(),
+        before + 1,
+        "no barrier for the closing batch"
+    );
+    // The next job that waits for durability gets its barrier (flushing both).
+    store.append_audit(&record(2)).await.unwrap();
+    assert_eq!(store.flush_barriers(), before + 2);
+    assert_eq!(
+        store.get_step(&step.id).await.unwrap().status,
+        StepStatus::Done
+    );
+    assert_eq!(store.verify_audit().await.unwrap(), Ok(3));
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// The chain pushed one record at a time (no precomputed checks): the reference.
 fn verify_one_by_one(records: &[AuditRecord]) -> Result<i64, countersign_core::audit::ChainBreak> {
     let mut v = ChainVerifier::new(1, GENESIS);
