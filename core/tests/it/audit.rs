@@ -777,10 +777,9 @@ async fn racing_transitions_across_committers_move_each_step_once() {
 /// one. Both commit, and the chain holds both records in order.
 #[tokio::test]
 async fn a_batch_answered_at_commit_runs_no_flush_barrier_of_its_own() {
-    use countersign_core::canonical::CanonicalJson;
     use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::Transition;
     use countersign_core::store::testing::FreshDb;
-    use countersign_core::store::{NewRun, NewStep, Transition};
 
     let (_, clock) = test_clock();
     let Some(db) = FreshDb::create(Backend::Postgres).await else {
@@ -788,30 +787,11 @@ async fn a_batch_answered_at_commit_runs_no_flush_barrier_of_its_own() {
     };
     let store = db.store(clock.clone()).await;
     let run = store
-        .create_run(&NewRun {
-            tenant: "acme".into(),
-            principal: "user:1".into(),
-            agent_id: None,
-            task: "barriers".into(),
-            origin: "user".into(),
-            planned: true,
-        })
+        .create_run(&crate::store::new_run("acme"))
         .await
         .unwrap();
     let (step, _) = store
-        .open_step(&NewStep {
-            run_id: run.id.clone(),
-            role: "worker".into(),
-            tool: "note.draft".into(),
-            effect: Effect::Write,
-            inputs: CanonicalJson::from_value(&json!({"n": 1})).unwrap(),
-            agent_id: None,
-            reason: String::new(),
-            evidence: vec![],
-            observed: None,
-            trace_id: "t".into(),
-            status: StepStatus::Pending,
-        })
+        .open_step(&crate::store::new_step(&run.id, Effect::Write, 1))
         .await
         .unwrap();
     let mut started = record(1);

@@ -9,7 +9,7 @@ use countersign_core::{Store, SystemClock};
 
 use crate::test_clock;
 
-fn new_run(tenant: &str) -> NewRun {
+pub(crate) fn new_run(tenant: &str) -> NewRun {
     NewRun {
         tenant: tenant.into(),
         principal: "user-123".into(),
@@ -22,7 +22,7 @@ fn new_run(tenant: &str) -> NewRun {
 
 /// A pending step of `run_id` proposed by agent-1: `invoice.get` for a read, `note.draft`
 /// otherwise, with inputs `{"n": n}`.
-fn new_step(
+pub(crate) fn new_step(
     run_id: &str,
     effect: countersign_core::model::Effect,
     n: usize,
