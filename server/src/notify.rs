@@ -22,12 +22,7 @@ pub fn gate_opened(state: &AppState, step: &Step) {
     if state.config.webhook_urls.is_empty() {
         return;
     }
-    let inbox = state
-        .config
-        .public_url
-        .join(&format!("inbox/{}", step.id))
-        .map(|u| u.to_string())
-        .unwrap_or_default();
+    let inbox = page(state, &format!("inbox/{}", step.id));
     let body = json!({
         "text": format!(
             "Countersign: {} waits for approval ({}). Review it: {inbox}",
@@ -52,12 +47,7 @@ pub fn compensation_escalated(state: &AppState, step: &Step, failed_step: &str) 
     if state.config.webhook_urls.is_empty() {
         return;
     }
-    let run = state
-        .config
-        .public_url
-        .join(&format!("runs/{}", step.run_id))
-        .map(|u| u.to_string())
-        .unwrap_or_default();
+    let run = page(state, &format!("runs/{}", step.run_id));
     let body = json!({
         "text": format!(
             "Countersign: a run failed after {} had run, and it could not be undone \
@@ -72,6 +62,16 @@ pub fn compensation_escalated(state: &AppState, step: &Step, failed_step: &str) 
         "run": run,
     });
     post_all(state, body);
+}
+
+/// The dashboard page at `path` under the public URL (empty if it cannot be joined).
+fn page(state: &AppState, path: &str) -> String {
+    state
+        .config
+        .public_url
+        .join(path)
+        .map(|u| u.to_string())
+        .unwrap_or_default()
 }
 
 /// Posts `body` to every configured webhook, each in its own background task with retries.
