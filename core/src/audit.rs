@@ -627,6 +627,11 @@ impl ChainHead {
         now.max(self.at)
     }
 
+    /// The chain's last record as `(seq, hash)`; `None` for an empty chain.
+    pub(crate) fn last(&self) -> Option<(i64, String)> {
+        (self.seq > 1).then(|| (self.seq - 1, self.prev.clone()))
+    }
+
     /// Moves the head past `sealed`.
     pub(crate) fn advance(&mut self, sealed: &AuditRecord) {
         self.seq = sealed.seq + 1;

@@ -25,6 +25,7 @@ use std::collections::HashSet;
 use super::group::{Job, Work};
 use super::steps::{PREPARED_INSERT_SQL, prepared_insert};
 use super::{Step, Transition};
+use crate::audit::AuditRecord;
 
 /// Whether [`apply`] should write `jobs`: at least two transitions (one alone is cheaper as
 /// its plain statement: measured, `docs/benchmarks.md`), no two on the same step, and every
@@ -176,84 +177,156 @@ async fn insert_moved(
     .await
 }
 
+/// The columns of a batch's step transitions, as `countersign_move_steps` takes them (the
+/// batch UPDATE of the multi-statement path and of [`commit_fast`] alike).
+struct Moves {
+    id: Column,
+    status: Column,
+    decision: Column,
+    rule: Column,
+    outcome: Column,
+    expires_at: Vec<Option<i64>>,
+    approval: Column,
+    bump: Vec<i64>,
+    not_before: Vec<Option<i64>>,
+    from: Vec<String>,
+    guard_run: Column,
+    guard_failed: Column,
+    guard_switch: Column,
+    key_state: Column,
+    key_result: Column,
+}
+
+impl Moves {
+    fn of(updates: &[&Transition]) -> Self {
+        macro_rules! col {
+            ($e:expr) => {
+                updates.iter().map($e).collect::<Vec<_>>()
+            };
+        }
+        let (guard_run, guard_failed, guard_switch) = guard_columns(updates.iter().copied());
+        Self {
+            id: col!(|t| Some(t.step_id.clone())),
+            status: col!(|t| t.to.map(|s| s.as_str().to_string())),
+            decision: col!(|t| t.decision.clone()),
+            rule: col!(|t| t.rule.clone()),
+            outcome: col!(|t| t.outcome.clone()),
+            expires_at: col!(|t| t.expires_at),
+            approval: col!(|t| t.approval.clone()),
+            bump: col!(|t| i64::from(t.bump_attempts)),
+            not_before: col!(|t| t.not_before),
+            // Statuses are plain words, so a comma-joined list is one row's set of `from`
+            // statuses (an empty `from` is the empty set: nothing moves, as alone).
+            from: col!(|t| t
+                .from
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(",")),
+            guard_run,
+            guard_failed,
+            guard_switch,
+            key_state: col!(|t| t.key.as_ref().map(|(state, _)| state.as_str().to_string())),
+            key_result: col!(|t| t.key.as_ref().and_then(|(_, result)| result.clone())),
+        }
+    }
+}
+
+/// Binds `$m`'s columns, in `countersign_move_steps`'s order, to query `$q`.
+macro_rules! bind_moves {
+    ($q:expr, $m:expr) => {{
+        let m: &Moves = $m;
+        $q.bind(&m.id)
+            .bind(&m.status)
+            .bind(&m.decision)
+            .bind(&m.rule)
+            .bind(&m.outcome)
+            .bind(&m.expires_at)
+            .bind(&m.approval)
+            .bind(&m.bump)
+            .bind(&m.not_before)
+            .bind(&m.from)
+            .bind(&m.guard_run)
+            .bind(&m.guard_failed)
+            .bind(&m.guard_switch)
+            .bind(&m.key_state)
+            .bind(&m.key_result)
+    }};
+}
+
 /// Every other transition in one UPDATE, and the keys of those that moved in the same
-/// statement; returns the ids of the steps that moved.
+/// statement (`countersign_move_steps`, migration 13); returns the ids of the steps that
+/// moved.
 async fn update_moved(
     tx: &mut sqlx::PgConnection,
     updates: &[&Transition],
     now: i64,
 ) -> Result<Vec<String>, sqlx::Error> {
-    macro_rules! col {
-        ($e:expr) => {
-            updates.iter().map($e).collect::<Vec<_>>()
+    let moves = Moves::of(updates);
+    let q = sqlx::query_scalar(
+        "SELECT * FROM countersign_move_steps($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+                                              $12, $13, $14, $15, $16)",
+    )
+    .bind(now);
+    bind_moves!(q, &moves).fetch_all(&mut *tx).await
+}
+
+/// Whether [`commit_one_trip`] can write `jobs`: transitions of distinct steps already
+/// written (no read written with its outcome) and appends.
+pub(crate) fn one_trip_applicable(jobs: &[Job]) -> bool {
+    let mut seen = HashSet::new();
+    jobs.iter().all(|job| match &job.work {
+        Work::Transition(t) => t.insert.is_none() && seen.insert(t.step_id.as_str()),
+        Work::Append(..) => true,
+    })
+}
+
+/// The SQLSTATEs `countersign_commit_batch` raises when it wrote nothing because the batch
+/// was sealed on a stale head (`CS001`) or a transition did not move (`CS002`).
+pub(crate) fn is_one_trip_refusal(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("CS001" | "CS002")))
+}
+
+/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migration 13):
+/// under the append lock, only if the chain's last record is still `last` (`(seq, hash)`,
+/// `None` for an empty chain), every one of `transitions` moves and `records` (sealed after
+/// `last`, in chain order) are inserted; otherwise it raises ([`is_one_trip_refusal`]) and
+/// writes nothing.
+pub(crate) async fn commit_one_trip(
+    pool: &sqlx::PgPool,
+    last: Option<(i64, &str)>,
+    transitions: &[&Transition],
+    records: &[AuditRecord],
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    let moves = Moves::of(transitions);
+    macro_rules! column {
+        ($f:ident) => {
+            records.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
         };
     }
-    let (guard_run, guard_failed, guard_switch) = guard_columns(updates.iter().copied());
-    // Statuses are plain words, so a comma-joined list is one row's set of `from` statuses
-    // (an empty `from` is the empty set: nothing moves, as alone).
-    let from = col!(|t| t
-        .from
-        .iter()
-        .map(|s| s.as_str())
-        .collect::<Vec<_>>()
-        .join(","));
-    sqlx::query_scalar(
-        "WITH v AS (
-            SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                 $6::int8[], $7::text[], $8::int8[], $9::int8[], $10::text[],
-                                 $11::text[], $12::text[], $13::text[], $15::text[],
-                                 $16::text[])
-              AS v(id, status, decision, rule, outcome, expires_at, approval, bump,
-                   not_before, from_statuses, guard_run, guard_failed, guard_switch,
-                   key_state, key_result)
-         ), moved AS (
-            UPDATE steps SET status = COALESCE(v.status, steps.status),
-                decision = COALESCE(v.decision, steps.decision),
-                rule = COALESCE(v.rule, steps.rule),
-                outcome = COALESCE(v.outcome, steps.outcome),
-                expires_at = COALESCE(v.expires_at, steps.expires_at),
-                approval = COALESCE(v.approval, steps.approval),
-                attempts = steps.attempts + v.bump, updated_at = $14,
-                not_before = COALESCE(v.not_before, steps.not_before)
-            FROM v
-            WHERE steps.id = v.id
-              AND steps.status = ANY(string_to_array(v.from_statuses, ','))
-              AND (v.guard_run IS NULL OR EXISTS (SELECT 1 FROM runs
-                      WHERE runs.id = v.guard_run
-                        AND (runs.status = 'active' OR runs.status = v.guard_failed)))
-              AND (v.guard_switch IS NULL
-                   OR NOT EXISTS (SELECT 1 FROM switches WHERE name = v.guard_switch))
-            RETURNING steps.id
-         ), keys AS (
-            UPDATE idempotency SET state = v.key_state,
-                result = COALESCE(v.key_result, idempotency.result), updated_at = $14
-            FROM v JOIN moved ON moved.id = v.id
-            WHERE idempotency.step_id = v.id AND v.key_state IS NOT NULL
-         )
-         SELECT id FROM moved",
+    let q = sqlx::query(
+        "SELECT countersign_commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+            $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
+            $29, $30)",
     )
-    .bind(col!(|t| t.step_id.clone()))
-    .bind(col!(|t| t.to.map(|s| s.as_str().to_string())))
-    .bind(col!(|t| t.decision.clone()))
-    .bind(col!(|t| t.rule.clone()))
-    .bind(col!(|t| t.outcome.clone()))
-    .bind(col!(|t| t.expires_at))
-    .bind(col!(|t| t.approval.clone()))
-    .bind(col!(|t| i64::from(t.bump_attempts)))
-    .bind(col!(|t| t.not_before))
-    .bind(from)
-    .bind(guard_run)
-    .bind(guard_failed)
-    .bind(guard_switch)
-    .bind(now)
-    .bind(col!(|t| t
-        .key
-        .as_ref()
-        .map(|(state, _)| state.as_str().to_string())))
-    .bind(col!(|t| t
-        .key
-        .as_ref()
-        .and_then(|(_, result)| result.clone())))
-    .fetch_all(&mut *tx)
-    .await
+    .bind(crate::audit::PG_AUDIT_LOCK)
+    .bind(last.map(|(seq, _)| seq))
+    .bind(last.map(|(_, hash)| hash))
+    .bind(now);
+    bind_moves!(q, &moves)
+        .bind(column!(seq))
+        .bind(column!(at))
+        .bind(column!(event))
+        .bind(column!(run_id))
+        .bind(column!(step_id))
+        .bind(column!(tool))
+        .bind(column!(actor))
+        .bind(column!(rule))
+        .bind(column!(record))
+        .bind(column!(prev))
+        .bind(column!(hash))
+        .execute(pool)
+        .await?;
+    Ok(())
 }

@@ -19,6 +19,13 @@
 //!   one row. So batches, lone transitions and other processes' batches cannot deadlock.
 //! * Other processes (workers, replicas) still take the same lock: whole batches interleave,
 //!   never parts of one.
+//! * One round trip (Postgres): a batch of transitions of distinct, already written steps and
+//!   appends is sealed on the chain head this committer last wrote or read, and written by one
+//!   autocommitted statement (`countersign_commit_batch`, migration 13) that takes the same
+//!   append lock first and writes nothing unless the chain's last record is still that head
+//!   and every transition moves. Any refusal sends the batch down the multi-statement path
+//!   (which reads the head under the lock); a stale head can never be extended, and the rows
+//!   written are the ones that path writes (the step UPDATE is one SQL function both use).
 //! * If the committer is gone (runtime shutting down), callers fall back to their own
 //!   transaction; nothing is lost, nothing is applied twice by the fallback unless the
 //!   committer died between COMMIT and its answer (then a transition finds its step moved
@@ -56,7 +63,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::steps::{apply_transition, seal_records};
 use super::{Pool, Store, StoreError, Transition};
-use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord, hold_head, seal_next};
+use crate::audit::{AuditEvent, AuditRecord, ChainHead, NewAuditRecord, hold_head, seal_next};
 
 /// At most this many jobs share one transaction.
 const MAX_BATCH: usize = 128;
@@ -116,6 +123,16 @@ pub(crate) struct Committer {
     jobs: mpsc::UnboundedSender<Job>,
     /// Flush barriers run so far (Postgres, pipelined).
     barriers: Arc<AtomicU64>,
+    /// Batches written in one round trip so far (Postgres).
+    one_trips: Arc<AtomicU64>,
+}
+
+/// What the committer knows of the chain between batches.
+struct Chain {
+    /// The head as this committer last wrote or read it, while it trusts it.
+    head: Option<ChainHead>,
+    /// Batches written in one round trip ([`Committer::one_trips`]).
+    one_trips: Arc<AtomicU64>,
 }
 
 impl Committer {
@@ -123,8 +140,22 @@ impl Committer {
     pub(crate) fn start(store: Store) -> Self {
         let (jobs, rx) = mpsc::unbounded_channel();
         let barriers = Arc::new(AtomicU64::new(0));
-        tokio::spawn(run(store, rx, barriers.clone()));
-        Self { jobs, barriers }
+        let one_trips = Arc::new(AtomicU64::new(0));
+        let chain = Chain {
+            head: None,
+            one_trips: one_trips.clone(),
+        };
+        tokio::spawn(run(store, rx, barriers.clone(), chain));
+        Self {
+            jobs,
+            barriers,
+            one_trips,
+        }
+    }
+
+    /// Batches this committer wrote in one round trip.
+    pub(crate) fn one_trips(&self) -> u64 {
+        self.one_trips.load(Ordering::Relaxed)
     }
 
     /// Flush barriers this committer has run.
@@ -146,7 +177,12 @@ impl Committer {
     }
 }
 
-async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>, barriers: Arc<AtomicU64>) {
+async fn run(
+    store: Store,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    barriers: Arc<AtomicU64>,
+    mut chain: Chain,
+) {
     let pipelined = match store.lazy {
         Some(_) => match store.flush_barrier().await {
             Ok(()) => true,
@@ -185,7 +221,7 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>, barriers: Arc<A
         };
         if pipelined && let Ok(permit) = in_flight.clone().acquire_owned().await {
             let slot = began.elapsed();
-            match store.commit_batch(&jobs, true).await {
+            match store.commit_batch(&jobs, true, &mut chain).await {
                 Ok(done) => {
                     timed(&jobs, slot);
                     // Jobs that asked to be answered at COMMIT are answered now; the others
@@ -232,7 +268,7 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>, barriers: Arc<A
                 Err(e) => tracing::debug!(error = %e, jobs = jobs.len(), "pipelined batch failed"),
             }
         }
-        match store.commit_batch(&jobs, false).await {
+        match store.commit_batch(&jobs, false, &mut chain).await {
             Ok(done) => {
                 timed(&jobs, Duration::ZERO);
                 for (job, done) in jobs.into_iter().zip(done) {
@@ -247,7 +283,9 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Job>, barriers: Arc<A
             Err(e) => {
                 tracing::debug!(error = %e, jobs = jobs.len(), "batch failed; committing its jobs one by one");
                 for job in jobs {
-                    let done = store.commit_batch(std::slice::from_ref(&job), false).await;
+                    let done = store
+                        .commit_batch(std::slice::from_ref(&job), false, &mut chain)
+                        .await;
                     let _ = job
                         .reply
                         .send(done.and_then(|mut d| d.pop().ok_or(StoreError::NotFound)));
@@ -298,7 +336,19 @@ impl Store {
     /// Writes `jobs` in one transaction, in order; one answer per job. `unflushed`: on
     /// Postgres, COMMIT without waiting for the WAL flush (the caller runs the flush barrier
     /// before answering anyone).
-    async fn commit_batch(&self, jobs: &[Job], unflushed: bool) -> Result<Vec<Done>, StoreError> {
+    ///
+    /// `chain.head`: the chain head this committer last wrote or read, if it still trusts it. On
+    /// Postgres a batch sealed on it goes in one round trip ([`Store::commit_one_trip_pg`]),
+    /// which writes nothing unless the head is still that one and every transition moves;
+    /// otherwise (or without a cache) the batch takes the multi-statement path, which reads
+    /// the head under the lock. Either path leaves `chain.head` at the head after its batch, or
+    /// `None` when it failed.
+    async fn commit_batch(
+        &self,
+        jobs: &[Job],
+        unflushed: bool,
+        chain: &mut Chain,
+    ) -> Result<Vec<Done>, StoreError> {
         macro_rules! batch_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
@@ -323,6 +373,7 @@ impl Store {
                 }
                 $insert(&mut *tx, &sealed).await?;
                 tx.commit().await?;
+                chain.head = head;
                 out
             }};
         }
@@ -339,8 +390,30 @@ impl Store {
                 // lock that fails (lock or statement timeout, cancel) would leave the
                 // connection in an aborted transaction that sqlx does not roll back (it counts
                 // the transaction as begun only once the whole query succeeded).
+                if let Some(head) = chain.head.take()
+                    && super::bulk::one_trip_applicable(jobs)
+                {
+                    match self.commit_one_trip_pg(p, jobs, head).await {
+                        Ok((done, head)) => {
+                            chain.head = Some(head);
+                            chain.one_trips.fetch_add(1, Ordering::Relaxed);
+                            return Ok(done);
+                        }
+                        // The server refused it: nothing of it is written (one statement).
+                        Err(StoreError::Database(e)) if matches!(e, sqlx::Error::Database(_)) => {
+                            tracing::debug!(
+                                error = %e,
+                                refusal = super::bulk::is_one_trip_refusal(&e),
+                                "one-trip batch refused; taking the multi-statement path"
+                            );
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 if super::bulk::applicable(jobs) {
-                    self.commit_bulk_pg(p, jobs).await?
+                    let (done, head) = self.commit_bulk_pg(p, jobs).await?;
+                    chain.head = Some(head);
+                    done
                 } else {
                     batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
                 }
@@ -356,7 +429,7 @@ impl Store {
         &self,
         pool: &sqlx::PgPool,
         jobs: &[Job],
-    ) -> Result<Vec<Done>, StoreError> {
+    ) -> Result<(Vec<Done>, ChainHead), StoreError> {
         let mut tx = pool.begin_with("BEGIN").await?;
         let mut head: Option<crate::audit::ChainHead> = None;
         // The append lock first, before any row lock (see the module invariants).
@@ -380,6 +453,44 @@ impl Store {
         }
         crate::audit::insert_all_pg(&mut tx, &sealed).await?;
         tx.commit().await?;
-        Ok(out)
+        let head = head.ok_or_else(|| StoreError::Conflict("audit head not held".into()))?;
+        Ok((out, head))
+    }
+
+    /// Postgres: [`Store::commit_batch`] in one round trip for a batch of transitions of
+    /// distinct, written steps and appends ([`super::bulk::one_trip_applicable`]): its records
+    /// sealed in job order at `head` as if every transition moves, then written by
+    /// `countersign_commit_batch` only if that head is still the chain's and every transition
+    /// does move — the rows and the chain the multi-statement path would have written.
+    /// Returns the answers and the head after the batch.
+    async fn commit_one_trip_pg(
+        &self,
+        pool: &sqlx::PgPool,
+        jobs: &[Job],
+        mut head: ChainHead,
+    ) -> Result<(Vec<Done>, ChainHead), StoreError> {
+        let last = head.last();
+        let now = self.clock.now_ms();
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut sealed: Vec<AuditRecord> = Vec::new();
+        let mut transitions: Vec<&Transition> = Vec::new();
+        for job in jobs {
+            out.push(match &job.work {
+                Work::Transition(t) => {
+                    transitions.push(t);
+                    let mut records = Vec::with_capacity(t.records.len());
+                    for (event, new) in &t.records {
+                        records.push(seal_next!(&mut head, new, *event, now));
+                    }
+                    moved(&mut sealed, Some(records))
+                }
+                Work::Append(new, event) => {
+                    appended(&mut sealed, seal_next!(&mut head, new, *event, now))
+                }
+            });
+        }
+        let last = last.as_ref().map(|(seq, hash)| (*seq, hash.as_str()));
+        super::bulk::commit_one_trip(pool, last, &transitions, &sealed, now).await?;
+        Ok((out, head))
     }
 }

@@ -359,6 +359,12 @@ impl Store {
         self.committer.as_ref().map_or(0, |c| c.barriers())
     }
 
+    /// Committer batches this store wrote in one round trip (Postgres; see [`crate::store`]'s
+    /// group commit). For tests and diagnostics.
+    pub fn one_trip_batches(&self) -> u64 {
+        self.committer.as_ref().map_or(0, |c| c.one_trips())
+    }
+
     /// Applies every migration not yet applied.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match &self.pool {

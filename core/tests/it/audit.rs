@@ -1406,3 +1406,108 @@ async fn a_checkpoint_request_returns_this_keys_checkpoint_of_the_head() {
     })
     .await;
 }
+
+/// One round trip (Postgres): once the committer knows the chain head, a batch of transitions
+/// is written by one statement — the same rows and chain as the multi-statement path. A batch
+/// it cannot write that way (another process moved the head; a transition that does not move)
+/// writes nothing there and lands by the long path; the chain stays whole.
+#[tokio::test]
+async fn committer_batches_go_in_one_round_trip_and_fall_back_whole() {
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::testing::FreshDb;
+    use countersign_core::store::{KeyState, Transition};
+
+    let (_, clock) = test_clock();
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    let store = db.store(clock.clone()).await;
+    let other = db.store(clock.clone()).await;
+    let run = store
+        .create_run(&crate::store::new_run("acme"))
+        .await
+        .unwrap();
+    let mut steps = Vec::new();
+    for n in 0..4 {
+        let (step, _) = store
+            .open_step(&crate::store::new_step(&run.id, Effect::Write, n))
+            .await
+            .unwrap();
+        steps.push(step);
+    }
+    let start = |id: &str, n: usize| {
+        let mut started = record(n);
+        started.step_id = Some(id.to_string());
+        Transition {
+            step_id: id.to_string(),
+            from: vec![StepStatus::Pending],
+            to: Some(StepStatus::Running),
+            bump_attempts: true,
+            records: vec![(AuditEvent::Started, started)],
+            ..Transition::default()
+        }
+    };
+    // The first batch reads the head (long path); the next ones know it.
+    assert!(store.move_step(&start(&steps[0].id, 0)).await.unwrap());
+    let trips = store.one_trip_batches();
+    assert!(store.move_step(&start(&steps[1].id, 1)).await.unwrap());
+    assert_eq!(
+        store.one_trip_batches(),
+        trips + 1,
+        "one trip once the head is known"
+    );
+    // Its key and its outcome, as the long path writes them.
+    store
+        .reserve_key(&steps[1].idem_key, &steps[1].id, &steps[1].inputs_hash, "w")
+        .await
+        .unwrap();
+    let mut done = record(5);
+    done.step_id = Some(steps[1].id.clone());
+    let finished = Transition {
+        step_id: steps[1].id.clone(),
+        from: vec![StepStatus::Running],
+        to: Some(StepStatus::Done),
+        outcome: Some(r#"{"ok":true}"#.into()),
+        key: Some((KeyState::Done, Some(r#"{"ref":"R-1"}"#.into()))),
+        records: vec![(AuditEvent::Succeeded, done)],
+        ..Transition::default()
+    };
+    assert!(store.move_step(&finished).await.unwrap());
+    assert_eq!(store.one_trip_batches(), trips + 2);
+    let step = store.get_step(&steps[1].id).await.unwrap();
+    assert_eq!(step.status, StepStatus::Done);
+    assert_eq!(step.attempts, 1);
+    assert_eq!(step.outcome.as_deref(), Some(r#"{"ok":true}"#));
+    let key = store.get_key(&steps[1].idem_key).await.unwrap().unwrap();
+    assert_eq!(key.state, KeyState::Done);
+    assert_eq!(key.result.as_deref(), Some(r#"{"ref":"R-1"}"#));
+
+    // A transition that does not move: nothing written, no one-trip batch counted, and the
+    // batch after it goes in one trip again.
+    let records = store.verify_audit().await.unwrap().unwrap();
+    assert!(!store.move_step(&start(&steps[1].id, 6)).await.unwrap());
+    assert_eq!(store.verify_audit().await.unwrap(), Ok(records));
+    assert_eq!(store.one_trip_batches(), trips + 2);
+
+    // Another process appends: this committer's head is stale; its next batch lands anyway,
+    // after the other's record.
+    other.append_audit(&record(7)).await.unwrap();
+    assert!(store.move_step(&start(&steps[2].id, 2)).await.unwrap());
+    assert_eq!(
+        store.one_trip_batches(),
+        trips + 2,
+        "the stale head refused"
+    );
+    assert!(store.move_step(&start(&steps[3].id, 3)).await.unwrap());
+    assert_eq!(store.one_trip_batches(), trips + 3, "one trip again");
+    assert_eq!(store.verify_audit().await.unwrap(), Ok(records + 3));
+    for s in &steps[2..] {
+        assert_eq!(
+            store.get_step(&s.id).await.unwrap().status,
+            StepStatus::Running
+        );
+    }
+    store.close().await;
+    other.close().await;
+    db.drop_db().await;
+}
