@@ -1,5 +1,7 @@
--- A committer batch in one round trip (core/src/store/bulk.rs, `commit_fast`).
+-- A committer batch in one round trip (core/src/store/bulk.rs, `commit_one_trip`).
 --
+-- Both in PL/pgSQL, which keeps each statement's plan for the session (an SQL-language
+-- function is planned again at every call).
 -- `countersign_move_steps` is the batch UPDATE of step transitions (and the keys of those that
 -- moved) that the multi-statement path runs too, so both paths write the same rows.
 -- `countersign_commit_batch` takes the audit append lock, checks that the chain head is the
@@ -11,8 +13,9 @@ CREATE FUNCTION countersign_move_steps(
     t_outcome text[], t_expires_at int8[], t_approval text[], t_bump int8[],
     t_not_before int8[], t_from text[], t_guard_run text[], t_guard_failed text[],
     t_guard_switch text[], t_key_state text[], t_key_result text[])
-RETURNS SETOF text LANGUAGE sql VOLATILE AS $fn$
-    WITH v AS (
+RETURNS SETOF text LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    RETURN QUERY WITH v AS (
         SELECT * FROM UNNEST(t_id, t_status, t_decision, t_rule, t_outcome, t_expires_at,
                              t_approval, t_bump, t_not_before, t_from, t_guard_run,
                              t_guard_failed, t_guard_switch, t_key_state, t_key_result)
@@ -42,7 +45,8 @@ RETURNS SETOF text LANGUAGE sql VOLATILE AS $fn$
         FROM v JOIN moved ON moved.id = v.id
         WHERE idempotency.step_id = v.id AND v.key_state IS NOT NULL
     )
-    SELECT id FROM moved
+    SELECT m.id FROM moved m;
+END
 $fn$;
 
 CREATE FUNCTION countersign_commit_batch(

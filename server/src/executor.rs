@@ -95,8 +95,14 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     };
     let claimed = began.elapsed();
     let step_id = step.id.clone();
-    let run = match store.get_run(&step.run_id).await {
-        Ok(run) => run,
+    // The run, its agent and the call's context in one read (the pipeline checks the
+    // credential; the start is guarded against a cancel or a stop that lands after this).
+    let binding = (crate::standing::SYSTEM, crate::standing::ACTS_FOR);
+    let (run, agent, context) = match store
+        .planned_call(&step.run_id, EMERGENCY_STOP, binding)
+        .await
+    {
+        Ok(call) => (call.run, call.agent, call.context),
         Err(e) => {
             let _ = store.release_step(&step_id, worker).await;
             return Err(e.to_string());
@@ -118,7 +124,7 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
         return Ok(true);
     }
     let checked = began.elapsed();
-    let answer = pipeline::execute_claimed_in(state, run, step, worker).await;
+    let answer = pipeline::execute_claimed_in(state, run, step, worker, Some((agent, context))).await;
     let executed = began.elapsed();
     // A release that fails is harmless (the lease expires by itself): settle from a plain read.
     let settled = match store.release_and_settle(&step_id, worker).await {

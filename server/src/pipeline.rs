@@ -24,8 +24,8 @@ use countersign_core::policy::{
 };
 use countersign_core::registry::Tool;
 use countersign_core::store::{
-    AgentCredential, AuthError, KeyState, NewRun, NewStep, Reservation, Run, RunGuard, RunStatus,
-    Step, Transition,
+    AgentCredential, AuthError, CallContext, KeyState, NewRun, NewStep, Reservation, Run,
+    RunGuard, RunStatus, Step, Transition,
 };
 use countersign_core::{
     CanonicalJson, Decision, Effect, Gate, InputsHash, RoleName, Rule, StepStatus, StoreError,
@@ -1207,16 +1207,21 @@ pub async fn execute_claimed(
     worker: &str,
 ) -> Result<Answer, Internal> {
     let run = state.store.get_run(&step.run_id).await?;
-    execute_claimed_in(state, run, step, worker).await
+    execute_claimed_in(state, run, step, worker, None).await
 }
 
 /// [`execute_claimed`] with the step's run as the caller read it after the claim (its status
-/// is read again before the step starts).
+/// is read again before the step starts) and, if it read them too ([`Store::planned_call`]),
+/// the run's agent credential as stored and that agent's call context; they are used only when
+/// the credential is the run's agent's.
+///
+/// [`Store::planned_call`]: countersign_core::Store::planned_call
 pub async fn execute_claimed_in(
     state: &AppState,
     run: Run,
     step: Step,
     worker: &str,
+    prefetched: Option<(Option<AgentCredential>, Option<CallContext>)>,
 ) -> Result<Answer, Internal> {
     let store = &state.store;
     let Some(loaded) = state.registry.current() else {
@@ -1226,9 +1231,13 @@ pub async fn execute_claimed_in(
         .agent_id
         .clone()
         .ok_or_else(|| Internal(format!("planned run {} has no agent", run.id)))?;
+    let (agent, context) = match prefetched {
+        Some((Some(agent), context)) if agent.id == agent_id => (agent, context),
+        _ => (store.get_agent(&agent_id).await?, None),
+    };
     // [credentials] A planned step acts with its run's agent credential: once that is revoked
     // or expired, nothing more runs on it (the same check the guard makes on every request).
-    let mut credential = match store.check_credential(store.get_agent(&agent_id).await?) {
+    let mut credential = match store.check_credential(agent) {
         Ok(credential) => credential,
         Err(AuthError::Expired(_)) => {
             return refuse_claimed(store, &step, worker, AGENT_EXPIRED, Map::new()).await;
@@ -1242,7 +1251,11 @@ pub async fn execute_claimed_in(
         credential,
         session: None,
         executor: Some(worker.to_string()),
-        admission: None,
+        // The context read with the run, for this run only (`execute` checks the run id).
+        admission: context.map(|context| crate::mcp::guard::Admission {
+            hint_key: None,
+            prefetched: Some((run.id.clone(), context)),
+        }),
     };
     let role = RoleName::parse(&step.role).map_err(|e| Internal(e.to_string()))?;
     let Some(tool) = loaded.bundle.registry.tool_for_role(&role, &step.tool) else {

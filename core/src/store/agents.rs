@@ -16,9 +16,10 @@ use sqlx::{FromRow, Row};
 
 use super::standing::write_audited;
 use super::standing::{
-    CONTEXT_COLUMNS, CONTEXT_CTE, CONTEXT_GRANTS_JOIN, ContextRow, context_from_rows, party_sql,
+    CONTEXT_COLUMNS, CONTEXT_CTE, CONTEXT_GRANTS_JOIN, ContextRow, ContextSql, context_from_rows,
 };
-use super::{CallContext, Pool, Store, StoreError, on_pool};
+use super::runs::{RUN_COLUMNS, RunRow};
+use super::{CallContext, Pool, Run, Store, StoreError, on_pool};
 use crate::agents::{AgentToken, RandomnessError};
 use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
 
@@ -56,6 +57,17 @@ pub struct AgentCredential {
     pub expires_at: Option<i64>,
     /// Unix ms, if revoked.
     pub revoked_at: Option<i64>,
+}
+
+/// What [`Store::planned_call`] reads.
+#[derive(Debug, Clone)]
+pub struct PlannedCall {
+    /// The run.
+    pub run: Run,
+    /// Its agent's credential as stored, if the run names one that exists.
+    pub agent: Option<AgentCredential>,
+    /// That agent's context for the call.
+    pub context: Option<CallContext>,
 }
 
 /// What [`Store::authenticate_for_call`] also reads: the context of a call the token is
@@ -269,15 +281,25 @@ impl Store {
             return Ok((Err(AuthError::Unknown), None));
         }
         let now = self.clock.now_ms();
-        let sql = format!(
-            "WITH c AS (SELECT {COLUMNS} FROM agent_credentials WHERE token_hash = $1), {CONTEXT_CTE}
-             SELECT c.id, c.name, c.role, c.tenant, c.created_by, c.created_at, c.expires_at,
-                    c.revoked_at, {CONTEXT_COLUMNS}
-               FROM c LEFT JOIN runs r ON r.id = $2 {CONTEXT_GRANTS_JOIN}
-              ORDER BY s.granted_at, s.id"
-        )
-        .replace("{tenant}", "(SELECT tenant FROM c)")
-        .replace("{party}", party_sql(&self.pool));
+        let sql = ContextSql {
+            tenant: "(SELECT tenant FROM c)",
+            switch: "$3",
+            system: "$4",
+            kind: "$5",
+            agent: "$6",
+            now: "$7",
+        }
+        .fill(
+            &format!(
+                "WITH c AS (SELECT {COLUMNS} FROM agent_credentials WHERE token_hash = $1),
+                      {CONTEXT_CTE}
+                 SELECT c.id, c.name, c.role, c.tenant, c.created_by, c.created_at,
+                        c.expires_at, c.revoked_at, {CONTEXT_COLUMNS}
+                   FROM c LEFT JOIN runs r ON r.id = $2 {CONTEXT_GRANTS_JOIN}
+                  ORDER BY s.granted_at, s.id"
+            ),
+            &self.pool,
+        );
         let hash = token.hash();
         macro_rules! decode {
             ($rows:expr) => {{
@@ -332,6 +354,107 @@ impl Store {
             _ => None,
         };
         Ok((checked, context))
+    }
+
+    /// What an executor reads before a planned step of run `run_id`, in ONE statement: the
+    /// run, its agent's credential as stored (not checked: see [`Store::check_credential`])
+    /// and that agent's [`CallContext`] ([`Store::call_context`] with the credential's tenant
+    /// and id; `None` without a credential). [`StoreError::NotFound`] when the run does not
+    /// exist.
+    pub async fn planned_call(
+        &self,
+        run_id: &str,
+        switch: &str,
+        binding: (&str, &str),
+    ) -> Result<PlannedCall, StoreError> {
+        let now = self.clock.now_ms();
+        let sql = ContextSql {
+            tenant: "(SELECT tenant FROM c)",
+            switch: "$2",
+            system: "$3",
+            kind: "$4",
+            agent: "(SELECT id FROM c)",
+            now: "$5",
+        }
+        .fill(
+            &format!(
+                "WITH r AS (SELECT {RUN_COLUMNS} FROM runs WHERE id = $1),
+                      c AS (SELECT {COLUMNS} FROM agent_credentials
+                             WHERE id = (SELECT agent_id FROM r)),
+                      {CONTEXT_CTE}
+                 SELECT r.*, c.id AS c_id, c.name AS c_name, c.role AS c_role,
+                        c.tenant AS c_tenant, c.created_by AS c_created_by,
+                        c.created_at AS c_created_at, c.expires_at AS c_expires_at,
+                        c.revoked_at AS c_revoked_at, {CONTEXT_COLUMNS}
+                   FROM r LEFT JOIN c ON 1 = 1 {CONTEXT_GRANTS_JOIN}
+                  ORDER BY s.granted_at, s.id"
+            ),
+            &self.pool,
+        );
+        macro_rules! decode {
+            ($rows:expr) => {{
+                let mut run: Option<RunRow> = None;
+                let mut agent: Option<AgentCredential> = None;
+                let mut ctx: Vec<ContextRow> = Vec::new();
+                for r in $rows {
+                    if run.is_none() {
+                        run = Some(RunRow::from_row(&r)?);
+                        let id: Option<String> = r.try_get(12)?;
+                        if let Some(id) = id {
+                            agent = Some(AgentCredential {
+                                id,
+                                name: r.try_get(13)?,
+                                role: r.try_get(14)?,
+                                tenant: r.try_get(15)?,
+                                created_by: r.try_get(16)?,
+                                created_at: r.try_get(17)?,
+                                expires_at: r.try_get(18)?,
+                                revoked_at: r.try_get(19)?,
+                            });
+                        }
+                    }
+                    ctx.push((
+                        r.try_get(20)?,
+                        r.try_get(21)?,
+                        r.try_get(22)?,
+                        r.try_get(23)?,
+                        r.try_get(24)?,
+                        r.try_get(25)?,
+                        r.try_get(26)?,
+                        r.try_get(27)?,
+                        r.try_get(28)?,
+                        r.try_get(29)?,
+                        r.try_get(30)?,
+                        r.try_get(31)?,
+                        r.try_get(32)?,
+                        r.try_get(33)?,
+                        r.try_get(34)?,
+                    ));
+                }
+                (run, agent, ctx)
+            }};
+        }
+        let (run, agent, rows) = on_pool!(self, |p| {
+            let rows = sqlx::query(&sql)
+                .bind(run_id)
+                .bind(switch)
+                .bind(binding.0)
+                .bind(binding.1)
+                .bind(now)
+                .fetch_all(p)
+                .await?;
+            decode!(rows)
+        });
+        let run: Run = run.ok_or(StoreError::NotFound)?.try_into()?;
+        let context = match &agent {
+            Some(a) => context_from_rows(run_id, rows, &a.tenant, &a.id, now)?,
+            None => None,
+        };
+        Ok(PlannedCall {
+            run,
+            agent,
+            context,
+        })
     }
 
     /// Checks a presented token: the credential if it is known, not revoked and not expired

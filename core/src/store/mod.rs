@@ -40,7 +40,9 @@ use sqlx::{Connection, PgPool, SqlitePool};
 use crate::clock::Clock;
 use crate::secret::Secret;
 
-pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
+pub use agents::{
+    AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent, PlannedCall,
+};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use group::TIMING as COMMITTER_TIMING;
 pub use proposals::{

@@ -79,7 +79,7 @@ pub struct Standing {
 }
 
 /// What [`Store::call_context`] reads for a call as it starts.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CallContext {
     /// The run's status now.
     pub run_status: RunStatus,
@@ -275,10 +275,10 @@ pub(crate) fn context_from_rows(
 /// `$5` the party binding's system and kind, `$6` agent id, `$7` now; `{tenant}` and `{party}`
 /// filled in per use and dialect.
 pub(crate) const CONTEXT_CTE: &str = "p AS (SELECT {party} AS party FROM demo_objects
-       WHERE system = $4 AND kind = $5 AND id = $6 AND tenant = {tenant})";
+       WHERE system = {system} AND kind = {kind} AND id = {agent} AND tenant = {tenant})";
 // Aliased: the credential check selects the credential's own columns beside these.
 pub(crate) const CONTEXT_COLUMNS: &str = "r.status AS run_status,
-       EXISTS (SELECT 1 FROM switches WHERE name = $3) AS switch_set,
+       EXISTS (SELECT 1 FROM switches WHERE name = {switch}) AS switch_set,
        (SELECT party FROM p) AS bound_party,
        s.id AS g_id, s.tenant AS g_tenant, s.party AS g_party, s.tool AS g_tool,
        s.conditions AS g_conditions, s.expires_at AS g_expires_at, s.reason AS g_reason,
@@ -286,8 +286,32 @@ pub(crate) const CONTEXT_COLUMNS: &str = "r.status AS run_status,
        s.revoked_at AS g_revoked_at, s.revoked_by AS g_revoked_by,
        s.revoke_reason AS g_revoke_reason";
 pub(crate) const CONTEXT_GRANTS_JOIN: &str = "LEFT JOIN standing_authorizations s
-         ON s.tenant = {tenant} AND s.party = COALESCE((SELECT party FROM p), $6)
-        AND s.revoked_at IS NULL AND s.expires_at > $7";
+         ON s.tenant = {tenant} AND s.party = COALESCE((SELECT party FROM p), {agent})
+        AND s.revoked_at IS NULL AND s.expires_at > {now}";
+
+/// Where a context query (built from the `CONTEXT_*` pieces) takes each value: a parameter
+/// (`"$3"`) or a subquery.
+pub(crate) struct ContextSql {
+    pub(crate) tenant: &'static str,
+    pub(crate) switch: &'static str,
+    pub(crate) system: &'static str,
+    pub(crate) kind: &'static str,
+    pub(crate) agent: &'static str,
+    pub(crate) now: &'static str,
+}
+
+impl ContextSql {
+    /// `sql` with the pieces' placeholders filled, the party read as `pool`'s dialect reads it.
+    pub(crate) fn fill(&self, sql: &str, pool: &Pool) -> String {
+        sql.replace("{party}", party_sql(pool))
+            .replace("{tenant}", self.tenant)
+            .replace("{switch}", self.switch)
+            .replace("{system}", self.system)
+            .replace("{kind}", self.kind)
+            .replace("{agent}", self.agent)
+            .replace("{now}", self.now)
+    }
+}
 
 /// How a dialect reads the party out of a binding's `data` (`{"party": …}`, as text).
 pub(crate) fn party_sql(pool: &Pool) -> &'static str {
@@ -566,12 +590,21 @@ impl Store {
     ) -> Result<CallContext, StoreError> {
         // The party is the binding's `data.party` (text); a binding of another tenant is not
         // read (the `tenant` condition), so it binds nothing.
-        let sql = format!(
-            "WITH {CONTEXT_CTE} SELECT {CONTEXT_COLUMNS} FROM runs r {CONTEXT_GRANTS_JOIN}
-              WHERE r.id = $2 ORDER BY s.granted_at, s.id"
-        )
-        .replace("{tenant}", "$1")
-        .replace("{party}", party_sql(&self.pool));
+        let sql = ContextSql {
+            tenant: "$1",
+            switch: "$3",
+            system: "$4",
+            kind: "$5",
+            agent: "$6",
+            now: "$7",
+        }
+        .fill(
+            &format!(
+                "WITH {CONTEXT_CTE} SELECT {CONTEXT_COLUMNS} FROM runs r {CONTEXT_GRANTS_JOIN}
+                  WHERE r.id = $2 ORDER BY s.granted_at, s.id"
+            ),
+            &self.pool,
+        );
         let rows: Vec<ContextRow> = on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(tenant)

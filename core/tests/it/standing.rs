@@ -366,3 +366,106 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
     })
     .await;
 }
+
+/// The executor's one read before a planned step: the run, its agent's credential as stored
+/// and that agent's context — each exactly what the separate reads return.
+#[tokio::test]
+async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
+    use countersign_core::store::{NewAgent, NewRun, StoreError};
+    let (_, clock) = test_clock();
+    each_backend(clock, move |store| async move {
+        let (agent, _) = store
+            .create_agent(&NewAgent {
+                name: "planner".into(),
+                role: "traveller.assistant".into(),
+                tenant: "stillon".into(),
+                created_by: "admin@stillon".into(),
+                expires_at: None,
+            })
+            .await
+            .unwrap();
+        let day = 24 * HOUR_MS;
+        for g in [
+            grant(&store, "SA-traveller", "stillon", "user-123", 30 * day),
+            grant(&store, "SA-agent", "stillon", &agent.id, 30 * day),
+            grant(&store, "SA-other-tenant", "globex", "user-123", 30 * day),
+        ] {
+            store.grant_standing(&g).await.unwrap();
+        }
+        let binding = ("countersign", "acts_for");
+        let new_run = |agent_id: Option<String>| NewRun {
+            tenant: "stillon".into(),
+            principal: "user-123".into(),
+            agent_id,
+            task: "keep dinner".into(),
+            origin: "user".into(),
+            planned: true,
+        };
+        let run = store
+            .create_run(&new_run(Some(agent.id.clone())))
+            .await
+            .unwrap();
+        let expect = |store: Store, run_id: String, agent_id: String| async move {
+            let now = store.clock().now_ms();
+            store
+                .call_context(&run_id, "emergency_stop", "stillon", &agent_id, binding, now)
+                .await
+                .unwrap()
+        };
+
+        // Unbound: the agent's own grants.
+        let call = store
+            .planned_call(&run.id, "emergency_stop", binding)
+            .await
+            .unwrap();
+        assert_eq!(call.run.id, run.id);
+        assert_eq!(call.run.agent_id.as_deref(), Some(agent.id.as_str()));
+        assert_eq!(call.run.status, run.status);
+        assert_eq!(call.agent.as_ref(), Some(&agent));
+        let context = call.context.unwrap();
+        assert_eq!(ids(&context.grants), ["SA-agent"]);
+        assert_eq!(
+            context,
+            expect(store.clone(), run.id.clone(), agent.id.clone()).await
+        );
+
+        // Bound to the traveller, with the stop set: the traveller's grants, the switch seen.
+        store
+            .demo_put(binding.0, binding.1, &agent.id, "stillon", r#"{"party": "user-123"}"#)
+            .await
+            .unwrap();
+        store
+            .set_switch("emergency_stop", "drill", "ops")
+            .await
+            .unwrap();
+        let context = store
+            .planned_call(&run.id, "emergency_stop", binding)
+            .await
+            .unwrap()
+            .context
+            .unwrap();
+        assert_eq!(context.party.as_deref(), Some("user-123"));
+        assert!(context.switch_set);
+        assert_eq!(ids(&context.grants), ["SA-traveller"]);
+        assert_eq!(
+            context,
+            expect(store.clone(), run.id.clone(), agent.id.clone()).await
+        );
+
+        // A run without an agent: no credential, no context; no such run: not found.
+        let lone = store.create_run(&new_run(None)).await.unwrap();
+        let call = store
+            .planned_call(&lone.id, "emergency_stop", binding)
+            .await
+            .unwrap();
+        assert_eq!(call.run.id, lone.id);
+        assert!(call.agent.is_none() && call.context.is_none());
+        assert!(matches!(
+            store
+                .planned_call("no-such-run", "emergency_stop", binding)
+                .await,
+            Err(StoreError::NotFound)
+        ));
+    })
+    .await;
+}
