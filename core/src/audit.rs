@@ -823,6 +823,29 @@ pub(crate) use append_in_tx;
 
 const COLUMNS: &str = "seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash";
 
+/// Records per page when counting a run's failures in a row.
+pub(crate) const FAILURE_PAGE: i64 = 16;
+
+/// A scalar subquery: the newest [`FAILURE_PAGE`] records of run `{run}` as `seq:event`,
+/// comma-separated, newest first (events are plain words); NULL when it has none. Read by
+/// [`parse_recent_events`].
+pub(crate) const RECENT_EVENTS_SQL: &str = "(SELECT string_agg(x.seq || ':' || x.event, ','
+       ORDER BY x.seq DESC) FROM (SELECT seq, event FROM audit WHERE run_id = {run}
+       ORDER BY seq DESC LIMIT 16) x)";
+
+/// [`RECENT_EVENTS_SQL`]'s text as `(seq, event)` pairs; `None` if it is not that shape.
+pub(crate) fn parse_recent_events(text: Option<&str>) -> Option<Vec<(i64, String)>> {
+    let Some(text) = text else {
+        return Some(Vec::new());
+    };
+    text.split(',')
+        .map(|item| {
+            let (seq, event) = item.split_once(':')?;
+            Some((seq.parse().ok()?, event.to_string()))
+        })
+        .collect()
+}
+
 impl Store {
     /// Appends one record at the head of the chain and returns it.
     pub async fn append_audit(&self, new: &NewAuditRecord) -> Result<AuditRecord, StoreError> {
@@ -914,22 +937,36 @@ impl Store {
     /// `event` in SQL let the planner combine the `(event, seq)` index, which holds every
     /// success of every run: its cost grew with the log, measured in `docs/benchmarks.md`.)
     pub async fn failures_in_a_row(&self, run_id: &str, limit: i64) -> Result<i64, StoreError> {
-        const PAGE: i64 = 16;
+        self.failures_in_a_row_from(run_id, limit, None).await
+    }
+
+    /// [`Store::failures_in_a_row`] starting from `newest`, the run's newest records as
+    /// `(seq, event)`, newest first, as [`RECENT_EVENTS_SQL`] reads them (a full page is
+    /// [`FAILURE_PAGE`] long); further pages are read only when that one does not decide.
+    pub async fn failures_in_a_row_from(
+        &self,
+        run_id: &str,
+        limit: i64,
+        mut newest: Option<Vec<(i64, String)>>,
+    ) -> Result<i64, StoreError> {
         let mut before = i64::MAX;
         // Every outcome met before a success is a failure: one count serves for both.
         let mut failed = 0_i64;
         while failed < limit {
-            let page: Vec<(i64, String)> = crate::store::on_pool!(self, |p| {
-                sqlx::query_as(
-                    "SELECT seq, event FROM audit WHERE run_id = $1 AND seq < $2
-                     ORDER BY seq DESC LIMIT $3",
-                )
-                .bind(run_id)
-                .bind(before)
-                .bind(PAGE)
-                .fetch_all(p)
-                .await?
-            });
+            let page: Vec<(i64, String)> = match newest.take() {
+                Some(page) => page,
+                None => crate::store::on_pool!(self, |p| {
+                    sqlx::query_as(
+                        "SELECT seq, event FROM audit WHERE run_id = $1 AND seq < $2
+                         ORDER BY seq DESC LIMIT $3",
+                    )
+                    .bind(run_id)
+                    .bind(before)
+                    .bind(FAILURE_PAGE)
+                    .fetch_all(p)
+                    .await?
+                }),
+            };
             for (seq, event) in &page {
                 before = *seq;
                 if event == AuditEvent::Succeeded.as_str()
@@ -944,7 +981,7 @@ impl Store {
                     }
                 }
             }
-            if (page.len() as i64) < PAGE {
+            if (page.len() as i64) < FAILURE_PAGE {
                 break;
             }
         }

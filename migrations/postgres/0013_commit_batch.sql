@@ -8,6 +8,8 @@
 -- one the caller sealed the batch's records on, moves every step and inserts the records; if
 -- the head moved or any transition did not move, it raises and nothing of it is written (the
 -- caller then runs the batch on the multi-statement path, which reads the head itself).
+-- `durable` makes its COMMIT wait for the WAL flush (on a session that does not otherwise); it
+-- returns the `synchronous_commit` its COMMIT runs under.
 CREATE FUNCTION countersign_move_steps(
     now_ms bigint, t_id text[], t_status text[], t_decision text[], t_rule text[],
     t_outcome text[], t_expires_at int8[], t_approval text[], t_bump int8[],
@@ -50,7 +52,7 @@ END
 $fn$;
 
 CREATE FUNCTION countersign_commit_batch(
-    lock_key bigint, last_seq bigint, last_hash text, now_ms bigint,
+    lock_key bigint, last_seq bigint, last_hash text, now_ms bigint, durable boolean,
     t_id text[], t_status text[], t_decision text[], t_rule text[], t_outcome text[],
     t_expires_at int8[], t_approval text[], t_bump int8[], t_not_before int8[],
     t_from text[], t_guard_run text[], t_guard_failed text[], t_guard_switch text[],
@@ -58,12 +60,16 @@ CREATE FUNCTION countersign_commit_batch(
     r_seq int8[], r_at int8[], r_event text[], r_run_id text[], r_step_id text[],
     r_tool text[], r_actor text[], r_rule text[], r_record text[], r_prev text[],
     r_hash text[])
-RETURNS void LANGUAGE plpgsql VOLATILE AS $fn$
+RETURNS text LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     seen_seq bigint;
     seen_hash text;
     n_moved bigint;
 BEGIN
+    -- Durable: this transaction's COMMIT waits for the WAL flush, whatever the session says.
+    IF durable THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
     PERFORM pg_advisory_xact_lock(lock_key);
     SELECT a.seq, a.hash INTO seen_seq, seen_hash FROM audit a ORDER BY a.seq DESC LIMIT 1;
     IF seen_seq IS DISTINCT FROM last_seq OR seen_hash IS DISTINCT FROM last_hash THEN
@@ -78,5 +84,7 @@ BEGIN
     INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
     SELECT * FROM UNNEST(r_seq, r_at, r_event, r_run_id, r_step_id, r_tool, r_actor, r_rule,
                          r_record, r_prev, r_hash);
+    -- How this transaction's COMMIT will wait: anything but `off` waits for the local flush.
+    RETURN current_setting('synchronous_commit');
 END
 $fn$;

@@ -98,18 +98,18 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     // The run, its agent and the call's context in one read (the pipeline checks the
     // credential; the start is guarded against a cancel or a stop that lands after this).
     let binding = (crate::standing::SYSTEM, crate::standing::ACTS_FOR);
-    let (run, agent, context) = match store
+    let (run, agent, context, recent) = match store
         .planned_call(&step.run_id, EMERGENCY_STOP, binding)
         .await
     {
-        Ok(call) => (call.run, call.agent, call.context),
+        Ok(call) => (call.run, call.agent, call.context, call.recent_events),
         Err(e) => {
             let _ = store.release_step(&step_id, worker).await;
             return Err(e.to_string());
         }
     };
     let run_id = run.id.clone();
-    let breach = match bounds_breach(state, &run, &step).await {
+    let breach = match bounds_breach(state, &run, &step, recent).await {
         Ok(breach) => breach,
         Err(e) => {
             let _ = store.release_step(&step_id, worker).await;
@@ -124,7 +124,8 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
         return Ok(true);
     }
     let checked = began.elapsed();
-    let answer = pipeline::execute_claimed_in(state, run, step, worker, Some((agent, context))).await;
+    let answer =
+        pipeline::execute_claimed_in(state, run, step, worker, Some((agent, context))).await;
     let executed = began.elapsed();
     // A release that fails is harmless (the lease expires by itself): settle from a plain read.
     let settled = match store.release_and_settle(&step_id, worker).await {
@@ -170,6 +171,7 @@ async fn bounds_breach(
     state: &AppState,
     run: &Run,
     step: &Step,
+    recent: Option<Vec<(i64, String)>>,
 ) -> Result<Option<String>, StoreError> {
     let bounds = state.config.run_bounds;
     let store = &state.store;
@@ -189,7 +191,8 @@ async fn bounds_breach(
         }
     }
     let limit = i64::try_from(bounds.max_failures.max(1)).unwrap_or(i64::MAX);
-    let in_a_row = usize::try_from(store.failures_in_a_row(&run.id, limit).await?).unwrap_or(0);
+    let in_a_row = store.failures_in_a_row_from(&run.id, limit, recent).await?;
+    let in_a_row = usize::try_from(in_a_row).unwrap_or(0);
     if in_a_row >= bounds.max_failures {
         return Ok(Some("bounds.failures".into()));
     }

@@ -24,8 +24,8 @@ use countersign_core::policy::{
 };
 use countersign_core::registry::Tool;
 use countersign_core::store::{
-    AgentCredential, AuthError, CallContext, KeyState, NewRun, NewStep, Reservation, Run,
-    RunGuard, RunStatus, Step, Transition,
+    AgentCredential, AuthError, CallContext, KeyState, NewRun, NewStep, Reservation, Run, RunGuard,
+    RunStatus, Step, Transition,
 };
 use countersign_core::{
     CanonicalJson, Decision, Effect, Gate, InputsHash, RoleName, Rule, StepStatus, StoreError,

@@ -14,14 +14,16 @@ use uuid::Uuid;
 
 use sqlx::{FromRow, Row};
 
+use super::runs::{RUN_COLUMNS, RunRow};
 use super::standing::write_audited;
 use super::standing::{
     CONTEXT_COLUMNS, CONTEXT_CTE, CONTEXT_GRANTS_JOIN, ContextRow, ContextSql, context_from_rows,
 };
-use super::runs::{RUN_COLUMNS, RunRow};
 use super::{CallContext, Pool, Run, Store, StoreError, on_pool};
 use crate::agents::{AgentToken, RandomnessError};
-use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
+use crate::audit::{
+    AuditEvent, NewAuditRecord, RECENT_EVENTS_SQL, append_in_tx, parse_recent_events,
+};
 
 /// What is needed to create a credential.
 #[derive(Debug, Clone)]
@@ -68,6 +70,9 @@ pub struct PlannedCall {
     pub agent: Option<AgentCredential>,
     /// That agent's context for the call.
     pub context: Option<CallContext>,
+    /// The run's newest audit records as `(seq, event)`, newest first, for
+    /// [`Store::failures_in_a_row_from`].
+    pub recent_events: Option<Vec<(i64, String)>>,
 }
 
 /// What [`Store::authenticate_for_call`] also reads: the context of a call the token is
@@ -357,9 +362,10 @@ impl Store {
     }
 
     /// What an executor reads before a planned step of run `run_id`, in ONE statement: the
-    /// run, its agent's credential as stored (not checked: see [`Store::check_credential`])
-    /// and that agent's [`CallContext`] ([`Store::call_context`] with the credential's tenant
-    /// and id; `None` without a credential). [`StoreError::NotFound`] when the run does not
+    /// run, its agent's credential as stored (not checked: see [`Store::check_credential`]),
+    /// that agent's [`CallContext`] ([`Store::call_context`] with the credential's tenant
+    /// and id; `None` without a credential) and the run's newest audit records (the first
+    /// page [`Store::failures_in_a_row`] reads). [`StoreError::NotFound`] when the run does not
     /// exist.
     pub async fn planned_call(
         &self,
@@ -385,9 +391,11 @@ impl Store {
                  SELECT r.*, c.id AS c_id, c.name AS c_name, c.role AS c_role,
                         c.tenant AS c_tenant, c.created_by AS c_created_by,
                         c.created_at AS c_created_at, c.expires_at AS c_expires_at,
-                        c.revoked_at AS c_revoked_at, {CONTEXT_COLUMNS}
+                        c.revoked_at AS c_revoked_at, {CONTEXT_COLUMNS},
+                        {recent} AS recent_events
                    FROM r LEFT JOIN c ON 1 = 1 {CONTEXT_GRANTS_JOIN}
-                  ORDER BY s.granted_at, s.id"
+                  ORDER BY s.granted_at, s.id",
+                recent = RECENT_EVENTS_SQL.replace("{run}", "r.id"),
             ),
             &self.pool,
         );
@@ -396,9 +404,11 @@ impl Store {
                 let mut run: Option<RunRow> = None;
                 let mut agent: Option<AgentCredential> = None;
                 let mut ctx: Vec<ContextRow> = Vec::new();
+                let mut recent: Option<String> = None;
                 for r in $rows {
                     if run.is_none() {
                         run = Some(RunRow::from_row(&r)?);
+                        recent = r.try_get(35)?;
                         let id: Option<String> = r.try_get(12)?;
                         if let Some(id) = id {
                             agent = Some(AgentCredential {
@@ -431,10 +441,10 @@ impl Store {
                         r.try_get(34)?,
                     ));
                 }
-                (run, agent, ctx)
+                (run, agent, ctx, recent)
             }};
         }
-        let (run, agent, rows) = on_pool!(self, |p| {
+        let (run, agent, rows, recent) = on_pool!(self, |p| {
             let rows = sqlx::query(&sql)
                 .bind(run_id)
                 .bind(switch)
@@ -454,6 +464,7 @@ impl Store {
             run,
             agent,
             context,
+            recent_events: parse_recent_events(recent.as_deref()),
         })
     }
 

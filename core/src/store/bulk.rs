@@ -291,30 +291,34 @@ pub(crate) fn is_one_trip_refusal(e: &sqlx::Error) -> bool {
 /// under the append lock, only if the chain's last record is still `last` (`(seq, hash)`,
 /// `None` for an empty chain), every one of `transitions` moves and `records` (sealed after
 /// `last`, in chain order) are inserted; otherwise it raises ([`is_one_trip_refusal`]) and
-/// writes nothing.
+/// writes nothing. `durable`: its COMMIT waits for the WAL flush even on a session whose
+/// commits do not. Returns whether its COMMIT waited for the flush (as the function reports
+/// the `synchronous_commit` it ran under: anything but `off` waits for the local flush).
 pub(crate) async fn commit_one_trip(
     pool: &sqlx::PgPool,
+    durable: bool,
     last: Option<(i64, &str)>,
     transitions: &[&Transition],
     records: &[AuditRecord],
     now: i64,
-) -> Result<(), sqlx::Error> {
+) -> Result<bool, sqlx::Error> {
     let moves = Moves::of(transitions);
     macro_rules! column {
         ($f:ident) => {
             records.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
         };
     }
-    let q = sqlx::query(
+    let q = sqlx::query_scalar::<_, String>(
         "SELECT countersign_commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
-            $29, $30)",
+            $29, $30, $31)",
     )
     .bind(crate::audit::PG_AUDIT_LOCK)
     .bind(last.map(|(seq, _)| seq))
     .bind(last.map(|(_, hash)| hash))
-    .bind(now);
-    bind_moves!(q, &moves)
+    .bind(now)
+    .bind(durable);
+    let q = bind_moves!(q, &moves)
         .bind(column!(seq))
         .bind(column!(at))
         .bind(column!(event))
@@ -326,7 +330,7 @@ pub(crate) async fn commit_one_trip(
         .bind(column!(record))
         .bind(column!(prev))
         .bind(column!(hash))
-        .execute(pool)
+        .fetch_one(pool)
         .await?;
-    Ok(())
+    Ok(q != "off")
 }

@@ -46,6 +46,9 @@
 //!   before its COMMIT leaves (a `running` step with an `in_flight` key, reconciled by key).
 //! * A batch whose every job was answered at COMMIT runs no barrier of its own: nobody waits
 //!   for it, and the next barrier (before any effect starts) flushes past it.
+//! * A one-trip batch (below) with a job that waits for durability runs no barrier either: its
+//!   COMMIT waits for the flush itself (the append lock held through it) and flushes every
+//!   earlier batch with it (WAL order); its jobs are answered when it returns.
 //! * WAL order: a batch committed before another is flushed no later than it, so a database
 //!   crash can lose only a suffix of the chain (the unanswered batches), never a middle part.
 //! * Other sessions may read a batch's rows during its flush; anything they then commit
@@ -222,7 +225,16 @@ async fn run(
         if pipelined && let Ok(permit) = in_flight.clone().acquire_owned().await {
             let slot = began.elapsed();
             match store.commit_batch(&jobs, true, &mut chain).await {
-                Ok(done) => {
+                // Committed durably in one trip: everyone is answered now, no barrier.
+                Ok((done, true)) => {
+                    timed(&jobs, slot);
+                    drop(permit);
+                    for (job, done) in jobs.into_iter().zip(done) {
+                        let _ = job.reply.send(Ok(done));
+                    }
+                    continue;
+                }
+                Ok((done, false)) => {
                     timed(&jobs, slot);
                     // Jobs that asked to be answered at COMMIT are answered now; the others
                     // after the flush barrier.
@@ -269,7 +281,7 @@ async fn run(
             }
         }
         match store.commit_batch(&jobs, false, &mut chain).await {
-            Ok(done) => {
+            Ok((done, _)) => {
                 timed(&jobs, Duration::ZERO);
                 for (job, done) in jobs.into_iter().zip(done) {
                     let _ = job.reply.send(Ok(done));
@@ -288,7 +300,7 @@ async fn run(
                         .await;
                     let _ = job
                         .reply
-                        .send(done.and_then(|mut d| d.pop().ok_or(StoreError::NotFound)));
+                        .send(done.and_then(|(mut d, _)| d.pop().ok_or(StoreError::NotFound)));
                 }
             }
         }
@@ -333,9 +345,11 @@ impl Store {
         Err(last)
     }
 
-    /// Writes `jobs` in one transaction, in order; one answer per job. `unflushed`: on
-    /// Postgres, COMMIT without waiting for the WAL flush (the caller runs the flush barrier
-    /// before answering anyone).
+    /// Writes `jobs` in one transaction, in order; one answer per job, and whether the batch is
+    /// known flushed already. `unflushed`: on Postgres, COMMIT without waiting for the WAL
+    /// flush (the caller runs the flush barrier before answering anyone) — except a one-trip
+    /// batch with a job that waits for durability, whose COMMIT waits for the flush itself
+    /// (reported flushed: no barrier needed).
     ///
     /// `chain.head`: the chain head this committer last wrote or read, if it still trusts it. On
     /// Postgres a batch sealed on it goes in one round trip ([`Store::commit_one_trip_pg`]),
@@ -348,7 +362,7 @@ impl Store {
         jobs: &[Job],
         unflushed: bool,
         chain: &mut Chain,
-    ) -> Result<Vec<Done>, StoreError> {
+    ) -> Result<(Vec<Done>, bool), StoreError> {
         macro_rules! batch_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
@@ -377,7 +391,7 @@ impl Store {
                 out
             }};
         }
-        Ok(match &self.pool {
+        let done = match &self.pool {
             Pool::Sqlite(p) => {
                 batch_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
             }
@@ -393,11 +407,12 @@ impl Store {
                 if let Some(head) = chain.head.take()
                     && super::bulk::one_trip_applicable(jobs)
                 {
-                    match self.commit_one_trip_pg(p, jobs, head).await {
-                        Ok((done, head)) => {
+                    let durable = unflushed && jobs.iter().any(|j| !j.work.answer_at_commit());
+                    match self.commit_one_trip_pg(p, durable, jobs, head).await {
+                        Ok((done, head, flushed)) => {
                             chain.head = Some(head);
                             chain.one_trips.fetch_add(1, Ordering::Relaxed);
-                            return Ok(done);
+                            return Ok((done, flushed));
                         }
                         // The server refused it: nothing of it is written (one statement).
                         Err(StoreError::Database(e)) if matches!(e, sqlx::Error::Database(_)) => {
@@ -418,7 +433,8 @@ impl Store {
                     batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
                 }
             }
-        })
+        };
+        Ok((done, false))
     }
 
     /// Postgres: [`Store::commit_batch`] for a batch whose jobs touch distinct steps — its
@@ -462,13 +478,15 @@ impl Store {
     /// sealed in job order at `head` as if every transition moves, then written by
     /// `countersign_commit_batch` only if that head is still the chain's and every transition
     /// does move — the rows and the chain the multi-statement path would have written.
-    /// Returns the answers and the head after the batch.
+    /// Returns the answers, the head after the batch and whether its COMMIT waited for the
+    /// WAL flush.
     async fn commit_one_trip_pg(
         &self,
         pool: &sqlx::PgPool,
+        durable: bool,
         jobs: &[Job],
         mut head: ChainHead,
-    ) -> Result<(Vec<Done>, ChainHead), StoreError> {
+    ) -> Result<(Vec<Done>, ChainHead, bool), StoreError> {
         let last = head.last();
         let now = self.clock.now_ms();
         let mut out = Vec::with_capacity(jobs.len());
@@ -490,7 +508,8 @@ impl Store {
             });
         }
         let last = last.as_ref().map(|(seq, hash)| (*seq, hash.as_str()));
-        super::bulk::commit_one_trip(pool, last, &transitions, &sealed, now).await?;
-        Ok((out, head))
+        let flushed =
+            super::bulk::commit_one_trip(pool, durable, last, &transitions, &sealed, now).await?;
+        Ok((out, head, flushed))
     }
 }

@@ -408,7 +408,14 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
         let expect = |store: Store, run_id: String, agent_id: String| async move {
             let now = store.clock().now_ms();
             store
-                .call_context(&run_id, "emergency_stop", "stillon", &agent_id, binding, now)
+                .call_context(
+                    &run_id,
+                    "emergency_stop",
+                    "stillon",
+                    &agent_id,
+                    binding,
+                    now,
+                )
                 .await
                 .unwrap()
         };
@@ -431,7 +438,13 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
 
         // Bound to the traveller, with the stop set: the traveller's grants, the switch seen.
         store
-            .demo_put(binding.0, binding.1, &agent.id, "stillon", r#"{"party": "user-123"}"#)
+            .demo_put(
+                binding.0,
+                binding.1,
+                &agent.id,
+                "stillon",
+                r#"{"party": "user-123"}"#,
+            )
             .await
             .unwrap();
         store
