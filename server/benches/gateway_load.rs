@@ -301,7 +301,7 @@ async fn main() {
     // Reference: the least any audited call can do — a `tools/call` of a tool the role does
     // not have: the transport, the guard's credential statement (without the call context a
     // read's statement also reads), the role's listing and one chained, durable audit record
-    // (`refused`, through the same committer and flush barrier). No schema, policy, target
+    // (`refused`, through the same committer, durably). No schema, policy, target
     // read or step row. A read cannot be cheaper than this.
     let refusers = mcp_clients(&server, clients, "worker.finance", "refuser").await;
     let refusals = closed_loop(
@@ -379,7 +379,7 @@ async fn main() {
          record): what the transport, rmcp's session handling and the guard's one statement \
          cost by themselves; a read cannot go faster than it. The second reference is a \
          `tools/call` refused as unlisted: the same plus the role's listing and one chained, \
-         durable audit record (committer batch and flush barrier) — the floor of any audited \
+         durable audit record (a committer batch, committed durably) — the floor of any audited \
          call, before schema, policy, the target's read and the step row.\n"
     );
     let samples: usize = waits.iter().map(|(_, n)| n).sum();
