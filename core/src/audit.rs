@@ -826,12 +826,12 @@ const COLUMNS: &str = "seq, at, event, run_id, step_id, tool, actor, rule, recor
 /// Records per page when counting a run's failures in a row.
 pub(crate) const FAILURE_PAGE: i64 = 16;
 
-/// A scalar subquery: the newest [`FAILURE_PAGE`] records of run `{run}` as `seq:event`,
-/// comma-separated, newest first (events are plain words); NULL when it has none. Read by
-/// [`parse_recent_events`].
+/// A scalar subquery: the newest `{limit}` ([`FAILURE_PAGE`]) records of run `{run}` as
+/// `seq:event`, comma-separated, newest first (events are plain words); NULL when it has none.
+/// Read by [`parse_recent_events`].
 pub(crate) const RECENT_EVENTS_SQL: &str = "(SELECT string_agg(x.seq || ':' || x.event, ','
        ORDER BY x.seq DESC) FROM (SELECT seq, event FROM audit WHERE run_id = {run}
-       ORDER BY seq DESC LIMIT 16) x)";
+       ORDER BY seq DESC LIMIT {limit}) x)";
 
 /// [`RECENT_EVENTS_SQL`]'s text as `(seq, event)` pairs; `None` if it is not that shape.
 pub(crate) fn parse_recent_events(text: Option<&str>) -> Option<Vec<(i64, String)>> {

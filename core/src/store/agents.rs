@@ -22,7 +22,7 @@ use super::standing::{
 use super::{CallContext, Pool, Run, Store, StoreError, on_pool};
 use crate::agents::{AgentToken, RandomnessError};
 use crate::audit::{
-    AuditEvent, NewAuditRecord, RECENT_EVENTS_SQL, append_in_tx, parse_recent_events,
+    AuditEvent, FAILURE_PAGE, NewAuditRecord, RECENT_EVENTS_SQL, append_in_tx, parse_recent_events,
 };
 
 /// What is needed to create a credential.
@@ -395,7 +395,9 @@ impl Store {
                         {recent} AS recent_events
                    FROM r LEFT JOIN c ON 1 = 1 {CONTEXT_GRANTS_JOIN}
                   ORDER BY s.granted_at, s.id",
-                recent = RECENT_EVENTS_SQL.replace("{run}", "r.id"),
+                recent = RECENT_EVENTS_SQL
+                    .replace("{run}", "r.id")
+                    .replace("{limit}", &FAILURE_PAGE.to_string()),
             ),
             &self.pool,
         );
