@@ -14,15 +14,17 @@ CREATE FUNCTION countersign_move_steps(
     now_ms bigint, t_id text[], t_status text[], t_decision text[], t_rule text[],
     t_outcome text[], t_expires_at int8[], t_approval text[], t_bump int8[],
     t_not_before int8[], t_from text[], t_guard_run text[], t_guard_failed text[],
-    t_guard_switch text[], t_key_state text[], t_key_result text[])
+    t_guard_switch text[], t_key_state text[], t_key_result text[], t_release text[])
 RETURNS SETOF text LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
     RETURN QUERY WITH v AS (
         SELECT * FROM UNNEST(t_id, t_status, t_decision, t_rule, t_outcome, t_expires_at,
                              t_approval, t_bump, t_not_before, t_from, t_guard_run,
-                             t_guard_failed, t_guard_switch, t_key_state, t_key_result)
+                             t_guard_failed, t_guard_switch, t_key_state, t_key_result,
+                             t_release)
           AS v(id, status, decision, rule, outcome, expires_at, approval, bump, not_before,
-               from_statuses, guard_run, guard_failed, guard_switch, key_state, key_result)
+               from_statuses, guard_run, guard_failed, guard_switch, key_state, key_result,
+               release_by)
     ), moved AS (
         UPDATE steps SET status = COALESCE(v.status, steps.status),
             decision = COALESCE(v.decision, steps.decision),
@@ -31,7 +33,12 @@ BEGIN
             expires_at = COALESCE(v.expires_at, steps.expires_at),
             approval = COALESCE(v.approval, steps.approval),
             attempts = steps.attempts + v.bump, updated_at = now_ms,
-            not_before = COALESCE(v.not_before, steps.not_before)
+            not_before = COALESCE(v.not_before, steps.not_before),
+            -- Both CASEs read the row as it was: a lease ends only if still `release_by`'s.
+            claimed_by = CASE WHEN steps.claimed_by = v.release_by THEN NULL
+                              ELSE steps.claimed_by END,
+            lease_until = CASE WHEN steps.claimed_by = v.release_by THEN NULL
+                               ELSE steps.lease_until END
         FROM v
         WHERE steps.id = v.id
           AND steps.status = ANY(string_to_array(v.from_statuses, ','))
@@ -56,7 +63,7 @@ CREATE FUNCTION countersign_commit_batch(
     t_id text[], t_status text[], t_decision text[], t_rule text[], t_outcome text[],
     t_expires_at int8[], t_approval text[], t_bump int8[], t_not_before int8[],
     t_from text[], t_guard_run text[], t_guard_failed text[], t_guard_switch text[],
-    t_key_state text[], t_key_result text[],
+    t_key_state text[], t_key_result text[], t_release text[],
     r_seq int8[], r_at int8[], r_event text[], r_run_id text[], r_step_id text[],
     r_tool text[], r_actor text[], r_rule text[], r_record text[], r_prev text[],
     r_hash text[])
@@ -77,7 +84,7 @@ BEGIN
     END IF;
     SELECT count(*) INTO n_moved FROM countersign_move_steps(now_ms, t_id, t_status,
         t_decision, t_rule, t_outcome, t_expires_at, t_approval, t_bump, t_not_before, t_from,
-        t_guard_run, t_guard_failed, t_guard_switch, t_key_state, t_key_result);
+        t_guard_run, t_guard_failed, t_guard_switch, t_key_state, t_key_result, t_release);
     IF n_moved <> COALESCE(cardinality(t_id), 0) THEN
         RAISE EXCEPTION 'countersign: a transition did not move' USING ERRCODE = 'CS002';
     END IF;

@@ -14,6 +14,7 @@
 //!   result; the target confirms it never happened → `pending` (it may run again under the
 //!   same key); cannot tell → left as it is.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use countersign_core::audit::{AuditEvent, NewAuditRecord};
@@ -98,11 +99,17 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     // The run, its agent and the call's context in one read (the pipeline checks the
     // credential; the start is guarded against a cancel or a stop that lands after this).
     let binding = (crate::standing::SYSTEM, crate::standing::ACTS_FOR);
-    let (run, agent, context, recent) = match store
-        .planned_call(&step.run_id, EMERGENCY_STOP, binding)
+    let (run, agent, context, recent, later_open) = match store
+        .planned_call(&step.run_id, step.seq, EMERGENCY_STOP, binding)
         .await
     {
-        Ok(call) => (call.run, call.agent, call.context, call.recent_events),
+        Ok(call) => (
+            call.run,
+            call.agent,
+            call.context,
+            call.recent_events,
+            call.later_open,
+        ),
         Err(e) => {
             let _ = store.release_step(&step_id, worker).await;
             return Err(e.to_string());
@@ -124,9 +131,17 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
         return Ok(true);
     }
     let checked = began.elapsed();
+    let closed_done = AtomicBool::new(false);
+    let prefetched = Some((agent, context));
     let answer =
-        pipeline::execute_claimed_in(state, run, step, worker, Some((agent, context))).await;
+        pipeline::execute_claimed_in(state, run, step, worker, prefetched, Some(&closed_done))
+            .await;
     let executed = began.elapsed();
+    // Done, its lease ended by that same write, with later steps of the run still to run: the
+    // run is not done, and nothing is left to release or settle.
+    if answer.is_ok() && closed_done.load(Ordering::Relaxed) && later_open > 0 {
+        return Ok(true);
+    }
     // A release that fails is harmless (the lease expires by itself): settle from a plain read.
     let settled = match store.release_and_settle(&step_id, worker).await {
         Ok(settled) => Ok(settled),

@@ -16,6 +16,7 @@
 //! * Every outcome appends audit records before the caller hears it; if recording fails the
 //!   call fails closed. Agents never see internal errors, only "internal error".
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use countersign_core::audit::{AuditEvent, NewAuditRecord};
@@ -134,6 +135,9 @@ struct Ctx<'a> {
     loaded: &'a Loaded,
     tool: &'a Tool,
     trace_id: String,
+    /// Set when this call's closing transition moved the step to `done` and ended the
+    /// executor's lease with it ([`execute_claimed_in`]).
+    closed_done: Option<&'a AtomicBool>,
 }
 
 impl Ctx<'_> {
@@ -272,6 +276,7 @@ async fn call_inner(
         loaded,
         tool,
         trace_id: uuid::Uuid::new_v4().to_string(),
+        closed_done: None,
     };
 
     // 3. The closed schema, before anything else looks at the arguments.
@@ -1207,13 +1212,15 @@ pub async fn execute_claimed(
     worker: &str,
 ) -> Result<Answer, Internal> {
     let run = state.store.get_run(&step.run_id).await?;
-    execute_claimed_in(state, run, step, worker, None).await
+    execute_claimed_in(state, run, step, worker, None, None).await
 }
 
 /// [`execute_claimed`] with the step's run as the caller read it after the claim (its status
 /// is read again before the step starts) and, if it read them too ([`Store::planned_call`]),
 /// the run's agent credential as stored and that agent's call context; they are used only when
-/// the credential is the run's agent's.
+/// the credential is the run's agent's. `closed_done` is set when the step's closing
+/// transition moved it to `done` and ended `worker`'s lease in the same write (no release
+/// needs to follow).
 ///
 /// [`Store::planned_call`]: countersign_core::Store::planned_call
 pub async fn execute_claimed_in(
@@ -1222,6 +1229,7 @@ pub async fn execute_claimed_in(
     step: Step,
     worker: &str,
     prefetched: Option<(Option<AgentCredential>, Option<CallContext>)>,
+    closed_done: Option<&AtomicBool>,
 ) -> Result<Answer, Internal> {
     let store = &state.store;
     let Some(loaded) = state.registry.current() else {
@@ -1277,6 +1285,7 @@ pub async fn execute_claimed_in(
         loaded: &loaded,
         tool,
         trace_id: uuid::Uuid::new_v4().to_string(),
+        closed_done,
     };
     let canonical = CanonicalJson::from_canonical_text(&step.inputs)
         .map_err(|e| Internal(format!("stored inputs: {e}")))?;
@@ -1487,10 +1496,18 @@ async fn finish(
                 // A worker's closing write needs no flush before it goes on: its next effect
                 // waits for its own start's barrier. An agent is told only what is durable.
                 answer_at_commit: ctx.caller.executor.is_some(),
+                // A worker's lease ends with it (no separate release).
+                release: ctx.caller.executor.clone(),
                 ..Transition::default()
             },
         ))
         .await?;
+    if moved
+        && status == StepStatus::Done
+        && let Some(flag) = ctx.closed_done
+    {
+        flag.store(true, Ordering::Relaxed);
+    }
     if !moved && read {
         return withheld(ctx, step).await;
     }

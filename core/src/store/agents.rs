@@ -73,6 +73,9 @@ pub struct PlannedCall {
     /// The run's newest audit records as `(seq, event)`, newest first, for
     /// [`Store::failures_in_a_row_from`].
     pub recent_events: Option<Vec<(i64, String)>>,
+    /// Steps of the run after position `step_seq` that are not done: while any is, the run
+    /// is not done when that step ends.
+    pub later_open: i64,
 }
 
 /// What [`Store::authenticate_for_call`] also reads: the context of a call the token is
@@ -364,12 +367,14 @@ impl Store {
     /// What an executor reads before a planned step of run `run_id`, in ONE statement: the
     /// run, its agent's credential as stored (not checked: see [`Store::check_credential`]),
     /// that agent's [`CallContext`] ([`Store::call_context`] with the credential's tenant
-    /// and id; `None` without a credential) and the run's newest audit records (the first
-    /// page [`Store::failures_in_a_row`] reads). [`StoreError::NotFound`] when the run does not
+    /// and id; `None` without a credential), the run's newest audit records (the first
+    /// page [`Store::failures_in_a_row`] reads) and how many of its steps after `step_seq`
+    /// are not done. [`StoreError::NotFound`] when the run does not
     /// exist.
     pub async fn planned_call(
         &self,
         run_id: &str,
+        step_seq: i64,
         switch: &str,
         binding: (&str, &str),
     ) -> Result<PlannedCall, StoreError> {
@@ -392,7 +397,9 @@ impl Store {
                         c.tenant AS c_tenant, c.created_by AS c_created_by,
                         c.created_at AS c_created_at, c.expires_at AS c_expires_at,
                         c.revoked_at AS c_revoked_at, {CONTEXT_COLUMNS},
-                        {recent} AS recent_events
+                        {recent} AS recent_events,
+                        (SELECT COUNT(*) FROM steps WHERE run_id = r.id AND seq > $6
+                            AND status <> 'done') AS later_open
                    FROM r LEFT JOIN c ON 1 = 1 {CONTEXT_GRANTS_JOIN}
                   ORDER BY s.granted_at, s.id",
                 recent = RECENT_EVENTS_SQL
@@ -407,10 +414,12 @@ impl Store {
                 let mut agent: Option<AgentCredential> = None;
                 let mut ctx: Vec<ContextRow> = Vec::new();
                 let mut recent: Option<String> = None;
+                let mut later_open: i64 = 0;
                 for r in $rows {
                     if run.is_none() {
                         run = Some(RunRow::from_row(&r)?);
                         recent = r.try_get(35)?;
+                        later_open = r.try_get(36)?;
                         let id: Option<String> = r.try_get(12)?;
                         if let Some(id) = id {
                             agent = Some(AgentCredential {
@@ -443,16 +452,17 @@ impl Store {
                         r.try_get(34)?,
                     ));
                 }
-                (run, agent, ctx, recent)
+                (run, agent, ctx, recent, later_open)
             }};
         }
-        let (run, agent, rows, recent) = on_pool!(self, |p| {
+        let (run, agent, rows, recent, later_open) = on_pool!(self, |p| {
             let rows = sqlx::query(&sql)
                 .bind(run_id)
                 .bind(switch)
                 .bind(binding.0)
                 .bind(binding.1)
                 .bind(now)
+                .bind(step_seq)
                 .fetch_all(p)
                 .await?;
             decode!(rows)
@@ -467,6 +477,7 @@ impl Store {
             agent,
             context,
             recent_events: parse_recent_events(recent.as_deref()),
+            later_open,
         })
     }
 

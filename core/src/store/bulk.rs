@@ -195,6 +195,7 @@ struct Moves {
     guard_switch: Column,
     key_state: Column,
     key_result: Column,
+    release: Column,
 }
 
 impl Moves {
@@ -228,6 +229,7 @@ impl Moves {
             guard_switch,
             key_state: col!(|t| t.key.as_ref().map(|(state, _)| state.as_str().to_string())),
             key_result: col!(|t| t.key.as_ref().and_then(|(_, result)| result.clone())),
+            release: col!(|t| t.release.clone()),
         }
     }
 }
@@ -251,6 +253,7 @@ macro_rules! bind_moves {
             .bind(&m.guard_switch)
             .bind(&m.key_state)
             .bind(&m.key_result)
+            .bind(&m.release)
     }};
 }
 
@@ -265,7 +268,7 @@ async fn update_moved(
     let moves = Moves::of(updates);
     let q = sqlx::query_scalar(
         "SELECT * FROM countersign_move_steps($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-                                              $12, $13, $14, $15, $16)",
+                                              $12, $13, $14, $15, $16, $17)",
     )
     .bind(now);
     bind_moves!(q, &moves).fetch_all(&mut *tx).await
@@ -311,7 +314,7 @@ pub(crate) async fn commit_one_trip(
     let q = sqlx::query_scalar::<_, String>(
         "SELECT countersign_commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
-            $29, $30, $31)",
+            $29, $30, $31, $32)",
     )
     .bind(crate::audit::PG_AUDIT_LOCK)
     .bind(last.map(|(seq, _)| seq))

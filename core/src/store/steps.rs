@@ -350,6 +350,9 @@ pub struct Transition {
     /// checked in it). When the guard refuses, the row is written as prepared (`pending`) and
     /// the transition reports `None`, so the caller can record why it did not run.
     pub insert: Option<Box<Step>>,
+    /// Also end this worker's lease on the step (its claim), when the step is still claimed by
+    /// it: an executor's closing transition, so that no separate release follows.
+    pub release: Option<String>,
     /// Answer at COMMIT, before the batch's WAL flush is confirmed (group commit on Postgres;
     /// see [`crate::store`]'s committer). Only for an executor's closing transition after its
     /// effect: the worker starts no effect before a later barrier (which flushes the WAL past
@@ -1105,16 +1108,20 @@ pub(crate) const INSERT_MOVED_SQL: &str = "INSERT INTO steps (id, run_id, seq, r
                 WHERE runs.id = $24 AND (runs.status = 'active' OR runs.status = $25)))
         AND ($26 IS NULL OR NOT EXISTS (SELECT 1 FROM switches WHERE name = $26))";
 
-/// The UPDATE of a transition leaving one of `from` statuses (`$14…`); `$11`–`$13` are the
-/// [`RunGuard`] (run id, its second accepted status, switch name; NULL = unchecked).
+/// The UPDATE of a transition leaving one of `from` statuses (`$15…`); `$11`–`$13` are the
+/// [`RunGuard`] (run id, its second accepted status, switch name; NULL = unchecked), `$14`
+/// the worker whose lease on the step ends ([`Transition::release`]; NULL = none).
 pub(crate) fn transition_sql(from: usize) -> String {
-    let placeholders: Vec<String> = (0..from).map(|i| format!("${}", i + 14)).collect();
+    let placeholders: Vec<String> = (0..from).map(|i| format!("${}", i + 15)).collect();
+    // Both CASEs read the row as it was: the lease ends only if it is still `$14`'s.
     format!(
         "UPDATE steps SET status = COALESCE($1, status), decision = COALESCE($2, decision),
             rule = COALESCE($3, rule), outcome = COALESCE($4, outcome),
             expires_at = COALESCE($5, expires_at), approval = COALESCE($6, approval),
             attempts = attempts + $7, updated_at = $8,
-            not_before = COALESCE($10, not_before)
+            not_before = COALESCE($10, not_before),
+            claimed_by = CASE WHEN claimed_by = $14 THEN NULL ELSE claimed_by END,
+            lease_until = CASE WHEN claimed_by = $14 THEN NULL ELSE lease_until END
          WHERE id = $9 AND status IN ({})
            AND ($11 IS NULL OR EXISTS (SELECT 1 FROM runs
                 WHERE runs.id = $11 AND (runs.status = 'active' OR runs.status = $12)))
@@ -1203,7 +1210,8 @@ macro_rules! apply_transition {
                             .as_ref()
                             .and_then(|g| g.allow_failed.then_some("failed")),
                     )
-                    .bind(t.guard.as_ref().and_then(|g| g.unless_switch.as_deref()));
+                    .bind(t.guard.as_ref().and_then(|g| g.unless_switch.as_deref()))
+                    .bind(t.release.as_deref());
                 for f in &t.from {
                     q = q.bind(f.as_str());
                 }

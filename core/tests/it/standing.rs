@@ -422,7 +422,7 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
 
         // Unbound: the agent's own grants.
         let call = store
-            .planned_call(&run.id, "emergency_stop", binding)
+            .planned_call(&run.id, 0, "emergency_stop", binding)
             .await
             .unwrap();
         assert_eq!(call.run.id, run.id);
@@ -452,7 +452,7 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
             .await
             .unwrap();
         let context = store
-            .planned_call(&run.id, "emergency_stop", binding)
+            .planned_call(&run.id, 0, "emergency_stop", binding)
             .await
             .unwrap()
             .context
@@ -465,17 +465,47 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
             expect(store.clone(), run.id.clone(), agent.id.clone()).await
         );
 
+        // The steps after a position that are not done yet.
+        use countersign_core::model::{Effect, StepStatus};
+        let mut steps = Vec::new();
+        for n in 1..=2 {
+            let (step, _) = store
+                .open_step(&crate::store::new_step(&run.id, Effect::Write, n))
+                .await
+                .unwrap();
+            steps.push(step);
+        }
+        let later = |seq: i64| {
+            let (store, run_id) = (store.clone(), run.id.clone());
+            async move {
+                store
+                    .planned_call(&run_id, seq, "emergency_stop", binding)
+                    .await
+                    .unwrap()
+                    .later_open
+            }
+        };
+        assert_eq!((later(0).await, later(1).await, later(2).await), (2, 1, 0));
+        let done = countersign_core::store::Transition {
+            step_id: steps[1].id.clone(),
+            from: vec![StepStatus::Pending],
+            to: Some(StepStatus::Done),
+            ..Default::default()
+        };
+        assert!(store.move_step(&done).await.unwrap());
+        assert_eq!((later(0).await, later(1).await), (1, 0));
+
         // A run without an agent: no credential, no context; no such run: not found.
         let lone = store.create_run(&new_run(None)).await.unwrap();
         let call = store
-            .planned_call(&lone.id, "emergency_stop", binding)
+            .planned_call(&lone.id, 0, "emergency_stop", binding)
             .await
             .unwrap();
         assert_eq!(call.run.id, lone.id);
         assert!(call.agent.is_none() && call.context.is_none());
         assert!(matches!(
             store
-                .planned_call("no-such-run", "emergency_stop", binding)
+                .planned_call("no-such-run", 0, "emergency_stop", binding)
                 .await,
             Err(StoreError::NotFound)
         ));

@@ -998,3 +998,78 @@ async fn expired_sessions_are_swept_and_live_ones_kept() {
     })
     .await;
 }
+
+/// A transition that names a worker ends that worker's lease on the step in the same write
+/// (an executor's closing transition), and only that worker's: in the transaction's UPDATE
+/// (SQLite) and in the committer's one-trip batch (Postgres).
+#[tokio::test]
+async fn a_transition_ends_the_lease_of_the_worker_it_names_and_no_other() {
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::Transition;
+    let (manual, clock) = test_clock();
+    each_backend(clock, move |store| {
+        let manual = manual.clone();
+        async move {
+            let run = store
+                .create_run(&NewRun {
+                    planned: true,
+                    ..new_run("acme")
+                })
+                .await
+                .unwrap();
+            let (a, _) = store
+                .open_step(&new_step(&run.id, Effect::Write, 1))
+                .await
+                .unwrap();
+            store
+                .open_step(&new_step(&run.id, Effect::Write, 2))
+                .await
+                .unwrap();
+            let lease = manual.now_ms() + 60_000;
+            assert_eq!(
+                store
+                    .claim_step("w1", lease, None)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .id,
+                a.id
+            );
+            let touch = |release: &str| Transition {
+                step_id: a.id.clone(),
+                from: vec![StepStatus::Pending],
+                to: Some(StepStatus::Pending),
+                release: Some(release.to_string()),
+                ..Transition::default()
+            };
+            let trips = store.one_trip_batches();
+            // Another worker's name: w1 keeps it (and the run's second step waits for it).
+            assert!(store.move_step(&touch("w2")).await.unwrap());
+            assert!(store.claim_step("w3", lease, None).await.unwrap().is_none());
+            // w1's own: the lease ends with the write; another worker may take the step.
+            assert!(store.move_step(&touch("w1")).await.unwrap());
+            let again = store.claim_step("w3", lease, None).await.unwrap().unwrap();
+            assert_eq!(again.id, a.id);
+            // The same, now that the committer knows the head (one trip on Postgres).
+            assert!(store.move_step(&touch("w1")).await.unwrap());
+            assert!(store.claim_step("w4", lease, None).await.unwrap().is_none());
+            assert!(store.move_step(&touch("w3")).await.unwrap());
+            assert_eq!(
+                store
+                    .claim_step("w4", lease, None)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .id,
+                a.id
+            );
+            if store.backend() == Backend::Postgres {
+                assert!(
+                    store.one_trip_batches() >= trips + 3,
+                    "one-trip batches ran"
+                );
+            }
+        }
+    })
+    .await;
+}
