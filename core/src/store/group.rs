@@ -25,7 +25,9 @@
 //!   append lock first and writes nothing unless the chain's last record is still that head
 //!   and every transition moves. Any refusal sends the batch down the multi-statement path
 //!   (which reads the head under the lock); a stale head can never be extended, and the rows
-//!   written are the ones that path writes (the step UPDATE is one SQL function both use).
+//!   written are the ones that path writes (its bulk UPDATE is the same SQL function; a lone
+//!   transition's UPDATE, `transition_sql`, writes the same columns). A one-trip statement
+//!   whose connection broke is looked up by its last record before anything is retried.
 //! * If the committer is gone (runtime shutting down), callers fall back to their own
 //!   transaction; nothing is lost, nothing is applied twice by the fallback unless the
 //!   committer died between COMMIT and its answer (then a transition finds its step moved
@@ -128,6 +130,14 @@ pub(crate) struct Committer {
     barriers: Arc<AtomicU64>,
     /// Batches written in one round trip so far (Postgres).
     one_trips: Arc<AtomicU64>,
+}
+
+/// How a one-trip batch ended ([`Store::commit_one_trip_pg`]).
+enum OneTrip {
+    /// Written: the answers, the head after it, whether its COMMIT waited for the flush.
+    Written(Vec<Done>, ChainHead, bool),
+    /// The server refused it: nothing of it is written.
+    Refused(sqlx::Error),
 }
 
 /// What the committer knows of the chain between batches.
@@ -408,21 +418,19 @@ impl Store {
                     && super::bulk::one_trip_applicable(jobs)
                 {
                     let durable = unflushed && jobs.iter().any(|j| !j.work.answer_at_commit());
-                    match self.commit_one_trip_pg(p, durable, jobs, head).await {
-                        Ok((done, head, flushed)) => {
+                    match self.commit_one_trip_pg(p, durable, jobs, head).await? {
+                        OneTrip::Written(done, head, flushed) => {
                             chain.head = Some(head);
                             chain.one_trips.fetch_add(1, Ordering::Relaxed);
                             return Ok((done, flushed));
                         }
                         // The server refused it: nothing of it is written (one statement).
-                        Err(StoreError::Database(e)) if matches!(e, sqlx::Error::Database(_)) => {
-                            tracing::debug!(
-                                error = %e,
-                                refusal = super::bulk::is_one_trip_refusal(&e),
-                                "one-trip batch refused; taking the multi-statement path"
-                            );
+                        OneTrip::Refused(e) if super::bulk::is_one_trip_refusal(&e) => {
+                            tracing::debug!(error = %e, "one-trip batch refused; the long path");
                         }
-                        Err(e) => return Err(e),
+                        OneTrip::Refused(e) => {
+                            tracing::warn!(error = %e, "one-trip batch failed; the long path");
+                        }
                     }
                 }
                 if super::bulk::applicable(jobs) {
@@ -478,15 +486,19 @@ impl Store {
     /// sealed in job order at `head` as if every transition moves, then written by
     /// `countersign_commit_batch` only if that head is still the chain's and every transition
     /// does move — the rows and the chain the multi-statement path would have written.
-    /// Returns the answers, the head after the batch and whether its COMMIT waited for the
-    /// WAL flush.
+    ///
+    /// If the statement fails without the server's word (the connection broke), it may have
+    /// committed before it did: the batch's last record, read back, tells (a `seq` holds one
+    /// record, never removed); found, the batch is reported written, so that it is never
+    /// written twice. (A batch without records cannot tell: its error is returned, as a failed
+    /// COMMIT's always was.)
     async fn commit_one_trip_pg(
         &self,
         pool: &sqlx::PgPool,
         durable: bool,
         jobs: &[Job],
         mut head: ChainHead,
-    ) -> Result<(Vec<Done>, ChainHead, bool), StoreError> {
+    ) -> Result<OneTrip, StoreError> {
         let last = head.last();
         let now = self.clock.now_ms();
         let mut out = Vec::with_capacity(jobs.len());
@@ -508,8 +520,36 @@ impl Store {
             });
         }
         let last = last.as_ref().map(|(seq, hash)| (*seq, hash.as_str()));
-        let flushed =
-            super::bulk::commit_one_trip(pool, durable, last, &transitions, &sealed, now).await?;
-        Ok((out, head, flushed))
+        let flushed = match super::bulk::commit_one_trip(
+            pool,
+            durable,
+            last,
+            &transitions,
+            &sealed,
+            now,
+        )
+        .await
+        {
+            Ok(flushed) => flushed,
+            Err(e @ sqlx::Error::Database(_)) => return Ok(OneTrip::Refused(e)),
+            Err(e) => {
+                let Some(newest) = sealed.last() else {
+                    return Err(StoreError::Database(e));
+                };
+                let stored: Option<String> =
+                    sqlx::query_scalar("SELECT hash FROM audit WHERE seq = $1")
+                        .bind(newest.seq)
+                        .fetch_optional(pool)
+                        .await?;
+                if stored.as_deref() != Some(newest.hash.as_str()) {
+                    return Err(StoreError::Database(e));
+                }
+                tracing::warn!(error = %e, "one-trip batch committed before its connection failed");
+                // Visible means committed; a synchronous COMMIT is visible only once
+                // flushed.
+                durable
+            }
+        };
+        Ok(OneTrip::Written(out, head, flushed))
     }
 }

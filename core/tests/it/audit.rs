@@ -1525,6 +1525,31 @@ async fn committer_batches_go_in_one_round_trip_and_fall_back_whole() {
             StepStatus::Running
         );
     }
+
+    // Two jobs at once, one of which does not move: shared batch or not, the other moves
+    // with its record and the first writes nothing.
+    let mut closing = record(8);
+    closing.step_id = Some(steps[2].id.clone());
+    let close = Transition {
+        step_id: steps[2].id.clone(),
+        from: vec![StepStatus::Running],
+        to: Some(StepStatus::Done),
+        records: vec![(AuditEvent::Succeeded, closing)],
+        ..Transition::default()
+    };
+    let stale = start(&steps[1].id, 9);
+    let (closed, restarted) = tokio::join!(store.move_step(&close), store.move_step(&stale));
+    assert!(closed.unwrap());
+    assert!(!restarted.unwrap());
+    assert_eq!(store.verify_audit().await.unwrap(), Ok(records + 4));
+    assert_eq!(
+        store.get_step(&steps[2].id).await.unwrap().status,
+        StepStatus::Done
+    );
+    assert_eq!(
+        store.get_step(&steps[1].id).await.unwrap().status,
+        StepStatus::Done
+    );
     store.close().await;
     other.close().await;
     db.drop_db().await;
