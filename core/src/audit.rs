@@ -714,6 +714,33 @@ macro_rules! seal_next {
 }
 pub(crate) use seal_next;
 
+/// Binds the columns of `$records` (`&[AuditRecord]`) to Postgres query `$q` as eleven
+/// arrays, in the table's order (`seq, at, event, run_id, step_id, tool, actor, rule, record,
+/// prev, hash`).
+macro_rules! bind_record_arrays {
+    ($q:expr, $records:expr) => {{
+        let records: &[$crate::audit::AuditRecord] = $records;
+        let text = |f: fn(&$crate::audit::AuditRecord) -> &str| {
+            records.iter().map(|r| f(r).to_string()).collect::<Vec<_>>()
+        };
+        let maybe = |f: fn(&$crate::audit::AuditRecord) -> &Option<String>| {
+            records.iter().map(|r| f(r).clone()).collect::<Vec<_>>()
+        };
+        $q.bind(records.iter().map(|r| r.seq).collect::<Vec<_>>())
+            .bind(records.iter().map(|r| r.at).collect::<Vec<_>>())
+            .bind(text(|r| &r.event))
+            .bind(maybe(|r| &r.run_id))
+            .bind(maybe(|r| &r.step_id))
+            .bind(maybe(|r| &r.tool))
+            .bind(maybe(|r| &r.actor))
+            .bind(maybe(|r| &r.rule))
+            .bind(text(|r| &r.record))
+            .bind(text(|r| &r.prev))
+            .bind(text(|r| &r.hash))
+    }};
+}
+pub(crate) use bind_record_arrays;
+
 /// Inserts sealed `records` (consecutive, in chain order) in one statement (Postgres).
 pub(crate) async fn insert_all_pg(
     tx: &mut sqlx::PgConnection,
@@ -722,30 +749,13 @@ pub(crate) async fn insert_all_pg(
     if records.is_empty() {
         return Ok(());
     }
-    macro_rules! column {
-        ($f:ident) => {
-            records.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
-        };
-    }
-    sqlx::query(
+    let q = sqlx::query(
         "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
          SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::text[], $4::text[], $5::text[],
                               $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
                               $11::text[])",
-    )
-    .bind(column!(seq))
-    .bind(column!(at))
-    .bind(column!(event))
-    .bind(column!(run_id))
-    .bind(column!(step_id))
-    .bind(column!(tool))
-    .bind(column!(actor))
-    .bind(column!(rule))
-    .bind(column!(record))
-    .bind(column!(prev))
-    .bind(column!(hash))
-    .execute(&mut *tx)
-    .await?;
+    );
+    bind_record_arrays!(q, records).execute(&mut *tx).await?;
     Ok(())
 }
 

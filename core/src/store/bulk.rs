@@ -306,11 +306,6 @@ pub(crate) async fn commit_one_trip(
     now: i64,
 ) -> Result<bool, sqlx::Error> {
     let moves = Moves::of(transitions);
-    macro_rules! column {
-        ($f:ident) => {
-            records.iter().map(|r| r.$f.clone()).collect::<Vec<_>>()
-        };
-    }
     let q = sqlx::query_scalar::<_, String>(
         "SELECT countersign_commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
@@ -321,19 +316,8 @@ pub(crate) async fn commit_one_trip(
     .bind(last.map(|(_, hash)| hash))
     .bind(now)
     .bind(durable);
-    let q = bind_moves!(q, &moves)
-        .bind(column!(seq))
-        .bind(column!(at))
-        .bind(column!(event))
-        .bind(column!(run_id))
-        .bind(column!(step_id))
-        .bind(column!(tool))
-        .bind(column!(actor))
-        .bind(column!(rule))
-        .bind(column!(record))
-        .bind(column!(prev))
-        .bind(column!(hash))
+    let setting = crate::audit::bind_record_arrays!(bind_moves!(q, &moves), records)
         .fetch_one(pool)
         .await?;
-    Ok(q != "off")
+    Ok(setting != "off")
 }
