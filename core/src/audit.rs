@@ -889,7 +889,7 @@ impl Store {
         {
             return match done? {
                 crate::store::group::Done::Appended(r) => Ok(*r),
-                crate::store::group::Done::Moved(_) => Err(StoreError::Conflict(
+                crate::store::group::Done::Moved(..) => Err(StoreError::Conflict(
                     "committer answered out of kind".into(),
                 )),
             };

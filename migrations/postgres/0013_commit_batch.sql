@@ -6,7 +6,8 @@
 -- moved) that the multi-statement path runs too, so both paths write the same rows.
 -- `countersign_commit_batch` takes the audit append lock, checks that the chain head is the
 -- one the caller sealed the batch's records on, moves every step and inserts the records; if
--- the head moved or any transition did not move, it raises and nothing of it is written (the
+-- the head moved, any transition did not move or a key it reserves exists, it raises and
+-- nothing of it is written (the
 -- caller then runs the batch on the multi-statement path, which reads the head itself).
 -- `durable` makes its COMMIT wait for the WAL flush (on a session that does not otherwise); it
 -- returns the `synchronous_commit` its COMMIT runs under.
@@ -64,6 +65,7 @@ CREATE FUNCTION countersign_commit_batch(
     t_expires_at int8[], t_approval text[], t_bump int8[], t_not_before int8[],
     t_from text[], t_guard_run text[], t_guard_failed text[], t_guard_switch text[],
     t_key_state text[], t_key_result text[], t_release text[],
+    k_step text[], k_key text[], k_hash text[], k_owner text[],
     r_seq int8[], r_at int8[], r_event text[], r_run_id text[], r_step_id text[],
     r_tool text[], r_actor text[], r_rule text[], r_record text[], r_prev text[],
     r_hash text[])
@@ -72,6 +74,7 @@ DECLARE
     seen_seq bigint;
     seen_hash text;
     n_moved bigint;
+    n_reserved bigint;
 BEGIN
     -- Durable: this transaction's COMMIT waits for the WAL flush, whatever the session says.
     IF durable THEN
@@ -87,6 +90,16 @@ BEGIN
         t_guard_run, t_guard_failed, t_guard_switch, t_key_state, t_key_result, t_release);
     IF n_moved <> COALESCE(cardinality(t_id), 0) THEN
         RAISE EXCEPTION 'countersign: a transition did not move' USING ERRCODE = 'CS002';
+    END IF;
+    -- The keys of the steps taken with their transition: all reserved now, or nothing.
+    INSERT INTO idempotency (idem_key, step_id, inputs_hash, state, result, owner, created_at,
+                             updated_at)
+    SELECT k.idem, k.step, k.inputs, 'in_flight', NULL, k.who, now_ms, now_ms
+      FROM UNNEST(k_key, k_step, k_hash, k_owner) AS k(idem, step, inputs, who)
+    ON CONFLICT (idem_key) DO NOTHING;
+    GET DIAGNOSTICS n_reserved = ROW_COUNT;
+    IF n_reserved <> COALESCE(cardinality(k_key), 0) THEN
+        RAISE EXCEPTION 'countersign: a key exists already' USING ERRCODE = 'CS003';
     END IF;
     INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
     SELECT * FROM UNNEST(r_seq, r_at, r_event, r_run_id, r_step_id, r_tool, r_actor, r_rule,

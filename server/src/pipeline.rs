@@ -25,7 +25,7 @@ use countersign_core::policy::{
 };
 use countersign_core::registry::Tool;
 use countersign_core::store::{
-    AgentCredential, AuthError, CallContext, KeyState, NewRun, NewStep, Reservation, Run, RunGuard,
+    AgentCredential, AuthError, CallContext, KeyClaim, KeyState, NewRun, NewStep, Run, RunGuard,
     RunStatus, Step, Transition,
 };
 use countersign_core::{
@@ -830,8 +830,8 @@ async fn execute(
     }
 
     // 7. Take the step (pending|failed → running: the step row is the mutex among callers
-    // and workers), then reserve its key. A crash between the two leaves a running step with
-    // no key, which the reconciler asks the target about by key like any other.
+    // and workers) and reserve its key, in one transaction: a step is never running without
+    // its key (a crash after it leaves both, which the reconciler settles by key).
     let started_record = ctx.record(
         AuditEvent::Started,
         Some(&step),
@@ -843,7 +843,7 @@ async fn execute(
     );
     // [reads] A read has no effect to guard and no key: it is not taken before its call;
     // its decided and started records commit with its outcome, in one transition.
-    let (step, opening) = if matches!(ctx.tool.effect, Effect::Read) {
+    let (step, opening, reserved) = if matches!(ctx.tool.effect, Effect::Read) {
         let opening = Opening {
             decision: decision.into(),
             rule: rule.clone(),
@@ -851,10 +851,10 @@ async fn execute(
             guard: halt_guard(ctx, &run.id),
             insert: (!written).then(|| Box::new(step.clone())),
         };
-        (step, Some(opening))
+        (step, Some(opening), false)
     } else {
-        let moved = ctx
-            .moved(Transition {
+        let started = store
+            .start_step(&Transition {
                 step_id: step.id.clone(),
                 from: movable,
                 to: Some(StepStatus::Running),
@@ -865,15 +865,20 @@ async fn execute(
                 // [stop] The world read above may be stale: a cancel or the emergency stop
                 // that landed since (policy and facts took time) keeps the step from starting.
                 guard: Some(halt_guard(ctx, &run.id)),
+                reserve: Some(KeyClaim {
+                    idem_key: step.idem_key.clone(),
+                    inputs_hash: step.inputs_hash.clone(),
+                    owner: ctx.trace_id.clone(),
+                }),
                 ..Transition::default()
             })
             .await?;
-        if !moved {
+        let Some(reserved) = started else {
             if let Some(rule) = halted(ctx, &run.id).await? {
                 return cancel_halted(ctx, &step, rule).await;
             }
             return settle(ctx, &step).await;
-        }
+        };
         // The row as the transition wrote it (not read back).
         let step = Step {
             status: StepStatus::Running,
@@ -883,21 +888,16 @@ async fn execute(
             updated_at: store.clock().now_ms(),
             ..step
         };
-        (step, None)
+        (step, None, reserved)
     };
     failpoint("after_start");
-    let dedupe = !matches!(ctx.tool.effect, Effect::Read);
-    if dedupe {
-        match store
-            .reserve_key(&step.idem_key, &step.id, &step.inputs_hash, &ctx.trace_id)
-            .await?
-        {
-            Reservation::Reserved => {}
-            Reservation::Existing(key) => {
-                if let Some(answer) = existing_key(ctx, &step, &key).await? {
-                    return Ok(answer);
-                }
-            }
+    // The key existed already: an earlier attempt's, which says what this one may do.
+    if !matches!(ctx.tool.effect, Effect::Read) && !reserved {
+        let Some(key) = store.get_key(&step.idem_key).await? else {
+            return Err(Internal(format!("the key of step {} vanished", step.id)));
+        };
+        if let Some(answer) = existing_key(ctx, &step, &key).await? {
+            return Ok(answer);
         }
     }
 

@@ -285,16 +285,18 @@ pub(crate) fn one_trip_applicable(jobs: &[Job]) -> bool {
 }
 
 /// The SQLSTATEs `countersign_commit_batch` raises when it wrote nothing because the batch
-/// was sealed on a stale head (`CS001`) or a transition did not move (`CS002`).
+/// was sealed on a stale head (`CS001`), a transition did not move (`CS002`) or a key it
+/// reserves exists already (`CS003`).
 pub(crate) fn is_one_trip_refusal(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("CS001" | "CS002")))
+    matches!(e, sqlx::Error::Database(db)
+        if matches!(db.code().as_deref(), Some("CS001" | "CS002" | "CS003")))
 }
 
 /// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migration 13):
 /// under the append lock, only if the chain's last record is still `last` (`(seq, hash)`,
-/// `None` for an empty chain), every one of `transitions` moves and `records` (sealed after
-/// `last`, in chain order) are inserted; otherwise it raises ([`is_one_trip_refusal`]) and
-/// writes nothing. `durable`: its COMMIT waits for the WAL flush even on a session whose
+/// `None` for an empty chain), every one of `transitions` moves, every key they claim
+/// ([`Transition::reserve`]) is reserved and `records` (sealed after `last`, in chain order)
+/// are inserted; otherwise it raises ([`is_one_trip_refusal`]) and writes nothing. `durable`: its COMMIT waits for the WAL flush even on a session whose
 /// commits do not. Returns whether its COMMIT waited for the flush (as the function reports
 /// the `synchronous_commit` it ran under: anything but `off` waits for the local flush).
 pub(crate) async fn commit_one_trip(
@@ -306,17 +308,46 @@ pub(crate) async fn commit_one_trip(
     now: i64,
 ) -> Result<bool, sqlx::Error> {
     let moves = Moves::of(transitions);
+    let claims: Vec<(&Transition, &super::steps::KeyClaim)> = transitions
+        .iter()
+        .filter_map(|t| t.reserve.as_ref().map(|k| (*t, k)))
+        .collect();
     let q = sqlx::query_scalar::<_, String>(
         "SELECT countersign_commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
-            $29, $30, $31, $32)",
+            $29, $30, $31, $32, $33, $34, $35, $36)",
     )
     .bind(crate::audit::PG_AUDIT_LOCK)
     .bind(last.map(|(seq, _)| seq))
     .bind(last.map(|(_, hash)| hash))
     .bind(now)
     .bind(durable);
-    let setting = crate::audit::bind_record_arrays!(bind_moves!(q, &moves), records)
+    let q = bind_moves!(q, &moves)
+        .bind(
+            claims
+                .iter()
+                .map(|(t, _)| t.step_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            claims
+                .iter()
+                .map(|(_, k)| k.idem_key.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            claims
+                .iter()
+                .map(|(_, k)| k.inputs_hash.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            claims
+                .iter()
+                .map(|(_, k)| k.owner.clone())
+                .collect::<Vec<_>>(),
+        );
+    let setting = crate::audit::bind_record_arrays!(q, records)
         .fetch_one(pool)
         .await?;
     Ok(setting != "off")

@@ -66,7 +66,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::steps::{apply_transition, seal_records};
+use super::steps::{apply_transition, reserve_with, seal_records};
 use super::{Pool, Store, StoreError, Transition};
 use crate::audit::{AuditEvent, AuditRecord, ChainHead, NewAuditRecord, hold_head, seal_next};
 
@@ -98,8 +98,9 @@ impl Work {
 /// What was written.
 #[derive(Debug)]
 pub(crate) enum Done {
-    /// The transition's records, or `None` when the step was not in its `from` statuses.
-    Moved(Option<Vec<AuditRecord>>),
+    /// The transition's records, or `None` when the step was not in its `from` statuses; and
+    /// whether it reserved its key ([`Transition::reserve`]).
+    Moved(Option<Vec<AuditRecord>>, bool),
     /// The appended record.
     Appended(Box<AuditRecord>),
 }
@@ -318,11 +319,11 @@ async fn run(
 }
 
 /// A transition job's answer; its records (if it moved) join the batch's INSERT.
-fn moved(sealed: &mut Vec<AuditRecord>, records: Option<Vec<AuditRecord>>) -> Done {
+fn moved(sealed: &mut Vec<AuditRecord>, records: Option<Vec<AuditRecord>>, reserved: bool) -> Done {
     if let Some(records) = &records {
         sealed.extend(records.iter().cloned());
     }
-    Done::Moved(records)
+    Done::Moved(records, reserved)
 }
 
 /// An append job's answer; its record joins the batch's INSERT.
@@ -387,7 +388,8 @@ impl Store {
                     out.push(match &job.work {
                         Work::Transition(t) => {
                             let records = apply_transition!(&mut *tx, $lock, &mut head, t, now);
-                            moved(&mut sealed, records)
+                            let reserved = records.is_some() && reserve_with!(&mut *tx, t, now);
+                            moved(&mut sealed, records, reserved)
                         }
                         Work::Append(new, event) => {
                             let h = hold_head!(&mut *tx, $lock, &mut head);
@@ -466,9 +468,10 @@ impl Store {
             out.push(match &job.work {
                 Work::Transition(t) if went => {
                     let records = seal_records!(&mut *tx, true, &mut head, t, now);
-                    moved(&mut sealed, Some(records))
+                    let reserved = reserve_with!(&mut *tx, t, now);
+                    moved(&mut sealed, Some(records), reserved)
                 }
-                Work::Transition(_) => moved(&mut sealed, None),
+                Work::Transition(_) => moved(&mut sealed, None, false),
                 Work::Append(new, event) => {
                     let h = hold_head!(&mut *tx, true, &mut head);
                     appended(&mut sealed, seal_next!(h, new, *event, now))
@@ -512,7 +515,8 @@ impl Store {
                     for (event, new) in &t.records {
                         records.push(seal_next!(&mut head, new, *event, now));
                     }
-                    moved(&mut sealed, Some(records))
+                    // Written only if every claimed key is reserved (else the long path).
+                    moved(&mut sealed, Some(records), t.reserve.is_some())
                 }
                 Work::Append(new, event) => {
                     appended(&mut sealed, seal_next!(&mut head, new, *event, now))

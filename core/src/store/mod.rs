@@ -54,7 +54,7 @@ pub use runs::{NewRun, Run, RunStatus};
 pub use standing::{
     CallContext, GRANTED_RULE, NewStanding, REVOKED_RULE, Standing, StandingError, StandingState,
 };
-pub use steps::{KeyRecord, KeyState, NewStep, Reservation, RunGuard, Step, Transition};
+pub use steps::{KeyClaim, KeyRecord, KeyState, NewStep, Reservation, RunGuard, Step, Transition};
 pub use views::{AuditCursor, AuditFilter, approver_parts};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");

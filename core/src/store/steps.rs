@@ -353,6 +353,10 @@ pub struct Transition {
     /// Also end this worker's lease on the step (its claim), when the step is still claimed by
     /// it: an executor's closing transition, so that no separate release follows.
     pub release: Option<String>,
+    /// Also reserve the step's key in the same transaction when the step moves (a write taken
+    /// before its call): written `in_flight` unless the key exists already
+    /// ([`Store::start_step`] says which).
+    pub reserve: Option<KeyClaim>,
     /// Answer at COMMIT, before the batch's WAL flush is confirmed (group commit on Postgres;
     /// see [`crate::store`]'s committer). Only for an executor's closing transition after its
     /// effect: the worker starts no effect before a later barrier (which flushes the WAL past
@@ -360,6 +364,17 @@ pub struct Transition {
     /// with its key `in_flight`, which the reconciler settles by key — the state a crash just
     /// before this COMMIT leaves. Never for an answer a caller outside this process sees.
     pub answer_at_commit: bool,
+}
+
+/// A key reservation made with a transition ([`Transition::reserve`]).
+#[derive(Debug, Clone)]
+pub struct KeyClaim {
+    /// The step's idempotency key.
+    pub idem_key: String,
+    /// The step's inputs hash.
+    pub inputs_hash: String,
+    /// Who reserves it (the call's trace id).
+    pub owner: String,
 }
 
 /// Conditions a [`Transition`] checks in its own UPDATE, so that a call that read the world
@@ -842,7 +857,8 @@ impl Store {
         }))
     }
 
-    /// Reserves `idem_key` for `step_id`'s call, or reports who holds it.
+    /// Reserves `idem_key` for `step_id`'s call, or reports who holds it. (The pipeline
+    /// reserves a step's key with the transition that takes it: [`Transition::reserve`].)
     pub async fn reserve_key(
         &self,
         idem_key: &str,
@@ -851,10 +867,7 @@ impl Store {
         owner: &str,
     ) -> Result<Reservation, StoreError> {
         let now = self.clock.now_ms();
-        let sql = "INSERT INTO idempotency (idem_key, step_id, inputs_hash, state, result, owner,
-                    created_at, updated_at)
-                 VALUES ($1, $2, $3, 'in_flight', NULL, $4, $5, $5)
-                 ON CONFLICT (idem_key) DO NOTHING";
+        let sql = RESERVE_SQL;
         macro_rules! reserve {
             ($p:expr) => {
                 sqlx::query(sql)
@@ -933,7 +946,7 @@ impl Store {
         t: &Transition,
     ) -> Result<Option<(Step, Vec<AuditRecord>)>, StoreError> {
         match self.transition_records(t).await? {
-            Some(records) => Ok(Some((self.get_step(&t.step_id).await?, records))),
+            Some((records, _)) => Ok(Some((self.get_step(&t.step_id).await?, records))),
             None => Ok(None),
         }
     }
@@ -943,21 +956,35 @@ impl Store {
         Ok(self.transition_records(t).await?.is_some())
     }
 
+    /// [`Store::move_step`] for a transition that takes a step and reserves its key
+    /// ([`Transition::reserve`]) in the same transaction: `None` when it did not move (nothing
+    /// written); otherwise whether the key was reserved now — `false` means it existed
+    /// already (an earlier attempt's: [`Store::get_key`] tells where it stands).
+    pub async fn start_step(&self, t: &Transition) -> Result<Option<bool>, StoreError> {
+        Ok(self
+            .transition_records(t)
+            .await?
+            .map(|(_, reserved)| reserved))
+    }
+
     async fn transition_records(
         &self,
         t: &Transition,
-    ) -> Result<Option<Vec<AuditRecord>>, StoreError> {
+    ) -> Result<Option<(Vec<AuditRecord>, bool)>, StoreError> {
         retry_collisions("step transition", || self.try_transition(t)).await
     }
 
-    async fn try_transition(&self, t: &Transition) -> Result<Option<Vec<AuditRecord>>, StoreError> {
+    async fn try_transition(
+        &self,
+        t: &Transition,
+    ) -> Result<Option<(Vec<AuditRecord>, bool)>, StoreError> {
         if let Some(c) = &self.committer
             && let Some(done) = c
                 .submit(super::group::Work::Transition(Box::new(t.clone())))
                 .await
         {
             return match done? {
-                super::group::Done::Moved(moved) => Ok(moved),
+                super::group::Done::Moved(moved, reserved) => Ok(moved.map(|m| (m, reserved))),
                 super::group::Done::Appended(_) => Err(StoreError::Conflict(
                     "committer answered out of kind".into(),
                 )),
@@ -970,7 +997,7 @@ impl Store {
     pub(crate) async fn transition_alone(
         &self,
         t: &Transition,
-    ) -> Result<Option<Vec<AuditRecord>>, StoreError> {
+    ) -> Result<Option<(Vec<AuditRecord>, bool)>, StoreError> {
         let now = self.clock.now_ms();
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
@@ -982,15 +1009,19 @@ impl Store {
                 }
                 let moved = apply_transition!(&mut *tx, $lock, &mut head, t, now);
                 if let Some(records) = &moved {
+                    let reserved = reserve_with!(&mut *tx, t, now);
                     $insert(&mut *tx, records).await?;
                     tx.commit().await?;
-                } else if t.insert.is_some() {
-                    // The prepared row was written (refused by the guard): keep it.
-                    tx.commit().await?;
+                    moved.map(|m| (m, reserved))
                 } else {
-                    tx.rollback().await?;
+                    if t.insert.is_some() {
+                        // The prepared row was written (refused by the guard): keep it.
+                        tx.commit().await?;
+                    } else {
+                        tx.rollback().await?;
+                    }
+                    None
                 }
-                moved
             }};
         }
         Ok(match &self.pool {
@@ -1241,6 +1272,38 @@ macro_rules! apply_transition {
     }};
 }
 pub(crate) use apply_transition;
+
+/// The INSERT of a key reserved with its step's transition ([`Transition::reserve`]); a key
+/// that exists is left as it is.
+pub(crate) const RESERVE_SQL: &str = "INSERT INTO idempotency (idem_key, step_id, inputs_hash,
+        state, result, owner, created_at, updated_at)
+     VALUES ($1, $2, $3, 'in_flight', NULL, $4, $5, $5)
+     ON CONFLICT (idem_key) DO NOTHING";
+
+/// Inside open transaction `$tx`, after transition `$t` moved its step: reserves its key if it
+/// asks to ([`Transition::reserve`]). Evaluates to whether a key was reserved now (`false`
+/// without a claim or when the key existed).
+macro_rules! reserve_with {
+    ($tx:expr, $t:expr, $now:expr) => {{
+        let t: &$crate::store::Transition = $t;
+        match &t.reserve {
+            Some(k) => {
+                sqlx::query($crate::store::steps::RESERVE_SQL)
+                    .bind(&k.idem_key)
+                    .bind(&t.step_id)
+                    .bind(&k.inputs_hash)
+                    .bind(&k.owner)
+                    .bind($now)
+                    .execute(&mut *$tx)
+                    .await?
+                    .rows_affected()
+                    == 1
+            }
+            None => false,
+        }
+    }};
+}
+pub(crate) use reserve_with;
 
 /// Seals a moved transition `$t`'s records at the chain head `$head` (taken with `hold_head!`
 /// when first needed), in order, at time `$now`; evaluates to the sealed records (not yet

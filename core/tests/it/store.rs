@@ -1073,3 +1073,96 @@ async fn a_transition_ends_the_lease_of_the_worker_it_names_and_no_other() {
     })
     .await;
 }
+
+/// Taking a step and reserving its key in one transaction (`start_step`): a new key is
+/// reserved with the move; a key that exists (an earlier attempt's) is left as it is and
+/// reported; a step that does not move reserves nothing. On Postgres the first goes in the
+/// committer's one trip, the second is refused there and lands by the long path.
+#[tokio::test]
+async fn a_step_is_taken_with_its_key_or_told_the_key_exists() {
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::{KeyClaim, KeyState, Transition};
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let run = store.create_run(&new_run("acme")).await.unwrap();
+        let mut steps = Vec::new();
+        for n in 1..=3 {
+            let (step, _) = store
+                .open_step(&new_step(&run.id, Effect::Write, n))
+                .await
+                .unwrap();
+            steps.push(step);
+        }
+        let start = |step: &countersign_core::store::Step, owner: &str| Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending],
+            to: Some(StepStatus::Running),
+            bump_attempts: true,
+            reserve: Some(KeyClaim {
+                idem_key: step.idem_key.clone(),
+                inputs_hash: step.inputs_hash.clone(),
+                owner: owner.into(),
+            }),
+            ..Transition::default()
+        };
+        // Warm the committer's head (Postgres), then: reserved with the move.
+        let warm = countersign_core::audit::NewAuditRecord {
+            event: Some(countersign_core::audit::AuditEvent::Proposed),
+            run_id: Some(run.id.clone()),
+            ..Default::default()
+        };
+        store.append_audit(&warm).await.unwrap();
+        assert_eq!(
+            store.start_step(&start(&steps[0], "t-1")).await.unwrap(),
+            Some(true)
+        );
+        let key = store.get_key(&steps[0].idem_key).await.unwrap().unwrap();
+        assert_eq!(
+            (key.state, key.step_id.as_str()),
+            (KeyState::InFlight, steps[0].id.as_str())
+        );
+        assert_eq!(key.owner, "t-1");
+        // A key an earlier attempt holds: the step moves, the key stays that attempt's.
+        store
+            .reserve_key(
+                &steps[1].idem_key,
+                &steps[1].id,
+                &steps[1].inputs_hash,
+                "t-old",
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store.start_step(&start(&steps[1], "t-2")).await.unwrap(),
+            Some(false)
+        );
+        assert_eq!(
+            store.get_step(&steps[1].id).await.unwrap().status,
+            StepStatus::Running
+        );
+        let key = store.get_key(&steps[1].idem_key).await.unwrap().unwrap();
+        assert_eq!(key.owner, "t-old");
+        // Not moved (already running): nothing reserved, nothing written.
+        assert_eq!(
+            store.start_step(&start(&steps[0], "t-3")).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            store
+                .get_key(&steps[0].idem_key)
+                .await
+                .unwrap()
+                .unwrap()
+                .owner,
+            "t-1"
+        );
+        // A transition without a claim reserves nothing.
+        let plain = Transition {
+            reserve: None,
+            ..start(&steps[2], "t-4")
+        };
+        assert_eq!(store.start_step(&plain).await.unwrap(), Some(false));
+        assert!(store.get_key(&steps[2].idem_key).await.unwrap().is_none());
+    })
+    .await;
+}

@@ -216,7 +216,7 @@ async fn faults(repeat: usize) -> Vec<Row> {
         ),
         (
             "after_start",
-            "worker abort between taking the step and reserving its key; restart",
+            "worker abort right after taking the step with its key; restart",
         ),
         (
             "after_call",

@@ -713,7 +713,7 @@ async fn runs_stop_at_their_spend_bound_before_the_step_that_would_break_it() {
 }
 
 #[tokio::test]
-async fn runs_worker_killed_between_taking_the_step_and_reserving_its_key_runs_it_once() {
+async fn runs_worker_killed_right_after_taking_the_step_and_its_key_runs_it_once() {
     crash_at("after_start").await;
 }
 
