@@ -777,8 +777,9 @@ async fn main() {
             "Floor, 4 workers, measured right after the 4-worker baseline (the claim, then \
              `running` and `done` through the store's committer with one audit record each, \
              nothing else): {per_s:.0} steps/s{cpu} — {} of the baseline. The executor adds \
-             to it the run, bounds, agent and context reads, policy, a `decided` record, the \
-             start's run/stop guard, the key, the release and the run's settling.\n",
+             to it one read (run, agent, context, bounds), policy, a `decided` record, the \
+             start's run/stop guard and key reservation, the lease's end with the close, and \
+             for a run's last step the settling read.\n",
             pct(per_s, *r)
         );
     }
