@@ -289,15 +289,7 @@ impl Store {
             return Ok((Err(AuthError::Unknown), None));
         }
         let now = self.clock.now_ms();
-        let sql = ContextSql {
-            tenant: "(SELECT tenant FROM c)",
-            switch: "$3",
-            system: "$4",
-            kind: "$5",
-            agent: "$6",
-            now: "$7",
-        }
-        .fill(
+        let sql = ContextSql::numbered("(SELECT tenant FROM c)").fill(
             &format!(
                 "WITH c AS (SELECT {COLUMNS} FROM agent_credentials WHERE token_hash = $1),
                       {CONTEXT_CTE}
@@ -389,21 +381,21 @@ impl Store {
         }
         .fill(
             &format!(
-                "WITH r AS (SELECT {RUN_COLUMNS} FROM runs WHERE id = $1),
+                "WITH r AS (SELECT {RUN_COLUMNS}, {recent} AS recent_events,
+                             (SELECT COUNT(*) FROM steps s WHERE s.run_id = runs.id
+                                 AND s.seq > $6 AND s.status <> 'done') AS later_open
+                              FROM runs WHERE id = $1),
                       c AS (SELECT {COLUMNS} FROM agent_credentials
                              WHERE id = (SELECT agent_id FROM r)),
                       {CONTEXT_CTE}
                  SELECT r.*, c.id AS c_id, c.name AS c_name, c.role AS c_role,
                         c.tenant AS c_tenant, c.created_by AS c_created_by,
                         c.created_at AS c_created_at, c.expires_at AS c_expires_at,
-                        c.revoked_at AS c_revoked_at, {CONTEXT_COLUMNS},
-                        {recent} AS recent_events,
-                        (SELECT COUNT(*) FROM steps WHERE run_id = r.id AND seq > $6
-                            AND status <> 'done') AS later_open
+                        c.revoked_at AS c_revoked_at, {CONTEXT_COLUMNS}
                    FROM r LEFT JOIN c ON 1 = 1 {CONTEXT_GRANTS_JOIN}
                   ORDER BY s.granted_at, s.id",
                 recent = RECENT_EVENTS_SQL
-                    .replace("{run}", "r.id")
+                    .replace("{run}", "runs.id")
                     .replace("{limit}", &FAILURE_PAGE.to_string()),
             ),
             &self.pool,
@@ -418,25 +410,23 @@ impl Store {
                 for r in $rows {
                     if run.is_none() {
                         run = Some(RunRow::from_row(&r)?);
-                        recent = r.try_get(35)?;
-                        later_open = r.try_get(36)?;
-                        let id: Option<String> = r.try_get(12)?;
+                        recent = r.try_get("recent_events")?;
+                        later_open = r.try_get("later_open")?;
+                        let id: Option<String> = r.try_get(14)?;
                         if let Some(id) = id {
                             agent = Some(AgentCredential {
                                 id,
-                                name: r.try_get(13)?,
-                                role: r.try_get(14)?,
-                                tenant: r.try_get(15)?,
-                                created_by: r.try_get(16)?,
-                                created_at: r.try_get(17)?,
-                                expires_at: r.try_get(18)?,
-                                revoked_at: r.try_get(19)?,
+                                name: r.try_get(15)?,
+                                role: r.try_get(16)?,
+                                tenant: r.try_get(17)?,
+                                created_by: r.try_get(18)?,
+                                created_at: r.try_get(19)?,
+                                expires_at: r.try_get(20)?,
+                                revoked_at: r.try_get(21)?,
                             });
                         }
                     }
                     ctx.push((
-                        r.try_get(20)?,
-                        r.try_get(21)?,
                         r.try_get(22)?,
                         r.try_get(23)?,
                         r.try_get(24)?,
@@ -450,6 +440,8 @@ impl Store {
                         r.try_get(32)?,
                         r.try_get(33)?,
                         r.try_get(34)?,
+                        r.try_get(35)?,
+                        r.try_get(36)?,
                     ));
                 }
                 (run, agent, ctx, recent, later_open)

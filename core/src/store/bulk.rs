@@ -322,31 +322,14 @@ pub(crate) async fn commit_one_trip(
     .bind(last.map(|(_, hash)| hash))
     .bind(now)
     .bind(durable);
+    let claim = |f: fn(&Transition, &super::steps::KeyClaim) -> String| {
+        claims.iter().map(|(t, k)| f(t, k)).collect::<Vec<_>>()
+    };
     let q = bind_moves!(q, &moves)
-        .bind(
-            claims
-                .iter()
-                .map(|(t, _)| t.step_id.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            claims
-                .iter()
-                .map(|(_, k)| k.idem_key.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            claims
-                .iter()
-                .map(|(_, k)| k.inputs_hash.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            claims
-                .iter()
-                .map(|(_, k)| k.owner.clone())
-                .collect::<Vec<_>>(),
-        );
+        .bind(claim(|t, _| t.step_id.clone()))
+        .bind(claim(|_, k| k.idem_key.clone()))
+        .bind(claim(|_, k| k.inputs_hash.clone()))
+        .bind(claim(|_, k| k.owner.clone()));
     let setting = crate::audit::bind_record_arrays!(q, records)
         .fetch_one(pool)
         .await?;

@@ -301,6 +301,19 @@ pub(crate) struct ContextSql {
 }
 
 impl ContextSql {
+    /// The numbering [`Store::call_context`] and the credential check share: switch `$3`,
+    /// binding `$4`/`$5`, agent `$6`, now `$7`; the tenant as given.
+    pub(crate) fn numbered(tenant: &'static str) -> Self {
+        Self {
+            tenant,
+            switch: "$3",
+            system: "$4",
+            kind: "$5",
+            agent: "$6",
+            now: "$7",
+        }
+    }
+
     /// `sql` with the pieces' placeholders filled, the party read as `pool`'s dialect reads it.
     pub(crate) fn fill(&self, sql: &str, pool: &Pool) -> String {
         sql.replace("{party}", party_sql(pool))
@@ -590,15 +603,7 @@ impl Store {
     ) -> Result<CallContext, StoreError> {
         // The party is the binding's `data.party` (text); a binding of another tenant is not
         // read (the `tenant` condition), so it binds nothing.
-        let sql = ContextSql {
-            tenant: "$1",
-            switch: "$3",
-            system: "$4",
-            kind: "$5",
-            agent: "$6",
-            now: "$7",
-        }
-        .fill(
+        let sql = ContextSql::numbered("$1").fill(
             &format!(
                 "WITH {CONTEXT_CTE} SELECT {CONTEXT_COLUMNS} FROM runs r {CONTEXT_GRANTS_JOIN}
                   WHERE r.id = $2 ORDER BY s.granted_at, s.id"
