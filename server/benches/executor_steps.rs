@@ -33,6 +33,14 @@
 //!   `running` and `done` through the store's committer with one audit record each — the
 //!   least a crash-safe, audited step does on today's append path. Everything else the
 //!   executor does comes on top of it.
+//! * References, at 4 workers, right after the floor, in bare sqlx like the baseline (no
+//!   Countersign code): the claim, then `running` and `done` each committed durably — the two
+//!   durable points the crash tests require of a write — and the same with the three audit
+//!   rows of an allowed write (`decided`, `started`, `succeeded`) written by those statements
+//!   into `audit_shadow`, a copy of `audit` with all its indexes, unchained; and that again
+//!   with each worker's steps overlapped (one durable statement ends its previous step and
+//!   starts the next: the baseline's statement count). What the issue's own guarantees cost
+//!   before any executor logic.
 //!
 //! `BENCH_PROFILE=1` also profiles the 4-worker runs (both sides): `pg_stat_activity` and
 //! ungranted `pg_locks` sampled every 20 ms, `EXPLAIN (ANALYZE, BUFFERS)` of the claim half
@@ -69,6 +77,50 @@ const PLAN_STEPS: usize = 20;
 const COMPLETE: &str = "UPDATE steps SET status = 'done', outcome = $1, attempts = attempts + 1,
        updated_at = $2, claimed_by = NULL, lease_until = NULL
      WHERE id = $3 AND claimed_by = $4";
+
+/// The outcome every reference loop records.
+const OUTCOME: &str = r#"{"answer":{"status":"drafted"}}"#;
+
+/// Takes a claimed step durably, in the references: `running`, attempt counted. `$1` now,
+/// `$2` the step, `$3` the worker.
+const START: &str = "UPDATE steps SET status = 'running', attempts = attempts + 1, updated_at = $1
+     WHERE id = $2 AND claimed_by = $3 AND status = 'pending'";
+
+/// Ends a `running` step, in the references: bound as [`COMPLETE`], attempt not counted.
+const FINISH: &str = "UPDATE steps SET status = 'done', outcome = $1, updated_at = $2,
+       claimed_by = NULL, lease_until = NULL
+     WHERE id = $3 AND claimed_by = $4 AND status = 'running'";
+
+/// Audit rows for the rows of `m` (id, run_id, tool, at, e: the event) in `audit_shadow`, a
+/// copy of `audit` with all its indexes and constraints (no triggers), numbered by a
+/// sequence: no chain, no append lock.
+const ROWS: &str = "INSERT INTO audit_shadow
+       (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
+     SELECT nextval('audit_shadow_seq'), m.at, m.e, m.run_id, m.id, m.tool, 'executor:bench',
+            'policy.allow', x.r, '', encode(sha256(convert_to(x.r, 'UTF8')), 'hex')
+       FROM m, LATERAL (SELECT json_build_object('event', m.e, 'run', m.run_id, 'step', m.id,
+                  'tool', m.tool, 'actor', 'executor:bench', 'rule', 'policy.allow',
+                  'detail', json_build_object('decision', 'allow', 'key', m.id))::text) AS x(r)";
+
+/// The `RETURNING` list [`ROWS`] reads.
+const MOVED: &str = "RETURNING id, run_id, tool, updated_at AS at";
+
+/// What a reference loop does with each claimed step.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    /// The baseline: one completing UPDATE, committed durably.
+    Complete,
+    /// `running` committed durably before the (absent) effect, then `done` committed
+    /// durably: the two durable points the crash tests require of a write.
+    DurableStart,
+    /// [`Shape::DurableStart`] with the three audit rows an allowed write leaves (`decided`
+    /// and `started` with the start, `succeeded` with the outcome), in the same statements.
+    DurableStartRows,
+    /// [`Shape::DurableStartRows`] with a worker's steps overlapped: one durable statement
+    /// ends its previous step and starts the one it just claimed, so a step costs the
+    /// baseline's two statements and one durable commit, plus its rows.
+    Overlapped,
+}
 
 /// The no-op tool this bench adds to the finance example.
 const NOOP_TOOL: &str = "bench.noop";
@@ -271,23 +323,45 @@ struct Raw {
     completions: PgPool,
 }
 
-/// The executor's claim statement + one completing UPDATE in a bare sqlx loop per worker.
+/// The executor's claim statement + what `shape` does with the step, in a bare sqlx loop per
+/// worker.
 async fn baseline(
     raw: &Raw,
+    shape: Shape,
     workers: usize,
     now: i64,
     progress: &Arc<AtomicU64>,
 ) -> (u64, Duration) {
+    let start_rows = format!(
+        "WITH s AS ({START} {MOVED}),
+              m AS (SELECT s.*, e FROM s, UNNEST(ARRAY['decided', 'started']) AS e) {ROWS}"
+    );
+    let finish_rows = format!("WITH m AS ({FINISH} {MOVED}, 'succeeded' AS e) {ROWS}");
+    // $1 outcome, $2 now, $3 the previous step (or NULL), $4 the worker, $5 the step just
+    // claimed (or NULL).
+    let overlapped = format!(
+        "WITH d AS ({FINISH} {MOVED}, 'succeeded' AS e),
+              s AS (UPDATE steps SET status = 'running', attempts = attempts + 1,
+                      updated_at = $2
+                     WHERE id = $5 AND claimed_by = $4 AND status = 'pending' {MOVED}),
+              m AS (SELECT * FROM d
+                    UNION ALL SELECT s.*, e FROM s, UNNEST(ARRAY['decided', 'started']) AS e)
+         {ROWS}"
+    );
     let began = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..workers {
         let claims = raw.claims.clone();
-        let completions = raw.completions.clone();
+        let pool = raw.completions.clone();
         let claim = raw.claim.clone();
         let progress = progress.clone();
+        let (start_rows, finish_rows, overlapped) =
+            (start_rows.clone(), finish_rows.clone(), overlapped.clone());
         tasks.push(tokio::spawn(async move {
             let id = format!("raw-worker-{w}");
             let mut done = 0_u64;
+            // Overlapped: the step started by the last statement, ended by the next.
+            let mut previous: Option<String> = None;
             loop {
                 let claimed = sqlx::query(&claim)
                     .bind(&id)
@@ -297,18 +371,50 @@ async fn baseline(
                     .fetch_optional(&claims)
                     .await
                     .unwrap();
-                let Some(row) = claimed else { break };
-                let step: String = row.get("id");
-                let n = sqlx::query(COMPLETE)
-                    .bind(r#"{"answer":{"status":"drafted"}}"#)
-                    .bind(now)
-                    .bind(&step)
-                    .bind(&id)
-                    .execute(&completions)
-                    .await
-                    .unwrap()
-                    .rows_affected();
-                assert_eq!(n, 1, "step {step} completed once");
+                let step: Option<String> = claimed.map(|row| row.get("id"));
+                if shape == Shape::Overlapped {
+                    if step.is_none() && previous.is_none() {
+                        break;
+                    }
+                    let rows = sqlx::query(&overlapped)
+                        .bind(OUTCOME)
+                        .bind(now)
+                        .bind(&previous)
+                        .bind(&id)
+                        .bind(&step)
+                        .execute(&pool)
+                        .await
+                        .unwrap()
+                        .rows_affected();
+                    let expected = u64::from(previous.is_some()) + 2 * u64::from(step.is_some());
+                    assert_eq!(
+                        rows, expected,
+                        "{previous:?} ended and {step:?} started once"
+                    );
+                    if previous.is_some() {
+                        done += 1;
+                        progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                    previous = step;
+                    continue;
+                }
+                let Some(step) = step else { break };
+                let finish = |sql| bound(sql, Some(OUTCOME), now, &step, &id);
+                let start = |sql| bound(sql, None, now, &step, &id);
+                let ended = match shape {
+                    Shape::Complete => finish(COMPLETE).execute(&pool).await,
+                    Shape::DurableStart => {
+                        let started = start(START).execute(&pool).await.unwrap();
+                        assert_eq!(started.rows_affected(), 1, "{step} started once");
+                        finish(FINISH).execute(&pool).await
+                    }
+                    _ => {
+                        let started = start(&start_rows).execute(&pool).await.unwrap();
+                        assert_eq!(started.rows_affected(), 2, "{step} started, two rows");
+                        finish(&finish_rows).execute(&pool).await
+                    }
+                };
+                assert_eq!(ended.unwrap().rows_affected(), 1, "{step} completed once");
                 done += 1;
                 progress.fetch_add(1, Ordering::Relaxed);
             }
@@ -316,6 +422,22 @@ async fn baseline(
         }));
     }
     joined(tasks, began).await
+}
+
+/// A reference statement on `step` by `worker`: bound ($1 `outcome`, $2 `now`, $3, $4) as
+/// [`COMPLETE`] and [`FINISH`] with an outcome, ($1 `now`, $2, $3) as [`START`] without.
+fn bound<'q>(
+    sql: &'q str,
+    outcome: Option<&'q str>,
+    now: i64,
+    step: &'q str,
+    worker: &'q str,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let q = match outcome {
+        Some(outcome) => sqlx::query(sql).bind(outcome),
+        None => sqlx::query(sql),
+    };
+    q.bind(now).bind(step).bind(worker)
 }
 
 // ---- profiling (BENCH_PROFILE=1) -------------------------------------------------------------
@@ -605,6 +727,12 @@ async fn main() {
             .unwrap(),
     };
     let pool = &raw.completions;
+    for sql in [
+        "CREATE TABLE audit_shadow (LIKE audit INCLUDING ALL)",
+        "CREATE SEQUENCE audit_shadow_seq",
+    ] {
+        sqlx::query(sql).execute(pool).await.unwrap();
+    }
     eprintln!(
         "executor_steps: {steps} {tool} steps per configuration{}",
         if profiling { " (profiling)" } else { "" }
@@ -615,11 +743,12 @@ async fn main() {
     seed(&mut planner, pool, tool, 100, "warm-ours").await;
     ours(&server, 4, 100, &progress).await;
     seed(&mut planner, pool, tool, 100, "warm-raw").await;
-    baseline(&raw, 4, store.clock().now_ms(), &progress).await;
+    baseline(&raw, Shape::Complete, 4, store.clock().now_ms(), &progress).await;
 
     let mut rows = Vec::new();
     let mut profiles = Vec::new();
     let mut floor_run = None;
+    let mut references = Vec::new();
     for workers in [1_usize, 4, 16] {
         let profiled = profiling && workers == 4;
         seed(&mut planner, pool, tool, steps, &format!("ours-{workers}")).await;
@@ -656,7 +785,14 @@ async fn main() {
         seed(&mut planner, pool, tool, steps, &format!("raw-{workers}")).await;
         let watch = profiled.then(|| sampler("baseline, 4 workers"));
         let before = cpu_reading();
-        let (n_raw, t_raw) = baseline(&raw, workers, store.clock().now_ms(), &progress).await;
+        let (n_raw, t_raw) = baseline(
+            &raw,
+            Shape::Complete,
+            workers,
+            store.clock().now_ms(),
+            &progress,
+        )
+        .await;
         let cpu_raw = cpu_used(before, cpu_reading());
         if let Some((stop, handle)) = watch {
             *profile.label.lock().unwrap() = None;
@@ -674,6 +810,17 @@ async fn main() {
                 "every seeded step went through the floor"
             );
             floor_run = Some((n, t, cpu_used(before, cpu_reading())));
+            for (shape, tag) in [
+                (Shape::DurableStart, "durable-start"),
+                (Shape::DurableStartRows, "durable-start-rows"),
+                (Shape::Overlapped, "overlapped"),
+            ] {
+                seed(&mut planner, pool, tool, steps, tag).await;
+                let before = cpu_reading();
+                let (n, t) = baseline(&raw, shape, 4, store.clock().now_ms(), &progress).await;
+                assert_eq!(n as usize, steps, "every seeded step went through {tag}");
+                references.push((shape, n, t, cpu_used(before, cpu_reading())));
+            }
         }
         let ours_per_s = steps as f64 / t_ours.as_secs_f64();
         let raw_per_s = n_raw as f64 / t_raw.as_secs_f64();
@@ -781,6 +928,57 @@ async fn main() {
              start's run/stop guard and key reservation, the lease's end with the close, and \
              for a run's last step the settling read.\n",
             pct(per_s, *r)
+        );
+    }
+    if let Some((_, o, r, co, cr)) = rows.iter().find(|row| row.0 == 4) {
+        println!(
+            "What the issue's own guarantees cost before any executor logic, at 4 workers: \
+             bare sqlx loops on the same pools and steps as the baseline, measured right \
+             after the floor. A write must be `running` (with its key) durably before its \
+             effect and its outcome durable after it (the crash tests); an allowed write \
+             leaves three audit rows. The rows go to `audit_shadow`, a copy of `audit` with \
+             all its indexes, numbered by a sequence: no chain, no append lock.\n"
+        );
+        println!(
+            "| 4 workers | steps/s | vs baseline | CPU per step (of it in the bench process) |"
+        );
+        println!("|---|---:|---:|---:|");
+        let cpu = |c: &Option<CpuUsed>, n: &u64| cell(&c.map(|c| (c, *n as usize)));
+        println!(
+            "| baseline: claim + `done` (1 durable commit) | {r:.0} | 100 % | {} |",
+            cell(cr)
+        );
+        for (shape, n, t, c) in &references {
+            let label = match shape {
+                Shape::DurableStart => "claim + `running` + `done` (2 durable commits)",
+                Shape::DurableStartRows => {
+                    "the same + `decided`, `started`, `succeeded` rows in those statements"
+                }
+                _ => {
+                    "the same, overlapped: one durable statement ends a worker's previous step \
+                     and starts its next (2 statements and 1 durable commit per step)"
+                }
+            };
+            let per_s = *n as f64 / t.as_secs_f64();
+            println!(
+                "| {label} | {per_s:.0} | {} | {} |",
+                pct(per_s, *r),
+                cpu(c, n)
+            );
+        }
+        if let Some((n, t, c)) = &floor_run {
+            let per_s = *n as f64 / t.as_secs_f64();
+            println!(
+                "| floor: the store's committer, chained, one record per transition | \
+                 {per_s:.0} | {} | {} |",
+                pct(per_s, *r),
+                cpu(c, n)
+            );
+        }
+        println!(
+            "| executor (`work_once`) | {o:.0} | {} | {} |\n",
+            pct(*o, *r),
+            cell(co)
         );
     }
     for (label, waits) in &profiles {

@@ -137,9 +137,22 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
         pipeline::execute_claimed_in(state, run, step, worker, prefetched, Some(&closed_done))
             .await;
     let executed = began.elapsed();
+    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let timed = |released: Duration| {
+        tracing::debug!(
+            target: TIMING,
+            claim_us = us(claimed),
+            run_and_bounds_us = us(checked - claimed),
+            execute_us = us(executed - checked),
+            release_us = us(released.saturating_sub(executed)),
+            settle_us = us(began.elapsed().saturating_sub(released)),
+            "step executed"
+        );
+    };
     // Done, its lease ended by that same write, with later steps of the run still to run: the
     // run is not done, and nothing is left to release or settle.
     if answer.is_ok() && closed_done.load(Ordering::Relaxed) && later_open > 0 {
+        timed(executed);
         return Ok(true);
     }
     // A release that fails is harmless (the lease expires by itself): settle from a plain read.
@@ -153,16 +166,7 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     settle(state, &run_id, step, run_done, &answer)
         .await
         .map_err(|e| e.to_string())?;
-    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-    tracing::debug!(
-        target: TIMING,
-        claim_us = us(claimed),
-        run_and_bounds_us = us(checked - claimed),
-        execute_us = us(executed - checked),
-        release_us = us(released - executed),
-        settle_us = us(began.elapsed() - released),
-        "step executed"
-    );
+    timed(released);
     Ok(true)
 }
 

@@ -42,6 +42,8 @@ use crate::registry::Loaded;
 pub const IDEMPOTENCY_MISMATCH: &str = "idempotency.mismatch";
 /// `_meta.step_id` names no step of this run and tool.
 pub const STEP_UNKNOWN: &str = "step.unknown";
+/// A direct write named a planned run: its writes run through its plan only.
+pub const PLANNED_RUN: &str = "run.planned";
 /// The gate's window closed before anyone approved.
 pub const APPROVAL_EXPIRED: &str = "approval.expired";
 /// An irreversible call got no answer in time: reconcile, never retry.
@@ -294,6 +296,25 @@ async fn call_inner(
     };
     let inputs_hash = InputsHash::of(&canonical);
     let run = resolve_run(&ctx, request.run_id.as_deref()).await?;
+    // A planned run's writes run through its plan, in its order, by the executor (which never
+    // comes this way): a direct write naming the run would add a step the plan never had, or
+    // run a planned one out of turn, outside the run's bounds and settling. Reads may gather
+    // evidence there; Countersign's own run tools are not the run's writes.
+    if run.planned
+        && tool.effect != Effect::Read
+        && ctx.caller.executor.is_none()
+        && tool.handler.provider.as_str() != crate::runs::PROVIDER
+    {
+        let mut record = ctx.record(AuditEvent::Refused, None, Some(PLANNED_RUN), Map::new());
+        record.1.run_id = Some(run.id.clone());
+        ctx.append(record).await?;
+        return Ok(err(json!({
+            "status": "refused",
+            "rule": PLANNED_RUN,
+            "run_id": run.id,
+            "message": "a planned run's writes run through its plan: submit a plan (plan.submit)",
+        })));
+    }
     if let Some(step_id) = &request.step_id {
         match state.store.get_step(step_id).await {
             Ok(step) if step.run_id == run.id && step.tool == tool.name.as_str() => {

@@ -11,7 +11,11 @@
 //! * A job's writes (status change, key state, its audit records) commit atomically, and its
 //!   records are contiguous in the chain in the order the job lists them.
 //! * A job's answer is sent only after COMMIT returned. If a batch fails, nothing of it is
-//!   committed and every job of it is re-run alone, so one failing job cannot fail another.
+//!   committed and every job of it is re-run alone, so one failing job cannot fail another —
+//!   unless its connection failed after the COMMIT (or the one-trip statement) went out and
+//!   the server's answer never came: then it may have committed or may still commit, and
+//!   every job of it is answered [`StoreError::OutcomeUnknown`], none re-run (a re-run could
+//!   write its records twice). What it wrote, if anything, looks as after a crash.
 //! * Jobs of a batch see each other's writes in batch order, exactly as if committed one
 //!   after the other (a second transition of the same step sees the first's status).
 //! * Lock order: the append lock is taken before any row lock, here and in
@@ -27,7 +31,9 @@
 //!   (which reads the head under the lock); a stale head can never be extended, and the rows
 //!   written are the ones that path writes (its bulk UPDATE is the same SQL function; a lone
 //!   transition's UPDATE, `transition_sql`, writes the same columns). A one-trip statement
-//!   whose connection broke is looked up by its last record before anything is retried.
+//!   whose connection broke is looked up by its last record: found, it is answered as
+//!   written; not found, its outcome is unknown (it may still be waiting for the lock or its
+//!   flush at the server) and it is never retried.
 //! * If the committer is gone (runtime shutting down), callers fall back to their own
 //!   transaction; nothing is lost, nothing is applied twice by the fallback unless the
 //!   committer died between COMMIT and its answer (then a transition finds its step moved
@@ -287,11 +293,18 @@ async fn run(
                     });
                     continue;
                 }
+                Err(StoreError::OutcomeUnknown(why)) => {
+                    timed(&jobs, slot);
+                    drop(permit);
+                    unknown(jobs, &why);
+                    continue;
+                }
                 // Nothing of the batch is committed: its jobs go one by one (below).
                 Err(e) => tracing::debug!(error = %e, jobs = jobs.len(), "pipelined batch failed"),
             }
         }
         match store.commit_batch(&jobs, false, &mut chain).await {
+            Err(StoreError::OutcomeUnknown(why)) => unknown(jobs, &why),
             Ok((done, _)) => {
                 timed(&jobs, Duration::ZERO);
                 for (job, done) in jobs.into_iter().zip(done) {
@@ -315,6 +328,21 @@ async fn run(
                 }
             }
         }
+    }
+}
+
+/// Answers every job of a batch whose outcome is unknown with that, and re-runs none of them:
+/// a re-run could write its records (or a transition's) a second time.
+fn unknown(jobs: Vec<Job>, why: &str) {
+    tracing::warn!(
+        jobs = jobs.len(),
+        error = why,
+        "committer batch: outcome unknown"
+    );
+    for job in jobs {
+        let _ = job
+            .reply
+            .send(Err(StoreError::OutcomeUnknown(why.to_string())));
     }
 }
 
@@ -398,7 +426,7 @@ impl Store {
                     });
                 }
                 $insert(&mut *tx, &sealed).await?;
-                tx.commit().await?;
+                tx.commit().await.map_err(StoreError::from_commit)?;
                 chain.head = head;
                 out
             }};
@@ -479,7 +507,7 @@ impl Store {
             });
         }
         crate::audit::insert_all_pg(&mut tx, &sealed).await?;
-        tx.commit().await?;
+        tx.commit().await.map_err(StoreError::from_commit)?;
         let head = head.ok_or_else(|| StoreError::Conflict("audit head not held".into()))?;
         Ok((out, head))
     }
@@ -490,11 +518,11 @@ impl Store {
     /// `countersign_commit_batch` only if that head is still the chain's and every transition
     /// does move — the rows and the chain the multi-statement path would have written.
     ///
-    /// If the statement fails without the server's word (the connection broke), it may have
-    /// committed before it did: the batch's last record, read back, tells (a `seq` holds one
-    /// record, never removed); found, the batch is reported written, so that it is never
-    /// written twice. (A batch without records cannot tell: its error is returned, as a failed
-    /// COMMIT's always was.)
+    /// If the statement fails without the server's word (the connection broke, or the
+    /// server ended the session), it may have committed, or may still: the batch's last
+    /// record, read back, tells only that it did (a `seq` holds one record, never removed).
+    /// Found, the batch is reported written; not found (or no record, or the look-up failed),
+    /// [`StoreError::OutcomeUnknown`], which nobody retries — it is never written twice.
     async fn commit_one_trip_pg(
         &self,
         pool: &sqlx::PgPool,
@@ -535,18 +563,30 @@ impl Store {
         .await
         {
             Ok(flushed) => flushed,
-            Err(e @ sqlx::Error::Database(_)) => return Ok(OneTrip::Refused(e)),
+            // The server aborted it: nothing of it is written.
+            Err(e) if super::answered(&e) => return Ok(OneTrip::Refused(e)),
+            // It never left: the long path may write it.
+            Err(e) if !super::sent_maybe(&e) => return Err(StoreError::Database(e)),
             Err(e) => {
+                // Found, it committed. Not found, it may still commit (the server can be
+                // waiting for the append lock or its flush after the client saw the error):
+                // unknown, never retried.
+                let unknown = |why: &dyn std::fmt::Display| {
+                    StoreError::OutcomeUnknown(format!(
+                        "a one-trip batch's connection failed ({e}); {why}"
+                    ))
+                };
                 let Some(newest) = sealed.last() else {
-                    return Err(StoreError::Database(e));
+                    return Err(unknown(&"it has no record to look up"));
                 };
                 let stored: Option<String> =
                     sqlx::query_scalar("SELECT hash FROM audit WHERE seq = $1")
                         .bind(newest.seq)
                         .fetch_optional(pool)
-                        .await?;
+                        .await
+                        .map_err(|l| unknown(&format_args!("its look-up failed: {l}")))?;
                 if stored.as_deref() != Some(newest.hash.as_str()) {
-                    return Err(StoreError::Database(e));
+                    return Err(unknown(&"not committed yet"));
                 }
                 tracing::warn!(error = %e, "one-trip batch committed before its connection failed");
                 // Visible means committed; a synchronous COMMIT is visible only once

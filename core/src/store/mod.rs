@@ -144,6 +144,47 @@ pub enum StoreError {
     /// Anything else the database reported.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
+    /// A write went out but its connection failed before the server's answer: it may have
+    /// committed, or may still commit. Never retried (a retry could write it twice); what it
+    /// would have written is then found as after a crash (a `running` step is reconciled by
+    /// its key).
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+}
+
+impl StoreError {
+    /// What a failed COMMIT (or autocommitted write) means: an answer from the server is an
+    /// abort (nothing written); no answer, or a session ended by the server, leaves the
+    /// outcome unknown ([`StoreError::OutcomeUnknown`]) unless the write never left
+    /// ([`sent_maybe`]).
+    pub(crate) fn from_commit(e: sqlx::Error) -> Self {
+        if sent_maybe(&e) && !answered(&e) {
+            StoreError::OutcomeUnknown(e.to_string())
+        } else {
+            e.into()
+        }
+    }
+}
+
+/// Whether a failed statement may have reached the server: anything but a failure to get a
+/// connection at all.
+pub(crate) fn sent_maybe(e: &sqlx::Error) -> bool {
+    !matches!(
+        e,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Configuration(_)
+    )
+}
+
+/// Whether the server answered a statement with an error that aborted it: any database error
+/// but a lost connection (class 08) or a session the server ended (57P01-57P05), which can
+/// come after the commit (a FATAL during a synchronous-standby wait).
+pub(crate) fn answered(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => !db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -322,8 +363,9 @@ impl Store {
                 .map_err(|_| connect(sqlx::Error::PoolTimedOut))?
                 .map_err(connect)?;
                 let _ = probe.close().await;
-                // The lazy pool serves the committer's batches and every worker's claims, key
-                // reservations and releases: at 4 it was contended by 4 workers alone.
+                // The lazy pool serves the committer's batches and every worker's claims and
+                // releases (a write's key is reserved with its start, in a committer batch):
+                // at 4 connections it was contended by 4 workers alone.
                 lazy = Some(
                     pg_pool_options()
                         .max_connections(options.max_connections.clamp(1, 8))

@@ -1425,6 +1425,143 @@ async fn a_checkpoint_request_returns_this_keys_checkpoint_of_the_head() {
     .await;
 }
 
+/// A TCP proxy to `target` whose connections can all be cut at once: the client's socket
+/// closes; the server's session lives on until it next writes to its own.
+struct CuttableProxy {
+    addr: std::net::SocketAddr,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl CuttableProxy {
+    async fn start(target: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let held = conns.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let target = target.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                held.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Self { addr, conns }
+    }
+
+    fn cut(&self) {
+        for conn in self.conns.lock().unwrap().drain(..) {
+            conn.abort();
+        }
+    }
+}
+
+/// A one-trip batch whose connection breaks while the server still holds its statement
+/// (waiting for the append lock another session holds) commits after the client saw the
+/// error. It must be answered "outcome unknown" and never retried: a retry would append its
+/// record a second time once the lock is free.
+#[tokio::test]
+async fn a_one_trip_batch_cut_off_while_waiting_is_never_written_twice() {
+    use countersign_core::audit::PG_AUDIT_LOCK;
+    use countersign_core::store::testing::FreshDb;
+    use countersign_core::store::{ConnectOptions, Store, StoreError};
+    use sqlx::Connection;
+
+    let (_, clock) = test_clock();
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    db.store(clock.clone()).await.close().await; // migrated
+    // The store reaches Postgres through the proxy.
+    let url = db.url.expose();
+    let (head, rest) = url.split_once('@').unwrap();
+    let (server, path) = rest.split_once('/').unwrap();
+    let proxy = CuttableProxy::start(server.to_string()).await;
+    let proxied = Secret::new(format!("{head}@{}/{path}", proxy.addr));
+    let store = Store::connect(&proxied, &ConnectOptions::default(), clock)
+        .await
+        .unwrap();
+    let mut admin = sqlx::PgConnection::connect(url).await.unwrap();
+
+    // The first append reads the chain head; the next goes in one trip.
+    store.append_audit(&record(0)).await.unwrap();
+    let trips = store.one_trip_batches();
+    store.append_audit(&record(1)).await.unwrap();
+    assert_eq!(
+        store.one_trip_batches(),
+        trips + 1,
+        "one trip once the head is known"
+    );
+
+    let before = store.verify_audit().await.unwrap().unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(PG_AUDIT_LOCK)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let mut marked = record(2);
+    marked.actor = Some("cut-off".into());
+    let append = tokio::spawn({
+        let store = store.clone();
+        async move { store.append_audit(&marked).await }
+    });
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock' AND query LIKE '%countersign_commit_batch%'";
+    let mut tries = 0;
+    while sqlx::query_scalar::<_, i64>(waiting)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap()
+        == 0
+    {
+        tries += 1;
+        assert!(
+            tries < 500,
+            "the one-trip statement never waited for the lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    proxy.cut();
+    let answer = append.await.unwrap();
+    assert!(
+        matches!(answer, Err(StoreError::OutcomeUnknown(_))),
+        "answered {answer:?}"
+    );
+    // The lock is freed: the cut-off statement commits at the server; nothing else follows.
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(PG_AUDIT_LOCK)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let busy = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                AND pid <> pg_backend_pid() AND state = 'active' \
+                AND query LIKE '%countersign_commit_batch%'";
+    while sqlx::query_scalar::<_, i64>(busy)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap()
+        > 0
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let copies: i64 = sqlx::query_scalar("SELECT count(*) FROM audit WHERE actor = 'cut-off'")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    // It did commit after its client gave up (the case a retry would have doubled).
+    assert_eq!(copies, 1, "the cut-off record written {copies} times");
+    // The store goes on (new connections through the proxy); the chain holds.
+    store.append_audit(&record(3)).await.unwrap();
+    assert_eq!(store.verify_audit().await.unwrap(), Ok(before + 2));
+    let _ = admin.close().await;
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// One round trip (Postgres): once the committer knows the chain head, a batch of transitions
 /// is written by one statement — the same rows and chain as the multi-statement path. A batch
 /// it cannot write that way (another process moved the head; a transition that does not move)

@@ -1032,6 +1032,60 @@ async fn runs_a_revoked_agents_planned_steps_never_start() {
     .await;
 }
 
+/// A direct write naming a planned run is refused (`run.planned`, audited): it would run a
+/// planned step out of turn (here while the step before it waits for a person) or add a step
+/// the plan never had. A read there is still answered.
+#[tokio::test]
+async fn runs_refuse_a_direct_write_into_a_planned_run() {
+    each_finance_app(|app| async move {
+        // The planner may also draft notes, so only the run decides.
+        crate::helpers::use_finance_registry_with(
+            &app,
+            "gate: never\n    roles: [worker.finance, worker.comms]\n    handler: {provider: erp, operation: notes.draft}",
+            "gate: never\n    roles: [planner, worker.finance, worker.comms]\n    handler: {provider: erp, operation: notes.draft}",
+        )
+        .await;
+        let (_, planner) = agent(&app, "planner-1", "planner").await;
+        let mut client = Client::new(&app, &planner);
+        client.connect().await;
+        let note = json!({"invoice_id": "INV-20260611", "text": "Planned second"});
+        let hold = json!({"tool": "invoice.hold", "arguments": crate::mcp::hold(json!(1500)),
+                          "reason": "Dispute on line 1 quantities received"});
+        let draft = json!({"tool": "note.draft", "arguments": note.clone(),
+                           "reason": "Note the dispute once the hold is in place"});
+        let (run, steps) = submit(&mut client, vec![hold, draft]).await;
+        wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
+        for arguments in [note, json!({"invoice_id": "INV-20260611", "text": "Not planned"})] {
+            let reply = client
+                .call_meta("note.draft", arguments, json!({"run_id": run}))
+                .await;
+            let body = content(&reply);
+            assert_eq!(body["status"], "refused", "{reply}");
+            assert_eq!(body["rule"], "run.planned", "{reply}");
+        }
+        assert_eq!(effects(&app, "notes.draft").await, 0);
+        let second = app.store.get_step(&steps[1]).await.unwrap();
+        assert_eq!(second.status, StepStatus::Pending);
+        assert_eq!(app.store.steps_for_run(&run).await.unwrap().len(), 2);
+        let refusals = app.store.audit_for_run(&run).await.unwrap();
+        let refusals = refusals
+            .iter()
+            .filter(|r| r.event == "refused" && r.rule.as_deref() == Some("run.planned"));
+        assert_eq!(refusals.count(), 2, "each refusal in the run's trail");
+        // A read in the planned run is still answered.
+        let reply = client
+            .call_meta(
+                "invoice.get",
+                json!({"invoice_id": "INV-20260611"}),
+                json!({"run_id": run}),
+            )
+            .await;
+        assert_eq!(reply["result"]["isError"], false, "{reply}");
+        app
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn runs_a_planned_step_meets_the_schema_in_force_when_it_runs() {
     each_finance_app(|app| async move {
