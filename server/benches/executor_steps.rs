@@ -408,7 +408,7 @@ async fn baseline(
                         assert_eq!(started.rows_affected(), 1, "{step} started once");
                         finish(FINISH).execute(&pool).await
                     }
-                    _ => {
+                    Shape::DurableStartRows | Shape::Overlapped => {
                         let started = start(&start_rows).execute(&pool).await.unwrap();
                         assert_eq!(started.rows_affected(), 2, "{step} started, two rows");
                         finish(&finish_rows).execute(&pool).await

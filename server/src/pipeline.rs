@@ -296,13 +296,13 @@ async fn call_inner(
     };
     let inputs_hash = InputsHash::of(&canonical);
     let run = resolve_run(&ctx, request.run_id.as_deref()).await?;
-    // A planned run's writes run through its plan, in its order, by the executor (which never
-    // comes this way): a direct write naming the run would add a step the plan never had, or
-    // run a planned one out of turn, outside the run's bounds and settling. Reads may gather
-    // evidence there; Countersign's own run tools are not the run's writes.
+    // A planned run's writes run through its plan, in its order, by the executor (which starts
+    // them with `execute_claimed_in`, never through here): a direct write naming the run would
+    // add a step the plan never had, or run a planned one out of turn, outside the run's bounds
+    // and settling. Reads may gather evidence there; Countersign's own run tools are not the
+    // run's writes.
     if run.planned
         && tool.effect != Effect::Read
-        && ctx.caller.executor.is_none()
         && tool.handler.provider.as_str() != crate::runs::PROVIDER
     {
         let mut record = ctx.record(AuditEvent::Refused, None, Some(PLANNED_RUN), Map::new());

@@ -571,22 +571,22 @@ impl Store {
                 // Found, it committed. Not found, it may still commit (the server can be
                 // waiting for the append lock or its flush after the client saw the error):
                 // unknown, never retried.
-                let unknown = |why: &dyn std::fmt::Display| {
+                let unknown_because = |why: &dyn std::fmt::Display| {
                     StoreError::OutcomeUnknown(format!(
                         "a one-trip batch's connection failed ({e}); {why}"
                     ))
                 };
                 let Some(newest) = sealed.last() else {
-                    return Err(unknown(&"it has no record to look up"));
+                    return Err(unknown_because(&"it has no record to look up"));
                 };
                 let stored: Option<String> =
                     sqlx::query_scalar("SELECT hash FROM audit WHERE seq = $1")
                         .bind(newest.seq)
                         .fetch_optional(pool)
                         .await
-                        .map_err(|l| unknown(&format_args!("its look-up failed: {l}")))?;
+                        .map_err(|l| unknown_because(&format_args!("its look-up failed: {l}")))?;
                 if stored.as_deref() != Some(newest.hash.as_str()) {
-                    return Err(unknown(&"not committed yet"));
+                    return Err(unknown_because(&"not committed yet"));
                 }
                 tracing::warn!(error = %e, "one-trip batch committed before its connection failed");
                 // Visible means committed; a synchronous COMMIT is visible only once
