@@ -101,6 +101,12 @@ pub struct AgentRow {
     pub created: String,
     /// `active`, `expired` or `revoked`.
     pub state: String,
+    /// The party its calls are made for; empty when unbound.
+    pub acts_for: String,
+    /// Where its tasks come from (`user`, `schedule`, `monitor`, `external`).
+    pub origin: String,
+    /// For an execution credential, its run; empty otherwise.
+    pub run_id: String,
 }
 
 /// The emergency stop while it is on.
@@ -191,6 +197,10 @@ pub fn notice_text(code: &str) -> Option<&'static str> {
              superseded. Propose again against the current version."
         }
         "revoked" => "Credential revoked. The agent is refused from its next request.",
+        "bound" => {
+            "Saved: the credential's party and task origin apply from its next call. The \
+             change is in the audit trail."
+        }
         "stopped" => {
             "Emergency stop is on: no step that has not started will start, active runs are \
              stopped and their agents' credentials revoked."
@@ -222,6 +232,10 @@ pub fn error_text(code: &str) -> Option<&'static str> {
         "agent" => {
             "The credential could not be created: name, a known role and a tenant are \
              required, the name must be unused, and an expiry looks like 30d or 12h."
+        }
+        "binding" => {
+            "The binding was not saved: the credential must be active and not an execution \
+             credential, and the origin one of user, schedule, monitor or external."
         }
         "unavailable" => "The database did not answer. Nothing was changed; try again.",
         _ => return None,
@@ -708,6 +722,41 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
     let rows = agents
         .into_iter()
         .map(|a| {
+            let bind = (a.state == "active" && a.run_id.is_empty()).then(|| {
+                let action = format!("/admin/agents/{}/binding", a.id);
+                let label = format!("Bind {}", a.name);
+                let origins = ["user", "schedule", "monitor", "external"]
+                    .into_iter()
+                    .map(|o| view! { <option value=o selected=a.origin == o>{o}</option> })
+                    .collect_view();
+                view! {
+                    <form method="post" action=action class="flex flex-wrap items-end gap-1" data-testid="bind-form">
+                        <label class="flex flex-col text-xs">
+                            "Acts for" <input name="acts_for" value=a.acts_for.clone() placeholder="nobody" class=INPUT/>
+                        </label>
+                        <label class="flex flex-col text-xs">
+                            "Origin" <select name="origin" class=INPUT>{origins}</select>
+                        </label>
+                        <button
+                            type="submit"
+                            aria-label=label
+                            data-testid="bind"
+                            class="rounded border border-slate-400 bg-white px-2 py-1 text-xs font-medium hover:bg-slate-50 focus:outline-none focus:ring-2 focus:ring-slate-500"
+                        >
+                            "Save"
+                        </button>
+                    </form>
+                }
+            });
+            let binding = if a.run_id.is_empty() {
+                format!(
+                    "acts for {} · origin {}",
+                    if a.acts_for.is_empty() { "nobody" } else { a.acts_for.as_str() },
+                    a.origin
+                )
+            } else {
+                format!("execution credential of run {}", a.run_id)
+            };
             let revoke = (a.state == "active").then(|| {
                 let action = format!("/admin/agents/{}/revoke", a.id);
                 let label = format!("Revoke {}", a.name);
@@ -731,6 +780,7 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
                     <td class="px-2 py-1">{a.tenant.clone()}</td>
                     <td class="px-2 py-1" data-testid="agent-state">{a.state.clone()}</td>
                     <td class="px-2 py-1 text-xs">{a.created_by.clone()} " · " {a.created.clone()}</td>
+                    <td class="px-2 py-1 text-xs" data-testid="agent-binding">{binding}{bind}</td>
                     <td class="px-2 py-1">{revoke}</td>
                 </tr>
             }
@@ -754,6 +804,7 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
                         <th scope="col" class="px-2 py-1">"Tenant"</th>
                         <th scope="col" class="px-2 py-1">"State"</th>
                         <th scope="col" class="px-2 py-1">"Created"</th>
+                        <th scope="col" class="px-2 py-1">"Acts for"</th>
                         <th scope="col" class="px-2 py-1"><span class="sr-only">"Revoke"</span></th>
                     </tr>
                 </thead>
@@ -772,6 +823,18 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
                 </label>
                 <label class="flex flex-col text-sm">
                     "Expires after (e.g. 30d, optional)" <input name="expires" class=INPUT/>
+                </label>
+                <label class="flex flex-col text-sm">
+                    "Acts for (party, optional)" <input name="acts_for" class=INPUT/>
+                </label>
+                <label class="flex flex-col text-sm">
+                    "Task origin"
+                    <select name="origin" class=INPUT>
+                        <option value="user" selected>"user"</option>
+                        <option value="schedule">"schedule"</option>
+                        <option value="monitor">"monitor"</option>
+                        <option value="external">"external (reads inbound content)"</option>
+                    </select>
                 </label>
                 <button type="submit" class=BUTTON>"Create credential"</button>
             </form>

@@ -290,6 +290,15 @@ pub fn error_text(code: &str) -> Option<&'static str> {
         "step_up" => {
             "This tool needs a recent sign-in. Sign in again, then decide. Nothing was decided."
         }
+        "creator" => {
+            "You created the credential of the agent that proposed this step: you are \
+             accountable for the proposal, so another approver must countersign it. You may \
+             still reject it. Your attempt was recorded."
+        }
+        "acts_for" => {
+            "The agent that proposed this step acts for you: a step made on your behalf needs \
+             another approver. You may still reject it. Your attempt was recorded."
+        }
         "four_eyes" => {
             "Four eyes: you created the credential of the agent that proposed this step, so \
              someone else must approve it."

@@ -12,6 +12,13 @@
 //! * Batch approvals ([`crate::batch`]) go through the same per-step decision.
 //! * The approver is never the principal the run acts for, holds one of the tool's approver
 //!   roles, and signed in recently enough when the tool asks for step-up.
+//! * The approver is never accountable for the proposal, whatever the tool's `four_eyes`
+//!   says: an approval is refused when the approver created the credential of the agent that
+//!   proposed the step or of the run's agent (`approval.creator`), or when either credential
+//!   acts for the approver (`approval.acts_for`). Each such refusal is audited (`refused`,
+//!   with its rule) before it is answered. A person is matched in every form an identity
+//!   takes here (`person:ISS#SUB`, `ISS#SUB`, the bare `SUB`): a match refuses (fail closed).
+//!   Rejections stay open to them: stopping is always safe.
 //! * Four eyes (approvals only; anyone allowed may reject): the proposing agent's credential
 //!   must name a person as its creator (`person:ISS#SUB`) and that person is not the
 //!   approver. A credential whose creator is not a person (a CLI user name, a scenario) cannot
@@ -136,6 +143,25 @@ pub enum DecideError {
     /// The person holds none of the tool's approver roles.
     #[error("you hold none of this tool's approver roles")]
     NotAnApprover,
+    /// The person created the credential of the agent that proposed the step (or of the
+    /// run's agent): they are accountable for the proposal and cannot countersign it.
+    #[error(
+        "you created credential {name:?}, whose agent proposed this step: another approver \
+         must countersign it (you may still reject it)"
+    )]
+    CreatorApproval {
+        /// The credential's name.
+        name: String,
+    },
+    /// The proposing agent (or the run's agent) acts for this person.
+    #[error(
+        "credential {name:?} acts for you: a step made on your behalf needs another \
+         approver (you may still reject it)"
+    )]
+    ActsForApproval {
+        /// The credential's name.
+        name: String,
+    },
     /// The person created the credential of the agent that proposed the step.
     #[error("four eyes: the creator of the proposing agent's credential cannot approve")]
     FourEyes,
@@ -179,6 +205,31 @@ enum Recorded {
 
 const COLUMNS: &str = "id, step_id, inputs_hash, decision, approver_iss, approver_sub, reason, \
      token_hash, decided_at, expires_at";
+
+/// The audit rule of an approval refused to the proposing credential's creator.
+pub const CREATOR_RULE: &str = "approval.creator";
+/// The audit rule of an approval refused to the party the proposing credential acts for.
+pub const ACTS_FOR_RULE: &str = "approval.acts_for";
+
+impl DecideError {
+    /// The audit rule of a refusal that is recorded (the accountable-approver ones).
+    pub fn audited_rule(&self) -> Option<&'static str> {
+        match self {
+            Self::CreatorApproval { .. } => Some(CREATOR_RULE),
+            Self::ActsForApproval { .. } => Some(ACTS_FOR_RULE),
+            Self::NotWaiting(_)
+            | Self::Expired
+            | Self::SelfApproval
+            | Self::NoReason
+            | Self::NotAnApprover
+            | Self::FourEyes
+            | Self::FourEyesUnknownCreator { .. }
+            | Self::AlreadyDecided
+            | Self::StepUpRequired { .. }
+            | Self::Store(_) => None,
+        }
+    }
+}
 
 impl Store {
     /// Records `approver`'s verdict on `step_id` (which must be at `needs_approval`, within
@@ -238,11 +289,15 @@ impl Store {
         }
         let run = self.get_run(&step.run_id).await?;
         let person = format!("person:{}#{}", approver.iss, approver.sub);
-        if run.principal == approver.sub
-            || run.principal == person
-            || run.principal == format!("{}#{}", approver.iss, approver.sub)
-        {
+        if names_person(&run.principal, approver) {
             return Err(DecideError::SelfApproval);
+        }
+        if verdict == Verdict::Approved
+            && let Some(refusal) = self.accountable(&step, &run, approver).await?
+        {
+            self.record_refused_decision(&step, &person, &refusal, reason)
+                .await?;
+            return Err(refusal);
         }
         if rules.four_eyes
             && verdict == Verdict::Approved
@@ -327,6 +382,71 @@ impl Store {
         }
         let token = (verdict == Verdict::Approved).then(|| Secret::new(token));
         Ok((approval, token))
+    }
+
+    /// The refusal an approval by `approver` meets because they are accountable for the
+    /// proposal: they created, or are the party of, the credential that proposed `step` or
+    /// the one `run` belongs to. `None` when neither applies.
+    async fn accountable(
+        &self,
+        step: &Step,
+        run: &crate::store::Run,
+        approver: &Approver,
+    ) -> Result<Option<DecideError>, StoreError> {
+        let mut ids: Vec<&str> = step.agent_id.iter().map(String::as_str).collect();
+        if let Some(id) = run.agent_id.as_deref()
+            && !ids.contains(&id)
+        {
+            ids.push(id);
+        }
+        for id in ids {
+            let agent = match self.get_agent(id).await {
+                Ok(a) => a,
+                // INVARIANT: a step names only credentials that existed; one that cannot be
+                // read now cannot be told apart from the approver (fail closed).
+                Err(StoreError::NotFound) => {
+                    return Ok(Some(DecideError::CreatorApproval { name: id.into() }));
+                }
+                Err(e) => return Err(e),
+            };
+            if names_person(&agent.created_by, approver) {
+                return Ok(Some(DecideError::CreatorApproval { name: agent.name }));
+            }
+            if agent
+                .acts_for
+                .as_deref()
+                .is_some_and(|party| names_person(party, approver))
+            {
+                return Ok(Some(DecideError::ActsForApproval { name: agent.name }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Appends the `refused` record of an approval refused by [`Store::accountable`].
+    async fn record_refused_decision(
+        &self,
+        step: &Step,
+        person: &str,
+        refusal: &DecideError,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let mut detail = serde_json::Map::new();
+        detail.insert("verdict".into(), json!(Verdict::Approved.as_str()));
+        detail.insert("inputs_hash".into(), json!(step.inputs_hash));
+        detail.insert("reason".into(), json!(reason));
+        detail.insert("refusal".into(), json!(refusal.to_string()));
+        self.append_audit(&NewAuditRecord {
+            event: Some(AuditEvent::Refused),
+            run_id: Some(step.run_id.clone()),
+            step_id: Some(step.id.clone()),
+            tool: Some(step.tool.clone()),
+            actor: Some(person.to_string()),
+            rule: refusal.audited_rule().map(str::to_string),
+            detail,
+        })
+        .await?;
+        Ok(())
     }
 
     /// [decision] Stores `approval` and makes the transition `transition(approvals)` builds
@@ -478,6 +598,16 @@ pub fn is_person(who: &str) -> bool {
     who.strip_prefix("person:")
         .and_then(|w| w.split_once('#'))
         .is_some_and(|(iss, sub)| !iss.is_empty() && !sub.is_empty())
+}
+
+/// Whether `who` names `approver` in any form an identity takes here: `person:ISS#SUB`,
+/// `ISS#SUB` or the bare subject.
+pub fn names_person(who: &str, approver: &Approver) -> bool {
+    let who = who.trim();
+    !who.is_empty()
+        && (who == approver.sub
+            || who == format!("{}#{}", approver.iss, approver.sub)
+            || who == format!("person:{}#{}", approver.iss, approver.sub))
 }
 
 /// Four eyes: `created_by` must be a person (`person:ISS#SUB`) other than `approver`.

@@ -168,6 +168,8 @@ pub fn decide_code(e: &DecideError) -> &'static str {
         DecideError::SelfApproval => "self_approval",
         DecideError::NoReason => "no_reason",
         DecideError::NotAnApprover => "not_an_approver",
+        DecideError::CreatorApproval { .. } => "creator",
+        DecideError::ActsForApproval { .. } => "acts_for",
         DecideError::FourEyes => "four_eyes",
         DecideError::FourEyesUnknownCreator { .. } => "four_eyes_unknown",
         DecideError::AlreadyDecided => "already_decided",

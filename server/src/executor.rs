@@ -98,9 +98,8 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     let step_id = step.id.clone();
     // The run, its agent and the call's context in one read (the pipeline checks the
     // credential; the start is guarded against a cancel or a stop that lands after this).
-    let binding = (crate::standing::SYSTEM, crate::standing::ACTS_FOR);
     let (run, agent, context, recent, later_open) = match store
-        .planned_call(&step.run_id, step.seq, EMERGENCY_STOP, binding)
+        .planned_call(&step.run_id, step.seq, EMERGENCY_STOP)
         .await
     {
         Ok(call) => (

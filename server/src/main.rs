@@ -121,7 +121,33 @@ enum AgentTokenCommand {
         #[arg(long)]
         expires: Option<String>,
         /// Who is creating it (recorded); defaults to $USER. Four eyes needs a person here,
-        /// named person:ISS#SUB (their OIDC issuer and subject).
+        /// named person:ISS#SUB (their OIDC issuer and subject). This person can never
+        /// approve the agent's gated steps.
+        #[arg(long)]
+        by: Option<String>,
+        /// The party the agent's calls are made for (checked by standing authorizations;
+        /// that party can never approve the agent's gated steps).
+        #[arg(long)]
+        acts_for: Option<String>,
+        /// Where the agent's tasks come from: user, schedule, monitor or external (e.g. an
+        /// agent that reads inbound e-mail). Policy sees it; the agent cannot change it.
+        #[arg(long, default_value = "user")]
+        origin: String,
+    },
+    /// Set who a credential acts for and where its tasks come from (audited, agent.bound).
+    Bind {
+        /// Credential id, or the name of an active credential.
+        id_or_name: String,
+        /// The party its calls are made for.
+        #[arg(long, conflicts_with = "unbind")]
+        acts_for: Option<String>,
+        /// Remove the party binding.
+        #[arg(long)]
+        unbind: bool,
+        /// user, schedule, monitor or external; unchanged when left out.
+        #[arg(long)]
+        origin: Option<String>,
+        /// Who is changing it (recorded in the audit); defaults to $USER.
         #[arg(long)]
         by: Option<String>,
     },
@@ -502,6 +528,15 @@ async fn registry_command(store: &Store, command: RegistryCommand) -> Result<(),
     }
 }
 
+/// `--origin`'s text as a task origin.
+fn parse_origin(text: &str) -> Result<countersign_core::policy::TaskOrigin, CliError> {
+    countersign_core::policy::TaskOrigin::parse(text).ok_or_else(|| {
+        CliError::Refused(format!(
+            "--origin {text:?}: one of user, schedule, monitor, external"
+        ))
+    })
+}
+
 fn who(by: Option<String>) -> String {
     by.or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "cli".to_string())
@@ -515,8 +550,11 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
             tenant,
             expires,
             by,
+            acts_for,
+            origin,
         } => {
             let creator = who(by);
+            let origin = parse_origin(&origin)?;
             if creator.starts_with("person:") && !is_person(&creator) {
                 return Err(CliError::Refused(format!(
                     "--by {creator:?}: a person is named person:ISS#SUB (the OIDC issuer and \
@@ -570,6 +608,8 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
                     tenant,
                     created_by: creator,
                     expires_at,
+                    acts_for,
+                    origin,
                 })
                 .await
                 .map_err(|e| CliError::Refused(e.to_string()))?;
@@ -578,6 +618,41 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
                 cred.id, cred.name, cred.role, cred.tenant
             );
             println!("{}", token.reveal());
+            Ok(())
+        }
+        AgentTokenCommand::Bind {
+            id_or_name,
+            acts_for,
+            unbind,
+            origin,
+            by,
+        } => {
+            let current = store.find_agent(&id_or_name).await.map_err(|e| match e {
+                countersign_core::StoreError::NotFound => CliError::Refused(format!(
+                    "no credential with id or active name {id_or_name:?}"
+                )),
+                other => CliError::Start(StartError::Database(other)),
+            })?;
+            let acts_for = match (acts_for, unbind) {
+                (Some(party), _) => Some(party),
+                (None, true) => None,
+                (None, false) => current.acts_for.clone(),
+            };
+            let origin = match origin {
+                Some(text) => parse_origin(&text)?,
+                None => parse_origin(&current.origin)?,
+            };
+            let cred = store
+                .bind_agent(&current.id, acts_for.as_deref(), origin, &who(by))
+                .await
+                .map_err(|e| CliError::Refused(e.to_string()))?;
+            println!(
+                "{} ({}) acts for {} with origin {}",
+                cred.id,
+                cred.name,
+                cred.acts_for.as_deref().unwrap_or("nobody"),
+                cred.origin
+            );
             Ok(())
         }
         AgentTokenCommand::List => {
@@ -589,8 +664,19 @@ async fn agent_token_command(store: &Store, command: AgentTokenCommand) -> Resul
                     (None, _) => "active",
                 };
                 println!(
-                    "{}  {:<24} {:<22} tenant={} {} created_by={}",
-                    a.id, a.name, a.role, a.tenant, state, a.created_by
+                    "{}  {:<24} {:<22} tenant={} {} created_by={} acts_for={} origin={}{}",
+                    a.id,
+                    a.name,
+                    a.role,
+                    a.tenant,
+                    state,
+                    a.created_by,
+                    a.acts_for.as_deref().unwrap_or("-"),
+                    a.origin,
+                    a.run_id
+                        .as_deref()
+                        .map(|r| format!(" run={r}"))
+                        .unwrap_or_default()
                 );
             }
             Ok(())

@@ -89,6 +89,71 @@ pub struct CallRequest {
     /// `_meta.step_id`: the step this call means (its state is reported; different inputs
     /// are refused as `idempotency.mismatch`).
     pub step_id: Option<String>,
+    /// What the agent says about itself (`_meta.model`, `_meta.prompt_revision`) and the
+    /// W3C `traceparent` it sent, if any.
+    pub provenance: Provenance,
+}
+
+/// What a caller declares about the call: recorded as declared, never trusted for a decision.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Provenance {
+    /// The model id the agent says it runs.
+    pub model: Option<String>,
+    /// The prompt revision the agent says it runs.
+    pub prompt_revision: Option<String>,
+    /// The trace id of a W3C `traceparent` the client sent (32 lowercase hex digits).
+    pub trace_id: Option<String>,
+}
+
+/// How much of a declared text is kept.
+const DECLARED_MAX: usize = 200;
+
+impl Provenance {
+    /// Reads `_meta.model`, `_meta.prompt_revision` and a `traceparent` (from `_meta` or the
+    /// HTTP header): each bounded; a malformed `traceparent` is ignored.
+    pub fn read(meta: impl Fn(&str) -> Option<String>, header: Option<&str>) -> Self {
+        let bounded = |t: String| -> Option<String> {
+            let t: String = t.trim().chars().take(DECLARED_MAX).collect();
+            (!t.is_empty()).then_some(t)
+        };
+        Self {
+            model: meta("model").and_then(bounded),
+            prompt_revision: meta("prompt_revision").and_then(bounded),
+            trace_id: meta("traceparent")
+                .as_deref()
+                .or(header)
+                .and_then(traceparent_trace_id),
+        }
+    }
+
+    /// The `declared` detail of a record: what the agent said, marked as its word.
+    fn declared(&self) -> Option<Value> {
+        (self.model.is_some() || self.prompt_revision.is_some()).then(|| {
+            json!({"model": self.model, "prompt_revision": self.prompt_revision,
+                   "source": "declared by the agent, not verified"})
+        })
+    }
+}
+
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`); `None` when it is
+/// malformed or the all-zero id.
+pub fn traceparent_trace_id(header: &str) -> Option<String> {
+    let mut parts = header.trim().split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let well_formed = hex(version, 2)
+        && version != "ff"
+        && hex(trace, 32)
+        && hex(parent, 16)
+        && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0')
+        && (version != "00" || parts.next().is_none());
+    well_formed.then(|| trace.to_string())
 }
 
 /// What the caller hears.
@@ -136,7 +201,13 @@ struct Ctx<'a> {
     caller: &'a Caller,
     loaded: &'a Loaded,
     tool: &'a Tool,
+    /// This attempt's id: the owner of the key it reserves (never shared by two attempts).
     trace_id: String,
+    /// The action's trace id, shared by every record from proposal to outcome and sent to
+    /// the target: the client's `traceparent` trace id, the planned step's, or new.
+    trace: String,
+    /// What the caller declared about itself.
+    provenance: Provenance,
     /// Set when this call's closing transition moved the step to `done` and ended the
     /// executor's lease with it ([`execute_claimed_in`]).
     closed_done: Option<&'a AtomicBool>,
@@ -161,6 +232,10 @@ impl Ctx<'_> {
         rule: Option<&str>,
         detail: Map<String, Value>,
     ) -> (AuditEvent, NewAuditRecord) {
+        let mut detail = detail;
+        detail
+            .entry("trace_id")
+            .or_insert_with(|| json!(self.trace));
         (
             event,
             NewAuditRecord {
@@ -278,6 +353,12 @@ async fn call_inner(
         loaded,
         tool,
         trace_id: uuid::Uuid::new_v4().to_string(),
+        trace: request
+            .provenance
+            .trace_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        provenance: request.provenance.clone(),
         closed_done: None,
     };
 
@@ -369,7 +450,7 @@ async fn call_inner(
             .unwrap_or_default(),
         evidence: Vec::new(),
         observed: None,
-        trace_id: ctx.trace_id.clone(),
+        trace_id: ctx.trace.clone(),
         status: StepStatus::Pending,
     };
     // [reads] A read's row is written with its outcome (or when it is parked or refused
@@ -442,7 +523,8 @@ async fn resolve_run(ctx: &Ctx<'_>, requested: Option<&str>) -> Result<Run, Inte
                 principal: format!("agent:{}", credential.id),
                 agent_id: Some(credential.id.clone()),
                 task,
-                origin: "user".into(),
+                // The operator's word on where this agent's tasks come from; never the model's.
+                origin: credential.origin.clone(),
                 planned: false,
             },
         )
@@ -664,7 +746,6 @@ async fn execute(
                     crate::executor::EMERGENCY_STOP,
                     &credential.tenant,
                     &credential.id,
-                    (crate::standing::SYSTEM, crate::standing::ACTS_FOR),
                     store.clock().now_ms(),
                 )
                 .await?
@@ -699,11 +780,15 @@ async fn execute(
             .valid_approval(&step, canonical, rules.approvals_needed)
             .await?
     };
-    let origin = match run.origin.as_str() {
-        "schedule" => TaskOrigin::Schedule,
-        "monitor" => TaskOrigin::Monitor,
-        "external" => TaskOrigin::External,
-        _ => TaskOrigin::User,
+    // The run's origin, or the credential's when that is now `external` (an operator who
+    // learns the agent reads inbound content says so once, for its open runs too); a text
+    // that is no origin is read as `external`, the least trusted (fail closed).
+    let origin = match (
+        TaskOrigin::parse(&run.origin),
+        TaskOrigin::parse(&ctx.caller.credential.origin),
+    ) {
+        (_, Some(TaskOrigin::External) | None) | (None, _) => TaskOrigin::External,
+        (Some(origin), Some(_)) => origin,
     };
     let (acts_for, authorizations) = (world.party, world.grants);
     let report = ctx.loaded.bundle.policy.decide(&Request {
@@ -742,6 +827,9 @@ async fn execute(
             ("idem_key", json!(step.idem_key)),
             ("effect", json!(ctx.tool.effect.as_str())),
             ("policy_ids", json!(report.policy_ids)),
+            ("registry_version", json!(ctx.loaded.version)),
+            ("task_origin", json!(origin.as_str())),
+            ("declared", ctx.provenance.declared().unwrap_or(Value::Null)),
         ]),
     );
     // Only from the status this caller read (`pending`, or `failed` when `replay` found it
@@ -859,7 +947,8 @@ async fn execute(
         Some(&rule),
         detail(&[
             ("idem_key", json!(step.idem_key)),
-            ("trace_id", json!(ctx.trace_id)),
+            ("trace_id", json!(ctx.trace)),
+            ("attempt", json!(ctx.trace_id)),
         ]),
     );
     // [reads] A read has no effect to guard and no key: it is not taken before its call;
@@ -935,7 +1024,7 @@ async fn execute(
         arguments,
         idem_key: step.idem_key.clone(),
         approval_token: approval.as_ref().map(|a| a.id.clone()),
-        trace_id: ctx.trace_id.clone(),
+        trace_id: ctx.trace.clone(),
         tenant: run.tenant.clone(),
         acts_for,
         resend: step.attempts > 1,
@@ -1306,6 +1395,12 @@ pub async fn execute_claimed_in(
         loaded: &loaded,
         tool,
         trace_id: uuid::Uuid::new_v4().to_string(),
+        // The planned step's trace, from its proposal on.
+        trace: step
+            .trace_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        provenance: Provenance::default(),
         closed_done,
     };
     let canonical = CanonicalJson::from_canonical_text(&step.inputs)

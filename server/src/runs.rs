@@ -45,7 +45,7 @@ pub async fn invoke(
 ) -> Result<Value, AdapterError> {
     let args = &call.arguments;
     match call.operation.as_str() {
-        "plan.submit" => submit(state, caller, args).await,
+        "plan.submit" => submit(state, caller, args, &call.trace_id).await,
         "run.status" => status(state, caller, text(args, "run_id")?).await,
         "run.cancel" => cancel(state, caller, text(args, "run_id")?, text(args, "reason")?).await,
         "step.list" => list(state, caller, args).await,
@@ -86,7 +86,14 @@ struct Planned {
     observed: Option<String>,
 }
 
-async fn submit(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, AdapterError> {
+/// `plan.submit`: `trace` (the submission's trace id) follows every step it opens, from its
+/// proposal to its outcome.
+async fn submit(
+    state: &AppState,
+    caller: &Caller,
+    args: &Value,
+    trace: &str,
+) -> Result<Value, AdapterError> {
     let Some(loaded) = state.registry.current() else {
         return Err(AdapterError::Unavailable("no registry in force".into()));
     };
@@ -189,7 +196,8 @@ async fn submit(state: &AppState, caller: &Caller, args: &Value) -> Result<Value
             principal: format!("agent:{}", caller.credential.id),
             agent_id: Some(caller.credential.id.clone()),
             task: task.to_string(),
-            origin: "user".into(),
+            // The operator's word on where this agent's tasks come from; never the model's.
+            origin: caller.credential.origin.clone(),
             planned: true,
         })
         .await
@@ -208,7 +216,7 @@ async fn submit(state: &AppState, caller: &Caller, args: &Value) -> Result<Value
                 reason: p.reason.clone(),
                 evidence: p.evidence.clone(),
                 observed: p.observed,
-                trace_id: uuid::Uuid::new_v4().to_string(),
+                trace_id: trace.to_string(),
                 status: StepStatus::Pending,
             })
             .await
@@ -218,6 +226,7 @@ async fn submit(state: &AppState, caller: &Caller, args: &Value) -> Result<Value
         detail.insert("evidence".into(), json!(p.evidence));
         detail.insert("inputs_hash".into(), json!(step.inputs_hash));
         detail.insert("role".into(), json!(p.role));
+        detail.insert("trace_id".into(), json!(trace));
         state
             .store
             .append_audit(&NewAuditRecord {

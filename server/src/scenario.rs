@@ -782,7 +782,7 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
                 if actor.approver_role.is_some() {
                     return Err(setup(format!("actor {name}: approver_role is for people")));
                 }
-                let (credential, token) = target
+                let (_, token) = target
                     .store
                     .create_agent(&NewAgent {
                         name: format!("{name}-{}", &nonce[..8]),
@@ -790,19 +790,12 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
                         tenant: actor.tenant.clone().unwrap_or_else(|| "acme".into()),
                         created_by: format!("scenario:{}", scenario.name),
                         expires_at: None,
+                        // The operator's binding, made as the credential is created.
+                        acts_for: actor.acts_for.clone(),
+                        origin: countersign_core::policy::TaskOrigin::User,
                     })
                     .await
                     .map_err(|e| setup(format!("agent {name}: {e}")))?;
-                if let Some(party) = &actor.acts_for {
-                    crate::standing::bind_party(
-                        &target.store,
-                        &credential.id,
-                        &credential.tenant,
-                        party,
-                    )
-                    .await
-                    .map_err(|e| setup(format!("agent {name} acting for {party}: {e}")))?;
-                }
                 runner
                     .tokens
                     .insert(name.clone(), token.reveal().to_string());

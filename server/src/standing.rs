@@ -1,13 +1,13 @@
 //! Who a call is made for, and the standing authorizations that party holds.
 //!
-//! * The party: INTERIM STORAGE in `demo_objects` under system [`SYSTEM`] (`countersign`),
-//!   kind [`ACTS_FOR`], id = an agent credential id, data `{"party": "user-123"}`: the person
-//!   that credential's runs act for (seed 004: the StillOn agents act for the traveller).
+//! * The party: the credential's `acts_for`, which an operator sets (`agent-token create
+//!   --acts-for`, `agent-token bind`, the admin page or `POST /api/admin/agents/{id}/binding`),
+//!   each change audited (`agent.bound`): the person that credential's runs act for (seed
+//!   004: the StillOn agents act for the traveller).
 //! * The grants: table `standing_authorizations` ([`countersign_core::store::Standing`]),
 //!   managed with `countersign standing grant|list|revoke`, each change audited.
 //!
 //! Invariants (fail closed):
-//! * A binding of another tenant than the credential's is ignored.
 //! * No binding → no `acts_for` (the policy engine then checks ownership against the agent
 //!   itself, which owns nothing).
 //! * Both are read for a call by [`Store::call_context`] (on `/mcp` with the credential check),
@@ -21,31 +21,6 @@
 use countersign_core::policy::{AuthorizationCondition, StandingAuthorization};
 use countersign_core::store::{NewStanding, StandingError};
 use countersign_core::{Store, StoreError};
-use serde_json::json;
-
-/// The pseudo-system the interim party bindings live under.
-pub const SYSTEM: &str = "countersign";
-/// Kind of an agent → party binding.
-pub const ACTS_FOR: &str = "acts_for";
-
-/// Records that `credential_id`'s calls are made for `party` (tenant `tenant`).
-pub async fn bind_party(
-    store: &Store,
-    credential_id: &str,
-    tenant: &str,
-    party: &str,
-) -> Result<(), StoreError> {
-    store
-        .demo_put(
-            SYSTEM,
-            ACTS_FOR,
-            credential_id,
-            tenant,
-            &json!({ "party": party }).to_string(),
-        )
-        .await?;
-    Ok(())
-}
 
 /// Who the demo's seeded grants are recorded as granted by.
 pub const SEEDER: &str = "seed:stillon";

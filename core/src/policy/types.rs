@@ -214,6 +214,14 @@ pub enum TaskOrigin {
 }
 
 impl TaskOrigin {
+    /// Every origin, in the order they are documented.
+    pub const ALL: [Self; 4] = [Self::User, Self::Schedule, Self::Monitor, Self::External];
+
+    /// The origin `text` names (`user`, `schedule`, `monitor`, `external`); `None` otherwise.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == text)
+    }
+
     /// The text policies see in `context.call.task_origin`.
     pub fn as_str(self) -> &'static str {
         match self {

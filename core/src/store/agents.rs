@@ -24,6 +24,7 @@ use crate::agents::{AgentToken, RandomnessError};
 use crate::audit::{
     AuditEvent, FAILURE_PAGE, NewAuditRecord, RECENT_EVENTS_SQL, append_in_tx, parse_recent_events,
 };
+use crate::policy::TaskOrigin;
 
 /// What is needed to create a credential.
 #[derive(Debug, Clone)]
@@ -38,6 +39,10 @@ pub struct NewAgent {
     pub created_by: String,
     /// Expiry, Unix ms; `None` never expires.
     pub expires_at: Option<i64>,
+    /// The party its calls are made for (an operator's binding), if any.
+    pub acts_for: Option<String>,
+    /// Where its tasks come from (policy's `task_origin`), as the operator declares it.
+    pub origin: TaskOrigin,
 }
 
 /// A stored credential (never the token).
@@ -59,6 +64,12 @@ pub struct AgentCredential {
     pub expires_at: Option<i64>,
     /// Unix ms, if revoked.
     pub revoked_at: Option<i64>,
+    /// The party its calls are made for, if an operator bound one.
+    pub acts_for: Option<String>,
+    /// Where its tasks come from (`user`, `schedule`, `monitor`, `external`).
+    pub origin: String,
+    /// For an execution credential: the one run whose steps it may run.
+    pub run_id: Option<String>,
 }
 
 /// What [`Store::planned_call`] reads.
@@ -88,8 +99,6 @@ pub struct ContextHint<'a> {
     pub run_id: &'a str,
     /// The switch the call checks (the emergency stop).
     pub switch: &'a str,
-    /// Where the agent → party binding lives: `(system, kind)` in `demo_objects`.
-    pub binding: (&'a str, &'a str),
 }
 
 /// Why a presented token was refused. The client only ever sees "unauthorized".
@@ -120,7 +129,7 @@ pub enum CreateAgentError {
     Store(#[from] StoreError),
 }
 
-const COLUMNS: &str = "id, name, role, tenant, created_by, created_at, expires_at, revoked_at";
+const COLUMNS: &str = "id, name, role, tenant, created_by, created_at, expires_at, revoked_at, acts_for, origin, run_id";
 
 fn taken(name: &str) -> CreateAgentError {
     CreateAgentError::Invalid(format!("an active credential is already named {name:?}"))
@@ -145,13 +154,18 @@ impl Store {
                 )));
             }
         }
+        if new.acts_for.as_deref().is_some_and(|p| p.trim().is_empty()) {
+            return Err(CreateAgentError::Invalid(
+                "acts_for must name a party (or be left out)".into(),
+            ));
+        }
         if self.find_active_agent_by_name(&new.name).await?.is_some() {
             return Err(taken(&new.name));
         }
         let token = AgentToken::generate()?;
         let id = Uuid::new_v4().to_string();
         let now = self.clock.now_ms();
-        let audit = record(
+        let mut audit = record(
             CREATED_RULE,
             &new.created_by,
             &id,
@@ -160,6 +174,10 @@ impl Store {
             &new.tenant,
             new.expires_at,
         );
+        audit.detail.insert("acts_for".into(), json!(new.acts_for));
+        audit
+            .detail
+            .insert("origin".into(), json!(new.origin.as_str()));
         let inserted: Result<bool, StoreError> = async {
             Ok(write_audited!(
                 self,
@@ -168,8 +186,8 @@ impl Store {
                 sqlx::query(
                     "INSERT INTO agent_credentials
                        (id, name, role, tenant, token_hash, created_by, created_at, expires_at,
-                        revoked_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL)",
+                        revoked_at, acts_for, origin)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10)",
                 )
                 .bind(&id)
                 .bind(&new.name)
@@ -179,6 +197,8 @@ impl Store {
                 .bind(&new.created_by)
                 .bind(now)
                 .bind(new.expires_at)
+                .bind(&new.acts_for)
+                .bind(new.origin.as_str())
             ))
         }
         .await;
@@ -240,15 +260,7 @@ impl Store {
         id_or_name: &str,
         by: &str,
     ) -> Result<AgentCredential, StoreError> {
-        // An id first: a name that happens to spell another credential's id never wins.
-        let cred = match self.get_agent(id_or_name).await {
-            Ok(a) => a,
-            Err(StoreError::NotFound) => self
-                .find_active_agent_by_name(id_or_name)
-                .await?
-                .ok_or(StoreError::NotFound)?,
-            Err(e) => return Err(e),
-        };
+        let cred = self.find_agent(id_or_name).await?;
         if cred.revoked_at.is_some() {
             return Ok(cred);
         }
@@ -276,6 +288,96 @@ impl Store {
         self.get_agent(&cred.id).await
     }
 
+    /// Sets who `id_or_name`'s calls are made for (`acts_for`; `None` unbinds) and where its
+    /// tasks come from (`origin`), as operator `by`, with its audit record (rule
+    /// `agent.bound`, old and new values) in the same transaction. Refused for a revoked
+    /// credential, an execution credential (it takes its run's binding when minted) and an
+    /// empty party. Setting what is already set records nothing.
+    pub async fn bind_agent(
+        &self,
+        id_or_name: &str,
+        acts_for: Option<&str>,
+        origin: TaskOrigin,
+        by: &str,
+    ) -> Result<AgentCredential, CreateAgentError> {
+        if acts_for.is_some_and(|p| p.trim().is_empty()) {
+            return Err(CreateAgentError::Invalid(
+                "acts_for must name a party (or be left out to unbind)".into(),
+            ));
+        }
+        if by.trim().is_empty() {
+            return Err(CreateAgentError::Invalid("by must not be empty".into()));
+        }
+        let cred = self.find_agent(id_or_name).await?;
+        if cred.revoked_at.is_some() {
+            return Err(CreateAgentError::Invalid(format!(
+                "credential {:?} is revoked",
+                cred.name
+            )));
+        }
+        if cred.run_id.is_some() {
+            return Err(CreateAgentError::Invalid(format!(
+                "credential {:?} is an execution credential: it acts for its run's party",
+                cred.name
+            )));
+        }
+        if cred.acts_for.as_deref() == acts_for && cred.origin == origin.as_str() {
+            return Ok(cred);
+        }
+        let now = self.clock.now_ms();
+        let mut audit = record(
+            BOUND_RULE,
+            by,
+            &cred.id,
+            &cred.name,
+            &cred.role,
+            &cred.tenant,
+            cred.expires_at,
+        );
+        audit.detail.insert("acts_for".into(), json!(acts_for));
+        audit.detail.insert("origin".into(), json!(origin.as_str()));
+        audit
+            .detail
+            .insert("was_acts_for".into(), json!(cred.acts_for));
+        audit.detail.insert("was_origin".into(), json!(cred.origin));
+        // Only the row as read is changed: a concurrent change makes this one a no-op.
+        let written = write_audited!(
+            self,
+            audit,
+            now,
+            sqlx::query(
+                "UPDATE agent_credentials SET acts_for = $1, origin = $2
+                  WHERE id = $3 AND revoked_at IS NULL AND origin = $4
+                    AND COALESCE(acts_for, '') = COALESCE($5, '')",
+            )
+            .bind(acts_for)
+            .bind(origin.as_str())
+            .bind(&cred.id)
+            .bind(&cred.origin)
+            .bind(&cred.acts_for)
+        );
+        if !written {
+            return Err(CreateAgentError::Invalid(format!(
+                "credential {:?} changed meanwhile; read it again",
+                cred.name
+            )));
+        }
+        Ok(self.get_agent(&cred.id).await?)
+    }
+
+    /// The credential with this id, else the active one with this name.
+    pub async fn find_agent(&self, id_or_name: &str) -> Result<AgentCredential, StoreError> {
+        // An id first: a name that happens to spell another credential's id never wins.
+        match self.get_agent(id_or_name).await {
+            Ok(a) => Ok(a),
+            Err(StoreError::NotFound) => self
+                .find_active_agent_by_name(id_or_name)
+                .await?
+                .ok_or(StoreError::NotFound),
+            Err(e) => Err(e),
+        }
+    }
+
     /// [`Store::authenticate_agent`] and, in the same statement, the [`CallContext`] of the call
     /// `hint` expects this token to make (its agent's run; see [`Store::call_context`]). The
     /// context is answered only when the token turns out to be `hint.agent_id`'s and the run
@@ -289,17 +391,15 @@ impl Store {
             return Ok((Err(AuthError::Unknown), None));
         }
         let now = self.clock.now_ms();
-        let sql = ContextSql::numbered("(SELECT tenant FROM c)").fill(
-            &format!(
-                "WITH c AS (SELECT {COLUMNS} FROM agent_credentials WHERE token_hash = $1),
+        let sql = ContextSql::numbered("(SELECT tenant FROM c)").fill(&format!(
+            "WITH c AS (SELECT {COLUMNS} FROM agent_credentials WHERE token_hash = $1),
                       {CONTEXT_CTE}
                  SELECT c.id, c.name, c.role, c.tenant, c.created_by, c.created_at,
-                        c.expires_at, c.revoked_at, {CONTEXT_COLUMNS}
+                        c.expires_at, c.revoked_at, c.acts_for, c.origin, c.run_id,
+                        {CONTEXT_COLUMNS}
                    FROM c LEFT JOIN runs r ON r.id = $2 {CONTEXT_GRANTS_JOIN}
                   ORDER BY s.granted_at, s.id"
-            ),
-            &self.pool,
-        );
+        ));
         let hash = token.hash();
         macro_rules! decode {
             ($rows:expr) => {{
@@ -310,9 +410,6 @@ impl Store {
                         cred = Some(AgentCredential::from_row(&r)?);
                     }
                     ctx.push((
-                        r.try_get(8)?,
-                        r.try_get(9)?,
-                        r.try_get(10)?,
                         r.try_get(11)?,
                         r.try_get(12)?,
                         r.try_get(13)?,
@@ -325,6 +422,9 @@ impl Store {
                         r.try_get(20)?,
                         r.try_get(21)?,
                         r.try_get(22)?,
+                        r.try_get(23)?,
+                        r.try_get(24)?,
+                        r.try_get(25)?,
                     ));
                 }
                 (cred, ctx)
@@ -335,8 +435,6 @@ impl Store {
                 .bind(&hash)
                 .bind(hint.run_id)
                 .bind(hint.switch)
-                .bind(hint.binding.0)
-                .bind(hint.binding.1)
                 .bind(hint.agent_id)
                 .bind(now)
                 .fetch_all(p)
@@ -368,22 +466,18 @@ impl Store {
         run_id: &str,
         step_seq: i64,
         switch: &str,
-        binding: (&str, &str),
     ) -> Result<PlannedCall, StoreError> {
         let now = self.clock.now_ms();
         let sql = ContextSql {
             tenant: "(SELECT tenant FROM c)",
             switch: "$2",
-            system: "$3",
-            kind: "$4",
             agent: "(SELECT id FROM c)",
-            now: "$5",
+            now: "$3",
         }
-        .fill(
-            &format!(
-                "WITH r AS (SELECT {RUN_COLUMNS}, {recent} AS recent_events,
+        .fill(&format!(
+            "WITH r AS (SELECT {RUN_COLUMNS}, {recent} AS recent_events,
                              (SELECT COUNT(*) FROM steps s WHERE s.run_id = runs.id
-                                 AND s.seq > $6 AND s.status <> 'done') AS later_open
+                                 AND s.seq > $4 AND s.status <> 'done') AS later_open
                               FROM runs WHERE id = $1),
                       c AS (SELECT {COLUMNS} FROM agent_credentials
                              WHERE id = (SELECT agent_id FROM r)),
@@ -391,15 +485,14 @@ impl Store {
                  SELECT r.*, c.id AS c_id, c.name AS c_name, c.role AS c_role,
                         c.tenant AS c_tenant, c.created_by AS c_created_by,
                         c.created_at AS c_created_at, c.expires_at AS c_expires_at,
-                        c.revoked_at AS c_revoked_at, {CONTEXT_COLUMNS}
+                        c.revoked_at AS c_revoked_at, c.acts_for AS c_acts_for,
+                        c.origin AS c_origin, c.run_id AS c_run_id, {CONTEXT_COLUMNS}
                    FROM r LEFT JOIN c ON 1 = 1 {CONTEXT_GRANTS_JOIN}
                   ORDER BY s.granted_at, s.id",
-                recent = RECENT_EVENTS_SQL
-                    .replace("{run}", "runs.id")
-                    .replace("{limit}", &FAILURE_PAGE.to_string()),
-            ),
-            &self.pool,
-        );
+            recent = RECENT_EVENTS_SQL
+                .replace("{run}", "runs.id")
+                .replace("{limit}", &FAILURE_PAGE.to_string()),
+        ));
         macro_rules! decode {
             ($rows:expr) => {{
                 let mut run: Option<RunRow> = None;
@@ -423,13 +516,13 @@ impl Store {
                                 created_at: r.try_get(19)?,
                                 expires_at: r.try_get(20)?,
                                 revoked_at: r.try_get(21)?,
+                                acts_for: r.try_get(22)?,
+                                origin: r.try_get(23)?,
+                                run_id: r.try_get(24)?,
                             });
                         }
                     }
                     ctx.push((
-                        r.try_get(22)?,
-                        r.try_get(23)?,
-                        r.try_get(24)?,
                         r.try_get(25)?,
                         r.try_get(26)?,
                         r.try_get(27)?,
@@ -442,6 +535,9 @@ impl Store {
                         r.try_get(34)?,
                         r.try_get(35)?,
                         r.try_get(36)?,
+                        r.try_get(37)?,
+                        r.try_get(38)?,
+                        r.try_get(39)?,
                     ));
                 }
                 (run, agent, ctx, recent, later_open)
@@ -451,8 +547,6 @@ impl Store {
             let rows = sqlx::query(&sql)
                 .bind(run_id)
                 .bind(switch)
-                .bind(binding.0)
-                .bind(binding.1)
                 .bind(now)
                 .bind(step_seq)
                 .fetch_all(p)
@@ -510,6 +604,8 @@ impl Store {
 pub const CREATED_RULE: &str = "agent.created";
 /// The audit rule of a credential's revocation.
 pub const REVOKED_RULE: &str = "agent.revoked";
+/// The audit rule of a change of who a credential acts for, or of its tasks' origin.
+pub const BOUND_RULE: &str = "agent.bound";
 
 /// The audit record of a credential change (never its token or hash).
 fn record(

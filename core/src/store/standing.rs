@@ -272,10 +272,10 @@ pub(crate) fn context_from_rows(
 
 /// The select list and joins of a call's context query, shared by [`Store::call_context`] and
 /// the credential check that fetches it with the authentication: `$2` run, `$3` switch, `$4`
-/// `$5` the party binding's system and kind, `$6` agent id, `$7` now; `{tenant}` and `{party}`
-/// filled in per use and dialect.
-pub(crate) const CONTEXT_CTE: &str = "p AS (SELECT {party} AS party FROM demo_objects
-       WHERE system = {system} AND kind = {kind} AND id = {agent} AND tenant = {tenant})";
+/// agent id, `$5` now; `{tenant}` filled in per use. The party is the credential's own
+/// `acts_for` (an operator's binding), read only when the credential is of the tenant.
+pub(crate) const CONTEXT_CTE: &str = "p AS (SELECT acts_for AS party FROM agent_credentials
+       WHERE id = {agent} AND tenant = {tenant} AND acts_for IS NOT NULL)";
 // Aliased: the credential check selects the credential's own columns beside these.
 pub(crate) const CONTEXT_COLUMNS: &str = "r.status AS run_status,
        EXISTS (SELECT 1 FROM switches WHERE name = {switch}) AS switch_set,
@@ -294,43 +294,28 @@ pub(crate) const CONTEXT_GRANTS_JOIN: &str = "LEFT JOIN standing_authorizations 
 pub(crate) struct ContextSql {
     pub(crate) tenant: &'static str,
     pub(crate) switch: &'static str,
-    pub(crate) system: &'static str,
-    pub(crate) kind: &'static str,
     pub(crate) agent: &'static str,
     pub(crate) now: &'static str,
 }
 
 impl ContextSql {
     /// The numbering [`Store::call_context`] and the credential check share: switch `$3`,
-    /// binding `$4`/`$5`, agent `$6`, now `$7`; the tenant as given.
+    /// agent `$4`, now `$5`; the tenant as given.
     pub(crate) fn numbered(tenant: &'static str) -> Self {
         Self {
             tenant,
             switch: "$3",
-            system: "$4",
-            kind: "$5",
-            agent: "$6",
-            now: "$7",
+            agent: "$4",
+            now: "$5",
         }
     }
 
-    /// `sql` with the pieces' placeholders filled, the party read as `pool`'s dialect reads it.
-    pub(crate) fn fill(&self, sql: &str, pool: &Pool) -> String {
-        sql.replace("{party}", party_sql(pool))
-            .replace("{tenant}", self.tenant)
+    /// `sql` with the pieces' placeholders filled.
+    pub(crate) fn fill(&self, sql: &str) -> String {
+        sql.replace("{tenant}", self.tenant)
             .replace("{switch}", self.switch)
-            .replace("{system}", self.system)
-            .replace("{kind}", self.kind)
             .replace("{agent}", self.agent)
             .replace("{now}", self.now)
-    }
-}
-
-/// How a dialect reads the party out of a binding's `data` (`{"party": …}`, as text).
-pub(crate) fn party_sql(pool: &Pool) -> &'static str {
-    match pool {
-        Pool::Sqlite(_) => "json_extract(data, '$.party')",
-        Pool::Postgres(_) => "(CAST(data AS jsonb) ->> 'party')",
     }
 }
 
@@ -587,8 +572,8 @@ impl Store {
     }
 
     /// What a call must know of the world as it starts, read in ONE statement: the run's
-    /// status, whether switch `switch` is set, the party `agent_id`'s calls are made for (its
-    /// binding under `binding = (system, kind)` in `demo_objects`, of `tenant` only) and the
+    /// status, whether switch `switch` is set, the party `agent_id`'s calls are made for (the
+    /// credential's `acts_for`, when it is of `tenant`) and the
     /// grants that party — or, with no binding, the agent itself — holds at `now_ms`, filtered
     /// exactly as [`Store::standing_for`] filters them (see the module's invariants).
     /// [`StoreError::NotFound`] when the run does not exist.
@@ -598,25 +583,18 @@ impl Store {
         switch: &str,
         tenant: &str,
         agent_id: &str,
-        binding: (&str, &str),
         now_ms: i64,
     ) -> Result<CallContext, StoreError> {
-        // The party is the binding's `data.party` (text); a binding of another tenant is not
-        // read (the `tenant` condition), so it binds nothing.
-        let sql = ContextSql::numbered("$1").fill(
-            &format!(
-                "WITH {CONTEXT_CTE} SELECT {CONTEXT_COLUMNS} FROM runs r {CONTEXT_GRANTS_JOIN}
-                  WHERE r.id = $2 ORDER BY s.granted_at, s.id"
-            ),
-            &self.pool,
-        );
+        // A credential of another tenant binds nothing (the `tenant` condition).
+        let sql = ContextSql::numbered("$1").fill(&format!(
+            "WITH {CONTEXT_CTE} SELECT {CONTEXT_COLUMNS} FROM runs r {CONTEXT_GRANTS_JOIN}
+              WHERE r.id = $2 ORDER BY s.granted_at, s.id"
+        ));
         let rows: Vec<ContextRow> = on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(tenant)
                 .bind(run_id)
                 .bind(switch)
-                .bind(binding.0)
-                .bind(binding.1)
                 .bind(agent_id)
                 .bind(now_ms)
                 .fetch_all(p)

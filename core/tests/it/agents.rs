@@ -15,6 +15,8 @@ fn agent(name: &str, expires_at: Option<i64>) -> NewAgent {
         tenant: "acme".into(),
         created_by: "admin@acme".into(),
         expires_at,
+        acts_for: None,
+        origin: countersign_core::policy::TaskOrigin::User,
     }
 }
 

@@ -64,7 +64,7 @@ async fn failures_in_a_row_count_back_to_the_last_success_across_pages_and_runs(
                 let alone = store.failures_in_a_row(run, limit).await.unwrap();
                 if run == run_a {
                     let newest = store
-                        .planned_call(run, 0, "emergency_stop", ("countersign", "acts_for"))
+                        .planned_call(run, 0, "emergency_stop")
                         .await
                         .unwrap()
                         .recent_events;

@@ -5,9 +5,10 @@
 use chrono::Duration;
 use countersign_core::Store;
 use countersign_core::policy::AuthorizationCondition as Cond;
+use countersign_core::policy::TaskOrigin;
 use countersign_core::store::testing::each_backend;
 use countersign_core::store::{
-    GRANTED_RULE, NewStanding, REVOKED_RULE, StandingError, StandingState,
+    GRANTED_RULE, NewAgent, NewStanding, REVOKED_RULE, StandingError, StandingState,
 };
 
 use crate::test_clock;
@@ -245,11 +246,24 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
         let manual = manual.clone();
         async move {
             let day = 24 * HOUR_MS;
+            let (agent, _) = store
+                .create_agent(&NewAgent {
+                    name: "agent-7".into(),
+                    role: "traveller.assistant".into(),
+                    tenant: "stillon".into(),
+                    created_by: "admin@stillon".into(),
+                    expires_at: None,
+                    acts_for: None,
+                    origin: TaskOrigin::User,
+                })
+                .await
+                .unwrap();
+            let agent_id = agent.id.clone();
             for g in [
                 grant(&store, "SA-traveller", "stillon", "user-123", 30 * day),
                 grant(&store, "SA-short", "stillon", "user-123", HOUR_MS),
                 grant(&store, "SA-revoked", "stillon", "user-123", 30 * day),
-                grant(&store, "SA-agent", "stillon", "agent-7", 30 * day),
+                grant(&store, "SA-agent", "stillon", &agent_id, 30 * day),
                 grant(&store, "SA-other-tenant", "globex", "user-123", 30 * day),
             ] {
                 store.grant_standing(&g).await.unwrap();
@@ -269,24 +283,18 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
                 })
                 .await
                 .unwrap();
-            let binding = ("countersign", "acts_for");
             let now = store.clock().now_ms();
-            let context = |now: i64| {
+            let context_in = |tenant: &'static str, now: i64| {
                 let store = store.clone();
                 let run_id = run.id.clone();
+                let agent_id = agent_id.clone();
                 async move {
                     store
-                        .call_context(
-                            &run_id,
-                            "emergency_stop",
-                            "stillon",
-                            "agent-7",
-                            binding,
-                            now,
-                        )
+                        .call_context(&run_id, "emergency_stop", tenant, &agent_id, now)
                         .await
                 }
             };
+            let context = |now: i64| context_in("stillon", now);
 
             // Unbound: the agent itself holds the grants (its own only).
             let c = context(now).await.unwrap();
@@ -295,33 +303,16 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
             assert_eq!(c.party, None);
             assert_eq!(ids(&c.grants), ["SA-agent"]);
 
-            // A binding of another tenant binds nothing.
+            // Bound to the traveller (an operator's binding): the traveller's live grants of
+            // this tenant, the same as standing_for, in the same order.
             store
-                .demo_put(
-                    binding.0,
-                    binding.1,
-                    "agent-7",
-                    "globex",
-                    r#"{"party": "user-123"}"#,
-                )
+                .bind_agent(&agent_id, Some("user-123"), TaskOrigin::User, "ops@stillon")
                 .await
                 .unwrap();
-            let c = context(now).await.unwrap();
+            // Asked for another tenant than the credential's, the binding binds nothing.
+            let c = context_in("globex", now).await.unwrap();
             assert_eq!(c.party, None);
-            assert_eq!(ids(&c.grants), ["SA-agent"]);
-
-            // Bound to the traveller: the traveller's live grants of this tenant, the same as
-            // standing_for, in the same order.
-            store
-                .demo_put(
-                    binding.0,
-                    binding.1,
-                    "agent-7",
-                    "stillon",
-                    r#"{"party": "user-123"}"#,
-                )
-                .await
-                .unwrap();
+            assert!(c.grants.is_empty());
             let c = context(now).await.unwrap();
             assert_eq!(c.party.as_deref(), Some("user-123"));
             assert_eq!(ids(&c.grants), ["SA-short", "SA-traveller"]);
@@ -351,14 +342,7 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
             // No such run: not found, never an empty context.
             assert!(matches!(
                 store
-                    .call_context(
-                        "no-such-run",
-                        "emergency_stop",
-                        "stillon",
-                        "agent-7",
-                        binding,
-                        now
-                    )
+                    .call_context("no-such-run", "emergency_stop", "stillon", &agent_id, now)
                     .await,
                 Err(StoreError::NotFound)
             ));
@@ -371,7 +355,7 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
 /// and that agent's context — each exactly what the separate reads return.
 #[tokio::test]
 async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
-    use countersign_core::store::{NewAgent, NewRun, StoreError};
+    use countersign_core::store::{NewRun, StoreError};
     let (_, clock) = test_clock();
     each_backend(clock, move |store| async move {
         let (agent, _) = store
@@ -381,6 +365,8 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
                 tenant: "stillon".into(),
                 created_by: "admin@stillon".into(),
                 expires_at: None,
+                acts_for: None,
+                origin: TaskOrigin::User,
             })
             .await
             .unwrap();
@@ -392,7 +378,6 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
         ] {
             store.grant_standing(&g).await.unwrap();
         }
-        let binding = ("countersign", "acts_for");
         let new_run = |agent_id: Option<String>| NewRun {
             tenant: "stillon".into(),
             principal: "user-123".into(),
@@ -408,21 +393,14 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
         let expect = |store: Store, run_id: String, agent_id: String| async move {
             let now = store.clock().now_ms();
             store
-                .call_context(
-                    &run_id,
-                    "emergency_stop",
-                    "stillon",
-                    &agent_id,
-                    binding,
-                    now,
-                )
+                .call_context(&run_id, "emergency_stop", "stillon", &agent_id, now)
                 .await
                 .unwrap()
         };
 
         // Unbound: the agent's own grants.
         let call = store
-            .planned_call(&run.id, 0, "emergency_stop", binding)
+            .planned_call(&run.id, 0, "emergency_stop")
             .await
             .unwrap();
         assert_eq!(call.run.id, run.id);
@@ -438,13 +416,7 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
 
         // Bound to the traveller, with the stop set: the traveller's grants, the switch seen.
         store
-            .demo_put(
-                binding.0,
-                binding.1,
-                &agent.id,
-                "stillon",
-                r#"{"party": "user-123"}"#,
-            )
+            .bind_agent(&agent.id, Some("user-123"), TaskOrigin::User, "ops@stillon")
             .await
             .unwrap();
         store
@@ -452,7 +424,7 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
             .await
             .unwrap();
         let context = store
-            .planned_call(&run.id, 0, "emergency_stop", binding)
+            .planned_call(&run.id, 0, "emergency_stop")
             .await
             .unwrap()
             .context
@@ -479,7 +451,7 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
             let (store, run_id) = (store.clone(), run.id.clone());
             async move {
                 store
-                    .planned_call(&run_id, seq, "emergency_stop", binding)
+                    .planned_call(&run_id, seq, "emergency_stop")
                     .await
                     .unwrap()
                     .later_open
@@ -498,15 +470,13 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
         // A run without an agent: no credential, no context; no such run: not found.
         let lone = store.create_run(&new_run(None)).await.unwrap();
         let call = store
-            .planned_call(&lone.id, 0, "emergency_stop", binding)
+            .planned_call(&lone.id, 0, "emergency_stop")
             .await
             .unwrap();
         assert_eq!(call.run.id, lone.id);
         assert!(call.agent.is_none() && call.context.is_none());
         assert!(matches!(
-            store
-                .planned_call("no-such-run", 0, "emergency_stop", binding)
-                .await,
+            store.planned_call("no-such-run", 0, "emergency_stop").await,
             Err(StoreError::NotFound)
         ));
     })

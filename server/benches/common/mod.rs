@@ -102,6 +102,8 @@ impl Server {
                 tenant: "acme".into(),
                 created_by: "bench".into(),
                 expires_at: None,
+                acts_for: None,
+                origin: countersign_core::policy::TaskOrigin::User,
             })
             .await
             .unwrap();

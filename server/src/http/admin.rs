@@ -27,10 +27,11 @@ use countersign_app::admin::{
     Admin, AdminData, AdminSource, AgentRow, ProposalRow, RoleCol, StopState, ToolRow, VersionRow,
 };
 use countersign_app::inbox::BoxFuture;
+use countersign_core::policy::TaskOrigin;
 use countersign_core::registry::Span;
 use countersign_core::store::{
-    ApproveOutcome, Change, ChangeOp, ListingChange, NewAgent, NewProposal, ProposalError,
-    SettingChange, ToolSetting,
+    ApproveOutcome, Change, ChangeOp, CreateAgentError, ListingChange, NewAgent, NewProposal,
+    ProposalError, SettingChange, ToolSetting,
 };
 use countersign_core::{Gate, Person, RoleName, StoreError};
 
@@ -187,6 +188,9 @@ impl AdminBackend {
                 tenant: a.tenant,
                 created_by: a.created_by,
                 created: utc(a.created_at),
+                acts_for: a.acts_for.unwrap_or_default(),
+                origin: a.origin,
+                run_id: a.run_id.unwrap_or_default(),
             })
             .collect();
         let stop = store
@@ -538,6 +542,9 @@ pub async fn create_agent(
             Err(_) => return back(None, Some("agent")),
         },
     };
+    let Some((acts_for, origin)) = binding_fields(&form) else {
+        return back(None, Some("agent"));
+    };
     let created = state
         .store
         .create_agent(&NewAgent {
@@ -546,6 +553,8 @@ pub async fn create_agent(
             tenant,
             created_by: format!("person:{}", identity(&person)),
             expires_at,
+            acts_for,
+            origin,
         })
         .await;
     match created {
@@ -572,6 +581,65 @@ pub async fn create_agent(
         Err(e) => {
             tracing::info!(error = %e, "admin: credential refused");
             back(None, Some("agent"))
+        }
+    }
+}
+
+/// A form's `acts_for` (empty: nobody) and `origin` (empty: `user`); `None` for an origin
+/// that is not one.
+fn binding_fields(form: &[(String, String)]) -> Option<(Option<String>, TaskOrigin)> {
+    let acts_for = Some(field(form, "acts_for").trim())
+        .filter(|p| !p.is_empty())
+        .map(str::to_string);
+    let origin = match field(form, "origin").trim() {
+        "" => TaskOrigin::User,
+        text => TaskOrigin::parse(text)?,
+    };
+    Some((acts_for, origin))
+}
+
+/// `POST /admin/agents/{id}/binding` (form: `acts_for`, empty to unbind; `origin`): who the
+/// credential's calls are made for and where its tasks come from, audited (`agent.bound`).
+/// Also the API for scripts: a same-origin form post with an admin session.
+pub async fn bind_agent(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    // Another tenant's credential does not exist for this admin.
+    match state.store.get_agent(&id).await {
+        Ok(cred) if admin.0.tenant.as_ref() == Some(&cred.tenant) => {}
+        Ok(_) | Err(StoreError::NotFound) => return back(None, Some("not_found")),
+        Err(e) => {
+            tracing::error!(error = %e, "admin: binding failed");
+            return back(None, Some("unavailable"));
+        }
+    }
+    let Some((acts_for, origin)) = binding_fields(&fields(&body)) else {
+        return back(None, Some("binding"));
+    };
+    let by = format!("person:{}", identity(&admin.0));
+    match state
+        .store
+        .bind_agent(&id, acts_for.as_deref(), origin, &by)
+        .await
+    {
+        Ok(cred) => {
+            tracing::info!(credential = %cred.id, sub = %admin.0.sub, "agent credential bound");
+            back(Some("bound"), None)
+        }
+        Err(CreateAgentError::Store(e)) => {
+            tracing::error!(error = %e, "admin: binding failed");
+            back(None, Some("unavailable"))
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "admin: binding refused");
+            back(None, Some("binding"))
         }
     }
 }

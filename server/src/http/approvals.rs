@@ -252,7 +252,11 @@ pub async fn decide(
             error(StatusCode::UNAUTHORIZED, e.to_string())
         }
         Err(Refusal::Decide(
-            e @ (DecideError::NotAnApprover | DecideError::SelfApproval | DecideError::FourEyes),
+            e @ (DecideError::NotAnApprover
+            | DecideError::SelfApproval
+            | DecideError::FourEyes
+            | DecideError::CreatorApproval { .. }
+            | DecideError::ActsForApproval { .. }),
         )) => error(StatusCode::FORBIDDEN, e.to_string()),
         Err(Refusal::Decide(e)) => error(StatusCode::CONFLICT, e.to_string()),
     }

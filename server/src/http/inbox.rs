@@ -242,6 +242,8 @@ pub async fn decide_form(
         Err(Refusal::Decide(e)) => back(match e {
             DecideError::NoReason => "reason",
             DecideError::StepUpRequired { .. } => "step_up",
+            DecideError::CreatorApproval { .. } => "creator",
+            DecideError::ActsForApproval { .. } => "acts_for",
             DecideError::FourEyes => "four_eyes",
             DecideError::FourEyesUnknownCreator { .. } => "four_eyes_unknown",
             DecideError::SelfApproval => "self",

@@ -80,6 +80,10 @@ pub fn router(state: AppState) -> Router {
             "/admin/proposals/{id}/decision",
             axum::routing::post(admin::decide),
         )
+        .route(
+            "/admin/agents/{id}/binding",
+            axum::routing::post(admin::bind_agent),
+        )
         .route("/admin/agents", axum::routing::post(admin::create_agent))
         .route(
             "/admin/agents/{id}/revoke",

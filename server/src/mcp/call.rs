@@ -1,5 +1,6 @@
-//! `tools/call` over MCP: reads the caller, `_meta.run_id`/`_meta.step_id` and the MCP
-//! session from the request, runs the [`crate::pipeline`], and turns its answer into an MCP
+//! `tools/call` over MCP: reads the caller, `_meta.run_id`/`_meta.step_id`, what the agent
+//! declares (`_meta.model`, `_meta.prompt_revision`, a `traceparent` in `_meta` or the HTTP
+//! header) and the MCP session from the request, runs the [`crate::pipeline`], and turns its answer into an MCP
 //! result. A key a client puts in `_meta` is ignored: Countersign derives every key itself.
 
 use rmcp::ErrorData;
@@ -8,7 +9,7 @@ use serde_json::Value;
 
 use super::{internal_error, unknown_tool};
 use crate::AppState;
-use crate::pipeline::{self, Answer, CallRequest, Caller};
+use crate::pipeline::{self, Answer, CallRequest, Caller, Provenance};
 
 /// Runs one `tools/call` for `caller`. `Err` only for a tool the role does not have
 /// ([`unknown_tool`]) or an internal failure ([`internal_error`]); every other outcome is a
@@ -18,6 +19,7 @@ pub async fn call(
     caller: &Caller,
     request: CallToolRequestParams,
     context_meta: &JsonObject,
+    traceparent: Option<&str>,
 ) -> Result<CallToolResult, ErrorData> {
     // rmcp moves `_meta` into the request context; read the params' copy too, if any.
     let meta_text = |name: &str| -> Option<String> {
@@ -32,6 +34,7 @@ pub async fn call(
         arguments: request.arguments.clone().unwrap_or_default(),
         run_id: meta_text("run_id"),
         step_id: meta_text("step_id"),
+        provenance: Provenance::read(meta_text, traceparent),
     };
     match pipeline::call(state, caller, call).await {
         Ok(Answer::UnknownTool) => Err(unknown_tool()),

@@ -295,7 +295,6 @@ async fn admit(
                     agent_id,
                     run_id,
                     switch: crate::executor::EMERGENCY_STOP,
-                    binding: (crate::standing::SYSTEM, crate::standing::ACTS_FOR),
                 },
             )
             .await

@@ -255,15 +255,27 @@ impl ServerHandler for Gateway {
             .get::<axum::http::request::Parts>()
             .and_then(|parts| parts.extensions.get::<guard::Admission>())
             .cloned();
+        let traceparent = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.headers.get("traceparent"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let caller = crate::pipeline::Caller {
             credential,
             session,
             executor: None,
             admission,
         };
-        call::call(&self.state, &caller, request, &context.meta.0.0)
-            .await
-            .map(CallToolResponse::from)
+        call::call(
+            &self.state,
+            &caller,
+            request,
+            &context.meta.0.0,
+            traceparent.as_deref(),
+        )
+        .await
+        .map(CallToolResponse::from)
     }
 }
 

@@ -653,6 +653,8 @@ async fn admin_credentials_and_the_emergency_stop_switch() {
                 tenant: "globex".into(),
                 created_by: "person:https://idp.example#gus".into(),
                 expires_at: None,
+                acts_for: None,
+                origin: countersign_core::policy::TaskOrigin::User,
             })
             .await
             .unwrap();

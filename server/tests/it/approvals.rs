@@ -144,6 +144,8 @@ async fn approvals_refuse_non_approvers_self_approval_four_eyes_and_stale_sign_i
                 tenant: "acme".into(),
                 created_by: "person:https://idp.example#ana".into(),
                 expires_at: None,
+                acts_for: None,
+                origin: countersign_core::policy::TaskOrigin::User,
             })
             .await
             .unwrap();
@@ -159,7 +161,8 @@ async fn approvals_refuse_non_approvers_self_approval_four_eyes_and_stale_sign_i
             .store
             .decide_step(&iban_step, &person("ana", &["approver"], now), &rules, Verdict::Approved, "ok")
             .await;
-        assert!(matches!(creator, Err(DecideError::FourEyes)), "{creator:?}");
+        // Whatever four eyes says, the creator is accountable for the proposal.
+        assert!(matches!(creator, Err(DecideError::CreatorApproval { .. })), "{creator:?}");
         let stale = app
             .store
             .decide_step(
@@ -195,6 +198,8 @@ async fn four_eyes_refuses_approvals_when_the_credential_creator_is_not_a_person
                     tenant: "acme".into(),
                     created_by: creator.into(),
                     expires_at: None,
+                    acts_for: None,
+                    origin: countersign_core::policy::TaskOrigin::User,
                 })
                 .await
                 .unwrap();
@@ -209,10 +214,15 @@ async fn four_eyes_refuses_approvals_when_the_credential_creator_is_not_a_person
                 .store
                 .decide_step(&step, &pat, &rules, Verdict::Approved, "verified by phone")
                 .await;
-            assert!(
-                matches!(&refused, Err(DecideError::FourEyesUnknownCreator { created_by, .. }) if created_by == creator),
-                "{creator}: {refused:?}"
-            );
+            if creator == "pat" {
+                // A bare name that is the approver's subject: taken as them (fail closed).
+                assert!(matches!(&refused, Err(DecideError::CreatorApproval { .. })), "{refused:?}");
+            } else {
+                assert!(
+                    matches!(&refused, Err(DecideError::FourEyesUnknownCreator { created_by, .. }) if created_by == creator),
+                    "{creator}: {refused:?}"
+                );
+            }
             assert_eq!(app.store.get_step(&step).await.unwrap().status, StepStatus::NeedsApproval);
             assert!(app.store.approvals_for_step(&step).await.unwrap().is_empty(), "{creator}");
             // Rejecting never runs anything: still allowed.

@@ -108,6 +108,8 @@ async fn batch_refuses_each_step_outside_its_bounds_and_those_keep_waiting() {
                 tenant: "globex".into(),
                 created_by: "test".into(),
                 expires_at: None,
+                acts_for: None,
+                origin: countersign_core::policy::TaskOrigin::User,
             })
             .await
             .unwrap();

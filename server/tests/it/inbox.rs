@@ -365,6 +365,8 @@ async fn inbox_poll_returns_gates_opened_after_the_page_loaded_to_approvers_only
                 tenant: "globex".into(),
                 created_by: "test".into(),
                 expires_at: None,
+                acts_for: None,
+                origin: countersign_core::policy::TaskOrigin::User,
             })
             .await
             .unwrap();

@@ -136,6 +136,8 @@ async fn agent(app: &TestApp, name: &str, role: &str) -> String {
             tenant: "acme".into(),
             created_by: "test".into(),
             expires_at: None,
+            acts_for: None,
+            origin: countersign_core::policy::TaskOrigin::User,
         })
         .await
         .unwrap();

@@ -10,6 +10,7 @@ mod batch;
 mod cli;
 mod config;
 mod dashboard;
+mod duties;
 mod gateway;
 mod health;
 mod helpers;

@@ -51,6 +51,8 @@ pub async fn agent(app: &TestApp, name: &str, role: &str) -> (String, String) {
             // An admin who approves nothing in these tests (four eyes needs a person).
             created_by: "person:https://idp.example#admin".into(),
             expires_at: None,
+            acts_for: None,
+            origin: countersign_core::policy::TaskOrigin::User,
         })
         .await
         .unwrap();
@@ -547,6 +549,8 @@ async fn mcp_refuses_a_token_that_expires_mid_session() {
                 tenant: "acme".into(),
                 created_by: "test".into(),
                 expires_at: Some(now + 60_000),
+                acts_for: None,
+                origin: countersign_core::policy::TaskOrigin::User,
             })
             .await
             .unwrap();

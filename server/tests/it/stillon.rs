@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
 use countersign::adapters::stillon::{HOLD_OPERATION, STILLON, TENANT, TRAVELLER};
 use countersign::revalidate::{BEFORE_CALL, READ_BACK, STATE_CHANGED};
-use countersign::standing::bind_party;
 use countersign_core::approvals::{Approver, DecideError, Decider, GateRules, Verdict};
+use countersign_core::policy::TaskOrigin;
 use countersign_core::store::RunStatus;
 use countersign_core::{Backend, StepStatus};
 use serde_json::{Value, json};
@@ -52,7 +52,8 @@ where
 /// An agent in `role` acting for the traveller; returns its token.
 async fn for_traveller(app: &TestApp, name: &str, role: &str) -> String {
     let (id, token) = agent(app, name, role).await;
-    bind_party(&app.store, &id, TENANT, TRAVELLER)
+    app.store
+        .bind_agent(&id, Some(TRAVELLER), TaskOrigin::User, "operator")
         .await
         .unwrap();
     token
