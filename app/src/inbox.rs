@@ -299,6 +299,10 @@ pub fn error_text(code: &str) -> Option<&'static str> {
             "The agent that proposed this step acts for you: a step made on your behalf needs \
              another approver. You may still reject it. Your attempt was recorded."
         }
+        "not_party" => {
+            "Only the person this agent acts for may confirm this step. You may still reject \
+             it. Your attempt was recorded."
+        }
         "four_eyes" => {
             "Four eyes: you created the credential of the agent that proposed this step, so \
              someone else must approve it."

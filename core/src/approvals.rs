@@ -19,6 +19,10 @@
 //!   with its rule) before it is answered. A person is matched in every form an identity
 //!   takes here (`person:ISS#SUB`, `ISS#SUB`, the bare `SUB`): a match refuses (fail closed).
 //!   Rejections stay open to them: stopping is always safe.
+//! * A gate whose tool says `party_confirms` is the party's own confirmation, not a
+//!   countersignature: only the party a proposing credential acts for may approve it
+//!   (`approval.not_party`, audited, otherwise — also when no party is bound); its creator
+//!   still may not.
 //! * Four eyes (approvals only; anyone allowed may reject): the proposing agent's credential
 //!   must name a person as its creator (`person:ISS#SUB`) and that person is not the
 //!   approver. A credential whose creator is not a person (a CLI user name, a scenario) cannot
@@ -78,6 +82,9 @@ pub struct GateRules {
     pub approvals_needed: u32,
     /// The approver must have signed in within this many ms.
     pub step_up_max_age_ms: Option<i64>,
+    /// Only the party the proposing agent acts for may approve (their own confirmation);
+    /// otherwise that party never may (a countersignature).
+    pub party_confirms: bool,
 }
 
 /// The person deciding, as the session knows them.
@@ -153,6 +160,15 @@ pub enum DecideError {
         /// The credential's name.
         name: String,
     },
+    /// The gate asks the party the agent acts for to confirm, and this person is not them.
+    #[error(
+        "only the person this agent acts for may confirm this step{}",
+        party.as_deref().map(|p| format!(" ({p})")).unwrap_or_else(|| ", and it acts for nobody".into())
+    )]
+    NotTheParty {
+        /// The bound party, if any.
+        party: Option<String>,
+    },
     /// The proposing agent (or the run's agent) acts for this person.
     #[error(
         "credential {name:?} acts for you: a step made on your behalf needs another \
@@ -210,6 +226,8 @@ const COLUMNS: &str = "id, step_id, inputs_hash, decision, approver_iss, approve
 pub const CREATOR_RULE: &str = "approval.creator";
 /// The audit rule of an approval refused to the party the proposing credential acts for.
 pub const ACTS_FOR_RULE: &str = "approval.acts_for";
+/// The audit rule of a party's confirmation refused to someone else.
+pub const NOT_PARTY_RULE: &str = "approval.not_party";
 
 impl DecideError {
     /// The audit rule of a refusal that is recorded (the accountable-approver ones).
@@ -217,6 +235,7 @@ impl DecideError {
         match self {
             Self::CreatorApproval { .. } => Some(CREATOR_RULE),
             Self::ActsForApproval { .. } => Some(ACTS_FOR_RULE),
+            Self::NotTheParty { .. } => Some(NOT_PARTY_RULE),
             Self::NotWaiting(_)
             | Self::Expired
             | Self::SelfApproval
@@ -293,7 +312,9 @@ impl Store {
             return Err(DecideError::SelfApproval);
         }
         if verdict == Verdict::Approved
-            && let Some(refusal) = self.accountable(&step, &run, approver).await?
+            && let Some(refusal) = self
+                .accountable(&step, &run, approver, rules.party_confirms)
+                .await?
         {
             self.record_refused_decision(&step, &person, &refusal, reason)
                 .await?;
@@ -386,12 +407,14 @@ impl Store {
 
     /// The refusal an approval by `approver` meets because they are accountable for the
     /// proposal: they created, or are the party of, the credential that proposed `step` or
-    /// the one `run` belongs to. `None` when neither applies.
+    /// the one `run` belongs to. With `party_confirms` the party is the one who must approve:
+    /// refused unless every such credential acts for `approver`. `None` when it may go on.
     async fn accountable(
         &self,
         step: &Step,
         run: &crate::store::Run,
         approver: &Approver,
+        party_confirms: bool,
     ) -> Result<Option<DecideError>, StoreError> {
         let mut ids: Vec<&str> = step.agent_id.iter().map(String::as_str).collect();
         if let Some(id) = run.agent_id.as_deref()
@@ -412,13 +435,25 @@ impl Store {
             if names_person(&agent.created_by, approver) {
                 return Ok(Some(DecideError::CreatorApproval { name: agent.name }));
             }
-            if agent
+            let is_party = agent
                 .acts_for
                 .as_deref()
-                .is_some_and(|party| names_person(party, approver))
-            {
-                return Ok(Some(DecideError::ActsForApproval { name: agent.name }));
+                .is_some_and(|party| names_person(party, approver));
+            match (party_confirms, is_party) {
+                (false, true) => {
+                    return Ok(Some(DecideError::ActsForApproval { name: agent.name }));
+                }
+                (true, false) => {
+                    return Ok(Some(DecideError::NotTheParty {
+                        party: agent.acts_for,
+                    }));
+                }
+                (false, false) | (true, true) => {}
             }
+        }
+        // INVARIANT: a party's confirmation needs a credential that acts for someone.
+        if party_confirms && step.agent_id.is_none() && run.agent_id.is_none() {
+            return Ok(Some(DecideError::NotTheParty { party: None }));
         }
         Ok(None)
     }

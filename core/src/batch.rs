@@ -168,6 +168,7 @@ pub fn decide_code(e: &DecideError) -> &'static str {
         DecideError::SelfApproval => "self_approval",
         DecideError::NoReason => "no_reason",
         DecideError::NotAnApprover => "not_an_approver",
+        DecideError::NotTheParty { .. } => "not_party",
         DecideError::CreatorApproval { .. } => "creator",
         DecideError::ActsForApproval { .. } => "acts_for",
         DecideError::FourEyes => "four_eyes",

@@ -1277,6 +1277,7 @@ pub fn gate_rules(tool: &Tool, arguments: &Value) -> countersign_core::approvals
             four_eyes: false,
             approvals_needed: 1,
             step_up_max_age_ms: None,
+            party_confirms: false,
         };
     };
     let amount = arguments.get("amount").and_then(Value::as_f64);
@@ -1296,6 +1297,7 @@ pub fn gate_rules(tool: &Tool, arguments: &Value) -> countersign_core::approvals
         step_up_max_age_ms: approval
             .step_up_max_age
             .map(|s| i64::try_from(s.as_secs()).unwrap_or(i64::MAX / 1000) * 1000),
+        party_confirms: approval.party_confirms,
     }
 }
 

@@ -141,6 +141,9 @@ fn approval_summary(a: &Option<Approval>) -> String {
             if a.four_eyes {
                 s.push_str(", four eyes");
             }
+            if a.party_confirms {
+                s.push_str(", confirmed by the party");
+            }
             if let Some(n) = &a.second_approval_above {
                 s.push_str(&format!(", second approval above {n}"));
             }

@@ -74,6 +74,8 @@ struct ApprovalOut<'a> {
     four_eyes: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     second_approval_above: Option<&'a serde_json::Number>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    party_confirms: bool,
 }
 
 #[derive(Serialize)]
@@ -102,6 +104,7 @@ fn tool_out(t: &Tool) -> ToolOut<'_> {
             step_up_max_age: a.step_up_max_age.map(|s| s.to_string()),
             four_eyes: a.four_eyes,
             second_approval_above: a.second_approval_above.as_ref(),
+            party_confirms: a.party_confirms,
         }),
         handler: HandlerOut {
             provider: t.handler.provider.as_str(),

@@ -318,6 +318,7 @@ const APPROVAL_KEYS: &[&str] = &[
     "step_up_max_age",
     "four_eyes",
     "second_approval_above",
+    "party_confirms",
 ];
 const HANDLER_KEYS: &[&str] = &["provider", "operation"];
 const REDACT_KEYS: &[&str] = &["field", "how"];
@@ -788,6 +789,7 @@ fn parse_approval(v: &Value, sink: &mut Sink<'_>) -> Option<Approval> {
     let expires: Option<Span> = f.opt("expires", sink);
     let step_up_max_age: Option<Span> = f.opt("step_up_max_age", sink);
     let four_eyes: Option<bool> = f.opt("four_eyes", sink);
+    let party_confirms: Option<bool> = f.opt("party_confirms", sink);
     let second_approval_above: Option<serde_json::Number> = f.opt("second_approval_above", sink);
     if second_approval_above
         .as_ref()
@@ -802,6 +804,7 @@ fn parse_approval(v: &Value, sink: &mut Sink<'_>) -> Option<Approval> {
         step_up_max_age,
         four_eyes: four_eyes.unwrap_or(false),
         second_approval_above,
+        party_confirms: party_confirms.unwrap_or(false),
     })
 }
 

@@ -133,6 +133,10 @@ pub struct Approval {
     pub four_eyes: bool,
     /// Above this value of the `amount` argument, a second, distinct approver is needed.
     pub second_approval_above: Option<serde_json::Number>,
+    /// The gate asks the party the agent acts for to confirm the step themselves (seed 004:
+    /// the traveller decides about their own dinner): only that party may approve. Otherwise
+    /// the gate is a countersignature, which that party may never give.
+    pub party_confirms: bool,
 }
 
 /// Which provider runs a tool, and which of its operations.

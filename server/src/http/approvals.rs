@@ -256,7 +256,8 @@ pub async fn decide(
             | DecideError::SelfApproval
             | DecideError::FourEyes
             | DecideError::CreatorApproval { .. }
-            | DecideError::ActsForApproval { .. }),
+            | DecideError::ActsForApproval { .. }
+            | DecideError::NotTheParty { .. }),
         )) => error(StatusCode::FORBIDDEN, e.to_string()),
         Err(Refusal::Decide(e)) => error(StatusCode::CONFLICT, e.to_string()),
     }

@@ -248,6 +248,7 @@ pub async fn decide_form(
             DecideError::FourEyesUnknownCreator { .. } => "four_eyes_unknown",
             DecideError::SelfApproval => "self",
             DecideError::NotAnApprover => "not_approver",
+            DecideError::NotTheParty { .. } => "not_party",
             DecideError::AlreadyDecided => "already",
             DecideError::Expired => "expired",
             DecideError::NotWaiting(_) => "not_waiting",

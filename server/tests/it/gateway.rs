@@ -31,6 +31,7 @@ pub fn one() -> GateRules {
         four_eyes: false,
         approvals_needed: 1,
         step_up_max_age_ms: None,
+        party_confirms: false,
     }
 }
 

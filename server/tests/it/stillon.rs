@@ -64,7 +64,7 @@ fn traveller() -> Decider {
     Decider {
         approver: Approver {
             iss: "https://idp.example".into(),
-            sub: "traveller-123".into(),
+            sub: TRAVELLER.into(),
         },
         roles: vec!["traveller".into()],
         auth_time: 1_781_170_937_000,
@@ -77,6 +77,7 @@ fn traveller_gate() -> GateRules {
         four_eyes: false,
         approvals_needed: 1,
         step_up_max_age_ms: None,
+        party_confirms: true,
     }
 }
 
@@ -475,6 +476,36 @@ async fn stillon_cancel_waits_for_the_traveller() {
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(effects(&app, "dining.reservation.cancel").await, 0);
         assert_eq!(object(&app, "reservation", "8472").await["status"], "confirmed");
+
+        // The traveller's own confirmation: another person with the role may not give it
+        // (refused and audited), whatever their role says.
+        let mut someone_else = traveller();
+        someone_else.approver.sub = "user-999".into();
+        let refused = app
+            .store
+            .decide_step(
+                &steps[0],
+                &someone_else,
+                &traveller_gate(),
+                Verdict::Approved,
+                "on their behalf",
+            )
+            .await;
+        assert!(
+            matches!(&refused, Err(DecideError::NotTheParty { party: Some(p) }) if p == TRAVELLER),
+            "{refused:?}"
+        );
+        let records = app.store.audit_for_run(&run).await.unwrap();
+        assert!(
+            records
+                .iter()
+                .any(|r| r.rule.as_deref() == Some("approval.not_party") && r.event == "refused"),
+            "{records:?}"
+        );
+        assert_eq!(
+            app.store.get_step(&steps[0]).await.unwrap().status,
+            StepStatus::NeedsApproval
+        );
 
         app.store
             .decide_step(
