@@ -18,3 +18,32 @@ UPDATE agent_credentials
                     WHERE d.system = 'countersign' AND d.kind = 'acts_for'
                       AND d.id = agent_credentials.id AND d.tenant = agent_credentials.tenant);
 DELETE FROM demo_objects WHERE system = 'countersign' AND kind = 'acts_for';
+
+-- What separation of duties asks of a planned step, beside its row (the step row and its hot
+-- statements stay as they are): whether a model reviewer must approve its exact inputs first,
+-- which inputs hash a reviewer approved and who, and the execution credential it is assigned
+-- to (minted for its run and role at plan.submit). A step without a row here needs no review
+-- and runs on its run's agent credential, when that credential's role is the step's.
+CREATE TABLE step_duties (
+    step_id          TEXT PRIMARY KEY NOT NULL REFERENCES steps (id),
+    review_required  BOOLEAN NOT NULL DEFAULT FALSE,
+    reviewed_hash    TEXT,
+    reviewed_by      TEXT REFERENCES agent_credentials (id),
+    reviewed_at      BIGINT,
+    assignee         TEXT REFERENCES agent_credentials (id)
+);
+CREATE INDEX step_duties_assignee ON step_duties (assignee) WHERE assignee IS NOT NULL;
+
+-- A run that ends ends its execution credentials with it. A failed run keeps them until its
+-- compensations have run (the executor revokes them then, Store::end_execution_credentials).
+CREATE FUNCTION countersign_end_execution_credentials() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE agent_credentials SET revoked_at = NEW.updated_at
+     WHERE run_id = NEW.id AND revoked_at IS NULL;
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER runs_end_revokes_execution_credentials AFTER UPDATE OF status ON runs
+FOR EACH ROW WHEN (OLD.status = 'active' AND NEW.status IN ('done', 'cancelled', 'stopped'))
+EXECUTE FUNCTION countersign_end_execution_credentials();

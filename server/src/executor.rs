@@ -24,7 +24,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 use crate::AppState;
-use crate::pipeline::{self, Answer};
+use crate::pipeline::{self, Answer, Prefetched};
 
 /// Executor timings.
 #[derive(Debug, Clone, Copy)]
@@ -98,7 +98,7 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     let step_id = step.id.clone();
     // The run, its agent and the call's context in one read (the pipeline checks the
     // credential; the start is guarded against a cancel or a stop that lands after this).
-    let (run, agent, context, recent, later_open) = match store
+    let (run, agent, context, recent, later_open, duties, planner_ends) = match store
         .planned_call(&step.run_id, step.seq, EMERGENCY_STOP)
         .await
     {
@@ -108,6 +108,8 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
             call.context,
             call.recent_events,
             call.later_open,
+            call.duties,
+            call.planner_ends,
         ),
         Err(e) => {
             let _ = store.release_step(&step_id, worker).await;
@@ -131,7 +133,12 @@ pub async fn work_once(state: &AppState, worker: &str, timings: Timings) -> Resu
     }
     let checked = began.elapsed();
     let closed_done = AtomicBool::new(false);
-    let prefetched = Some((agent, context));
+    let prefetched = Some(Prefetched {
+        agent,
+        context,
+        duties,
+        planner_ends,
+    });
     let answer =
         pipeline::execute_claimed_in(state, run, step, worker, prefetched, Some(&closed_done))
             .await;
@@ -238,7 +245,9 @@ async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), S
     crate::runs::cancel_run(state, &step.run_id, "executor", rule, RunStatus::Failed).await?;
     // The run failed with writes done before the blocked step: they are undone or escalated
     // as after any failed step, never left half-done in silence.
-    compensate(state, &step.run_id, step).await
+    compensate(state, &step.run_id, step).await?;
+    state.store.end_execution_credentials(&step.run_id).await?;
+    Ok(())
 }
 
 /// Whether the step's stored outcome marks its failure as one that may be retried.
@@ -337,7 +346,10 @@ async fn fail_run(
             .unwrap_or_default()
     );
     crate::runs::cancel_run(state, run_id, "executor", &reason, RunStatus::Failed).await?;
-    compensate(state, run_id, step).await
+    compensate(state, run_id, step).await?;
+    // [duties] Its compensations ran: the run's execution credentials end with it.
+    state.store.end_execution_credentials(run_id).await?;
+    Ok(())
 }
 
 /// Undoes the writes that succeeded before `failed`, latest first, with each tool's registry
@@ -499,6 +511,18 @@ async fn run_compensation(
         .await
         .map_err(|e| e.to_string())?;
     let id = comp_step.id.clone();
+    // [duties] A compensation runs on the credential the step it undoes ran on.
+    if let Some(assignee) = store
+        .step_duties(&step.id)
+        .await
+        .map_err(|e| e.to_string())?
+        .and_then(|d| d.assignee)
+    {
+        store
+            .set_step_duties(&id, false, Some(&assignee))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
     pipeline::execute_claimed(state, comp_step, pipeline::COMPENSATOR)
         .await
         .map_err(|e| e.to_string())?;

@@ -26,7 +26,7 @@ use countersign_core::policy::{
 use countersign_core::registry::Tool;
 use countersign_core::store::{
     AgentCredential, AuthError, CallContext, KeyClaim, KeyState, NewRun, NewStep, Run, RunGuard,
-    RunStatus, Step, Transition,
+    RunStatus, Step, StepDuties, Transition,
 };
 use countersign_core::{
     CanonicalJson, Decision, Effect, Gate, InputsHash, RoleName, Rule, StepStatus, StoreError,
@@ -56,6 +56,10 @@ pub const STOP_RULE: &str = "emergency.stop";
 pub const AGENT_REVOKED: &str = "agent.revoked";
 /// A planned step's agent credential expired before the step started.
 pub const AGENT_EXPIRED: &str = "agent.expired";
+/// A planned step of a tool that asks for review was not reviewed for these inputs.
+pub const REVIEW_REQUIRED: &str = "review.required";
+/// A planned step's credential is not of its role (or of its run): nothing swaps a role in.
+pub const CREDENTIAL_ROLE: &str = "agent.role_mismatch";
 
 /// How long one adapter call may take before it counts as timed out.
 pub const ADAPTER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -1316,8 +1320,24 @@ fn failpoint(name: &str) {
 /// The executor name compensation steps run under (they run in the run that failed).
 pub const COMPENSATOR: &str = "compensator";
 
+/// What an executor read with its claim ([`Store::planned_call`]).
+///
+/// [`Store::planned_call`]: countersign_core::Store::planned_call
+#[derive(Debug, Clone, Default)]
+pub struct Prefetched {
+    /// The credential the step runs on, as stored (its assignee, else the run's agent).
+    pub agent: Option<AgentCredential>,
+    /// That credential's call context.
+    pub context: Option<CallContext>,
+    /// The step's duties, if it has any.
+    pub duties: Option<StepDuties>,
+    /// The run's agent as `(revoked_at, expires_at)`, if it was read.
+    pub planner_ends: Option<(Option<i64>, Option<i64>)>,
+}
+
 /// Executes a step an executor worker claimed from a planned run: the same policy, gate,
-/// key and adapter path as an agent's call, acting for the run's agent in the step's role.
+/// key and adapter path as an agent's call, on the credential of the step's role minted for
+/// its run (never another role's credential with its role swapped).
 pub async fn execute_claimed(
     state: &AppState,
     step: Step,
@@ -1329,8 +1349,8 @@ pub async fn execute_claimed(
 
 /// [`execute_claimed`] with the step's run as the caller read it after the claim (its status
 /// is read again before the step starts) and, if it read them too ([`Store::planned_call`]),
-/// the run's agent credential as stored and that agent's call context; they are used only when
-/// the credential is the run's agent's. `closed_done` is set when the step's closing
+/// the step's credential as stored, its call context and the step's duties; the credential
+/// and context are used only when it is the one the duties name. `closed_done` is set when the step's closing
 /// transition moved it to `done` and ended `worker`'s lease in the same write (no release
 /// needs to follow).
 ///
@@ -1340,24 +1360,37 @@ pub async fn execute_claimed_in(
     run: Run,
     step: Step,
     worker: &str,
-    prefetched: Option<(Option<AgentCredential>, Option<CallContext>)>,
+    prefetched: Option<Prefetched>,
     closed_done: Option<&AtomicBool>,
 ) -> Result<Answer, Internal> {
     let store = &state.store;
     let Some(loaded) = state.registry.current() else {
         return Err(Internal("no registry in force".into()));
     };
-    let agent_id = run
-        .agent_id
-        .clone()
-        .ok_or_else(|| Internal(format!("planned run {} has no agent", run.id)))?;
-    let (agent, context) = match prefetched {
-        Some((Some(agent), context)) if agent.id == agent_id => (agent, context),
+    let prefetched = match prefetched {
+        Some(p) => p,
+        None => Prefetched {
+            duties: store.step_duties(&step.id).await?,
+            ..Prefetched::default()
+        },
+    };
+    // [duties] The step's own credential: the execution credential minted for its run and
+    // role, else (a step planned before duties existed) the run's agent.
+    let agent_id = match prefetched.duties.as_ref().and_then(|d| d.assignee.clone()) {
+        Some(assignee) => assignee,
+        None => run
+            .agent_id
+            .clone()
+            .ok_or_else(|| Internal(format!("planned run {} has no agent", run.id)))?,
+    };
+    let (agent, context) = match (prefetched.agent, prefetched.context) {
+        (Some(agent), context) if agent.id == agent_id => (agent, context),
         _ => (store.get_agent(&agent_id).await?, None),
     };
-    // [credentials] A planned step acts with its run's agent credential: once that is revoked
-    // or expired, nothing more runs on it (the same check the guard makes on every request).
-    let mut credential = match store.check_credential(agent) {
+    // [credentials] A planned step acts with its own credential: once that is revoked or
+    // expired (its run ended, its planner's lapsed), nothing more runs on it (the same check
+    // the guard makes on every request).
+    let credential = match store.check_credential(agent) {
         Ok(credential) => credential,
         Err(AuthError::Expired(_)) => {
             return refuse_claimed(store, &step, worker, AGENT_EXPIRED, Map::new()).await;
@@ -1366,7 +1399,42 @@ pub async fn execute_claimed_in(
             return refuse_claimed(store, &step, worker, AGENT_REVOKED, Map::new()).await;
         }
     };
-    credential.role = step.role.clone();
+    // [credentials] A step on an execution credential stops with its planner's: a revoked
+    // or expired planner's plan runs no further.
+    if run.agent_id.as_deref() != Some(agent_id.as_str())
+        && let Some(planner) = run.agent_id.as_deref()
+    {
+        let ends = match prefetched.planner_ends {
+            Some(ends) => Some(ends),
+            None => match store.get_agent(planner).await {
+                Ok(p) => Some((p.revoked_at, p.expires_at)),
+                Err(StoreError::NotFound) => None,
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let now = store.clock().now_ms();
+        let rule = match ends {
+            None | Some((Some(_), _)) => Some(AGENT_REVOKED),
+            Some((None, Some(until))) if until <= now => Some(AGENT_EXPIRED),
+            Some((None, _)) => None,
+        };
+        if let Some(rule) = rule {
+            return refuse_claimed(store, &step, worker, rule, Map::new()).await;
+        }
+    }
+    // INVARIANT: no role is ever swapped in: the credential holds the step's role, and an
+    // execution credential is its own run's.
+    if credential.role != step.role
+        || credential
+            .run_id
+            .as_deref()
+            .is_some_and(|r| r != run.id.as_str())
+    {
+        let mut extra = Map::new();
+        extra.insert("credential_role".into(), json!(credential.role));
+        extra.insert("step_role".into(), json!(step.role));
+        return refuse_claimed(store, &step, worker, CREDENTIAL_ROLE, extra).await;
+    }
     let caller = Caller {
         credential,
         session: None,
@@ -1383,6 +1451,21 @@ pub async fn execute_claimed_in(
         let rule = Rule::TOOL_NOT_LISTED.as_str();
         return refuse_claimed(store, &step, worker, rule, Map::new()).await;
     };
+    // [review] A step of a tool that asks for a model review runs only once a reviewer
+    // approved exactly its inputs (the claim already skips one that waits; this also refuses
+    // a step planned before its tool asked for review: it was never reviewed).
+    let reviewed = prefetched
+        .duties
+        .as_ref()
+        .is_some_and(|d| d.reviewed_hash.as_deref() == Some(step.inputs_hash.as_str()));
+    let review_asked = tool.review_required
+        || prefetched
+            .duties
+            .as_ref()
+            .is_some_and(|d| d.review_required);
+    if review_asked && !reviewed && worker != COMPENSATOR {
+        return refuse_claimed(store, &step, worker, REVIEW_REQUIRED, Map::new()).await;
+    }
     // The schema in force now, not only the one at submission: a registry that tightened a
     // tool's schema since planning refuses the planned inputs as it would a direct call.
     let stored: Value =

@@ -6,16 +6,24 @@
 //!   otherwise it opens a planned run whose steps the executor workers run in order. Nothing
 //!   is executed at submission.
 //! * `run.status` / `run.cancel` act only on runs the calling agent submitted.
-//! * `step.list`, `step.approve`, `step.reject`: a model reviewer's verdict, recorded in the
-//!   audit. An approval never replaces a person's gate; a rejection refuses the step and flags
-//!   the run for re-planning.
+//! * `plan.submit` also mints one execution credential per role its steps run in (the steps
+//!   run on it, never on the planner's) and records each step's duties: whether a model
+//!   reviewer must approve it first (`review: required` in the registry). The run is sealed
+//!   as planned only then.
+//! * `step.list`, `step.approve`, `step.reject`: a model reviewer's verdict. An approval names
+//!   the inputs hash it approves and is recorded only for a step that waits for review, by a
+//!   credential that did not plan it ([`countersign_core::Store::review_step`]); it never
+//!   replaces a person's gate. A rejection refuses the step and flags the run for re-planning.
+//! * `step.list` shows a caller only steps that are theirs to see: of runs it planned, assigned
+//!   to it, or — for a reviewer (a role that lists `step.approve`) — of its tenant's planned
+//!   runs it did not plan itself.
 //!
 //! These tools reach this module only through the gateway pipeline, so listing, schema,
 //! policy, keys and audit apply to them like to any other tool.
 
 use countersign_core::audit::{AuditEvent, NewAuditRecord};
 use countersign_core::registry::Tool;
-use countersign_core::store::{NewRun, NewStep, RunStatus, Step, Transition};
+use countersign_core::store::{NewRun, NewStep, ReviewError, RunStatus, Step, Transition};
 use countersign_core::{CanonicalJson, RoleName, StepStatus, StoreError, ToolName};
 use serde_json::{Map, Value, json};
 
@@ -79,6 +87,7 @@ fn worker_role(tool: &Tool) -> Option<RoleName> {
 struct Planned {
     tool: String,
     role: String,
+    review_required: bool,
     effect: countersign_core::Effect,
     inputs: CanonicalJson,
     reason: String,
@@ -163,6 +172,7 @@ async fn submit(
         planned.push(Planned {
             tool: tool.name.as_str().to_string(),
             role: role.as_str().to_string(),
+            review_required: tool.review_required,
             effect: tool.effect,
             inputs,
             reason: step
@@ -198,13 +208,32 @@ async fn submit(
             task: task.to_string(),
             // The operator's word on where this agent's tasks come from; never the model's.
             origin: caller.credential.origin.clone(),
-            planned: true,
+            // Sealed as planned once every step and its duties are written (below): no
+            // executor claims a step before its review and credential are recorded.
+            planned: false,
         })
         .await
         .map_err(store_err)?;
+    // [duties] One execution credential per role the plan's steps run in, minted for this
+    // run only (audited in its trail): no step runs on the planner's credential.
+    let mut executors: std::collections::BTreeMap<String, String> = Default::default();
+    for p in &planned {
+        if executors.contains_key(&p.role) {
+            continue;
+        }
+        let cred = state
+            .store
+            .mint_execution(&run, &p.role, &caller.credential)
+            .await
+            .map_err(|e| match e {
+                countersign_core::store::CreateAgentError::Store(e) => store_err(e),
+                other => AdapterError::Unavailable(format!("execution credential: {other}")),
+            })?;
+        executors.insert(p.role.clone(), cred.id);
+    }
     let mut out = Vec::new();
     for p in planned {
-        let (step, _) = state
+        let (step, opened) = state
             .store
             .open_step(&NewStep {
                 run_id: run.id.clone(),
@@ -221,8 +250,19 @@ async fn submit(
             })
             .await
             .map_err(store_err)?;
+        let assignee = executors.get(&p.role).cloned();
+        // A write the plan repeats is one step (deduplicated): its duties are written once.
+        if opened {
+            state
+                .store
+                .set_step_duties(&step.id, p.review_required, assignee.as_deref())
+                .await
+                .map_err(store_err)?;
+        }
         let mut detail = Map::new();
         detail.insert("reason".into(), json!(p.reason));
+        detail.insert("assignee".into(), json!(assignee));
+        detail.insert("review_required".into(), json!(p.review_required));
         detail.insert("evidence".into(), json!(p.evidence));
         detail.insert("inputs_hash".into(), json!(step.inputs_hash));
         detail.insert("role".into(), json!(p.role));
@@ -242,9 +282,12 @@ async fn submit(
             .map_err(store_err)?;
         out.push(
             json!({"step_id": step.id, "seq": step.seq, "tool": step.tool,
-                        "status": step.status.as_str(), "role": p.role}),
+                        "status": step.status.as_str(), "role": p.role,
+                        "inputs_hash": step.inputs_hash,
+                        "review_required": p.review_required}),
         );
     }
+    state.store.seal_plan(&run.id).await.map_err(store_err)?;
     Ok(json!({"run_id": run.id, "status": "active", "steps": out}))
 }
 
@@ -356,6 +399,18 @@ async fn list(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, 
         None => vec![StepStatus::Pending, StepStatus::NeedsApproval],
     };
     let run_filter = args.get("run_id").and_then(Value::as_str);
+    // A reviewer is a role that may approve steps.
+    let reviewer = RoleName::parse(&caller.credential.role)
+        .ok()
+        .and_then(|role| {
+            loaded
+                .bundle
+                .registry
+                .tool_for_role(&role, "step.approve")
+                .map(|_| ())
+        })
+        .is_some()
+        && caller.credential.run_id.is_none();
     let mut out = Vec::new();
     for status in statuses {
         for step in state
@@ -371,8 +426,22 @@ async fn list(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, 
             if run.tenant != caller.credential.tenant || !run.planned {
                 continue;
             }
+            let duties = state
+                .store
+                .step_duties(&step.id)
+                .await
+                .map_err(store_err)?
+                .unwrap_or_default();
+            // [duties] Only the steps that are this caller's to see.
+            let planned_it = run.agent_id.as_deref() == Some(caller.credential.id.as_str());
+            let assigned = duties.assignee.as_deref() == Some(caller.credential.id.as_str());
+            if !(planned_it || assigned || (reviewer && !planned_it)) {
+                continue;
+            }
             let mut view = step_view(&step);
             view["run_id"] = json!(step.run_id);
+            view["inputs_hash"] = json!(step.inputs_hash);
+            view["awaiting_review"] = json!(duties.awaits_review(&step.inputs_hash));
             // The inputs as the step's tool shows them: its `redact` fields hidden; withheld
             // when the tool is no longer in the registry.
             let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
@@ -438,9 +507,31 @@ async fn review(
         detail,
     };
     if approve {
-        state.store.append_audit(&record).await.map_err(store_err)?;
-        return Ok(json!({"step_id": step.id, "review": "approved",
-                         "status": step.status.as_str()}));
+        // [duties] Bound to the inputs the reviewer names, never by the planner's credential.
+        let inputs_hash = text(args, "inputs_hash")?;
+        return match state
+            .store
+            .review_step(&step.id, inputs_hash, &caller.credential, reason)
+            .await
+        {
+            Ok(duties) => Ok(json!({"step_id": step.id, "review": "approved",
+                                    "status": step.status.as_str(),
+                                    "inputs_hash": duties.reviewed_hash})),
+            Err(ReviewError::NotFound) => Err(rejected("not_found", "no such step")),
+            Err(e @ ReviewError::OwnPlan) => Err(rejected("review.own_plan", e.to_string())),
+            Err(e @ ReviewError::InputsChanged) => {
+                Err(rejected("review.inputs_changed", e.to_string()))
+            }
+            Err(e @ ReviewError::NotWaiting(_)) => Err(rejected("conflict", e.to_string())),
+            Err(ReviewError::Store(e)) => Err(store_err(e)),
+        };
+    }
+    // Stopping is always safe, but never by the credential that planned the step.
+    if run.agent_id.as_deref() == Some(caller.credential.id.as_str()) {
+        return Err(rejected(
+            "review.own_plan",
+            "a step is never reviewed by the credential that planned it",
+        ));
     }
     let moved = state
         .store

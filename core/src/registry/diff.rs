@@ -161,6 +161,15 @@ fn tool_changes(o: &Tool, t: &Tool, lines: &mut Vec<String>) {
     };
     field("effect", o.effect.as_str().into(), t.effect.as_str().into());
     field("gate", gate_str(o.gate).into(), gate_str(t.gate).into());
+    let review = |t: &Tool| {
+        if t.review_required {
+            "required"
+        } else {
+            "none"
+        }
+        .to_string()
+    };
+    field("review", review(o), review(t));
     field("version", o.version.to_string(), t.version.to_string());
     field("title", opt_name(&o.title), opt_name(&t.title));
     if o.description != t.description {

@@ -45,6 +45,8 @@ struct ToolOut<'a> {
     version: u32,
     effect: &'static str,
     gate: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    review: Option<&'static str>,
     roles: Vec<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     approval: Option<ApprovalOut<'a>>,
@@ -97,6 +99,7 @@ fn tool_out(t: &Tool) -> ToolOut<'_> {
         version: t.version,
         effect: t.effect.as_str(),
         gate: gate_str(t.gate),
+        review: t.review_required.then_some("required"),
         roles: t.roles.iter().map(|r| r.as_str()).collect(),
         approval: t.approval.as_ref().map(|a| ApprovalOut {
             approver_roles: a.approver_roles.iter().map(|r| r.as_str()).collect(),

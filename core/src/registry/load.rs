@@ -301,6 +301,7 @@ const TOOL_KEYS: &[&str] = &[
     "version",
     "effect",
     "gate",
+    "review",
     "roles",
     "approval",
     "handler",
@@ -372,6 +373,7 @@ struct Draft {
     input_schema: Option<Value>,
     output_schema: Option<Value>,
     per_step_paths: Vec<String>,
+    review_required: bool,
 }
 
 /// Loads and merges `(source name, YAML text)` pairs.
@@ -710,6 +712,17 @@ fn parse_tool(name: &str, r: &Raw, problems: &mut Vec<Problem>) -> Option<Draft>
         })
         .collect();
     let approval = f.raw("approval").and_then(|v| parse_approval(v, &mut sink));
+    let review_required = match f.opt::<String>("review", &mut sink).as_deref() {
+        None | Some("none") => false,
+        Some("required") => true,
+        Some(other) => {
+            sink.push(
+                "/review",
+                format!("unknown review `{other}` (required, none)"),
+            );
+            false
+        }
+    };
     let handler = match f.raw("handler") {
         None => {
             sink.push("", "missing required key `handler`");
@@ -769,6 +782,7 @@ fn parse_tool(name: &str, r: &Raw, problems: &mut Vec<Problem>) -> Option<Draft>
         input_schema,
         output_schema,
         per_step_paths,
+        review_required,
     })
 }
 
@@ -1089,6 +1103,7 @@ fn resolve(
                 output_schema: d.output_schema,
                 open_world,
                 per_step_paths: d.per_step_paths,
+                review_required: d.review_required,
             },
         );
     }

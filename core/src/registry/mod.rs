@@ -118,6 +118,10 @@ pub struct Tool {
     /// JSON pointers (inside `input_schema`) of the per-step exemptions (see
     /// [`PER_STEP_MARKER`]); empty for every tool but plan submission.
     pub per_step_paths: Vec<String>,
+    /// `review: required`: a planned step of this tool waits until a model reviewer's
+    /// credential (never the planner's) approves its exact inputs; only then does it go on to
+    /// its gate. Direct calls are not planned and are not reviewed.
+    pub review_required: bool,
 }
 
 /// Approval settings of a gated tool.

@@ -19,7 +19,7 @@ use super::standing::write_audited;
 use super::standing::{
     CONTEXT_COLUMNS, CONTEXT_CTE, CONTEXT_GRANTS_JOIN, ContextRow, ContextSql, context_from_rows,
 };
-use super::{CallContext, Pool, Run, Store, StoreError, on_pool};
+use super::{CallContext, Pool, Run, StepDuties, Store, StoreError, on_pool};
 use crate::agents::{AgentToken, RandomnessError};
 use crate::audit::{
     AuditEvent, FAILURE_PAGE, NewAuditRecord, RECENT_EVENTS_SQL, append_in_tx, parse_recent_events,
@@ -87,6 +87,11 @@ pub struct PlannedCall {
     /// Steps of the run after position `step_seq` that are not done: while any is, the run
     /// is not done when that step ends.
     pub later_open: i64,
+    /// The step's duties, when it has any (its credential is then the assignee's).
+    pub duties: Option<StepDuties>,
+    /// The run's agent (the planner) as `(revoked_at, expires_at)`, when it exists: a step
+    /// on an execution credential stops with its planner's.
+    pub planner_ends: Option<(Option<i64>, Option<i64>)>,
 }
 
 /// What [`Store::authenticate_for_call`] also reads: the context of a call the token is
@@ -129,6 +134,10 @@ pub enum CreateAgentError {
     Store(#[from] StoreError),
 }
 
+/// The `step_duties` columns, in [`StepDuties`]' order.
+const DUTY_COLUMNS: &str =
+    "step_id, review_required, reviewed_hash, reviewed_by, reviewed_at, assignee";
+
 const COLUMNS: &str = "id, name, role, tenant, created_by, created_at, expires_at, revoked_at, acts_for, origin, run_id";
 
 fn taken(name: &str) -> CreateAgentError {
@@ -141,6 +150,15 @@ impl Store {
     pub async fn create_agent(
         &self,
         new: &NewAgent,
+    ) -> Result<(AgentCredential, AgentToken), CreateAgentError> {
+        self.insert_agent(new, None).await
+    }
+
+    /// [`Store::create_agent`], optionally as the execution credential of run `run_id`.
+    pub(crate) async fn insert_agent(
+        &self,
+        new: &NewAgent,
+        run_id: Option<&str>,
     ) -> Result<(AgentCredential, AgentToken), CreateAgentError> {
         for (field, value) in [
             ("name", &new.name),
@@ -178,6 +196,10 @@ impl Store {
         audit
             .detail
             .insert("origin".into(), json!(new.origin.as_str()));
+        if let Some(run) = run_id {
+            audit.run_id = Some(run.to_string());
+            audit.detail.insert("execution_for_run".into(), json!(run));
+        }
         let inserted: Result<bool, StoreError> = async {
             Ok(write_audited!(
                 self,
@@ -186,8 +208,8 @@ impl Store {
                 sqlx::query(
                     "INSERT INTO agent_credentials
                        (id, name, role, tenant, token_hash, created_by, created_at, expires_at,
-                        revoked_at, acts_for, origin)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10)",
+                        revoked_at, acts_for, origin, run_id)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11)",
                 )
                 .bind(&id)
                 .bind(&new.name)
@@ -199,6 +221,7 @@ impl Store {
                 .bind(new.expires_at)
                 .bind(&new.acts_for)
                 .bind(new.origin.as_str())
+                .bind(run_id)
             ))
         }
         .await;
@@ -455,7 +478,8 @@ impl Store {
     }
 
     /// What an executor reads before a planned step of run `run_id`, in ONE statement: the
-    /// run, its agent's credential as stored (not checked: see [`Store::check_credential`]),
+    /// run, the step's duties (at position `step_seq`), the credential it runs on as stored
+    /// — its assignee, else the run's agent — (not checked: see [`Store::check_credential`]),
     /// that agent's [`CallContext`] ([`Store::call_context`] with the credential's tenant
     /// and id; `None` without a credential), the run's newest audit records (the first
     /// page [`Store::failures_in_a_row`] reads) and how many of its steps after `step_seq`
@@ -479,14 +503,29 @@ impl Store {
                              (SELECT COUNT(*) FROM steps s WHERE s.run_id = runs.id
                                  AND s.seq > $4 AND s.status <> 'done') AS later_open
                               FROM runs WHERE id = $1),
+                      d AS (SELECT {DUTY_COLUMNS} FROM step_duties
+                             WHERE step_id = (SELECT id FROM steps
+                                               WHERE run_id = $1 AND seq = $4)),
+                      pc AS (SELECT id, revoked_at, expires_at FROM agent_credentials
+                              WHERE id = (SELECT agent_id FROM r)),
                       c AS (SELECT {COLUMNS} FROM agent_credentials
-                             WHERE id = (SELECT agent_id FROM r)),
+                             WHERE id = COALESCE((SELECT assignee FROM d),
+                                                 (SELECT agent_id FROM r))),
                       {CONTEXT_CTE}
                  SELECT r.*, c.id AS c_id, c.name AS c_name, c.role AS c_role,
                         c.tenant AS c_tenant, c.created_by AS c_created_by,
                         c.created_at AS c_created_at, c.expires_at AS c_expires_at,
                         c.revoked_at AS c_revoked_at, c.acts_for AS c_acts_for,
-                        c.origin AS c_origin, c.run_id AS c_run_id, {CONTEXT_COLUMNS}
+                        c.origin AS c_origin, c.run_id AS c_run_id, {CONTEXT_COLUMNS},
+                        (SELECT step_id FROM d) AS d_step_id,
+                        (SELECT review_required FROM d) AS d_review_required,
+                        (SELECT reviewed_hash FROM d) AS d_reviewed_hash,
+                        (SELECT reviewed_by FROM d) AS d_reviewed_by,
+                        (SELECT reviewed_at FROM d) AS d_reviewed_at,
+                        (SELECT assignee FROM d) AS d_assignee,
+                        (SELECT id FROM pc) AS pc_id,
+                        (SELECT revoked_at FROM pc) AS pc_revoked_at,
+                        (SELECT expires_at FROM pc) AS pc_expires_at
                    FROM r LEFT JOIN c ON 1 = 1 {CONTEXT_GRANTS_JOIN}
                   ORDER BY s.granted_at, s.id",
             recent = RECENT_EVENTS_SQL
@@ -500,11 +539,30 @@ impl Store {
                 let mut ctx: Vec<ContextRow> = Vec::new();
                 let mut recent: Option<String> = None;
                 let mut later_open: i64 = 0;
+                let mut duties: Option<StepDuties> = None;
+                let mut planner_ends: Option<(Option<i64>, Option<i64>)> = None;
                 for r in $rows {
                     if run.is_none() {
                         run = Some(RunRow::from_row(&r)?);
                         recent = r.try_get("recent_events")?;
                         later_open = r.try_get("later_open")?;
+                        let planner: Option<String> = r.try_get("pc_id")?;
+                        if planner.is_some() {
+                            planner_ends =
+                                Some((r.try_get("pc_revoked_at")?, r.try_get("pc_expires_at")?));
+                        }
+                        let step_id: Option<String> = r.try_get("d_step_id")?;
+                        if let Some(step_id) = step_id {
+                            let review: Option<bool> = r.try_get("d_review_required")?;
+                            duties = Some(StepDuties {
+                                step_id,
+                                review_required: review.unwrap_or(true),
+                                reviewed_hash: r.try_get("d_reviewed_hash")?,
+                                reviewed_by: r.try_get("d_reviewed_by")?,
+                                reviewed_at: r.try_get("d_reviewed_at")?,
+                                assignee: r.try_get("d_assignee")?,
+                            });
+                        }
                         let id: Option<String> = r.try_get(14)?;
                         if let Some(id) = id {
                             agent = Some(AgentCredential {
@@ -540,10 +598,10 @@ impl Store {
                         r.try_get(39)?,
                     ));
                 }
-                (run, agent, ctx, recent, later_open)
+                (run, agent, ctx, recent, later_open, duties, planner_ends)
             }};
         }
-        let (run, agent, rows, recent, later_open) = on_pool!(self, |p| {
+        let (run, agent, rows, recent, later_open, duties, planner_ends) = on_pool!(self, |p| {
             let rows = sqlx::query(&sql)
                 .bind(run_id)
                 .bind(switch)
@@ -564,6 +622,8 @@ impl Store {
             context,
             recent_events: parse_recent_events(recent.as_deref()),
             later_open,
+            duties,
+            planner_ends,
         })
     }
 

@@ -20,6 +20,7 @@
 mod agents;
 mod bulk;
 mod demo;
+mod duties;
 pub(crate) mod group;
 mod proposals;
 mod registry;
@@ -44,6 +45,7 @@ pub use agents::{
     AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent, PlannedCall,
 };
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
+pub use duties::{REVIEW_APPROVED_RULE, ReviewError, StepDuties};
 pub use group::TIMING as COMMITTER_TIMING;
 pub use proposals::{
     ApproveOutcome, Change, ChangeOp, ListingChange, NewProposal, Proposal, ProposalError,

@@ -353,7 +353,8 @@ fn record(
 /// `$audit` in the same transaction: the chain's lock first (lock order), then the row.
 /// Evaluates to `true` when written; `false` (rolled back) when the row was not touched.
 macro_rules! write_audited {
-    ($store:expr, $audit:expr, $now:expr, $query:expr) => {{
+    ($store:expr, $audit:expr, $now:expr, $query:expr) => {{ write_audited!($store, $audit, AuditEvent::Operational, $now, $query) }};
+    ($store:expr, $audit:expr, $event:expr, $now:expr, $query:expr) => {{
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await.map_err(StoreError::from)?;
@@ -373,16 +374,8 @@ macro_rules! write_audited {
                     tx.rollback().await.map_err(StoreError::from)?;
                     false
                 } else {
-                    let appended: Result<_, StoreError> = async {
-                        Ok(append_in_tx!(
-                            &mut *tx,
-                            $lock,
-                            &$audit,
-                            AuditEvent::Operational,
-                            $now
-                        ))
-                    }
-                    .await;
+                    let appended: Result<_, StoreError> =
+                        async { Ok(append_in_tx!(&mut *tx, $lock, &$audit, $event, $now)) }.await;
                     appended?;
                     tx.commit().await.map_err(StoreError::from)?;
                     true

@@ -748,6 +748,9 @@ impl Store {
                  AND NOT EXISTS (SELECT 1 FROM steps e WHERE e.run_id = s.run_id
                                  AND e.seq < s.seq AND e.status <> 'done')
                  AND NOT EXISTS (SELECT 1 FROM switches WHERE name = $4)
+                 AND NOT EXISTS (SELECT 1 FROM step_duties d WHERE d.step_id = s.id
+                                 AND d.review_required
+                                 AND (d.reviewed_hash IS NULL OR d.reviewed_hash <> s.inputs_hash))
                ORDER BY s.not_before, s.created_at, s.seq LIMIT 1 {lock})
              RETURNING {STEP_COLUMNS}"
         )

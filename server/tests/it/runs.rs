@@ -45,13 +45,48 @@ async fn submit(client: &mut Client<'_>, steps: Vec<Value>) -> (String, Vec<Stri
     (run, ids)
 }
 
-/// Waits (real time, at most 20 s) until `step` reaches `status`.
+/// A model reviewer's approval of `step`'s exact inputs, by a reviewer credential of its own.
+pub async fn review(app: &TestApp, step: &str) {
+    let reviewer = match app.store.find_agent("reviewer-it").await {
+        Ok(cred) => cred,
+        Err(_) => {
+            let (id, _) = agent(app, "reviewer-it", "reviewer").await;
+            app.store.get_agent(&id).await.unwrap()
+        }
+    };
+    let hash = app.store.get_step(step).await.unwrap().inputs_hash;
+    app.store
+        .review_step(
+            step,
+            &hash,
+            &reviewer,
+            "Amounts and supplier match the evidence",
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits (real time, at most 20 s) until `step` reaches `status`. Waiting for a person's gate,
+/// a step that first waits for its model review (payment.schedule) is reviewed here (the review
+/// stage has its own tests in `duties`).
 async fn wait_for(app: &TestApp, step: &str, status: StepStatus) {
     let began = Instant::now();
     loop {
         let now = app.store.get_step(step).await.unwrap();
         if now.status == status {
             return;
+        }
+        if status == StepStatus::NeedsApproval
+            && now.status == StepStatus::Pending
+            && app
+                .store
+                .step_duties(step)
+                .await
+                .unwrap()
+                .is_some_and(|d| d.awaits_review(&now.inputs_hash))
+        {
+            review(app, step).await;
+            continue;
         }
         assert!(
             began.elapsed() < Duration::from_secs(20),
@@ -113,7 +148,8 @@ async fn runs_a_plan_executes_in_order_and_waits_at_the_gate_for_a_person() {
             "scheduled",
             "{status}"
         );
-        // The step's audit: proposed by the planner, decided, gated, approved, started, succeeded.
+        // The step's audit: proposed by the planner, reviewed, decided, gated, approved,
+        // started, succeeded.
         let events: Vec<String> = app
             .store
             .audit_for_run(&run)
@@ -127,6 +163,7 @@ async fn runs_a_plan_executes_in_order_and_waits_at_the_gate_for_a_person() {
             events,
             [
                 "proposed",
+                "validated",
                 "decided",
                 "waiting_approval",
                 "approved",
@@ -439,7 +476,8 @@ async fn runs_worker_killed_before_calling_the_target_runs_the_step_once_after_r
 pub(crate) async fn many_workers(app: &TestApp, workers: usize, steps: usize) {
     use countersign_core::store::{NewRun, NewStep};
     use countersign_core::{CanonicalJson, Effect};
-    let (planner, _) = agent(app, "planner-load", "planner").await;
+    // The runs are made here, not planned: their agent holds the steps' role itself.
+    let (planner, _) = agent(app, "planner-load", "worker.comms").await;
     let mut ids = Vec::new();
     for r in 0..steps.div_ceil(10) {
         let run = app
