@@ -297,3 +297,246 @@ async fn an_external_origin_credentials_call_meets_the_policys_origin_rule() {
     })
     .await;
 }
+
+/// Waits (real time, at most 20 s) until `step` is `status`.
+async fn reaches(app: &TestApp, step: &str, status: StepStatus) {
+    let began = std::time::Instant::now();
+    loop {
+        let now = app.store.get_step(step).await.unwrap();
+        if now.status == status {
+            return;
+        }
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(20),
+            "step {step} stuck at {:?}, wanted {status:?}",
+            now.status
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A credential in `role` created by Ada (who approves nothing here); `(credential, token)`.
+async fn by_ada(
+    app: &TestApp,
+    name: &str,
+    role: &str,
+) -> (countersign_core::store::AgentCredential, String) {
+    let (cred, token) = app
+        .store
+        .create_agent(&NewAgent {
+            name: name.into(),
+            role: role.into(),
+            tenant: "acme".into(),
+            created_by: demo_person("ada"),
+            expires_at: None,
+            acts_for: None,
+            origin: TaskOrigin::User,
+        })
+        .await
+        .unwrap();
+    (cred, token.reveal().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_payment_waits_for_its_reviewer_then_a_person_and_runs_on_its_own_credential() {
+    use countersign_core::store::ReviewError;
+    each_finance_app(|app| async move {
+        let (planner_cred, planner_token) = by_ada(&app, "planner-1", "planner").await;
+        let (reviewer_cred, reviewer_token) = by_ada(&app, "reviewer-1", "reviewer").await;
+        let mut planner = Client::new(&app, &planner_token);
+        planner.connect().await;
+        let (run, steps) = crate::runs::submit(
+            &mut planner,
+            vec![
+                crate::runs::note_step(),
+                crate::runs::payment_step(json!(4180.00)),
+            ],
+        )
+        .await;
+        let pay = steps[1].clone();
+        reaches(&app, &steps[0], StepStatus::Done).await;
+        // The payment waits for its reviewer: not claimed, no gate opened, nobody asked.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert_eq!(status(&app, &pay).await, StepStatus::Pending);
+        let ana = app.demo_client("ana").await;
+        let gates: Value = ana.get(app.url("/api/gates")).send().await.unwrap().json().await.unwrap();
+        assert_eq!(gates["gates"].as_array().unwrap().len(), 0, "{gates}");
+        let hash = app.store.get_step(&pay).await.unwrap().inputs_hash;
+
+        // The planner's own credential never reviews its plan (over MCP it is not even
+        // listed; the store refuses it too).
+        let own = planner
+            .call(
+                "step.approve",
+                json!({"step_id": pay, "inputs_hash": hash, "reason": "my own plan looks right to me"}),
+            )
+            .await;
+        assert_eq!(own["error"]["code"], -32602, "{own}");
+        let own = app.store.review_step(&pay, &hash, &planner_cred, "mine").await;
+        assert!(matches!(own, Err(ReviewError::OwnPlan)), "{own:?}");
+        // A review of other inputs does not count.
+        let other = format!("sha256:{}", "0".repeat(64));
+        let mut reviewer = Client::new(&app, &reviewer_token);
+        reviewer.connect().await;
+        let changed = reviewer
+            .call(
+                "step.approve",
+                json!({"step_id": pay, "inputs_hash": other, "reason": "amounts match the purchase order"}),
+            )
+            .await;
+        assert_eq!(changed["result"]["isError"], true, "{changed}");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(status(&app, &pay).await, StepStatus::Pending);
+        assert!(app.store.step_duties(&pay).await.unwrap().unwrap().reviewed_hash.is_none());
+
+        // The reviewer approves exactly these inputs: now it waits for a person.
+        let listed = reviewer.call("step.list", json!({"run_id": run})).await;
+        assert_eq!(content(&listed)["steps"][0]["inputs_hash"], hash.as_str(), "{listed}");
+        assert_eq!(content(&listed)["steps"][0]["awaiting_review"], true, "{listed}");
+        let ok = reviewer
+            .call(
+                "step.approve",
+                json!({"step_id": pay, "inputs_hash": hash, "reason": "amounts match the purchase order"}),
+            )
+            .await;
+        assert_eq!(content(&ok)["review"], "approved", "{ok}");
+        reaches(&app, &pay, StepStatus::NeedsApproval).await;
+        assert_eq!(decide(&app, &ana, &pay, "approved").await, StatusCode::OK);
+        reaches(&app, &pay, StepStatus::Done).await;
+
+        // The timeline names four identities: planner, reviewer, Ana, the execution credential.
+        let records = app.store.audit_for_run(&run).await.unwrap();
+        let actor_of = |event: &str| {
+            records
+                .iter()
+                .find(|r| r.event == event && r.step_id.as_deref() == Some(pay.as_str()))
+                .and_then(|r| r.actor.clone())
+                .unwrap_or_default()
+        };
+        assert!(actor_of("proposed").contains(&planner_cred.id), "{records:?}");
+        assert!(actor_of("validated").contains(&reviewer_cred.id), "{records:?}");
+        assert!(actor_of("approved").contains("#ana"), "{records:?}");
+        let executions: Vec<_> = app
+            .store
+            .list_agents()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.run_id.as_deref() == Some(run.as_str()))
+            .collect();
+        let worker = executions
+            .iter()
+            .find(|a| a.role == "worker.finance")
+            .expect("an execution credential for the payment's role");
+        assert!(worker.name.starts_with("exec:"), "{worker:?}");
+        assert_eq!(worker.created_by, demo_person("ada"), "the planner's creator stays accountable");
+        let started = actor_of("started");
+        assert!(started.contains(&worker.id), "{started}");
+        assert!(started.contains("role:worker.finance"), "{started}");
+        assert!(!started.contains(&planner_cred.id), "{started}");
+        // The run ended: its execution credentials with it.
+        let began = std::time::Instant::now();
+        while app.store.get_run(&run).await.unwrap().status == countersign_core::store::RunStatus::Active {
+            assert!(began.elapsed() < std::time::Duration::from_secs(20), "the run never ended");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        for cred in &executions {
+            let now = app.store.get_agent(&cred.id).await.unwrap();
+            assert!(now.revoked_at.is_some(), "{now:?}");
+            assert!(app.store.check_credential(now).is_err());
+        }
+        let effects = app.store.demo_effects(ERP, "payments.schedule").await.unwrap();
+        assert_eq!(effects.len(), 1, "{effects:?}");
+        app
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_never_runs_on_a_credential_of_another_role_or_run() {
+    each_finance_app(|app| async move {
+        let (_, planner_token) = by_ada(&app, "planner-2", "planner").await;
+        let mut planner = Client::new(&app, &planner_token);
+        planner.connect().await;
+        let (run, steps) = crate::runs::submit(
+            &mut planner,
+            vec![crate::runs::note_step(), crate::runs::note_step()],
+        )
+        .await;
+        assert_eq!(steps[0], steps[1], "one write, one step");
+        reaches(&app, &steps[0], StepStatus::Done).await;
+        // Another plan's steps: their execution credential is of their own run.
+        let (other_run, other) = crate::runs::submit(
+            &mut planner,
+            vec![json!({"tool": "note.draft",
+                        "arguments": {"invoice_id": "INV-20260612", "text": "Freight matched."},
+                        "reason": "Record the freight match"})],
+        )
+        .await;
+        assert_ne!(other_run, run);
+        reaches(&app, &other[0], StepStatus::Done).await;
+        let duties = app.store.step_duties(&other[0]).await.unwrap().unwrap();
+        let mine = app.store.step_duties(&steps[0]).await.unwrap().unwrap();
+        assert_ne!(duties.assignee, mine.assignee, "each run mints its own");
+        // A worker role without step.list sees nothing of the plan.
+        let (_, comms) = by_ada(&app, "comms-1", "worker.comms").await;
+        let mut comms = Client::new(&app, &comms);
+        comms.connect().await;
+        let listed = comms.call("step.list", json!({})).await;
+        assert_eq!(listed["error"]["code"], -32602, "{listed}");
+
+        // A step assigned to a credential of another role is refused, never run with the
+        // role swapped in.
+        use countersign_core::store::{NewRun, NewStep};
+        use countersign_core::{CanonicalJson, Effect};
+        let (fin, _) = by_ada(&app, "fin-other-role", "worker.finance").await;
+        let (planner_cred, _) = by_ada(&app, "planner-3", "planner").await;
+        let made = app
+            .store
+            .create_run(&NewRun {
+                tenant: "acme".into(),
+                principal: format!("agent:{}", planner_cred.id),
+                agent_id: Some(planner_cred.id.clone()),
+                task: "a step assigned to the wrong role".into(),
+                origin: "user".into(),
+                planned: false,
+            })
+            .await
+            .unwrap();
+        let (step, _) = app
+            .store
+            .open_step(&NewStep {
+                run_id: made.id.clone(),
+                role: "worker.comms".into(),
+                tool: "note.draft".into(),
+                effect: Effect::Write,
+                inputs: CanonicalJson::from_value(
+                    &json!({"invoice_id": "INV-20260611", "text": "swapped"}),
+                )
+                .unwrap(),
+                agent_id: Some(planner_cred.id.clone()),
+                reason: String::new(),
+                evidence: vec![],
+                observed: None,
+                trace_id: "t".into(),
+                status: StepStatus::Pending,
+            })
+            .await
+            .unwrap();
+        app.store
+            .set_step_duties(&step.id, false, Some(&fin.id))
+            .await
+            .unwrap();
+        app.store.seal_plan(&made.id).await.unwrap();
+        reaches(&app, &step.id, StepStatus::Refused).await;
+        let refused = app.store.get_step(&step.id).await.unwrap();
+        assert_eq!(refused.rule.as_deref(), Some("agent.role_mismatch"));
+        let drafted = app.store.demo_effects(ERP, "notes.draft").await.unwrap();
+        assert!(
+            !drafted.iter().any(|e| format!("{e:?}").contains("swapped")),
+            "{drafted:?}"
+        );
+        app
+    })
+    .await;
+}

@@ -16,18 +16,18 @@ fn content(reply: &Value) -> &Value {
     &reply["result"]["structuredContent"]
 }
 
-fn note_step() -> Value {
+pub(crate) fn note_step() -> Value {
     json!({"tool": "note.draft", "arguments": {"invoice_id": INV, "text": "Paying after the three-way match."},
            "reason": "Record why the invoice is being paid now", "evidence": ["INV-20260611", "PO-77812"]})
 }
 
-fn payment_step(amount: Value) -> Value {
+pub(crate) fn payment_step(amount: Value) -> Value {
     json!({"tool": "payment.schedule", "arguments": payment(amount),
            "reason": "Three-way match complete against PO-77812 line 2", "evidence": ["PO-77812"]})
 }
 
 /// Submits a plan as `planner` and returns (run id, step ids).
-async fn submit(client: &mut Client<'_>, steps: Vec<Value>) -> (String, Vec<String>) {
+pub(crate) async fn submit(client: &mut Client<'_>, steps: Vec<Value>) -> (String, Vec<String>) {
     let reply = client
         .call(
             "plan.submit",
