@@ -252,6 +252,8 @@ const INV: &str = "INV-20260611";
 const SUP: &str = "SUP-000042";
 const RUN: &str = "0b7e8f8a-3c1d-4e59-9a57-2f1c6d4b8e10";
 const STEP: &str = "5d1f0c2e-7a4b-4c3d-8e9f-a0b1c2d3e4f5";
+/// A step's inputs hash, as `step.list` shows it.
+const HASH: &str = "sha256:db3a46fae0b1dbce179a4ebc620c4358e5f524875745a882562e0c4557518764";
 const REASON: &str = "Invoice approved by AP, due in four days";
 
 fn fact(kind: &str, id: &str, tenant: &str, owner: Option<&str>, attrs: Value) -> ResourceFact {
@@ -381,7 +383,7 @@ pub fn rows() -> Vec<Row> {
         fin("planner reads run status", "planner", "run.status", json!({"run_id": RUN})).allow(),
         fin("planner cancels a run", "planner", "run.cancel", json!({"run_id": RUN, "reason": "Superseded by a newer plan"})).allow(),
         fin("reviewer lists steps", "reviewer", "step.list", json!({"status": "needs_approval"})).allow(),
-        fin("reviewer approves a step", "reviewer", "step.approve", json!({"step_id": STEP, "reason": "Matches the invoice and the PO"})).allow(),
+        fin("reviewer approves a step", "reviewer", "step.approve", json!({"step_id": STEP, "inputs_hash": HASH, "reason": "Matches the invoice and the PO"})).allow(),
         fin("reviewer rejects a step", "reviewer", "step.reject", json!({"step_id": STEP, "reason": "Wrong supplier on the invoice"})).allow(),
         fin("reviewer reads an invoice", "reviewer", "invoice.get", json!({"invoice_id": INV})).res(inv()).allow(),
         fin("worker.finance searches", "worker.finance", "invoice.search", json!({})).allow(),
@@ -541,7 +543,7 @@ pub fn rows() -> Vec<Row> {
         so("planner reads run status", "planner", "run.status", json!({"run_id": RUN})).allow(),
         so("planner cancels a run", "planner", "run.cancel", json!({"run_id": RUN, "reason": "The traveller rebooked by phone"})).allow(),
         so("reviewer lists steps", "reviewer", "step.list", json!({"run_id": RUN})).allow(),
-        so("reviewer approves a step", "reviewer", "step.approve", json!({"step_id": STEP, "reason": "Within the traveller's constraints"})).allow(),
+        so("reviewer approves a step", "reviewer", "step.approve", json!({"step_id": STEP, "inputs_hash": HASH, "reason": "Within the traveller's constraints"})).allow(),
         so("reviewer rejects a step", "reviewer", "step.reject", json!({"step_id": STEP, "reason": "The new time clashes with the ride"})).allow(),
     ]
 }
