@@ -435,7 +435,7 @@ async fn list(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, 
             // [duties] Only the steps that are this caller's to see.
             let planned_it = run.agent_id.as_deref() == Some(caller.credential.id.as_str());
             let assigned = duties.assignee.as_deref() == Some(caller.credential.id.as_str());
-            if !(planned_it || assigned || (reviewer && !planned_it)) {
+            if !(planned_it || assigned || reviewer) {
                 continue;
             }
             let mut view = step_view(&step);
