@@ -724,7 +724,7 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
         .map(|a| {
             let bind = (a.state == "active" && a.run_id.is_empty()).then(|| {
                 let action = format!("/admin/agents/{}/binding", a.id);
-                let label = format!("Bind {}", a.name);
+                let label = format!("Save binding of {}", a.name);
                 let origins = ["user", "schedule", "monitor", "external"]
                     .into_iter()
                     .map(|o| view! { <option value=o selected=a.origin == o>{o}</option> })

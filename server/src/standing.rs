@@ -1,7 +1,7 @@
 //! Who a call is made for, and the standing authorizations that party holds.
 //!
 //! * The party: the credential's `acts_for`, which an operator sets (`agent-token create
-//!   --acts-for`, `agent-token bind`, the admin page or `POST /api/admin/agents/{id}/binding`),
+//!   --acts-for`, `agent-token bind`, the admin page or its form `POST /admin/agents/{id}/binding`),
 //!   each change audited (`agent.bound`): the person that credential's runs act for (seed
 //!   004: the StillOn agents act for the traveller).
 //! * The grants: table `standing_authorizations` ([`countersign_core::store::Standing`]),
