@@ -598,6 +598,19 @@ fn binding_fields(form: &[(String, String)]) -> Option<(Option<String>, TaskOrig
     Some((acts_for, origin))
 }
 
+/// `None` when credential `id` is of `admin`'s tenant; otherwise the answer: another
+/// tenant's credential does not exist for this admin.
+async fn own_tenants_agent(state: &AppState, admin: &Person, id: &str) -> Option<Response> {
+    match state.store.get_agent(id).await {
+        Ok(cred) if admin.tenant.as_ref() == Some(&cred.tenant) => None,
+        Ok(_) | Err(StoreError::NotFound) => Some(back(None, Some("not_found"))),
+        Err(e) => {
+            tracing::error!(error = %e, "admin: reading the credential failed");
+            Some(back(None, Some("unavailable")))
+        }
+    }
+}
+
 /// `POST /admin/agents/{id}/binding` (form: `acts_for`, empty to unbind; `origin`): who the
 /// credential's calls are made for and where its tasks come from, audited (`agent.bound`).
 /// Also the API for scripts: a same-origin form post with an admin session.
@@ -611,14 +624,8 @@ pub async fn bind_agent(
     if let Some(refused) = cross_origin(&state, &headers) {
         return refused;
     }
-    // Another tenant's credential does not exist for this admin.
-    match state.store.get_agent(&id).await {
-        Ok(cred) if admin.0.tenant.as_ref() == Some(&cred.tenant) => {}
-        Ok(_) | Err(StoreError::NotFound) => return back(None, Some("not_found")),
-        Err(e) => {
-            tracing::error!(error = %e, "admin: binding failed");
-            return back(None, Some("unavailable"));
-        }
+    if let Some(refused) = own_tenants_agent(&state, &admin.0, &id).await {
+        return refused;
     }
     let Some((acts_for, origin)) = binding_fields(&fields(&body)) else {
         return back(None, Some("binding"));
@@ -654,14 +661,8 @@ pub async fn revoke_agent(
     if let Some(refused) = cross_origin(&state, &headers) {
         return refused;
     }
-    // Another tenant's credential does not exist for this admin.
-    match state.store.get_agent(&id).await {
-        Ok(cred) if admin.0.tenant.as_ref() == Some(&cred.tenant) => {}
-        Ok(_) | Err(StoreError::NotFound) => return back(None, Some("not_found")),
-        Err(e) => {
-            tracing::error!(error = %e, "admin: revoking failed");
-            return back(None, Some("unavailable"));
-        }
+    if let Some(refused) = own_tenants_agent(&state, &admin.0, &id).await {
+        return refused;
     }
     let by = format!("person:{}", identity(&admin.0));
     match state.store.revoke_agent(&id, &by).await {
