@@ -1,5 +1,5 @@
 import { test, expect } from '@playwright/test';
-import { agentToken, gatedPayment, mcp, mcpSession, payment, shot, signIn } from './support';
+import { agentToken, decide, gatedPayment, mcp, mcpSession, payment, shot, signIn } from './support';
 
 test('ana opens the inbox, sees the gated payment and approves it with a reason', async ({ page, baseURL }) => {
   const token = agentToken();
@@ -78,4 +78,28 @@ test('a gate opened while the inbox is open appears without reload and keeps the
   await expect(page.locator('[data-testid="gate-row"]')).toHaveCount(0, { timeout: 15_000 });
   await expect(page.getByText('No gated calls are waiting for approval.')).toBeVisible();
   expect(await page.evaluate(() => (window as unknown as { inboxMarker?: string }).inboxMarker)).toBe('same page');
+});
+
+test('the creator of an agent credential cannot countersign its payment; the gate page says why', async ({ page, baseURL }) => {
+  // Ana created this agent's credential: she is accountable for what it proposes.
+  const token = agentToken('worker.finance', 'person:urn:countersign:demo#ana');
+  const session = await mcpSession(baseURL!, token, 'e2e-creator');
+  const args = payment('INV-20260615', 640.0, 'Warehouse racking deposit agreed with the supplier', '2026-06-30');
+  const step = await gatedPayment(baseURL!, token, session, 2, args);
+
+  await signIn(page, /Sign in as Ana/);
+  await page.goto(`/inbox/${step}`);
+  await page.getByLabel(/Reason/).fill('Three-way match checked against PO 4471');
+  await page.getByTestId('approve').click();
+  await expect(page).toHaveURL(new RegExp(`/inbox/${step}\\?error=creator$`));
+  await expect(page.getByText(/another approver must countersign it/)).toBeVisible();
+  await page.screenshot({ path: shot('inbox-creator-refused'), fullPage: true });
+
+  // Nothing was approved: the agent's next call still waits for a person.
+  const again = await mcp(baseURL!, token, session, 3, 'tools/call', { name: 'payment.schedule', arguments: args });
+  expect(again.reply.result.structuredContent.status).toBe('needs_approval');
+
+  // Stopping is always safe: her rejection goes through.
+  await decide(page, step, 'reject');
+  await expect(page).toHaveURL(/\/inbox\?done=rejected$/);
 });

@@ -15,11 +15,12 @@ export function shot(name: string): string {
   return join(shotsDir, `${name}.png`);
 }
 
-/** An agent credential for `role` in tenant acme, created with the CLI on the server's database. */
-export function agentToken(role = 'worker.finance'): string {
+/** An agent credential for `role` in tenant acme, created with the CLI on the server's database
+ * by `by` (recorded as its creator, who may never approve its steps). */
+export function agentToken(role = 'worker.finance', by = 'e2e'): string {
   const out = execFileSync(
     e2eBinary,
-    ['agent-token', 'create', '--name', `e2e-${role}-${Date.now()}`, '--role', role, '--tenant', 'acme', '--by', 'e2e'],
+    ['agent-token', 'create', '--name', `e2e-${role}-${Date.now()}`, '--role', role, '--tenant', 'acme', '--by', by],
     { env: { ...process.env, ...e2eEnv }, encoding: 'utf8' },
   );
   return out.trim().split('\n').pop() ?? '';

@@ -245,9 +245,9 @@ async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), S
     crate::runs::cancel_run(state, &step.run_id, "executor", rule, RunStatus::Failed).await?;
     // The run failed with writes done before the blocked step: they are undone or escalated
     // as after any failed step, never left half-done in silence.
-    compensate(state, &step.run_id, step).await?;
+    let compensated = compensate(state, &step.run_id, step).await;
     state.store.end_execution_credentials(&step.run_id).await?;
-    Ok(())
+    compensated
 }
 
 /// Whether the step's stored outcome marks its failure as one that may be retried.
@@ -346,10 +346,10 @@ async fn fail_run(
             .unwrap_or_default()
     );
     crate::runs::cancel_run(state, run_id, "executor", &reason, RunStatus::Failed).await?;
-    compensate(state, run_id, step).await?;
-    // [duties] Its compensations ran: the run's execution credentials end with it.
+    let compensated = compensate(state, run_id, step).await;
+    // [duties] Its compensations ran (or failed): the run's execution credentials end with it.
     state.store.end_execution_credentials(run_id).await?;
-    Ok(())
+    compensated
 }
 
 /// Undoes the writes that succeeded before `failed`, latest first, with each tool's registry

@@ -123,10 +123,11 @@ impl Provenance {
         Self {
             model: meta("model").and_then(bounded),
             prompt_revision: meta("prompt_revision").and_then(bounded),
+            // A malformed `_meta.traceparent` does not hide a valid header.
             trace_id: meta("traceparent")
                 .as_deref()
-                .or(header)
-                .and_then(traceparent_trace_id),
+                .and_then(traceparent_trace_id)
+                .or_else(|| header.and_then(traceparent_trace_id)),
         }
     }
 
@@ -749,7 +750,11 @@ async fn execute(
                     &run.id,
                     crate::executor::EMERGENCY_STOP,
                     &credential.tenant,
-                    &credential.id,
+                    // An execution credential acts for whoever its run's planner acts for now.
+                    match (&credential.run_id, &run.agent_id) {
+                        (Some(_), Some(planner)) => planner,
+                        _ => &credential.id,
+                    },
                     store.clock().now_ms(),
                 )
                 .await?
@@ -785,8 +790,9 @@ async fn execute(
             .await?
     };
     // The run's origin, or the credential's when that is now `external` (an operator who
-    // learns the agent reads inbound content says so once, for its open runs too); a text
-    // that is no origin is read as `external`, the least trusted (fail closed).
+    // learns the agent reads inbound content says so once, for its open session runs too;
+    // a planned step keeps the origin its planner had at submission); a text that is no
+    // origin is read as `external`, the least trusted (fail closed).
     let origin = match (
         TaskOrigin::parse(&run.origin),
         TaskOrigin::parse(&ctx.caller.credential.origin),

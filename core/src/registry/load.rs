@@ -812,6 +812,12 @@ fn parse_approval(v: &Value, sink: &mut Sink<'_>) -> Option<Approval> {
     {
         sink.push("/approval/second_approval_above", "must not be negative");
     }
+    if party_confirms == Some(true) && second_approval_above.is_some() {
+        sink.push(
+            "/approval/party_confirms",
+            "a party's own confirmation has one approver: it cannot ask for a second above an amount",
+        );
+    }
     Some(Approval {
         approver_roles,
         expires: expires.unwrap_or(DEFAULT_APPROVAL_EXPIRY),

@@ -495,7 +495,9 @@ impl Store {
         let sql = ContextSql {
             tenant: "(SELECT tenant FROM c)",
             switch: "$2",
-            agent: "(SELECT id FROM c)",
+            // The party and grants are the run's agent's (the planner's, read live; an
+            // execution credential acts for whoever its planner acts for now).
+            agent: "COALESCE((SELECT id FROM pc), (SELECT id FROM c))",
             now: "$3",
         }
         .fill(&format!(
@@ -613,7 +615,10 @@ impl Store {
         });
         let run: Run = run.ok_or(StoreError::NotFound)?.try_into()?;
         let context = match &agent {
-            Some(a) => context_from_rows(run_id, rows, &a.tenant, &a.id, now)?,
+            Some(a) => {
+                let holder = run.agent_id.as_deref().unwrap_or(a.id.as_str());
+                context_from_rows(run_id, rows, &a.tenant, holder, now)?
+            }
             None => None,
         };
         Ok(PlannedCall {

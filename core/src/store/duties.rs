@@ -140,17 +140,26 @@ impl Store {
     }
 
     /// Marks `run_id` as planned: from now on its steps are the executor's to claim. Called
-    /// once every step and its duties are written.
+    /// once every step and its duties are written. [`StoreError::Conflict`] when the run is
+    /// no longer active (stopped meanwhile): its execution credentials are ended.
     pub async fn seal_plan(&self, run_id: &str) -> Result<(), StoreError> {
         let now = self.clock.now_ms();
-        on_pool!(self, |p| {
-            sqlx::query("UPDATE runs SET planned = TRUE, updated_at = $1 WHERE id = $2")
-                .bind(now)
-                .bind(run_id)
-                .execute(p)
-                .await?
-                .rows_affected()
+        let sealed = on_pool!(self, |p| {
+            sqlx::query(
+                "UPDATE runs SET planned = TRUE, updated_at = $1 WHERE id = $2 AND status = 'active'",
+            )
+            .bind(now)
+            .bind(run_id)
+            .execute(p)
+            .await?
+            .rows_affected()
         });
+        if sealed != 1 {
+            self.end_execution_credentials(run_id).await?;
+            return Err(StoreError::Conflict(format!(
+                "run {run_id} ended before its plan was sealed"
+            )));
+        }
         Ok(())
     }
 
