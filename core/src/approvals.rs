@@ -658,3 +658,50 @@ fn four_eyes(created_by: &str, name: &str, approver: &Approver) -> Result<(), De
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ana() -> Approver {
+        Approver {
+            iss: "https://idp.example".into(),
+            sub: "ana".into(),
+        }
+    }
+
+    #[test]
+    fn a_person_is_named_in_every_form_an_identity_takes_here() {
+        for who in [
+            "person:https://idp.example#ana",
+            "https://idp.example#ana",
+            "ana",
+            "  ana ",
+        ] {
+            assert!(names_person(who, &ana()), "{who}");
+        }
+        for who in [
+            "",
+            "person:https://other.example#ana",
+            "https://idp.example#anabel",
+            "person:ana",
+            "agent:ana",
+            "scenario:ana",
+        ] {
+            assert!(!names_person(who, &ana()), "{who}");
+        }
+    }
+
+    #[test]
+    fn only_accountable_refusals_are_audited_with_their_rule() {
+        let creator = DecideError::CreatorApproval { name: "bot".into() };
+        let party = DecideError::ActsForApproval { name: "bot".into() };
+        let not_party = DecideError::NotTheParty { party: None };
+        assert_eq!(creator.audited_rule(), Some(CREATOR_RULE));
+        assert_eq!(party.audited_rule(), Some(ACTS_FOR_RULE));
+        assert_eq!(not_party.audited_rule(), Some(NOT_PARTY_RULE));
+        assert!(not_party.to_string().contains("acts for nobody"));
+        assert_eq!(DecideError::FourEyes.audited_rule(), None);
+        assert_eq!(DecideError::NotAnApprover.audited_rule(), None);
+    }
+}
