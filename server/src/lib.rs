@@ -15,6 +15,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod notify;
 pub mod pipeline;
+pub mod provenance;
 pub mod registry;
 pub mod revalidate;
 pub mod runs;

@@ -479,33 +479,6 @@ async fn review(
     if run.tenant != caller.credential.tenant || !run.planned {
         return Err(rejected("not_found", "no such step"));
     }
-    let actor = format!(
-        "agent:{} role:{}",
-        caller.credential.id, caller.credential.role
-    );
-    let mut detail = Map::new();
-    detail.insert(
-        "review".into(),
-        json!(if approve { "approve" } else { "reject" }),
-    );
-    detail.insert("reason".into(), json!(reason));
-    detail.insert("inputs_hash".into(), json!(step.inputs_hash));
-    let record = NewAuditRecord {
-        event: Some(AuditEvent::Validated),
-        run_id: Some(step.run_id.clone()),
-        step_id: Some(step.id.clone()),
-        tool: Some(step.tool.clone()),
-        actor: Some(actor),
-        rule: Some(
-            if approve {
-                "review.approved"
-            } else {
-                "review.rejected"
-            }
-            .into(),
-        ),
-        detail,
-    };
     if approve {
         // [duties] Bound to the inputs the reviewer names, never by the planner's credential.
         let inputs_hash = text(args, "inputs_hash")?;
@@ -526,6 +499,23 @@ async fn review(
             Err(ReviewError::Store(e)) => Err(store_err(e)),
         };
     }
+    let actor = format!(
+        "agent:{} role:{}",
+        caller.credential.id, caller.credential.role
+    );
+    let mut detail = Map::new();
+    detail.insert("review".into(), json!("reject"));
+    detail.insert("reason".into(), json!(reason));
+    detail.insert("inputs_hash".into(), json!(step.inputs_hash));
+    let record = NewAuditRecord {
+        event: Some(AuditEvent::Validated),
+        run_id: Some(step.run_id.clone()),
+        step_id: Some(step.id.clone()),
+        tool: Some(step.tool.clone()),
+        actor: Some(actor),
+        rule: Some("review.rejected".into()),
+        detail,
+    };
     // Stopping is always safe, but never by the credential that planned the step.
     if run.agent_id.as_deref() == Some(caller.credential.id.as_str()) {
         return Err(rejected(
