@@ -118,6 +118,8 @@ pub struct StopState {
     pub by: String,
     /// Since when, UTC text.
     pub since: String,
+    /// How many agent credentials it revoked that lifting it may restore.
+    pub revoked: usize,
 }
 
 /// Everything the admin page shows.
@@ -139,8 +141,13 @@ pub struct AdminData {
     pub versions: Vec<VersionRow>,
     /// Newest first.
     pub agents: Vec<AgentRow>,
-    /// The emergency stop, when on.
+    /// The emergency stop for every tenant, when on.
     pub stop: Option<StopState>,
+    /// The emergency stop for the admin's tenant, when on.
+    pub tenant_stop: Option<StopState>,
+    /// Whether the admin holds the platform role (the stop for every tenant, approving
+    /// registry changes).
+    pub platform: bool,
 }
 
 /// The admin page as the signed-in person may see it.
@@ -202,10 +209,13 @@ pub fn notice_text(code: &str) -> Option<&'static str> {
              change is in the audit trail."
         }
         "stopped" => {
-            "Emergency stop is on: no step that has not started will start, active runs are \
-             stopped and their agents' credentials revoked."
+            "Emergency stop is on: no step that has not started will start, the active runs it \
+             covers are stopped and their agents' credentials revoked."
         }
-        "lifted" => "Emergency stop lifted. Steps may execute again.",
+        "lifted" => {
+            "Emergency stop lifted. Steps may execute again; credentials it revoked stay \
+             revoked unless you chose to restore them."
+        }
         _ => return None,
     })
 }
@@ -226,6 +236,10 @@ pub fn error_text(code: &str) -> Option<&'static str> {
              formed). Nothing was proposed."
         }
         "own" => "You proposed this change, so a second admin must approve it.",
+        "platform" => {
+            "That needs the platform admin role (it spans every tenant). Nothing was changed."
+        }
+        "scope" => "Choose which stop: your tenant's or every tenant's. Nothing was changed.",
         "not_pending" => "This proposal is no longer waiting for a decision.",
         "not_found" => "There is no such proposal, tool or credential.",
         "verdict" => "Choose approve or reject. Nothing was decided.",
@@ -322,6 +336,8 @@ fn AdminBody(data: AdminData) -> AnyView {
         versions,
         agents,
         stop,
+        tenant_stop,
+        platform,
     } = data;
     let role_names: Vec<String> = roles.iter().map(|r| r.name.clone()).collect();
     view! {
@@ -331,10 +347,10 @@ fn AdminBody(data: AdminData) -> AnyView {
                 {version.map_or_else(|| "none".to_string(), |v| v.to_string())}
             </span>
         </p>
-        <StopSwitch stop/>
+        <StopSwitch tenant=tenant.clone() tenant_stop stop platform/>
         <Matrix version roles tools=tools.clone()/>
         <ToolSettings version tools/>
-        <Proposals proposals/>
+        <Proposals proposals platform/>
         <Versions versions/>
         <Agents agents roles=role_names tenant/>
     }
@@ -342,49 +358,132 @@ fn AdminBody(data: AdminData) -> AnyView {
 }
 
 #[component]
-fn StopSwitch(stop: Option<StopState>) -> AnyView {
-    let body = match stop {
-        Some(s) => view! {
-            <p data-testid="stop-state" data-stop="on" class="font-semibold text-red-900">
-                "Emergency stop is ON since " {s.since} " (by " {s.by} "): " {s.reason}
-            </p>
-            <form method="post" action="/admin/stop/lift" class="flex flex-wrap items-end gap-2">
-                <label class="flex flex-col text-sm">
-                    "Reason for lifting"
-                    <input name="reason" required class=INPUT data-testid="lift-reason"/>
-                </label>
-                <button type="submit" class=BUTTON data-testid="lift-stop">"Lift the emergency stop"</button>
-            </form>
-        }
-        .into_any(),
-        None => view! {
-            <p data-testid="stop-state" data-stop="off" class="text-slate-700">
-                "Emergency stop is off. Turning it on prevents every step that has not started, stops \
-                 every active run and revokes its agent's credential; in-flight calls finish or are reconciled."
-            </p>
-            <form method="post" action="/admin/stop" class="flex flex-wrap items-end gap-2">
-                <label class="flex flex-col text-sm">
-                    "Reason"
-                    <input name="reason" required class=INPUT data-testid="stop-reason"/>
-                </label>
-                <button
-                    type="submit"
-                    data-testid="stop-button"
-                    class="rounded bg-red-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-red-800 focus:outline-none focus:ring-2 focus:ring-red-500 focus:ring-offset-2"
-                >
-                    "Emergency stop"
-                </button>
-            </form>
-        }
-        .into_any(),
+fn StopSwitch(
+    tenant: String,
+    tenant_stop: Option<StopState>,
+    stop: Option<StopState>,
+    platform: bool,
+) -> AnyView {
+    let tenant_panel = StopPanel {
+        scope: "tenant",
+        title: format!("Tenant {tenant}"),
+        covers: format!("every active run of tenant {tenant}"),
+        state: tenant_stop,
+        may_act: !tenant.is_empty(),
+    };
+    let platform_panel = StopPanel {
+        scope: "platform",
+        title: "Every tenant".to_string(),
+        covers: "every active run of every tenant".to_string(),
+        state: stop,
+        may_act: platform,
     };
     view! {
         <section aria-labelledby="stop-h" class="space-y-3 rounded border-2 border-red-300 bg-red-50 p-4">
             <h2 id="stop-h" class=H2>"Emergency stop"</h2>
-            {body}
+            {tenant_panel.render()}
+            {platform_panel.render()}
         </section>
     }
     .into_any()
+}
+
+/// One scope of the emergency stop: its state, and the form to turn it on or lift it when
+/// the admin may.
+struct StopPanel {
+    scope: &'static str,
+    title: String,
+    covers: String,
+    state: Option<StopState>,
+    may_act: bool,
+}
+
+impl StopPanel {
+    fn render(self) -> AnyView {
+        let StopPanel {
+            scope,
+            title,
+            covers,
+            state,
+            may_act,
+        } = self;
+        let heading = format!("stop-{scope}-h");
+        let body = match state {
+            Some(s) => {
+                let restore = (s.revoked > 0).then(|| {
+                    view! {
+                        <label class="flex items-center gap-2 text-sm">
+                            <input type="checkbox" name="restore" value="1" data-testid=format!("restore-{scope}")/>
+                            {format!(
+                                "Restore the {} agent credential(s) this stop revoked",
+                                s.revoked
+                            )}
+                        </label>
+                    }
+                });
+                let form = may_act.then(|| {
+                    view! {
+                        <form method="post" action="/admin/stop/lift" class="flex flex-wrap items-end gap-2">
+                            <input type="hidden" name="scope" value=scope/>
+                            <label class="flex flex-col text-sm">
+                                "Reason for lifting"
+                                <input name="reason" required class=INPUT data-testid=format!("lift-reason-{scope}")/>
+                            </label>
+                            {restore}
+                            <button type="submit" class=BUTTON data-testid=format!("lift-stop-{scope}")>
+                                "Lift this stop"
+                            </button>
+                        </form>
+                    }
+                });
+                view! {
+                    <p data-testid=format!("stop-state-{scope}") data-stop="on" class="font-semibold text-red-900">
+                        "ON since " {s.since} " (by " {s.by} "): " {s.reason}
+                    </p>
+                    {form}
+                }
+                .into_any()
+            }
+            None => {
+                let form = may_act.then(|| {
+                    view! {
+                        <form method="post" action="/admin/stop" class="flex flex-wrap items-end gap-2">
+                            <input type="hidden" name="scope" value=scope/>
+                            <label class="flex flex-col text-sm">
+                                "Reason"
+                                <input name="reason" required class=INPUT data-testid=format!("stop-reason-{scope}")/>
+                            </label>
+                            <button
+                                type="submit"
+                                data-testid=format!("stop-button-{scope}")
+                                class="rounded bg-red-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-red-800 focus:outline-none focus:ring-2 focus:ring-red-500 focus:ring-offset-2"
+                            >
+                                "Emergency stop"
+                            </button>
+                        </form>
+                    }
+                });
+                view! {
+                    <p data-testid=format!("stop-state-{scope}") data-stop="off" class="text-slate-700">
+                        {format!(
+                            "Off. Turning it on prevents every step that has not started and \
+                             stops {covers}, revoking its agent's credential; in-flight calls \
+                             finish or are reconciled."
+                        )}
+                    </p>
+                    {form}
+                }
+                .into_any()
+            }
+        };
+        view! {
+            <div class="space-y-2">
+                <h3 id=heading class="font-semibold">{title}</h3>
+                {body}
+            </div>
+        }
+        .into_any()
+    }
 }
 
 #[component]
@@ -601,7 +700,7 @@ fn title_case(text: &str) -> String {
 }
 
 #[component]
-fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
+fn Proposals(proposals: Vec<ProposalRow>, platform: bool) -> AnyView {
     let empty = proposals.is_empty();
     let items = proposals
         .into_iter()
@@ -625,7 +724,7 @@ fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
             let decide = waiting.then(|| {
                 let action = format!("/admin/proposals/{}/decision", p.id);
                 let reason_id = format!("proposal-{}-reason", p.id);
-                let approve = (!p.mine).then(|| {
+                let approve = (!p.mine && platform).then(|| {
                     let label = format!("Approve {name}");
                     view! {
                         <button type="submit" name="verdict" value="approve" aria-label=label class=BUTTON data-testid="approve">
@@ -641,8 +740,16 @@ fn Proposals(proposals: Vec<ProposalRow>) -> AnyView {
                         </p>
                     }
                 });
+                let not_platform = (!p.mine && !platform).then(|| {
+                    view! {
+                        <p class="text-sm text-slate-600" data-testid="needs-platform">
+                            "Approving needs the platform admin role: the registry is shared by every tenant. You may reject it."
+                        </p>
+                    }
+                });
                 view! {
                     {mine}
+                    {not_platform}
                     <form method="post" action=action class="flex flex-wrap items-end gap-2">
                         <div class="flex flex-col text-sm">
                             <label for=reason_id.clone()>

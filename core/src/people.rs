@@ -14,15 +14,25 @@ pub enum AppRole {
     Approver,
     /// Sees metrics and runs.
     Manager,
-    /// Changes the registry (with a second admin) and agent credentials.
+    /// Manages their tenant: its agent credentials, its emergency stop; proposes registry
+    /// changes.
     Admin,
     /// Reads the audit trail.
     Auditor,
+    /// Holds what spans every tenant: the global emergency stop and approving registry
+    /// changes (the registry is shared). Granted beside `admin`, never implied by it.
+    PlatformAdmin,
 }
 
 impl AppRole {
     /// Every role, in display order.
-    pub const ALL: [AppRole; 4] = [Self::Approver, Self::Manager, Self::Admin, Self::Auditor];
+    pub const ALL: [AppRole; 5] = [
+        Self::Approver,
+        Self::Manager,
+        Self::Admin,
+        Self::Auditor,
+        Self::PlatformAdmin,
+    ];
 
     /// The role's name as written in configuration.
     pub fn as_str(self) -> &'static str {
@@ -31,6 +41,7 @@ impl AppRole {
             Self::Manager => "manager",
             Self::Admin => "admin",
             Self::Auditor => "auditor",
+            Self::PlatformAdmin => "platform_admin",
         }
     }
 

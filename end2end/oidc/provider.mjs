@@ -31,6 +31,7 @@ const USERS = {
   ana: { name: 'Ana Clerk', email: 'ana@acme.test', groups: ['ap-clerks'], tenant: 'acme' },
   max: { name: 'Max Manager', email: 'max@acme.test', groups: ['managers', 'staff'], tenant: 'acme' },
   ada: { name: 'Ada Admin', email: 'ada@acme.test', groups: ['admins'], tenant: 'acme' },
+  pia: { name: 'Pia Platform', email: 'pia@acme.test', groups: ['platform-admins'], tenant: 'acme' },
   aud: { name: 'Aud Itor', email: 'aud@acme.test', groups: ['auditors'], tenant: 'acme' },
   eve: { name: 'Eve Nobody', email: 'eve@acme.test', groups: ['staff'], tenant: 'acme' },
 };

@@ -63,7 +63,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{CpuUsed, Mcp, Server, cpu_reading, cpu_used, env_num, fresh_postgres, pct};
-use countersign::executor::{EMERGENCY_STOP, TIMING, Timings, work_once};
+use countersign::executor::{TIMING, Timings, work_once};
+use countersign::stop::EMERGENCY_STOP;
 use countersign_core::store::{COMMITTER_TIMING, pg_pool_options};
 use countersign_core::{Clock, StepStatus};
 use serde_json::{Value, json};

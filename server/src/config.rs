@@ -183,8 +183,11 @@ pub const KEYS: &[KeySpec] = &[
     KeySpec {
         name: "oidc_role_map",
         secret: false,
-        default: Some("ap-clerks=approver,managers=manager,admins=admin,auditors=auditor"),
-        help: "comma-separated GROUP=ROLE pairs; roles: approver, manager, admin, auditor",
+        default: Some(
+            "ap-clerks=approver,managers=manager,admins=admin,auditors=auditor,\
+             platform-admins=admin,platform-admins=platform_admin",
+        ),
+        help: "comma-separated GROUP=ROLE pairs; roles: approver, manager, admin, auditor, platform_admin",
     },
     KeySpec {
         name: "oidc_tenant_claim",
@@ -847,7 +850,10 @@ pub fn parse_role_map(text: &str) -> Result<Vec<(String, AppRole)>, String> {
                 .split_once('=')
                 .ok_or_else(|| format!("{pair:?} is not GROUP=ROLE"))?;
             let role = AppRole::parse(role.trim()).ok_or_else(|| {
-                format!("{pair:?}: unknown role; expected approver, manager, admin or auditor")
+                format!(
+                    "{pair:?}: unknown role; expected approver, manager, admin, auditor or \
+                     platform_admin"
+                )
             })?;
             let group = group.trim();
             if group.is_empty() {

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 use crate::AppState;
 use crate::pipeline::{self, Answer, Prefetched};
+use crate::stop::EMERGENCY_STOP;
 
 /// Executor timings.
 #[derive(Debug, Clone, Copy)]
@@ -564,14 +565,6 @@ async fn run_compensation(
     }
 }
 
-/// Whether the emergency stop is on.
-pub async fn stopped(state: &AppState) -> Result<bool, StoreError> {
-    Ok(state.store.switch(EMERGENCY_STOP).await?.is_some())
-}
-
-/// The switch the emergency stop sets.
-pub const EMERGENCY_STOP: &str = "emergency_stop";
-
 /// Runs the reconciler until `stop` turns true.
 pub async fn reconciler(state: AppState, timings: Timings, mut stop: watch::Receiver<bool>) {
     loop {
@@ -717,64 +710,4 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
         }
     }
     Ok(moved.is_some())
-}
-
-/// Turns the emergency stop on: no step that has not started will start; every active run
-/// stops (its pending and waiting steps cancelled) and its agent's credential is revoked.
-/// In-flight calls finish or are reconciled. Returns the number of runs stopped.
-pub async fn emergency_stop(state: &AppState, by: &str, reason: &str) -> Result<usize, StoreError> {
-    let store = &state.store;
-    store.set_switch(EMERGENCY_STOP, reason, by).await?;
-    let mut detail = Map::new();
-    detail.insert("kind".into(), json!("emergency_stop"));
-    detail.insert("reason".into(), json!(reason));
-    store
-        .append_audit(&NewAuditRecord {
-            event: Some(AuditEvent::Operational),
-            run_id: None,
-            step_id: None,
-            tool: None,
-            actor: Some(by.to_string()),
-            rule: Some(pipeline::STOP_RULE.into()),
-            detail,
-        })
-        .await?;
-    let runs = store.runs_in_status(RunStatus::Active).await?;
-    for run in &runs {
-        crate::runs::cancel_run(state, &run.id, by, reason, RunStatus::Stopped).await?;
-        if let Some(agent) = &run.agent_id {
-            match store.revoke_agent(agent, by).await {
-                Ok(_) | Err(StoreError::NotFound) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(runs.len())
-}
-
-/// Lifts the emergency stop (audited): steps may execute again. Returns whether it was on.
-/// Credentials revoked by the stop stay revoked.
-pub async fn lift_emergency_stop(
-    state: &AppState,
-    by: &str,
-    reason: &str,
-) -> Result<bool, StoreError> {
-    let store = &state.store;
-    let was = store.clear_switch(EMERGENCY_STOP).await?;
-    let mut detail = Map::new();
-    detail.insert("kind".into(), json!("emergency_stop_lifted"));
-    detail.insert("reason".into(), json!(reason));
-    detail.insert("was_on".into(), json!(was));
-    store
-        .append_audit(&NewAuditRecord {
-            event: Some(AuditEvent::Operational),
-            run_id: None,
-            step_id: None,
-            tool: None,
-            actor: Some(by.to_string()),
-            rule: Some("emergency.lift".into()),
-            detail,
-        })
-        .await?;
-    Ok(was)
 }

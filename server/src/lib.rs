@@ -21,6 +21,7 @@ pub mod revalidate;
 pub mod runs;
 pub mod scenario;
 pub mod standing;
+pub mod stop;
 pub mod telemetry;
 
 use std::net::SocketAddr;

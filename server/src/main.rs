@@ -11,7 +11,9 @@ use countersign::{Application, StartError, telemetry};
 use countersign_core::approvals::is_person;
 use countersign_core::bundle::{Bundle, BundleSources};
 use countersign_core::registry::{RoleName, Span};
-use countersign_core::store::NewAgent;
+use countersign_core::store::{
+    ApproveOutcome, BundleImport, Change, NewAgent, Proposal, ProposalError, StopScope,
+};
 use countersign_core::{Clock, Store, SystemClock};
 
 /// Countersign: the control plane between AI agents and the systems they act on.
@@ -50,8 +52,10 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         stale_after: u64,
     },
-    /// Emergency stop: no step that has not started will start; every active run stops and its
-    /// agent credential is revoked. In-flight calls finish or are reconciled.
+    /// Emergency stop, for every tenant or one (--tenant): no step that has not started will
+    /// start; every active run it covers stops and its agent credential is revoked. In-flight
+    /// calls finish or are reconciled. --lift [--restore] lifts it (and restores what it
+    /// revoked).
     Stop {
         /// Why (recorded in the audit trail).
         #[arg(long)]
@@ -59,6 +63,16 @@ enum Command {
         /// Lift the stop instead (new runs and steps may execute again).
         #[arg(long)]
         lift: bool,
+        /// Stop (or lift the stop of) this tenant only; without it, every tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// With --lift: restore the agent credentials this stop revoked (each one audited;
+        /// without it they stay revoked).
+        #[arg(long, requires = "lift")]
+        restore: bool,
+        /// Who acts (recorded); defaults to cli:$USER.
+        #[arg(long)]
+        by: Option<String>,
     },
     /// Create, list and revoke the bearer tokens agents present on /mcp.
     AgentToken {
@@ -236,14 +250,47 @@ enum RegistryCommand {
         /// A registry YAML file, or a folder with *.yaml, *.cedar and *.cedarschema files.
         path: PathBuf,
     },
-    /// Store a registry file or folder as the next version (refused if invalid). Running
-    /// servers pick it up within seconds.
+    /// Import a registry file or folder (refused if invalid). On an empty database it is
+    /// stored as version 1 at once; on any other it is filed as a proposal that a second admin
+    /// approves (`registry approve`, or the admin page) before it is in force.
     Import {
         /// A registry YAML file, or a folder with *.yaml, *.cedar and *.cedarschema files.
         path: PathBuf,
-        /// Who is importing (recorded with the version); defaults to $USER.
+        /// Who is importing (recorded with the version or proposal); defaults to $USER.
         #[arg(long)]
         by: Option<String>,
+        /// Why (recorded with the proposal).
+        #[arg(long, default_value = "imported with countersign registry import")]
+        note: String,
+    },
+    /// List registry proposals, newest first, with their changes.
+    Proposals {
+        /// How many to show.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+    /// Approve a proposal: its changes become the next version, in force at once. Refused for
+    /// its own proposer and when the registry changed since (superseded).
+    Approve {
+        /// The proposal id.
+        id: String,
+        /// Who approves (recorded; must differ from the proposer).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Reject a proposal: nothing changes.
+    Reject {
+        /// The proposal id.
+        id: String,
+        /// Who rejects (recorded).
+        #[arg(long)]
+        by: String,
+        /// Why (required, recorded).
+        #[arg(long)]
+        reason: String,
     },
     /// Write the current version out: registry.yaml, policy.cedar and policy.cedarschema into
     /// DIR, or the registry YAML to stdout without --out.
@@ -308,7 +355,9 @@ fn main() -> ExitCode {
                     ..countersign::executor::Timings::default()
                 };
                 let tasks = countersign::spawn_background(&state, count, timings, stop_rx);
-                println!("countersign worker: {count} executor worker(s) and the reconciler running");
+                println!(
+                    "countersign worker: {count} executor worker(s) and the reconciler running"
+                );
                 shutdown_signal().await;
                 let _ = stop_tx.send(true);
                 for task in tasks {
@@ -353,23 +402,47 @@ fn main() -> ExitCode {
                 }
                 store.close().await;
                 if failed > 0 {
-                    return Err(CliError::Refused(format!("{failed} scenario check(s) failed")));
+                    return Err(CliError::Refused(format!(
+                        "{failed} scenario check(s) failed"
+                    )));
                 }
                 Ok(())
             }
-            Command::Stop { reason, lift } => {
+            Command::Stop {
+                reason,
+                lift,
+                tenant,
+                restore,
+                by,
+            } => {
+                let scope = match tenant.map(|t| t.trim().to_string()) {
+                    None => StopScope::Platform,
+                    Some(t) if t.is_empty() => {
+                        return Err(CliError::Refused("--tenant must name a tenant".into()));
+                    }
+                    Some(t) => StopScope::Tenant(t),
+                };
                 let state = countersign::headless_state(config, clock).await?;
-                let who = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "operator".into()));
+                let who = by.unwrap_or_else(|| {
+                    format!(
+                        "cli:{}",
+                        std::env::var("USER").unwrap_or_else(|_| "operator".into())
+                    )
+                });
                 let result = if lift {
-                    countersign::executor::lift_emergency_stop(&state, &who, &reason)
+                    countersign::stop::lift_emergency_stop(&state, &scope, &who, &reason, restore)
                         .await
-                        .map(|was| {
-                            println!("emergency stop {}", if was { "lifted" } else { "was not on" });
-                        })
+                        .map(|l| print_lifted(&scope, &l))
                 } else {
-                    countersign::executor::emergency_stop(&state, &who, &reason)
+                    countersign::stop::emergency_stop(&state, &scope, &who, &reason)
                         .await
-                        .map(|n| println!("emergency stop on: {n} active run(s) stopped, their agent credentials revoked"))
+                        .map(|n| {
+                            println!(
+                                "emergency stop on ({}): {n} active run(s) stopped, their agent \
+                                 credentials revoked",
+                                scope_text(&scope)
+                            )
+                        })
                 };
                 state.store.close().await;
                 result.map_err(|e| StartError::Database(e).into())
@@ -457,27 +530,159 @@ fn validate_registry(path: &std::path::Path) -> ExitCode {
     }
 }
 
+/// How a proposal refusal reads on the command line.
+fn proposal_refused(e: ProposalError) -> CliError {
+    match e {
+        ProposalError::Store(e) => StartError::Database(e).into(),
+        other => CliError::Refused(other.to_string()),
+    }
+}
+
+/// A `--by` as proposals record people: `iss#sub` (a `person:` prefix is dropped, so the
+/// CLI and the admin page name one person alike).
+fn cli_identity(by: &str) -> Result<String, CliError> {
+    let by = by.trim();
+    let by = by.strip_prefix("person:").unwrap_or(by);
+    if by.is_empty() {
+        return Err(CliError::Refused("--by must name who decides".into()));
+    }
+    Ok(by.to_string())
+}
+
+fn print_changes(p: &Proposal) {
+    for change in &p.changes {
+        match change {
+            Change::Bundle(b) => {
+                println!("    ~ the whole bundle (sha256 {})", b.sha256);
+                for line in b.summary.lines() {
+                    println!("      {line}");
+                }
+            }
+            other => println!("    {other}"),
+        }
+    }
+}
+
+fn scope_text(scope: &StopScope) -> String {
+    match scope {
+        StopScope::Platform => "every tenant".into(),
+        StopScope::Tenant(t) => format!("tenant {t}"),
+    }
+}
+
+fn print_lifted(scope: &StopScope, lifted: &countersign::stop::Lifted) {
+    if !lifted.was_on {
+        println!("emergency stop ({}) was not on", scope_text(scope));
+    } else {
+        println!("emergency stop ({}) lifted", scope_text(scope));
+    }
+    for id in &lifted.restored {
+        println!("restored agent credential {id}");
+    }
+    for id in &lifted.left_revoked {
+        println!("agent credential {id} stays revoked");
+    }
+}
+
 async fn registry_command(store: &Store, command: RegistryCommand) -> Result<(), CliError> {
     match command {
         RegistryCommand::Validate { .. } => Ok(()), // handled before the configuration loads
-        RegistryCommand::Import { path, by } => {
-            let by = who(by);
+        RegistryCommand::Import { path, by, note } => {
+            let by = cli_identity(&who(by))?;
             let sources =
                 BundleSources::read(&path).map_err(|e| CliError::Refused(e.to_string()))?;
-            let before = store
-                .registry_version()
+            match store
+                .import_or_propose(&sources, &by, &note)
                 .await
-                .map_err(StartError::Database)?;
-            let version = store
-                .import_bundle(&sources, &by)
-                .await
-                .map_err(|e| CliError::Refused(e.to_string()))?;
-            if before == Some(version) {
-                println!("registry unchanged: version {version} is identical");
-            } else {
-                println!("imported {} as registry version {version}", path.display());
+                .map_err(proposal_refused)?
+            {
+                BundleImport::Applied(version) => {
+                    println!("imported {} as registry version {version}", path.display());
+                }
+                BundleImport::Unchanged(version) => {
+                    println!("registry unchanged: version {version} is identical");
+                }
+                BundleImport::Proposed(p) => {
+                    println!(
+                        "proposed {} against registry version {}: proposal {}\n\
+                         nothing changes until a second admin approves it \
+                         (countersign registry approve {} --by NAME, or the admin page)",
+                        path.display(),
+                        p.base_version,
+                        p.id,
+                        p.id
+                    );
+                    print_changes(&p);
+                }
             }
             Ok(())
+        }
+        RegistryCommand::Proposals { limit } => {
+            for p in store
+                .list_proposals(limit)
+                .await
+                .map_err(StartError::Database)?
+            {
+                println!(
+                    "proposal {} {} by {} against version {}: {}",
+                    p.id,
+                    p.status.as_str(),
+                    p.proposer,
+                    p.base_version,
+                    p.note
+                );
+                print_changes(&p);
+            }
+            Ok(())
+        }
+        RegistryCommand::Approve { id, by, reason } => {
+            let by = cli_identity(&by)?;
+            match store
+                // The operator's CLI runs with the database's own access: platform-wide.
+                .approve_proposal(&id, &by, &reason, true)
+                .await
+                .map_err(proposal_refused)?
+            {
+                ApproveOutcome::Applied { version } => {
+                    println!("approved: registry version {version} is in force");
+                    Ok(())
+                }
+                ApproveOutcome::Superseded { current } => Err(CliError::Refused(format!(
+                    "superseded: the registry changed since it was proposed (now version {}); \
+                     import again",
+                    current.map_or("none".into(), |v| v.to_string())
+                ))),
+                ApproveOutcome::OwnProposal => Err(CliError::Refused(
+                    "you proposed it: a second admin must approve it".into(),
+                )),
+                ApproveOutcome::NotPlatform => Err(CliError::Refused(
+                    "applying a registry change needs the platform admin role".into(),
+                )),
+                ApproveOutcome::NotPending(status) => Err(CliError::Refused(format!(
+                    "proposal {id} is {} already",
+                    status.as_str()
+                ))),
+            }
+        }
+        RegistryCommand::Reject { id, by, reason } => {
+            let by = cli_identity(&by)?;
+            if reason.trim().is_empty() {
+                return Err(CliError::Refused("--reason must say why".into()));
+            }
+            match store
+                .reject_proposal(&id, &by, &reason)
+                .await
+                .map_err(proposal_refused)?
+            {
+                Ok(_) => {
+                    println!("rejected: the registry is unchanged");
+                    Ok(())
+                }
+                Err(status) => Err(CliError::Refused(format!(
+                    "proposal {id} is {} already",
+                    status.as_str()
+                ))),
+            }
         }
         RegistryCommand::Export { out } => {
             let Some((version, sources)) =

@@ -686,7 +686,7 @@ async fn execute(
             store
                 .call_context(
                     &run.id,
-                    crate::executor::EMERGENCY_STOP,
+                    crate::stop::EMERGENCY_STOP,
                     &credential.tenant,
                     // An execution credential acts for whoever its run's planner acts for now.
                     match (&credential.run_id, &run.agent_id) {
@@ -1015,7 +1015,7 @@ async fn halted(ctx: &Ctx<'_>, run_id: &str) -> Result<Option<String>, Internal>
     let (status, stopped) = ctx
         .state
         .store
-        .run_status_and_switch(run_id, crate::executor::EMERGENCY_STOP)
+        .run_status_and_switch(run_id, crate::stop::EMERGENCY_STOP)
         .await?;
     Ok(halt_rule(&halt_guard(ctx, run_id), status, stopped))
 }
@@ -1048,7 +1048,7 @@ fn halt_guard(ctx: &Ctx<'_>, run_id: &str) -> RunGuard {
     RunGuard {
         run_id: run_id.to_string(),
         allow_failed: ctx.caller.executor.as_deref() == Some(COMPENSATOR),
-        unless_switch: (!own_tool).then(|| crate::executor::EMERGENCY_STOP.to_string()),
+        unless_switch: (!own_tool).then(|| crate::stop::EMERGENCY_STOP.to_string()),
     }
 }
 

@@ -3,8 +3,8 @@
 //! Invariants:
 //! * Only the token's SHA-256 is stored; the token itself is returned once by
 //!   [`Store::create_agent`] and never written anywhere.
-//! * Creating and revoking a credential are audited (`operational`, rules `agent.created` and
-//!   `agent.revoked`, naming who did it, the credential's id, name, role and tenant, never its
+//! * Creating, revoking and restoring a credential are audited (`operational`, rules
+//!   `agent.created`, `agent.revoked` and `agent.restored`, naming who did it, the credential's id, name, role and tenant, never its
 //!   token or hash), each in the same transaction as its row: no credential exists or ends
 //!   without its record. Revoking an already revoked credential changes and records nothing.
 
@@ -309,6 +309,58 @@ impl Store {
             .bind(&cred.id)
         );
         self.get_agent(&cred.id).await
+    }
+
+    /// Restores credential `id`, revoked by the stop of switch row `switch`, as `by`, with its
+    /// audit record (rule `agent.restored`) in the same transaction. `Ok(false)`, nothing
+    /// written, unless the stop's own revocation is still the one in place (same
+    /// `revoked_at`), the credential is unexpired and not an execution credential, and no
+    /// live credential has taken its name since (see `stops.rs`).
+    pub async fn restore_agent(
+        &self,
+        switch: &str,
+        id: &str,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        let cred = match self.get_agent(id).await {
+            Ok(c) => c,
+            Err(StoreError::NotFound) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let now = self.clock.now_ms();
+        let mut audit = record(
+            RESTORED_RULE,
+            by,
+            &cred.id,
+            &cred.name,
+            &cred.role,
+            &cred.tenant,
+            cred.expires_at,
+        );
+        audit.detail.insert("stop".into(), json!(switch));
+        let restored: Result<bool, StoreError> = async {
+            Ok(write_audited!(
+                self,
+                audit,
+                now,
+                sqlx::query(
+                    "UPDATE agent_credentials SET revoked_at = NULL
+                      WHERE id = $1 AND run_id IS NULL
+                        AND (expires_at IS NULL OR expires_at > $2)
+                        AND revoked_at = (SELECT revoked_at FROM stop_revocations
+                                           WHERE switch = $3 AND agent_id = $1)",
+                )
+                .bind(&cred.id)
+                .bind(now)
+                .bind(switch)
+            ))
+        }
+        .await;
+        match restored {
+            // A live credential holds its name now (the one-active-name index).
+            Err(StoreError::Conflict(_)) => Ok(false),
+            other => other,
+        }
     }
 
     /// Sets who `id_or_name`'s calls are made for (`acts_for`; `None` unbinds) and where its
@@ -671,6 +723,8 @@ pub const CREATED_RULE: &str = "agent.created";
 pub const REVOKED_RULE: &str = "agent.revoked";
 /// The audit rule of a change of who a credential acts for, or of its tasks' origin.
 pub const BOUND_RULE: &str = "agent.bound";
+/// The audit rule of a credential an emergency stop revoked, restored as its stop is lifted.
+pub const RESTORED_RULE: &str = "agent.restored";
 
 /// The audit record of a credential change (never its token or hash).
 fn record(

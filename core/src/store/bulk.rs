@@ -121,7 +121,7 @@ async fn insert_moved(
         };
     }
     let (guard_run, guard_failed, guard_switch) = guard_columns(inserts.iter().map(|(t, _)| *t));
-    sqlx::query_scalar(
+    sqlx::query_scalar(&format!(
         "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash, idem_key,
             status, attempts, reason, evidence, observed, trace_id, not_before, created_at,
             updated_at, agent_id, decision, rule, outcome, expires_at, approval)
@@ -143,10 +143,13 @@ async fn insert_moved(
          WHERE (v.guard_run IS NULL OR EXISTS (SELECT 1 FROM runs
                    WHERE runs.id = v.guard_run
                      AND (runs.status = 'active' OR runs.status = v.guard_failed)))
-           AND (v.guard_switch IS NULL
-                OR NOT EXISTS (SELECT 1 FROM switches WHERE name = v.guard_switch))
+           AND (v.guard_switch IS NULL OR NOT {switched})
          RETURNING id",
-    )
+        switched = super::stops::switch_set_sql(
+            "v.guard_switch",
+            "(SELECT tenant FROM runs WHERE runs.id = v.run_id)"
+        ),
+    ))
     .bind(col!(|(_, s)| s.id.clone()))
     .bind(col!(|(_, s)| s.run_id.clone()))
     .bind(col!(|(_, s)| s.role.clone()))

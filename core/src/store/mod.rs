@@ -22,11 +22,13 @@ mod bulk;
 mod demo;
 mod duties;
 pub(crate) mod group;
+mod imports;
 mod proposals;
 mod registry;
 mod runs;
 mod standing;
 pub(crate) mod steps;
+mod stops;
 mod views;
 
 use std::str::FromStr;
@@ -47,9 +49,10 @@ pub use agents::{
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use duties::{REVIEW_APPROVED_RULE, ReviewError, StepDuties};
 pub use group::TIMING as COMMITTER_TIMING;
+pub use imports::BundleImport;
 pub use proposals::{
-    ApproveOutcome, Change, ChangeOp, ListingChange, NewProposal, Proposal, ProposalError,
-    ProposalStatus, SettingChange, ToolSetting, apply_changes,
+    ApproveOutcome, BundleChange, Change, ChangeOp, ListingChange, NewProposal, Proposal,
+    ProposalError, ProposalStatus, SettingChange, ToolSetting, apply_changes,
 };
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
 pub use runs::{NewRun, Run, RunStatus};
@@ -57,6 +60,7 @@ pub use standing::{
     CallContext, GRANTED_RULE, NewStanding, REVOKED_RULE, Standing, StandingError, StandingState,
 };
 pub use steps::{KeyClaim, KeyRecord, KeyState, NewStep, Reservation, RunGuard, Step, Transition};
+pub use stops::{StopScope, tenant_switch};
 pub use views::{AuditCursor, AuditFilter, approver_parts};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");

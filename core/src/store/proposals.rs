@@ -250,22 +250,33 @@ pub enum Change {
     Listing(ListingChange),
     /// Change a tool setting.
     Setting(SettingChange),
+    /// Put a whole bundle in force (`registry import`); proposed alone.
+    Bundle(BundleChange),
 }
 
 impl Change {
-    /// The tool it changes.
+    /// The tool it changes (empty for a whole bundle).
     pub fn tool(&self) -> &str {
         match self {
             Self::Listing(c) => &c.tool,
             Self::Setting(c) => &c.tool,
+            Self::Bundle(_) => "",
         }
     }
 
-    /// `+`, `-` (listing) or `~` (setting), as the diff view shows it.
+    /// `+`, `-` (listing) or `~` (setting, bundle), as the diff view shows it.
     pub fn sign(&self) -> char {
         match self {
             Self::Listing(c) => c.op.sign(),
-            Self::Setting(_) => '~',
+            Self::Setting(_) | Self::Bundle(_) => '~',
+        }
+    }
+
+    /// What the audit trail records of it (a bundle: its digest and summary).
+    pub fn audit_json(&self) -> Value {
+        match self {
+            Self::Bundle(b) => b.audit_json(),
+            other => json!(other),
         }
     }
 }
@@ -275,6 +286,7 @@ impl std::fmt::Display for Change {
         match self {
             Self::Listing(c) => c.fmt(f),
             Self::Setting(c) => c.fmt(f),
+            Self::Bundle(c) => c.fmt(f),
         }
     }
 }
@@ -288,6 +300,52 @@ impl From<ListingChange> for Change {
 impl From<SettingChange> for Change {
     fn from(c: SettingChange) -> Self {
         Self::Setting(c)
+    }
+}
+
+/// A whole bundle proposed at once: what `countersign registry import` files on a database
+/// that holds a registry already (a second admin applies it, like any proposal).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleChange {
+    /// The registry YAML, as imported.
+    pub registry_yaml: String,
+    /// The Cedar policies, as imported.
+    pub policies: String,
+    /// The Cedar entity schema, as imported.
+    pub policy_schema: String,
+    /// [`BundleSources::sha256`] of the three texts.
+    pub sha256: String,
+    /// What it changes against the version it was proposed on, one line each (as `registry
+    /// history` shows a version's changes).
+    pub summary: String,
+}
+
+impl BundleChange {
+    /// The three texts.
+    pub fn sources(&self) -> BundleSources {
+        BundleSources {
+            registry_yaml: self.registry_yaml.clone(),
+            policies: self.policies.clone(),
+            policy_schema: self.policy_schema.clone(),
+        }
+    }
+
+    /// What the audit trail keeps of it: its digest and summary, not the texts (those are in
+    /// the proposal and, once applied, in the version).
+    pub fn audit_json(&self) -> serde_json::Value {
+        serde_json::json!({"bundle_sha256": self.sha256, "summary": self.summary})
+    }
+}
+
+impl std::fmt::Display for BundleChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "~ the whole bundle (sha256 {}…): {}",
+            self.sha256.get(..12).unwrap_or(&self.sha256),
+            self.summary.lines().collect::<Vec<_>>().join("; ")
+        )
     }
 }
 
@@ -452,6 +510,9 @@ pub enum ApproveOutcome {
     },
     /// The approver proposed it: refused (and audited); nothing changed.
     OwnProposal,
+    /// The approver does not hold the platform role the registry (every tenant's) needs:
+    /// refused (and audited); nothing changed.
+    NotPlatform,
     /// It was not waiting any more.
     NotPending(ProposalStatus),
 }
@@ -462,6 +523,12 @@ pub enum ApproveOutcome {
 pub fn apply_changes(base: &BundleSources, changes: &[Change]) -> Result<BundleSources, String> {
     if changes.is_empty() {
         return Err("the proposal changes nothing".into());
+    }
+    if let Some(bundle) = changes.iter().find_map(|c| match c {
+        Change::Bundle(b) => Some(b),
+        _ => None,
+    }) {
+        return bundle_sources(base, bundle, changes.len());
     }
     let registry = Registry::from_sources(&base.registry_sources())
         .map_err(|e| format!("the base registry does not load: {e}"))?;
@@ -493,6 +560,7 @@ pub fn apply_changes(base: &BundleSources, changes: &[Change]) -> Result<BundleS
                     (ChangeOp::Add, false) | (ChangeOp::Remove, true) => {}
                 }
             }
+            Change::Bundle(_) => return Err("a bundle is proposed alone".into()),
             Change::Setting(c) => {
                 if !seen_setting.insert((&c.tool, c.setting)) {
                     return Err(format!("{} {} is changed twice", c.tool, c.setting.key()));
@@ -581,6 +649,34 @@ pub fn apply_changes(base: &BundleSources, changes: &[Change]) -> Result<BundleS
     Ok(sources)
 }
 
+/// The texts a bundle proposal puts in force: proposed alone, matching its digest, not the
+/// base itself, and loading as a bundle.
+fn bundle_sources(
+    base: &BundleSources,
+    bundle: &BundleChange,
+    count: usize,
+) -> Result<BundleSources, String> {
+    if count != 1 {
+        return Err("a bundle replaces the whole registry: it is proposed alone".into());
+    }
+    let sources = bundle.sources();
+    if sources.sha256() != bundle.sha256 {
+        return Err("the bundle's texts do not match its sha256".into());
+    }
+    if sources == *base {
+        return Err("the bundle is identical to the version it is proposed on".into());
+    }
+    Bundle::load(sources.clone()).map_err(|e| {
+        let problems: Vec<String> = e.problems().iter().map(ToString::to_string).collect();
+        if problems.is_empty() {
+            e.to_string()
+        } else {
+            problems.join("; ")
+        }
+    })?;
+    Ok(sources)
+}
+
 fn audit_detail(p: &Proposal, action: &str) -> Map<String, Value> {
     let mut detail = Map::new();
     detail.insert("kind".into(), json!("registry_proposal"));
@@ -588,7 +684,10 @@ fn audit_detail(p: &Proposal, action: &str) -> Map<String, Value> {
     detail.insert("proposal".into(), json!(p.id));
     detail.insert("proposer".into(), json!(p.proposer));
     detail.insert("base_version".into(), json!(p.base_version));
-    detail.insert("changes".into(), json!(p.changes));
+    detail.insert(
+        "changes".into(),
+        Value::Array(p.changes.iter().map(Change::audit_json).collect()),
+    );
     detail
 }
 
@@ -830,14 +929,17 @@ impl Store {
         Ok(moved)
     }
 
-    /// Approves a waiting proposal as `by` (`iss#sub`): refused for its proposer (audited);
-    /// superseded when its base version is no longer the newest; otherwise stored as the
-    /// next registry version, in one transaction with the status change and audit record.
+    /// Approves a waiting proposal as `by` (`iss#sub`), who holds the platform role when
+    /// `platform` (the operator's CLI does): refused for its proposer, then for anyone without
+    /// the platform role (both audited); superseded when its base version is no longer the
+    /// newest; otherwise stored as the next registry version, in one transaction with the
+    /// status change and audit record.
     pub async fn approve_proposal(
         &self,
         id: &str,
         by: &str,
         reason: &str,
+        platform: bool,
     ) -> Result<ApproveOutcome, ProposalError> {
         let proposal = self.get_proposal(id).await?;
         if proposal.status != ProposalStatus::Proposed {
@@ -855,6 +957,19 @@ impl Store {
             ))
             .await?;
             return Ok(ApproveOutcome::OwnProposal);
+        }
+        if !platform {
+            self.append_audit(&audit_record(
+                &proposal,
+                "refused_platform",
+                by,
+                &[(
+                    "why",
+                    json!("applying a registry change needs the platform admin role"),
+                )],
+            ))
+            .await?;
+            return Ok(ApproveOutcome::NotPlatform);
         }
         let current = self.current_bundle().await?;
         let applied = match &current {

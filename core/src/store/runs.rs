@@ -213,21 +213,23 @@ impl Store {
         row.try_into()
     }
 
-    /// A run's current status and whether switch `name` is set, in one round trip.
+    /// A run's current status and whether switch `name` is set (for every tenant or for the
+    /// run's), in one round trip.
     pub async fn run_status_and_switch(
         &self,
         run_id: &str,
         name: &str,
     ) -> Result<(RunStatus, bool), StoreError> {
+        let sql = format!(
+            "SELECT status, {} FROM runs WHERE id = $1",
+            super::stops::switch_set_sql("$2", "runs.tenant")
+        );
         let (status, set): (String, bool) = on_pool!(self, |p| {
-            sqlx::query_as(
-                "SELECT status, EXISTS (SELECT 1 FROM switches WHERE name = $2) FROM runs
-                 WHERE id = $1",
-            )
-            .bind(run_id)
-            .bind(name)
-            .fetch_one(p)
-            .await?
+            sqlx::query_as(&sql)
+                .bind(run_id)
+                .bind(name)
+                .fetch_one(p)
+                .await?
         });
         let status = RunStatus::parse(&status).ok_or_else(|| {
             StoreError::Conflict(format!("run {run_id}: unknown status {status}"))

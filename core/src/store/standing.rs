@@ -278,7 +278,7 @@ pub(crate) const CONTEXT_CTE: &str = "p AS (SELECT acts_for AS party FROM agent_
        WHERE id = {agent} AND tenant = {tenant} AND acts_for IS NOT NULL)";
 // Aliased: the credential check selects the credential's own columns beside these.
 pub(crate) const CONTEXT_COLUMNS: &str = "r.status AS run_status,
-       EXISTS (SELECT 1 FROM switches WHERE name = {switch}) AS switch_set,
+       {switch_set} AS switch_set,
        (SELECT party FROM p) AS bound_party,
        s.id AS g_id, s.tenant AS g_tenant, s.party AS g_party, s.tool AS g_tool,
        s.conditions AS g_conditions, s.expires_at AS g_expires_at, s.reason AS g_reason,
@@ -312,10 +312,14 @@ impl ContextSql {
 
     /// `sql` with the pieces' placeholders filled.
     pub(crate) fn fill(&self, sql: &str) -> String {
-        sql.replace("{tenant}", self.tenant)
-            .replace("{switch}", self.switch)
-            .replace("{agent}", self.agent)
-            .replace("{now}", self.now)
+        sql.replace(
+            "{switch_set}",
+            &super::stops::switch_set_sql(self.switch, self.tenant),
+        )
+        .replace("{tenant}", self.tenant)
+        .replace("{switch}", self.switch)
+        .replace("{agent}", self.agent)
+        .replace("{now}", self.now)
     }
 }
 

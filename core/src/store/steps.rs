@@ -747,12 +747,13 @@ impl Store {
                  AND s.not_before <= $3 AND (s.lease_until IS NULL OR s.lease_until < $3)
                  AND NOT EXISTS (SELECT 1 FROM steps e WHERE e.run_id = s.run_id
                                  AND e.seq < s.seq AND e.status <> 'done')
-                 AND NOT EXISTS (SELECT 1 FROM switches WHERE name = $4)
+                 AND NOT {switched}
                  AND NOT EXISTS (SELECT 1 FROM step_duties d WHERE d.step_id = s.id
                                  AND d.review_required
                                  AND (d.reviewed_hash IS NULL OR d.reviewed_hash <> s.inputs_hash))
                ORDER BY s.not_before, s.created_at, s.seq LIMIT 1 {lock})
-             RETURNING {STEP_COLUMNS}"
+             RETURNING {STEP_COLUMNS}",
+            switched = super::stops::switch_set_sql("$4", "r.tenant"),
         )
     }
 
@@ -1132,7 +1133,13 @@ where
 /// [reads] The INSERT of a prepared step's row already moved by a transition (status,
 /// attempts, decision, rule, outcome, expiry, approval), written only while the transition's
 /// [`RunGuard`] holds (`$24`–`$26`, as in [`transition_sql`]).
-pub(crate) const INSERT_MOVED_SQL: &str = "INSERT INTO steps (id, run_id, seq, role, tool, effect,
+pub(crate) static INSERT_MOVED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    INSERT_MOVED_TEMPLATE.replace(
+        "{switched}",
+        &super::stops::switch_set_sql("$26", "(SELECT tenant FROM runs WHERE runs.id = $2)"),
+    )
+});
+const INSERT_MOVED_TEMPLATE: &str = "INSERT INTO steps (id, run_id, seq, role, tool, effect,
         inputs, inputs_hash, idem_key, status, attempts, reason, evidence, observed, trace_id,
         not_before, created_at, updated_at, agent_id, decision, rule, outcome, expires_at,
         approval)
@@ -1140,7 +1147,7 @@ pub(crate) const INSERT_MOVED_SQL: &str = "INSERT INTO steps (id, run_id, seq, r
         $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23
       WHERE ($24 IS NULL OR EXISTS (SELECT 1 FROM runs
                 WHERE runs.id = $24 AND (runs.status = 'active' OR runs.status = $25)))
-        AND ($26 IS NULL OR NOT EXISTS (SELECT 1 FROM switches WHERE name = $26))";
+        AND ($26 IS NULL OR NOT {switched})";
 
 /// The UPDATE of a transition leaving one of `from` statuses (`$15…`); `$11`–`$13` are the
 /// [`RunGuard`] (run id, its second accepted status, switch name; NULL = unchecked), `$14`
@@ -1159,12 +1166,16 @@ pub(crate) fn transition_sql(from: usize) -> String {
          WHERE id = $9 AND status IN ({})
            AND ($11 IS NULL OR EXISTS (SELECT 1 FROM runs
                 WHERE runs.id = $11 AND (runs.status = 'active' OR runs.status = $12)))
-           AND ($13 IS NULL OR NOT EXISTS (SELECT 1 FROM switches WHERE name = $13))",
+           AND ($13 IS NULL OR NOT {})",
         if placeholders.is_empty() {
             "NULL".to_string()
         } else {
             placeholders.join(", ")
-        }
+        },
+        super::stops::switch_set_sql(
+            "$13",
+            "(SELECT tenant FROM runs WHERE runs.id = steps.run_id)"
+        )
     )
 }
 
@@ -1180,7 +1191,7 @@ macro_rules! apply_transition {
         let n: u64 = match &t.insert {
             Some(step) => {
                 let step: &$crate::store::Step = step;
-                let n = sqlx::query($crate::store::steps::INSERT_MOVED_SQL)
+                let n = sqlx::query($crate::store::steps::INSERT_MOVED_SQL.as_str())
                     .bind(&step.id)
                     .bind(&step.run_id)
                     .bind(&step.role)

@@ -15,14 +15,22 @@ use crate::AppState;
 /// The issuer recorded for demo people.
 pub const DEMO_ISSUER: &str = "urn:countersign:demo";
 
-/// The seeded demo people: (sub, name, roles, tenant).
-pub const DEMO_USERS: [(&str, &str, AppRole, &str); 6] = [
-    ("ana", "Ana (AP clerk)", AppRole::Approver, "acme"),
-    ("pat", "Pat (AP clerk)", AppRole::Approver, "acme"),
-    ("max", "Max (manager)", AppRole::Manager, "acme"),
-    ("ada", "Ada (admin)", AppRole::Admin, "acme"),
-    ("bob", "Bob (admin)", AppRole::Admin, "acme"),
-    ("aud", "Aud (auditor)", AppRole::Auditor, "acme"),
+/// The seeded demo people: (sub, name, roles, tenant). Ada administers tenant acme; Bob also
+/// holds the platform role (the global stop, approving registry changes); Gus administers
+/// another tenant, globex.
+pub const DEMO_USERS: [(&str, &str, &[AppRole], &str); 7] = [
+    ("ana", "Ana (AP clerk)", &[AppRole::Approver], "acme"),
+    ("pat", "Pat (AP clerk)", &[AppRole::Approver], "acme"),
+    ("max", "Max (manager)", &[AppRole::Manager], "acme"),
+    ("ada", "Ada (admin)", &[AppRole::Admin], "acme"),
+    (
+        "bob",
+        "Bob (platform admin)",
+        &[AppRole::Admin, AppRole::PlatformAdmin],
+        "acme",
+    ),
+    ("aud", "Aud (auditor)", &[AppRole::Auditor], "acme"),
+    ("gus", "Gus (admin, globex)", &[AppRole::Admin], "globex"),
 ];
 
 /// The page shown when nobody can sign in.
@@ -64,15 +72,16 @@ pub(super) async fn list(State(state): State<AppState>, Query(q): Query<ListQuer
     let next = escape(&local_next(q.next.as_deref()));
     let buttons: String = DEMO_USERS
         .iter()
-        .map(|(sub, name, role, tenant)| {
+        .map(|(sub, name, roles, tenant)| {
+            let roles: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
             format!(
                 "<li><form method=\"post\" action=\"/auth/demo\">\
                  <input type=\"hidden\" name=\"user\" value=\"{sub}\">\
                  <input type=\"hidden\" name=\"next\" value=\"{next}\">\
                  <button type=\"submit\" class=\"rounded border border-slate-300 bg-white px-4 py-2\">\
-                 Sign in as {name}</button> <span>{role}, tenant {tenant}</span></form></li>",
+                 Sign in as {name}</button> <span>{roles}, tenant {tenant}</span></form></li>",
                 name = escape(name),
-                role = role.as_str(),
+                roles = roles.join(" + "),
             )
         })
         .collect();
@@ -101,7 +110,7 @@ pub(super) async fn sign_in(
     if let Some(resp) = refuse(&state.auth.mode) {
         return resp;
     }
-    let Some((sub, name, role, tenant)) = DEMO_USERS.iter().find(|u| u.0 == form.user) else {
+    let Some((sub, name, roles, tenant)) = DEMO_USERS.iter().find(|u| u.0 == form.user) else {
         return page(
             StatusCode::BAD_REQUEST,
             "Unknown demo user",
@@ -114,7 +123,7 @@ pub(super) async fn sign_in(
         sub: (*sub).into(),
         name: (*name).into(),
         email: Some(format!("{sub}@demo.invalid")),
-        roles: vec![*role],
+        roles: roles.to_vec(),
         tenant: Some((*tenant).into()),
         auth_time: state.store.clock().now_ms(),
     };

@@ -8,11 +8,14 @@
 //!   the router's CSRF layer in front); a refused request changes nothing.
 //! * A matrix change or a tool settings change (effect class, gate, approval settings) is
 //!   only ever a proposal against the version the admin saw; it applies
-//!   when a *different* admin approves it and its base version is still current
+//!   when a *different* admin holding the platform role approves it (the registry is every
+//!   tenant's) and its base version is still current
 //!   ([`Store::approve_proposal`]); then this server swaps the new version in at once (other
 //!   replicas within [`crate::REGISTRY_POLL`]), so `tools/list` changes without a restart.
 //! * Propose, approve, reject, supersede and a refused self-approval are audited (event
 //!   `operational`, rule `admin.proposal.*`), as are the emergency stop and its lifting.
+//! * An admin acts within their tenant: its credentials, its emergency stop. The stop for
+//!   every tenant needs the platform role; a form naming no scope is refused.
 //! * A new credential's token appears once, in the response to its creation, and is never
 //!   stored; redirects carry fixed codes only, never free text.
 
@@ -31,14 +34,14 @@ use countersign_core::policy::TaskOrigin;
 use countersign_core::registry::Span;
 use countersign_core::store::{
     ApproveOutcome, Change, ChangeOp, CreateAgentError, ListingChange, NewAgent, NewProposal,
-    ProposalError, SettingChange, ToolSetting,
+    ProposalError, SettingChange, StopScope, ToolSetting,
 };
-use countersign_core::{Gate, Person, RoleName, StoreError};
+use countersign_core::{AppRole, Gate, Person, RoleName, Store, StoreError};
 
 use crate::AppState;
 use crate::auth::pages::{escape, page};
 use crate::auth::{Admin as AdminRole, RequireRole, same_origin};
-use crate::executor::{self, EMERGENCY_STOP};
+use crate::stop::{self, EMERGENCY_STOP};
 
 /// How many proposals, versions the page lists.
 const LIST_LIMIT: i64 = 50;
@@ -152,7 +155,7 @@ impl AdminBackend {
                 proposer: p.proposer_name,
                 created: utc(p.created_at),
                 base_version: p.base_version,
-                changes: p.changes.iter().map(diff_line).collect(),
+                changes: p.changes.iter().flat_map(diff_lines).collect(),
                 note: p.note,
                 status: p.status.as_str().to_string(),
                 applied_version: p.applied_version,
@@ -193,14 +196,11 @@ impl AdminBackend {
                 run_id: a.run_id.unwrap_or_default(),
             })
             .collect();
-        let stop = store
-            .switch_detail(EMERGENCY_STOP)
-            .await?
-            .map(|(reason, by, at)| StopState {
-                reason,
-                by,
-                since: utc(at),
-            });
+        let stop = stop_state(store, &StopScope::Platform).await?;
+        let tenant_stop = match &person.tenant {
+            Some(t) => stop_state(store, &StopScope::Tenant(t.clone())).await?,
+            None => None,
+        };
         Ok(AdminData {
             me: person.name.clone(),
             tenant: person.tenant.clone().unwrap_or_default(),
@@ -211,20 +211,70 @@ impl AdminBackend {
             versions,
             agents,
             stop,
+            tenant_stop,
+            platform: person.has_role(AppRole::PlatformAdmin),
         })
     }
 }
 
 /// How the page's diff view shows one change: its sign and its words.
-fn diff_line(change: &Change) -> (char, String) {
+/// The stop of `scope` while it is on, with how many credentials it revoked.
+async fn stop_state(store: &Store, scope: &StopScope) -> Result<Option<StopState>, StoreError> {
+    let switch = scope.switch(EMERGENCY_STOP);
+    let Some((reason, by, at)) = store.switch_detail(&switch).await? else {
+        return Ok(None);
+    };
+    Ok(Some(StopState {
+        reason,
+        by,
+        since: utc(at),
+        revoked: store.stop_revocations(&switch).await?.len(),
+    }))
+}
+
+/// The stop a form names (`scope` = `tenant`, the admin's own, or `platform`, every tenant:
+/// a platform admin's only); otherwise the error code to answer with.
+fn stop_scope(person: &Person, form: &[(String, String)]) -> Result<StopScope, &'static str> {
+    match field(form, "scope") {
+        "platform" if person.has_role(AppRole::PlatformAdmin) => Ok(StopScope::Platform),
+        "platform" => Err("platform"),
+        "tenant" => match person.tenant.as_deref().map(str::trim) {
+            Some(t) if !t.is_empty() => Ok(StopScope::Tenant(t.to_string())),
+            _ => Err("scope"),
+        },
+        _ => Err("scope"),
+    }
+}
+
+/// A change's lines in the proposal's diff view: one, or for a whole bundle its digest and
+/// then each line of its summary.
+fn diff_lines(change: &Change) -> Vec<(char, String)> {
     let words = match change {
         Change::Listing(c) => match c.op {
             ChangeOp::Add => format!("+ {} for {}", c.tool, c.role),
             ChangeOp::Remove => format!("- {} no longer for {}", c.tool, c.role),
         },
         Change::Setting(c) => c.to_string(),
+        Change::Bundle(b) => {
+            let mut lines = vec![(
+                '~',
+                format!(
+                    "~ the whole bundle, from `registry import` (sha256 {})",
+                    b.sha256
+                ),
+            )];
+            lines.extend(b.summary.lines().map(|l| {
+                let sign = l
+                    .chars()
+                    .next()
+                    .filter(|c| "+-~".contains(*c))
+                    .unwrap_or('~');
+                (sign, l.to_string())
+            }));
+            return lines;
+        }
     };
-    (change.sign(), words)
+    vec![(change.sign(), words)]
 }
 
 impl AdminSource for AdminBackend {
@@ -481,7 +531,12 @@ pub async fn decide(
         }
     };
     match field(&form, "verdict") {
-        "approve" => match state.store.approve_proposal(&id, &me, &reason).await {
+        // The registry is every tenant's: only a platform admin applies a change to it.
+        "approve" => match state
+            .store
+            .approve_proposal(&id, &me, &reason, person.has_role(AppRole::PlatformAdmin))
+            .await
+        {
             Ok(ApproveOutcome::Applied { version }) => {
                 // In force here at once; other replicas pick it up on their next poll.
                 state.registry.refresh(&state.store).await;
@@ -490,6 +545,7 @@ pub async fn decide(
             }
             Ok(ApproveOutcome::Superseded { .. }) => back(Some("superseded"), None),
             Ok(ApproveOutcome::OwnProposal) => back(None, Some("own")),
+            Ok(ApproveOutcome::NotPlatform) => back(None, Some("platform")),
             Ok(ApproveOutcome::NotPending(_)) => back(None, Some("not_pending")),
             Err(e) => failed(e),
         },
@@ -678,7 +734,9 @@ pub async fn revoke_agent(
     }
 }
 
-/// `POST /admin/stop` (form: `reason`): the emergency stop, exactly as `countersign stop`.
+/// `POST /admin/stop` (form: `scope` = `tenant` | `platform`, `reason`): the emergency stop
+/// of the admin's tenant, or of every tenant (a platform admin's), exactly as `countersign
+/// stop [--tenant T]`.
 pub async fn stop(
     State(state): State<AppState>,
     admin: RequireRole<AdminRole>,
@@ -689,14 +747,18 @@ pub async fn stop(
         return refused;
     }
     let form = fields(&body);
+    let scope = match stop_scope(&admin.0, &form) {
+        Ok(s) => s,
+        Err(code) => return back(None, Some(code)),
+    };
     let reason = field(&form, "reason").trim().to_string();
     if reason.is_empty() {
         return back(None, Some("reason"));
     }
     let by = format!("person:{}", identity(&admin.0));
-    match executor::emergency_stop(&state, &by, &reason).await {
+    match stop::emergency_stop(&state, &scope, &by, &reason).await {
         Ok(n) => {
-            tracing::warn!(%by, runs = n, "emergency stop on");
+            tracing::warn!(%by, runs = n, ?scope, "emergency stop on");
             back(Some("stopped"), None)
         }
         Err(e) => {
@@ -706,8 +768,9 @@ pub async fn stop(
     }
 }
 
-/// `POST /admin/stop/lift` (form: `reason`): lifts the emergency stop, as `countersign stop
-/// --lift`.
+/// `POST /admin/stop/lift` (form: `scope`, `reason`, `restore` = `1` to restore the
+/// credentials the stop revoked): lifts that stop, as `countersign stop --lift [--tenant T]
+/// [--restore]`.
 pub async fn lift(
     State(state): State<AppState>,
     admin: RequireRole<AdminRole>,
@@ -718,12 +781,17 @@ pub async fn lift(
         return refused;
     }
     let form = fields(&body);
+    let scope = match stop_scope(&admin.0, &form) {
+        Ok(s) => s,
+        Err(code) => return back(None, Some(code)),
+    };
     let reason = field(&form, "reason").trim().to_string();
     if reason.is_empty() {
         return back(None, Some("reason"));
     }
+    let restore = field(&form, "restore") == "1";
     let by = format!("person:{}", identity(&admin.0));
-    match executor::lift_emergency_stop(&state, &by, &reason).await {
+    match stop::lift_emergency_stop(&state, &scope, &by, &reason, restore).await {
         Ok(_) => back(Some("lifted"), None),
         Err(e) => {
             tracing::error!(error = %e, "admin: lifting the emergency stop failed");

@@ -294,7 +294,7 @@ async fn admit(
                 &ContextHint {
                     agent_id,
                     run_id,
-                    switch: crate::executor::EMERGENCY_STOP,
+                    switch: crate::stop::EMERGENCY_STOP,
                 },
             )
             .await

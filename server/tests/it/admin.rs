@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use countersign::executor::EMERGENCY_STOP;
 use countersign_core::audit::AuditRecord;
 use countersign_core::store::{ProposalStatus, RunStatus};
 use countersign_core::{Registry, StepStatus};
@@ -181,7 +180,10 @@ async fn admin_page_and_endpoints_refuse_everyone_but_admins() {
             );
             for (path, form) in [
                 ("/admin/proposals", form.clone()),
-                ("/admin/stop", vec![("reason", "nope".to_string())]),
+                (
+                    "/admin/stop",
+                    vec![("scope", "tenant".into()), ("reason", "nope".to_string())],
+                ),
                 (
                     "/admin/agents",
                     vec![
@@ -196,7 +198,7 @@ async fn admin_page_and_endpoints_refuse_everyone_but_admins() {
             }
         }
         assert!(app.store.list_proposals(10).await.unwrap().is_empty());
-        assert_eq!(app.store.switch(EMERGENCY_STOP).await.unwrap(), None);
+        assert!(app.store.switches().await.unwrap().is_empty());
         assert!(app.store.list_agents().await.unwrap().is_empty());
 
         // An admin's form posted from another origin is refused (CSRF).
@@ -204,12 +206,12 @@ async fn admin_page_and_endpoints_refuse_everyone_but_admins() {
         let resp = ada
             .post(app.url("/admin/stop"))
             .header("origin", "http://evil.example")
-            .form(&[("reason", "csrf")])
+            .form(&[("scope", "tenant"), ("reason", "csrf")])
             .send()
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::FORBIDDEN);
-        assert_eq!(app.store.switch(EMERGENCY_STOP).await.unwrap(), None);
+        assert!(app.store.switches().await.unwrap().is_empty());
 
         // The admin sees the matrix with effect classes and gate settings.
         let resp = ada.get(app.url("/admin")).send().await.unwrap();
@@ -567,14 +569,23 @@ async fn admin_credentials_and_the_emergency_stop_switch() {
         let (_, second) = agent(&app, "planner-2", "planner").await;
         let mut other = Client::new(&app, &second);
         other.connect().await;
-        let resp = post(&ada, &app, "/admin/stop", &[("reason", " ".to_string())]).await;
-        assert_eq!(location(&resp), "/admin?error=reason");
-        assert_eq!(app.store.switch(EMERGENCY_STOP).await.unwrap(), None);
         let resp = post(
             &ada,
             &app,
             "/admin/stop",
-            &[("reason", "suspected prompt injection".to_string())],
+            &[("scope", "tenant".into()), ("reason", " ".to_string())],
+        )
+        .await;
+        assert_eq!(location(&resp), "/admin?error=reason");
+        assert!(app.store.switches().await.unwrap().is_empty());
+        let resp = post(
+            &ada,
+            &app,
+            "/admin/stop",
+            &[
+                ("scope", "tenant".into()),
+                ("reason", "suspected prompt injection".to_string()),
+            ],
         )
         .await;
         assert_eq!(location(&resp), "/admin?done=stopped");
@@ -604,7 +615,10 @@ async fn admin_credentials_and_the_emergency_stop_switch() {
             &ada,
             &app,
             "/admin/stop/lift",
-            &[("reason", "all clear".to_string())],
+            &[
+                ("scope", "tenant".into()),
+                ("reason", "all clear".to_string()),
+            ],
         )
         .await;
         assert_eq!(location(&resp), "/admin?done=lifted");

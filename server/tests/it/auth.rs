@@ -882,6 +882,23 @@ fn the_role_map_reads_strings_and_lists_and_ignores_unknown_groups() {
     assert!(map_roles(Some(&json!(["staff"])), &map).is_empty());
     assert!(map_roles(Some(&json!(42)), &map).is_empty());
     assert!(map_roles(None, &map).is_empty());
+    // The default map: platform admins hold both roles; a plain admin only one.
+    let default = parse_role_map(
+        countersign::config::KEYS
+            .iter()
+            .find(|k| k.name == "oidc_role_map")
+            .and_then(|k| k.default)
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        map_roles(Some(&json!(["platform-admins"])), &default),
+        vec![AppRole::Admin, AppRole::PlatformAdmin]
+    );
+    assert_eq!(
+        map_roles(Some(&json!(["admins"])), &default),
+        vec![AppRole::Admin]
+    );
     assert!(parse_role_map("clerks=superuser").is_err());
     assert!(parse_role_map("=admin").is_err());
     assert!(parse_role_map("clerks").is_err());

@@ -22,4 +22,5 @@ mod reliability;
 mod runs;
 mod scenarios;
 mod stillon;
+mod tenancy;
 mod views;

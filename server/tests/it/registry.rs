@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use countersign::Application;
 use countersign_core::bundle::BundleSources;
+use countersign_core::store::ProposalStatus;
 use countersign_core::store::testing::FreshDb;
 use countersign_core::{Backend, Clock, SystemClock};
 use serde_json::Value;
@@ -239,4 +240,116 @@ fn cli_import_then_export_round_trips() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("by alice"));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The finance example with invoice.hold's approval expiring after `expires`, in a folder of
+/// its own.
+fn finance_with_expiry(tag: &str, expires: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("cs-bundle-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let from = std::path::PathBuf::from(example("finance"));
+    for name in ["registry.yaml", "policy.cedar", "policy.cedarschema"] {
+        let text = std::fs::read_to_string(from.join(name)).unwrap();
+        let text = if name == "registry.yaml" {
+            assert!(text.contains("expires: 72h"));
+            text.replacen("expires: 72h", &format!("expires: {expires}"), 1)
+        } else {
+            text
+        };
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    dir
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn cli_import_on_a_database_with_a_registry_is_a_proposal_a_second_admin_applies() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let finance = example("finance");
+        let Some(app) = spawn_app_with(backend, &[("COUNTERSIGN_REGISTRY", &finance)]).await else {
+            continue;
+        };
+        let cli = |args: &[&str]| countersign_on(&app.db_url()).args(args).output().unwrap();
+        let changed = finance_with_expiry(&format!("{backend:?}"), "48h");
+        let changed = changed.to_str().unwrap();
+
+        // Filed, not applied: version 1 stays in force.
+        let out = cli(&["registry", "import", changed, "--by", "alice"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = stdout(&out);
+        assert!(text.contains("proposal"), "{text}");
+        assert_eq!(app.store.registry_version().await.unwrap(), Some(1));
+        let proposal = app.store.list_proposals(10).await.unwrap().remove(0);
+        assert_eq!(proposal.status, ProposalStatus::Proposed);
+        assert_eq!(proposal.proposer, "alice");
+        let listed = stdout(&cli(&["registry", "proposals"]));
+        assert!(listed.contains(&proposal.id), "{listed}");
+        assert!(
+            listed.contains("invoice.hold"),
+            "the summary names the change: {listed}"
+        );
+
+        // The proposer cannot apply it; a second admin can. A reject needs a reason.
+        let out = cli(&["registry", "approve", &proposal.id, "--by", "alice"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(app.store.registry_version().await.unwrap(), Some(1));
+        let out = cli(&["registry", "approve", &proposal.id, "--by", "person:bob"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(app.store.registry_version().await.unwrap(), Some(2));
+        let (_, sources) = app.store.current_bundle().await.unwrap().unwrap();
+        assert!(sources.registry_yaml.contains("expires: 48h"));
+        assert_eq!(
+            app.store
+                .get_proposal(&proposal.id)
+                .await
+                .unwrap()
+                .decided_by
+                .as_deref(),
+            Some("bob")
+        );
+
+        // The same texts again change nothing; a rejected bundle leaves the registry as is.
+        let out = cli(&["registry", "import", changed, "--by", "alice"]);
+        assert!(stdout(&out).contains("unchanged"), "{}", stdout(&out));
+        let out = cli(&["registry", "import", &finance, "--by", "alice"]);
+        assert!(out.status.success());
+        let second = app.store.list_proposals(10).await.unwrap().remove(0);
+        assert_ne!(second.id, proposal.id);
+        let out = cli(&[
+            "registry", "reject", &second.id, "--by", "bob", "--reason", " ",
+        ]);
+        assert_eq!(out.status.code(), Some(1));
+        let out = cli(&[
+            "registry", "reject", &second.id, "--by", "bob", "--reason", "keep 48h",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(app.store.registry_version().await.unwrap(), Some(2));
+        // A bundle that does not load is refused outright: no proposal.
+        let broken = finance_with_expiry(&format!("{backend:?}-broken"), "soon");
+        let out = cli(&[
+            "registry",
+            "import",
+            broken.to_str().unwrap(),
+            "--by",
+            "alice",
+        ]);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(app.store.list_proposals(10).await.unwrap().len(), 2);
+        app.stop().await;
+    }
 }

@@ -834,7 +834,7 @@ async fn runs_cancel_while_a_step_is_in_flight_lets_it_finish_and_starts_nothing
 #[tokio::test]
 async fn runs_a_read_that_raced_the_emergency_stop_is_cancelled_and_its_result_withheld() {
     use countersign::adapters::builtin::{Fault, FaultMode, inject_fault};
-    use countersign::executor::EMERGENCY_STOP;
+    use countersign::stop::EMERGENCY_STOP;
     each_finance_app(|app| async move {
         inject_fault(
             &app.store,
@@ -1334,7 +1334,7 @@ async fn runs_a_write_that_checked_before_the_emergency_stop_does_not_start_afte
         wait_for_lock_waiter(&mut holder, "the step never tried to start").await;
         // The operator pulls the emergency stop now, then the lock is let go.
         app.store
-            .set_switch(countersign::executor::EMERGENCY_STOP, "test", "ops")
+            .set_switch(countersign::stop::EMERGENCY_STOP, "test", "ops")
             .await
             .unwrap();
         release_append_lock(&mut holder).await;
@@ -1354,9 +1354,14 @@ async fn runs_a_write_that_checked_before_the_emergency_stop_does_not_start_afte
             app.store.get_run(&run).await.unwrap().status,
             RunStatus::Active
         );
-        countersign::executor::emergency_stop(&app.state, "ops", "test")
-            .await
-            .unwrap();
+        countersign::stop::emergency_stop(
+            &app.state,
+            &countersign_core::store::StopScope::Platform,
+            "ops",
+            "test",
+        )
+        .await
+        .unwrap();
         assert_eq!(
             app.store.get_run(&run).await.unwrap().status,
             RunStatus::Stopped
