@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use countersign_core::audit::{AuditEvent, NewAuditRecord};
-use countersign_core::store::{KeyState, NewStep, Run, RunStatus, Step, Transition};
+use countersign_core::store::{KeyState, NewStep, Run, RunGuard, RunStatus, Step, Transition};
 use countersign_core::{CanonicalJson, Effect, RoleName, StepStatus, StoreError, ToolName};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
@@ -223,6 +223,60 @@ async fn bounds_breach(
         return Ok(Some("bounds.failures".into()));
     }
     Ok(None)
+}
+
+/// Fails the runs whose step still waits for its model review past the run's wall-time
+/// bound (`bounds.wall_time`, as if the step had been claimed): such a step is never claimed,
+/// so the executor's own check never sees it. The step's refusal commits with its move out of
+/// `pending`, so of several sweepers (replicas) only one stops a run. Returns how many runs
+/// this pass stopped.
+pub async fn sweep_overdue_reviews(state: &AppState) -> Result<usize, StoreError> {
+    const RULE: &str = "bounds.wall_time";
+    let bounds = state.config.run_bounds;
+    let store = &state.store;
+    let before = store.clock().now_ms() - bounds.max_minutes.saturating_mul(60_000);
+    let mut stopped = std::collections::BTreeSet::new();
+    for step in store.overdue_reviews(before, 100).await? {
+        if stopped.contains(&step.run_id) {
+            continue;
+        }
+        let mut detail = Map::new();
+        detail.insert("kind".into(), json!("run_bounds"));
+        detail.insert("blocked_step".into(), json!(step.id));
+        detail.insert("waiting_for".into(), json!("review"));
+        let record = NewAuditRecord {
+            event: Some(AuditEvent::Refused),
+            run_id: Some(step.run_id.clone()),
+            step_id: Some(step.id.clone()),
+            tool: Some(step.tool.clone()),
+            actor: Some("executor".into()),
+            rule: Some(RULE.into()),
+            detail,
+        };
+        let moved = store
+            .transition(&Transition {
+                step_id: step.id.clone(),
+                from: vec![StepStatus::Pending],
+                to: Some(StepStatus::Cancelled),
+                rule: Some(RULE.into()),
+                records: vec![(AuditEvent::Refused, record)],
+                guard: Some(RunGuard {
+                    run_id: step.run_id.clone(),
+                    ..RunGuard::default()
+                }),
+                ..Transition::default()
+            })
+            .await?;
+        if moved.is_none() {
+            continue; // reviewed, cancelled or stopped meanwhile, or another sweeper's
+        }
+        stopped.insert(step.run_id.clone());
+        crate::runs::cancel_run(state, &step.run_id, "executor", RULE, RunStatus::Failed).await?;
+        let compensated = compensate(state, &step.run_id, &step).await;
+        store.end_execution_credentials(&step.run_id).await?;
+        compensated?;
+    }
+    Ok(stopped.len())
 }
 
 /// Stops `step`'s run for breaking `rule`: audited, the run failed, its unstarted steps
@@ -573,6 +627,9 @@ pub async fn reconciler(state: AppState, timings: Timings, mut stop: watch::Rece
         }
         if let Err(e) = reconcile_once(&state, timings).await {
             tracing::warn!(error = %e, "reconciler pass failed");
+        }
+        if let Err(e) = sweep_overdue_reviews(&state).await {
+            tracing::warn!(error = %e, "overdue-review sweep failed");
         }
         tokio::select! {
             _ = tokio::time::sleep(timings.reconcile_every) => {}

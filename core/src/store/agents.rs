@@ -197,8 +197,14 @@ impl Store {
             .detail
             .insert("origin".into(), json!(new.origin.as_str()));
         if let Some(run) = run_id {
+            // Minted by Countersign at `plan.submit`, not by a person: the record says so,
+            // and names whose accountability the credential carries.
+            audit.actor = Some(MINTED_BY.to_string());
             audit.run_id = Some(run.to_string());
             audit.detail.insert("execution_for_run".into(), json!(run));
+            audit
+                .detail
+                .insert("created_by".into(), json!(new.created_by));
         }
         let inserted: Result<bool, StoreError> = async {
             Ok(write_audited!(
@@ -717,6 +723,8 @@ impl Store {
     }
 }
 
+/// The actor of an execution credential's `agent.created` record.
+pub const MINTED_BY: &str = "countersign:plan.submit";
 /// The audit rule of a credential's creation.
 pub const CREATED_RULE: &str = "agent.created";
 /// The audit rule of a credential's revocation.

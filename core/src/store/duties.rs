@@ -17,12 +17,17 @@
 //!   creation is audited in the run's trail, and the database revokes it when its run ends
 //!   done, cancelled or stopped (trigger `runs_end_revokes_execution_credentials`); a failed
 //!   run's are revoked once its compensations ran ([`Store::end_execution_credentials`]).
+//! * A run whose step waits for a review past the run's wall-time bound is stopped by a sweep
+//!   ([`Store::overdue_reviews`]): an unclaimed step never meets the executor's bound check.
 //! * Duties are written before the run is sealed as planned ([`Store::seal_plan`]): no
 //!   executor claims a step of a run whose duties are not all written.
 
 use serde_json::{Map, json};
 
-use super::{AgentCredential, CreateAgentError, NewAgent, Pool, Run, Store, StoreError, on_pool};
+use super::steps::{STEP_COLUMNS, StepRow};
+use super::{
+    AgentCredential, CreateAgentError, NewAgent, Pool, Run, Step, Store, StoreError, on_pool,
+};
 use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
 use crate::model::StepStatus;
 use crate::policy::TaskOrigin;
@@ -116,6 +121,33 @@ impl Store {
             .await?
             .rows_affected()
         }))
+    }
+
+    /// Pending steps still waiting for their model review in active planned runs created
+    /// before `created_before` (Unix ms), oldest run first, at most `limit`: an executor never
+    /// claims them, so the run's wall-time bound is enforced on them by a sweep instead.
+    pub async fn overdue_reviews(
+        &self,
+        created_before: i64,
+        limit: i64,
+    ) -> Result<Vec<Step>, StoreError> {
+        let sql = format!(
+            "SELECT {STEP_COLUMNS} FROM steps WHERE id IN (
+               SELECT s.id FROM steps s JOIN runs r ON r.id = s.run_id
+                 JOIN step_duties d ON d.step_id = s.id
+                WHERE r.status = 'active' AND r.planned AND r.created_at < $1
+                  AND s.status = 'pending' AND d.review_required
+                  AND (d.reviewed_hash IS NULL OR d.reviewed_hash <> s.inputs_hash))
+             ORDER BY created_at, seq LIMIT $2"
+        );
+        let rows: Vec<StepRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(created_before)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        });
+        rows.into_iter().map(Step::try_from).collect()
     }
 
     /// Writes `step_id`'s duties (once; a second write for the same step is refused).

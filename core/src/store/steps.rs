@@ -107,7 +107,7 @@ pub struct Step {
 }
 
 #[derive(sqlx::FromRow)]
-struct StepRow {
+pub(crate) struct StepRow {
     id: String,
     run_id: String,
     seq: i64,
@@ -179,7 +179,7 @@ struct StepAndRunDone {
     run_done: bool,
 }
 
-const STEP_COLUMNS: &str = "id, run_id, CAST(seq AS BIGINT) AS seq, role, tool, effect, inputs, \
+pub(crate) const STEP_COLUMNS: &str = "id, run_id, CAST(seq AS BIGINT) AS seq, role, tool, effect, inputs, \
      inputs_hash, idem_key, status, CAST(attempts AS BIGINT) AS attempts, decision, rule, approval, \
      outcome, reason, evidence, observed, trace_id, not_before, expires_at, agent_id, created_at, \
      updated_at";

@@ -430,6 +430,15 @@ async fn a_planned_payment_waits_for_its_reviewer_then_a_person_and_runs_on_its_
             .expect("an execution credential for the payment's role");
         assert!(worker.name.starts_with("exec:"), "{worker:?}");
         assert_eq!(worker.created_by, demo_person("ada"), "the planner's creator stays accountable");
+        // Its creation is in the run's trail, minted by Countersign, not signed by Ada.
+        let minted = records
+            .iter()
+            .find(|r| {
+                r.rule.as_deref() == Some("agent.created") && r.record.contains(&worker.id)
+            })
+            .expect("the execution credential's agent.created record");
+        assert_eq!(minted.actor.as_deref(), Some("countersign:plan.submit"));
+        assert!(minted.record.contains(&demo_person("ada")), "{}", minted.record);
         let started = actor_of("started");
         assert!(started.contains(&worker.id), "{started}");
         assert!(started.contains("role:worker.finance"), "{started}");
@@ -536,6 +545,66 @@ async fn a_step_never_runs_on_a_credential_of_another_role_or_run() {
             !drafted.iter().any(|e| format!("{e:?}").contains("swapped")),
             "{drafted:?}"
         );
+        app
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_left_unreviewed_past_its_wall_time_fails_instead_of_waiting_forever() {
+    each_finance_app(|app| async move {
+        let (_, planner_token) = by_ada(&app, "planner-1", "planner").await;
+        let mut planner = Client::new(&app, &planner_token);
+        planner.connect().await;
+        let (run, steps) = crate::runs::submit(
+            &mut planner,
+            vec![
+                crate::runs::note_step(),
+                crate::runs::payment_step(json!(4180.00)),
+            ],
+        )
+        .await;
+        let pay = steps[1].clone();
+        reaches(&app, &steps[0], StepStatus::Done).await;
+        // Within the bound the sweep leaves it waiting for its reviewer.
+        assert_eq!(
+            countersign::executor::sweep_overdue_reviews(&app.state)
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(status(&app, &pay).await, StepStatus::Pending);
+        // Past the run's wall-time bound (1440 minutes by default) nobody reviewed it: the
+        // run fails with the bound's rule, the payment never starts, its credentials end.
+        // (The server's own reconciler loop may sweep first: either way it is stopped once.)
+        app.clock.advance(chrono::Duration::minutes(1441));
+        countersign::executor::sweep_overdue_reviews(&app.state)
+            .await
+            .unwrap();
+        assert_eq!(
+            app.store.get_run(&run).await.unwrap().status,
+            countersign_core::store::RunStatus::Failed
+        );
+        assert_eq!(status(&app, &pay).await, StepStatus::Cancelled);
+        assert_eq!(refusals(&app, &pay, "bounds.wall_time").await.len(), 1);
+        for cred in app.store.list_agents().await.unwrap() {
+            if cred.run_id.as_deref() == Some(run.as_str()) {
+                assert!(cred.revoked_at.is_some(), "{cred:?}");
+            }
+        }
+        assert_eq!(
+            countersign::executor::sweep_overdue_reviews(&app.state)
+                .await
+                .unwrap(),
+            0,
+            "a run is stopped once"
+        );
+        let effects = app
+            .store
+            .demo_effects(ERP, "payments.schedule")
+            .await
+            .unwrap();
+        assert!(effects.is_empty(), "{effects:?}");
         app
     })
     .await;
