@@ -96,6 +96,8 @@ pub struct Decider {
     pub roles: Vec<String>,
     /// When they signed in (Unix ms).
     pub auth_time: i64,
+    /// Their provider did not say when it authenticated them: never fresh for a step-up.
+    pub auth_time_unknown: bool,
 }
 
 /// Who decides: an authenticated person.
@@ -300,7 +302,7 @@ impl Store {
             return Err(DecideError::Expired);
         }
         if let Some(max_age) = rules.step_up_max_age_ms
-            && now - decider.auth_time > max_age
+            && (decider.auth_time_unknown || now - decider.auth_time > max_age)
         {
             return Err(DecideError::StepUpRequired {
                 max_age_minutes: max_age / 60_000,

@@ -68,6 +68,10 @@ pub struct Person {
     pub tenant: Option<String>,
     /// When this person signed in (ms since the epoch, the server's clock).
     pub auth_time: i64,
+    /// The identity provider did not say when it authenticated them (no `auth_time`): the
+    /// sign-in never counts as fresh for a step-up.
+    #[serde(default)]
+    pub auth_time_unknown: bool,
 }
 
 impl Person {

@@ -16,13 +16,14 @@
 // for these first-party clients. Users and their `groups` / `tenant` claims are in USERS.
 //
 // Test hook (on `main` only): POST /__test__/tamper with {"mode":"alg_none"} or
-// {"mode":"replace","id_token":"..."} changes the id_token of the NEXT token response — to
+// {"mode":"replace","id_token":"..."} or {"mode":"drop_auth_time"} changes the id_token of
+// the NEXT token response — to
 // the same claims unsigned (alg none), or to a token the test obtained elsewhere (for another
 // client, or from the other issuer). This is how a misbehaving or compromised token endpoint
 // is simulated; everything else is the provider as shipped.
 
 import http from 'node:http';
-import { generateKeyPairSync } from 'node:crypto';
+import { createPrivateKey, generateKeyPairSync, sign } from 'node:crypto';
 import Provider from 'oidc-provider';
 
 import readline from 'node:readline';
@@ -116,6 +117,15 @@ function serve({ server, issuer }, redirectUri, withHooks) {
           ctx.body = { ...ctx.body, id_token: `${b64url('{"alg":"none"}')}.${payload}.` };
         } else if (mode.mode === 'replace') {
           ctx.body = { ...ctx.body, id_token: mode.id_token };
+        } else if (mode.mode === 'drop_auth_time') {
+          // The same token, signed again by the provider's key, without `auth_time`.
+          const [header, payload] = ctx.body.id_token.split('.');
+          const claims = JSON.parse(Buffer.from(payload, 'base64url').toString('utf8'));
+          delete claims.auth_time;
+          const signed = `${header}.${b64url(JSON.stringify(claims))}`;
+          const key = createPrivateKey({ key: jwk, format: 'jwk' });
+          const signature = sign('sha256', Buffer.from(signed), key).toString('base64url');
+          ctx.body = { ...ctx.body, id_token: `${signed}.${signature}` };
         }
       }
     });

@@ -1137,6 +1137,7 @@ impl Runner<'_, '_> {
             },
             roles: vec![role.to_string()],
             auth_time: store.clock().now_ms(),
+            auth_time_unknown: false,
         };
         match store
             .decide_step(step, &decider, &rules, verdict, reason)

@@ -22,6 +22,7 @@ fn pat() -> Decider {
         },
         roles: vec!["approver".into()],
         auth_time: 0,
+        auth_time_unknown: false,
     }
 }
 
@@ -681,6 +682,47 @@ async fn two_people_approving_at_once_both_count() {
             );
             assert_eq!(decisions_and_records(&store, &step).await, (2, 2));
         }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_sign_in_whose_provider_left_out_auth_time_is_never_fresh_for_a_step_up() {
+    let (_, clock) = test_clock();
+    countersign_core::store::testing::each_backend(clock, |store| async move {
+        let inputs = canonical(&json!({"invoice_id": "INV-2", "amount_minor": 100}));
+        let step = waiting_step(&store, &inputs).await;
+        let step_up = GateRules {
+            step_up_max_age_ms: Some(15 * 60_000),
+            ..one_approver()
+        };
+        // Signed in a moment ago by the session's clock, but the provider never said when it
+        // authenticated her: refused, nothing recorded.
+        let unknown = Decider {
+            auth_time: store.clock().now_ms(),
+            auth_time_unknown: true,
+            ..pat()
+        };
+        let refused = store
+            .decide_step(&step.id, &unknown, &step_up, Verdict::Approved, "fine")
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(countersign_core::approvals::DecideError::StepUpRequired { .. })
+            ),
+            "{refused:?}"
+        );
+        assert!(store.approvals_for_step(&step.id).await.unwrap().is_empty());
+        // The same sign-in time, stated by the provider: fresh.
+        let stated = Decider {
+            auth_time_unknown: false,
+            ..unknown
+        };
+        store
+            .decide_step(&step.id, &stated, &step_up, Verdict::Approved, "fine")
+            .await
+            .unwrap();
     })
     .await;
 }

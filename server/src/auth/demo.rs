@@ -126,6 +126,7 @@ pub(super) async fn sign_in(
         roles: roles.to_vec(),
         tenant: Some((*tenant).into()),
         auth_time: state.store.clock().now_ms(),
+        auth_time_unknown: false,
     };
     if let Err(resp) = state.auth.sign_in(&session, &person).await {
         return resp;

@@ -435,12 +435,15 @@ async fn login(
                     )
                 }
             },
-            Err(e) => page(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Sign-in unavailable",
-                &pages::escape(&e.to_string()),
-                false,
-            ),
+            Err(e) => {
+                tracing::error!(error = %e, "sign-in could not start");
+                page(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Sign-in unavailable",
+                    &format!("{}. Try again later.", pages::escape(&e.public())),
+                    false,
+                )
+            }
         },
     }
 }
@@ -487,16 +490,30 @@ async fn callback(
              cookies are blocked)",
         );
     };
-    if let Some(error) = q.error {
-        let detail = q.error_description.unwrap_or_default();
-        return refused(&format!("The identity provider said: {error} {detail}"));
-    }
-    let (Some(code), Some(returned_state)) = (q.code, q.state) else {
-        return refused("The response has no code or no state");
+    // The state first: an error response carries it too (RFC 6749 §4.1.2.1), and nothing a
+    // response says counts before it is known to answer this browser's own request.
+    let Some(returned_state) = q.state else {
+        return refused("The response has no state");
     };
     if !constant_time_eq(returned_state.as_bytes(), pending.state.as_bytes()) {
         return refused("The response's state does not match this browser's sign-in");
     }
+    if let Some(error) = q.error {
+        // The provider's words go to the log only; the page names a registered code at most.
+        tracing::info!(%error, description = ?q.error_description, "sign-in refused by the identity provider");
+        let known = PROVIDER_ERRORS.contains(&error.as_str());
+        return refused(&format!(
+            "The identity provider did not sign you in ({})",
+            if known {
+                error.as_str()
+            } else {
+                "an unlisted error"
+            }
+        ));
+    }
+    let Some(code) = q.code else {
+        return refused("The response has no code");
+    };
     let next = pending.next.clone();
     match oidc.finish(pending, code, q.iss.as_deref()).await {
         Ok(person) => {
@@ -508,10 +525,27 @@ async fn callback(
         }
         Err(e) => {
             tracing::warn!(error = %e, "sign-in refused");
-            refused(&e.to_string())
+            refused(&e.public())
         }
     }
 }
+
+/// The error codes of an authorization response (RFC 6749 §4.1.2.1, OpenID Connect Core
+/// §3.1.2.6) a sign-in page may name; any other code is not shown.
+const PROVIDER_ERRORS: [&str; 12] = [
+    "invalid_request",
+    "unauthorized_client",
+    "access_denied",
+    "unsupported_response_type",
+    "invalid_scope",
+    "server_error",
+    "temporarily_unavailable",
+    "interaction_required",
+    "login_required",
+    "account_selection_required",
+    "consent_required",
+    "invalid_request_uri",
+];
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -124,9 +124,29 @@ pub enum SignInError {
     /// No ID token in the token response.
     #[error("the identity provider sent no ID token")]
     NoIdToken,
-    /// The ID token failed verification.
-    #[error("the ID token was refused: {0}")]
-    IdToken(String),
+    /// The ID token failed verification: why, in a fixed phrase a visitor may read, and the
+    /// detail for the log.
+    #[error("the ID token was refused: {0} ({1})")]
+    IdToken(&'static str, String),
+}
+
+impl SignInError {
+    /// What the sign-in page may say: a fixed sentence per kind, never text from the
+    /// provider or an error chain (those go to the log).
+    pub fn public(&self) -> String {
+        match self {
+            Self::Discovery(_) => "The identity provider could not be reached".into(),
+            Self::Provider(_) => "The identity provider did not sign you in".into(),
+            Self::WrongResponseIssuer => "The sign-in response came from another issuer".into(),
+            Self::Exchange(_) => {
+                "The identity provider did not accept the authorization code (used before, \
+                 expired, or not ours)"
+                    .into()
+            }
+            Self::NoIdToken => "The identity provider sent no ID token".into(),
+            Self::IdToken(why, _) => format!("The ID token was refused: {why}"),
+        }
+    }
 }
 
 /// The relying party for one configured issuer.
@@ -299,9 +319,9 @@ impl Oidc {
                 let fresh = self.rediscover().await?;
                 id_token
                     .claims(&verifier(&fresh, self.clock.clone()), &nonce)
-                    .map_err(|e| SignInError::IdToken(describe(&e)))?
+                    .map_err(|e| refused_token(&e))?
             }
-            Err(e) => return Err(SignInError::IdToken(describe(&e))),
+            Err(e) => return Err(refused_token(&e)),
         };
 
         let extra = &claims.additional_claims().rest;
@@ -322,13 +342,17 @@ impl Oidc {
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_string),
             auth_time: authenticated_at(claims.auth_time(), self.clock.now_ms()),
+            // Every request asks for `auth_time` (max_age); a provider that leaves it out
+            // never makes a sign-in count as fresh for a step-up.
+            auth_time_unknown: claims.auth_time().is_none(),
         })
     }
 }
 
 /// When the provider authenticated the person: the ID token's `auth_time`, never later than
 /// `now` (a provider clock ahead of ours does not extend a sign-in); `now` for a provider
-/// that leaves the claim out although `max_age` asks for it.
+/// that leaves the claim out although `max_age` asks for it (the session's clock starts then;
+/// such a sign-in is never fresh for a step-up, `Person::auth_time_unknown`).
 pub fn authenticated_at(auth_time: Option<chrono::DateTime<chrono::Utc>>, now: i64) -> i64 {
     auth_time.map_or(now, |t| t.timestamp_millis().min(now))
 }
@@ -352,24 +376,22 @@ pub fn map_roles(groups: Option<&serde_json::Value>, map: &[(String, AppRole)]) 
     roles
 }
 
-fn describe(e: &ClaimsVerificationError) -> String {
-    match e {
-        ClaimsVerificationError::InvalidAudience(m) => {
-            format!("it was issued for another audience (client) ({m})")
+/// The refusal of an ID token: a fixed phrase per kind, the library's words as detail.
+fn refused_token(e: &ClaimsVerificationError) -> SignInError {
+    let why = match e {
+        ClaimsVerificationError::InvalidAudience(_) => {
+            "it was issued for another audience (client)"
         }
-        ClaimsVerificationError::InvalidIssuer(m) => {
-            format!("it was issued by another issuer ({m})")
+        ClaimsVerificationError::InvalidIssuer(_) => "it was issued by another issuer",
+        ClaimsVerificationError::Expired(_) => "it has expired",
+        ClaimsVerificationError::InvalidNonce(_) => {
+            "its nonce does not match this browser's sign-in"
         }
-        ClaimsVerificationError::Expired(m) => format!("it has expired ({m})"),
-        ClaimsVerificationError::InvalidNonce(m) => {
-            format!("its nonce does not match this browser's sign-in ({m})")
-        }
-        ClaimsVerificationError::SignatureVerification(m) => {
-            format!("its signature is missing or invalid ({m})")
-        }
-        ClaimsVerificationError::Unsupported(m) => format!("unsupported token ({m})"),
-        other => other.to_string(),
-    }
+        ClaimsVerificationError::SignatureVerification(_) => "its signature is missing or invalid",
+        ClaimsVerificationError::Unsupported(_) => "it is of an unsupported kind",
+        _ => "its claims did not verify",
+    };
+    SignInError::IdToken(why, e.to_string())
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -45,6 +45,7 @@ fn decider(person: &Person) -> Decider {
             .map(|r| r.as_str().to_string())
             .collect(),
         auth_time: person.auth_time,
+        auth_time_unknown: person.auth_time_unknown,
     }
 }
 

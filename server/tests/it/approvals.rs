@@ -21,6 +21,7 @@ fn person(sub: &str, roles: &[&str], auth_time: i64) -> Decider {
         },
         roles: roles.iter().map(|r| (*r).to_string()).collect(),
         auth_time,
+        auth_time_unknown: false,
     }
 }
 

@@ -537,6 +537,78 @@ async fn oidc_refuses_bad_responses_and_tokens_with_a_clear_page_and_no_session(
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_callback_checks_state_before_an_error_and_never_shows_the_providers_words() {
+    let Some((app, provider)) = oidc_app(Backend::Sqlite).await else {
+        return;
+    };
+    let said = "Call+555-0100+to+unlock+your+account";
+    // An error response with a forged state: refused for the state, the words not shown.
+    let b = Browser::new();
+    begin(&b, &app).await;
+    let forged = app.url(&format!(
+        "/auth/callback?state=forged&error=access_denied&error_description={said}"
+    ));
+    let resp = b.get(&forged).await;
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("state does not match"), "{body}");
+    assert!(!body.contains("555-0100"), "{body}");
+    // This browser's own state: the registered code is named, the description is not.
+    let b = Browser::new();
+    let url = begin(&b, &app).await;
+    let state = query_param(&url, "state").unwrap();
+    let genuine = app.url(&format!(
+        "/auth/callback?state={state}&error=access_denied&error_description={said}"
+    ));
+    let resp = b.get(&genuine).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("access_denied"), "{body}");
+    assert!(!body.contains("555-0100"), "{body}");
+    assert!(b.me(&app).await.is_none());
+    // A code outside the registered ones is not echoed either.
+    let b = Browser::new();
+    let url = begin(&b, &app).await;
+    let state = query_param(&url, "state").unwrap();
+    let odd = app.url(&format!(
+        "/auth/callback?state={state}&error=pay_us_at_evil.example"
+    ));
+    let body = b.get(&odd).await.text().await.unwrap();
+    assert!(body.contains("an unlisted error"), "{body}");
+    assert!(!body.contains("evil.example"), "{body}");
+    // A refused ID token names why in fixed words, not the library's detail.
+    let b = Browser::new();
+    let url = begin(&b, &app).await;
+    let tampered = with_param(&url, "nonce", "a-nonce-from-somewhere-else");
+    let callback = authorize(&b, &tampered, "ana", &app.url("/auth/callback")).await;
+    let body = b.get(&callback).await.text().await.unwrap();
+    assert!(body.contains("nonce does not match"), "{body}");
+    assert!(!body.contains("a-nonce-from-somewhere-else"), "{body}");
+    drop(provider);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_a_provider_that_omits_auth_time_never_makes_the_sign_in_fresh() {
+    let Some((app, provider)) = oidc_app(Backend::Sqlite).await else {
+        return;
+    };
+    let b = Browser::new();
+    let url = begin(&b, &app).await;
+    let callback = authorize(&b, &url, "ana", &app.url("/auth/callback")).await;
+    provider.tamper(json!({"mode": "drop_auth_time"})).await;
+    assert_eq!(b.get(&callback).await.status(), StatusCode::SEE_OTHER);
+    let me = b.me(&app).await.expect("signed in");
+    assert_eq!(me["auth_time_unknown"], true, "{me}");
+    // A genuine sign-in states it.
+    let b = Browser::new();
+    let resp = sign_in(&b, &app, "ana").await;
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    let me = b.me(&app).await.expect("signed in");
+    assert_eq!(me["auth_time_unknown"], false, "{me}");
+    app.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Demo sign-in, sessions, CSRF.
 

@@ -21,6 +21,7 @@ pub fn ana() -> Decider {
         },
         roles: vec!["approver".into()],
         auth_time: 1_781_170_937_000,
+        auth_time_unknown: false,
     }
 }
 

@@ -1265,6 +1265,7 @@ async fn runs_a_revalidation_failure_never_shows_a_redacted_value_in_clear() {
                 },
                 roles: vec!["approver".into()],
                 auth_time: now,
+                auth_time_unknown: false,
             };
             app.store
                 .decide_step(

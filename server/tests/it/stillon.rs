@@ -68,6 +68,7 @@ fn traveller() -> Decider {
         },
         roles: vec!["traveller".into()],
         auth_time: 1_781_170_937_000,
+        auth_time_unknown: false,
     }
 }
 
