@@ -81,7 +81,7 @@ site: tools
 
 run: site
 	COUNTERSIGN_DATABASE_URL=$(RUN_DATABASE_URL) COUNTERSIGN_REGISTRY=$(RUN_REGISTRY) \
-	  ./target/debug/countersign serve --demo
+	  COUNTERSIGN_DEMO_SIGN_IN=true ./target/debug/countersign serve --demo
 
 build: tools
 	cargo leptos build --release

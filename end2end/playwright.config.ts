@@ -20,6 +20,7 @@ export const e2eEnv: Record<string, string> = {
   COUNTERSIGN_DATABASE_URL: `sqlite://${join(dataDir, 'e2e.db')}`,
   COUNTERSIGN_SITE_ROOT: join(root, 'target', 'site'),
   COUNTERSIGN_LOG_LEVEL: 'warn',
+  COUNTERSIGN_DEMO_SIGN_IN: 'true',
   COUNTERSIGN_REGISTRY: join(root, 'examples', 'finance'),
 };
 

@@ -212,6 +212,10 @@ pub fn notice_text(code: &str) -> Option<&'static str> {
             "Emergency stop is on: no step that has not started will start, the active runs it \
              covers are stopped and their agents' credentials revoked."
         }
+        "sessions_ended" => {
+            "Done: that person's sessions in your tenant have ended; their next request needs \
+             a new sign-in (which reads their roles afresh)."
+        }
         "lifted" => {
             "Emergency stop lifted. Steps may execute again; credentials it revoked stay \
              revoked unless you chose to restore them."
@@ -240,6 +244,7 @@ pub fn error_text(code: &str) -> Option<&'static str> {
             "That needs the platform admin role (it spans every tenant). Nothing was changed."
         }
         "scope" => "Choose which stop: your tenant's or every tenant's. Nothing was changed.",
+        "person" => "Name the person as ISSUER#SUBJECT. Nothing was changed.",
         "not_pending" => "This proposal is no longer waiting for a decision.",
         "not_found" => "There is no such proposal, tool or credential.",
         "verdict" => "Choose approve or reject. Nothing was decided.",
@@ -353,6 +358,7 @@ fn AdminBody(data: AdminData) -> AnyView {
         <Proposals proposals platform/>
         <Versions versions/>
         <Agents agents roles=role_names tenant/>
+        <EndSessions/>
     }
     .into_any()
 }
@@ -484,6 +490,27 @@ impl StopPanel {
         }
         .into_any()
     }
+}
+
+#[component]
+fn EndSessions() -> AnyView {
+    view! {
+        <section aria-labelledby="sessions-h" class=CARD>
+            <h2 id="sessions-h" class=H2>"End a person's sessions"</h2>
+            <p class="text-sm text-slate-700">
+                "Someone left, or lost a role at the identity provider? End their sessions in your \
+                 tenant now: their next request needs a new sign-in, which reads their roles afresh."
+            </p>
+            <form method="post" action="/admin/sessions/end" class="flex flex-wrap items-end gap-2">
+                <label class="flex flex-col text-sm">
+                    "Person (ISSUER#SUBJECT)"
+                    <input name="person" required class=INPUT data-testid="end-sessions-person"/>
+                </label>
+                <button type="submit" class=BUTTON data-testid="end-sessions">"End their sessions"</button>
+            </form>
+        </section>
+    }
+    .into_any()
 }
 
 #[component]

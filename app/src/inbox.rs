@@ -153,6 +153,14 @@ pub async fn load_gates() -> Result<InboxView, leptos::prelude::ServerFnError> {
         .map_err(leptos::prelude::ServerFnError::new)
 }
 
+/// [`load_gates`] for the inbox's own refresh every few seconds: the same answer, but a
+/// background request ([`crate::BACKGROUND_PREFIX`]) the server does not count as the
+/// person's activity, so an open inbox does not keep an idle session alive.
+#[leptos::server(prefix = "/api/background", endpoint = "gates")]
+pub async fn refresh_gates() -> Result<InboxView, leptos::prelude::ServerFnError> {
+    load_gates().await
+}
+
 /// One gate the signed-in approver may see.
 #[leptos::server]
 pub async fn load_gate(step_id: String) -> Result<DetailView, leptos::prelude::ServerFnError> {

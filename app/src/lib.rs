@@ -26,6 +26,10 @@ pub struct DemoSignIn;
 /// The banner shown on every page while the demo sign-in is on.
 pub const DEMO_BANNER: &str = "Demo sign-in: not for production";
 
+/// Where the pages' background requests go (the inbox's refresh): the server lets them read
+/// with the session but never counts them as the person's activity (the idle timeout runs on).
+pub const BACKGROUND_PREFIX: &str = "/api/background/";
+
 /// The signed-in person of the current request (server rendering and server functions),
 /// as the server's session gate put it on the request. `None` when signed out: callers
 /// must then show and do nothing.

@@ -267,7 +267,7 @@ fn poll_gates(rows: RwSignal<Vec<GateRow>>) {
             }
             let busy = Rc::clone(&busy);
             leptos::task::spawn_local(async move {
-                if let Ok(InboxView::Gates(fresh)) = load_gates().await
+                if let Ok(InboxView::Gates(fresh)) = crate::inbox::refresh_gates().await
                     && rows.with_untracked(|now| *now != fresh)
                 {
                     rows.set(fresh);

@@ -154,6 +154,18 @@ impl RedactionKey {
         &self.id
     }
 
+    /// A key of fresh random bytes ([`MIN_KEY_LEN`] of them), for a process that has no
+    /// configured key: its digests compare equal only among themselves, and nobody can test
+    /// guesses against them.
+    ///
+    /// # Errors
+    /// The operating system's random source failed (message).
+    pub fn random() -> Result<Self, String> {
+        let mut bytes = vec![0u8; MIN_KEY_LEN];
+        getrandom::fill(&mut bytes).map_err(|e| e.to_string())?;
+        Self::from_secret(Secret::new(bytes)).map_err(|e| e.to_string())
+    }
+
     /// `hmac-sha256:<hex>` of `value`'s canonical JSON under this key.
     ///
     /// # Errors

@@ -4,6 +4,7 @@
 //! Invariants:
 //! * A record whose expiry is not after the store clock's now is never returned.
 //! * [`Store::session_insert`] never overwrites: a colliding id is reported, not replaced.
+//! * [`Store::session_save`] never creates: a deleted session stays deleted.
 //! * Expiry is stored in the layout of migration 0001: unix seconds (SQLite `INTEGER`),
 //!   `TIMESTAMPTZ` (Postgres).
 
@@ -66,20 +67,19 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Writes session `id` (insert or replace).
+    /// Updates session `id`, if it still exists: a session deleted meanwhile (signed out,
+    /// ended by an operator) is not written back by a request that loaded it before (new
+    /// sessions come through [`Store::session_insert`]).
     pub async fn session_save(
         &self,
         id: &str,
         data: &[u8],
         expiry_s: i64,
     ) -> Result<(), StoreError> {
-        let sql_sqlite = "INSERT INTO tower_sessions (id, data, expiry_date) VALUES ($1, $2, $3)
-                          ON CONFLICT (id) DO UPDATE SET data = excluded.data,
-                          expiry_date = excluded.expiry_date";
-        let sql_pg = "INSERT INTO tower_sessions.session (id, data, expiry_date)
-                      VALUES ($1, $2, to_timestamp($3::double precision))
-                      ON CONFLICT (id) DO UPDATE SET data = excluded.data,
-                      expiry_date = excluded.expiry_date";
+        let sql_sqlite = "UPDATE tower_sessions SET data = $2, expiry_date = $3 WHERE id = $1";
+        let sql_pg = "UPDATE tower_sessions.session
+                         SET data = $2, expiry_date = to_timestamp($3::double precision)
+                       WHERE id = $1";
         match &self.pool {
             crate::store::Pool::Sqlite(p) => {
                 sqlx::query(sql_sqlite)
@@ -153,6 +153,18 @@ impl Store {
             sqlx::query_scalar(sql).bind(id).fetch_one(p).await?
         });
         Ok(n > 0)
+    }
+
+    /// Every session row, expired or not: (id, data), for an operator ending one person's
+    /// sessions (an expired row it deletes too was dead already). Never shown.
+    pub async fn sessions_all(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        Ok(on_pool!(self, |p| {
+            let sql = match self.backend() {
+                crate::store::Backend::Sqlite => "SELECT id, data FROM tower_sessions",
+                crate::store::Backend::Postgres => "SELECT id, data FROM tower_sessions.session",
+            };
+            sqlx::query_as(sql).fetch_all(p).await?
+        }))
     }
 
     /// Number of session rows (tests: "no session was created").

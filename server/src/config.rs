@@ -213,6 +213,12 @@ pub const KEYS: &[KeySpec] = &[
         default: Some("false"),
         help: "on an empty database, play the finance demo at start (scripted agents, a demo approver); `make run` turns it on",
     },
+    KeySpec {
+        name: "demo_sign_in",
+        secret: false,
+        default: Some("false"),
+        help: "offer seeded demo people at /auth/demo (only with no OIDC issuer, on loopback, never through a proxy); `make run` turns it on",
+    },
 ];
 
 /// Sign-in through an OpenID Connect provider.
@@ -265,6 +271,9 @@ pub struct Config {
     pub workers: usize,
     /// Play the finance demo at start when the database has no runs (`serve --demo`).
     pub demo: bool,
+    /// Offer the demo sign-in (still only without an issuer, on loopback, never through a
+    /// proxy). Off unless asked for; the demo (`demo`) asks for it.
+    pub demo_sign_in: bool,
     /// Where gate notifications are posted (secret: a webhook URL's path is its credential).
     pub webhook_urls: Vec<Secret<Url>>,
     /// Per-run limits the executor enforces.
@@ -283,7 +292,7 @@ pub struct Config {
     pub audit_checkpoint_every: i64,
     /// Sign once the oldest unsigned record is this many minutes old (≥ 1).
     pub audit_checkpoint_minutes: i64,
-    /// The HMAC key redacted values are hashed with; `None`: plain SHA-256 only.
+    /// The HMAC key redacted values are hashed with; `None`: a random key of the process.
     pub redaction_key: Option<Arc<RedactionKey>>,
     /// The bearer token `/metrics` requires; `None`: `/metrics` answers anyone.
     pub metrics_token: Option<Secret<String>>,
@@ -547,6 +556,11 @@ impl Config {
             Some("true" | "1") => true,
             Some(_) => return Err(invalid("demo", "expected true or false".into())),
         };
+        let demo_sign_in = match get("demo_sign_in").as_deref() {
+            None | Some("" | "false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(_) => return Err(invalid("demo_sign_in", "expected true or false".into())),
+        };
 
         let mut webhook_urls = Vec::new();
         for text in get("webhook_urls")
@@ -794,6 +808,14 @@ impl Config {
             Some(t) => Some(Secret::new(t)),
         };
 
+        secure_off_loopback(
+            &listen,
+            &public_url,
+            metrics_token.is_some(),
+            redaction_key.is_some(),
+        )
+        .map_err(|(key, why)| invalid(key, why))?;
+
         Ok(Self {
             database_url: Secret::new(database_url),
             listen,
@@ -805,6 +827,7 @@ impl Config {
             site_root,
             workers,
             demo,
+            demo_sign_in,
             webhook_urls,
             run_bounds,
             adapter_timeout,
@@ -818,6 +841,45 @@ impl Config {
             metrics_token,
         })
     }
+}
+
+/// Secure by default where others can reach the server (`listen` beyond loopback): a
+/// `metrics_token` (else `/metrics` is anyone's), a `redaction_key` (else the audit's digests
+/// are keyed by a per-process key nobody can compare across restarts), and an `https://`
+/// public URL unless it names a loopback host (else session cookies travel in clear). The
+/// first missing one, as (key, why).
+fn secure_off_loopback(
+    listen: &SocketAddr,
+    public_url: &Url,
+    metrics_token: bool,
+    redaction_key: bool,
+) -> Result<(), (&'static str, String)> {
+    if listen.ip().is_loopback() {
+        return Ok(());
+    }
+    let reason = format!("required when listen ({listen}) is not a loopback address");
+    if !metrics_token {
+        return Err(("metrics_token", reason));
+    }
+    if !redaction_key {
+        return Err(("redaction_key", reason));
+    }
+    let loopback_host = match public_url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    if public_url.scheme() != "https" && !loopback_host {
+        return Err((
+            "public_url",
+            format!(
+                "must be an https:// URL when listen ({listen}) is not a loopback address (a \
+                 reverse proxy terminating TLS in front of Countersign)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The shortest `metrics_token` accepted.

@@ -705,7 +705,7 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
     detail.insert("found".into(), json!(found.is_some()));
     let (to, key, outcome) = match &found {
         Some(result) => {
-            let shown = pipeline::redacted(tool, result);
+            let shown = pipeline::redacted(&state.shown_key, tool, result);
             let stored = json!({"error": false, "answer": shown}).to_string();
             detail.insert(
                 "reference".into(),

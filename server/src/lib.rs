@@ -66,6 +66,19 @@ pub enum StartError {
     /// Serving failed.
     #[error("server error: {0}")]
     Serve(#[source] std::io::Error),
+    /// No random key could be made for what agents are shown hashed.
+    #[error("the operating system's random source failed: {0}")]
+    Random(String),
+}
+
+/// [`AppState::shown_key`]: the configured key, else a fresh random one.
+fn shown_key(configured: Option<&Arc<RedactionKey>>) -> Result<Arc<RedactionKey>, StartError> {
+    match configured {
+        Some(key) => Ok(key.clone()),
+        None => RedactionKey::random()
+            .map(Arc::new)
+            .map_err(StartError::Random),
+    }
 }
 
 /// Shared state every handler can reach.
@@ -83,10 +96,14 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Dashboard sign-in and sessions.
     pub auth: Arc<auth::Auth>,
-    /// The HMAC key redacted values are hashed with (config `redaction_key`). `None`: the
-    /// gateway hashes redacted values with plain SHA-256 only (fine on loopback for trying
-    /// things out; anyone holding the audit can test guesses of low-entropy values).
+    /// The HMAC key redacted values are hashed with (config `redaction_key`). `None`: they are
+    /// keyed by [`AppState::shown_key`], a random key of this process (equal values compare
+    /// equal only within one process's records; fine on loopback for trying things out).
     pub redaction: Option<Arc<RedactionKey>>,
+    /// The key values an agent is shown hashed are keyed with (`redacted:hmac-sha256:…`):
+    /// the configured `redaction_key`, else a random key of this process — never an unkeyed
+    /// hash, which a dictionary of IBANs would reverse.
+    pub shown_key: Arc<RedactionKey>,
     /// Cancelled when the process shuts down: ends every MCP session (and its SSE stream),
     /// which would otherwise hold the graceful shutdown open.
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -131,6 +148,7 @@ pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<App
         .site_root(config.site_root.display().to_string())
         .build();
     let redaction = config.redaction_key.clone();
+    let shown_key = shown_key(redaction.as_ref())?;
     Ok(AppState {
         store,
         leptos,
@@ -139,6 +157,7 @@ pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<App
         metrics: Arc::default(),
         auth,
         redaction,
+        shown_key,
         shutdown: tokio_util::sync::CancellationToken::new(),
     })
 }
@@ -153,20 +172,10 @@ impl Application {
             crate::adapters::AdapterSettings::with_timeout(config.adapter_timeout),
         )
         .await?;
-        match &config.redaction_key {
-            Some(key) => audit::record_redaction_key(&store, key).await?,
-            None if !config.listen.ip().is_loopback() => tracing::warn!(
-                "redaction_key is not set: redacted values are plain SHA-256 digests, which \
-                 anyone holding the audit trail can test guesses against"
-            ),
-            None => {}
-        }
-        if config.metrics_token.is_none() && !config.listen.ip().is_loopback() {
-            tracing::warn!(
-                "metrics_token is not set: /metrics answers anyone who can reach {} (tool \
-                 names, decisions, queue depths of every tenant)",
-                config.listen
-            );
+        // (Beyond loopback the configuration already required a redaction key and a metrics
+        // token: `config::secure_off_loopback`.)
+        if let Some(key) = &config.redaction_key {
+            audit::record_redaction_key(&store, key).await?;
         }
         let listener =
             TcpListener::bind(config.listen)
@@ -192,6 +201,7 @@ impl Application {
             .site_addr(addr)
             .build();
         let redaction = config.redaction_key.clone();
+        let shown_key = shown_key(redaction.as_ref())?;
         let state = AppState {
             store,
             leptos,
@@ -200,6 +210,7 @@ impl Application {
             metrics: Arc::default(),
             auth,
             redaction,
+            shown_key,
             shutdown: tokio_util::sync::CancellationToken::new(),
         };
         let router = http::router(state.clone());

@@ -42,6 +42,19 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// End every dashboard session of one person (effective at their next request; audited,
+    /// `sessions.ended`): someone who left, or lost a role at the identity provider.
+    EndSessions {
+        /// The person, as ISSUER#SUBJECT (a `person:` prefix is accepted).
+        #[arg(long)]
+        person: String,
+        /// Only their sessions signed in for this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Who acts (recorded); defaults to cli:$USER.
+        #[arg(long)]
+        by: Option<String>,
+    },
     /// Run executor workers and the reconciler for planned steps, without HTTP, until
     /// interrupted. Any number of these may share one Postgres database.
     Worker {
@@ -340,6 +353,8 @@ fn main() -> ExitCode {
             Command::Serve { demo } => {
                 let mut config = config;
                 config.demo |= demo;
+                // The demo's scripted approver signs in through the demo sign-in.
+                config.demo_sign_in |= config.demo;
                 let app = Application::build(config, clock).await?;
                 app.run_until(shutdown_signal()).await?;
                 Ok(())
@@ -446,6 +461,32 @@ fn main() -> ExitCode {
                 };
                 state.store.close().await;
                 result.map_err(|e| StartError::Database(e).into())
+            }
+            Command::EndSessions { person, tenant, by } => {
+                let person = person.trim();
+                let Some((iss, sub)) = person
+                    .strip_prefix("person:")
+                    .unwrap_or(person)
+                    .rsplit_once('#')
+                    .filter(|(iss, sub)| !iss.is_empty() && !sub.is_empty())
+                else {
+                    return Err(CliError::Refused("--person must be ISSUER#SUBJECT".into()));
+                };
+                let store = countersign::connect_and_migrate(&config, clock)
+                    .await
+                    .map_err(StartError::Database)?;
+                let who = by.unwrap_or_else(|| {
+                    format!(
+                        "cli:{}",
+                        std::env::var("USER").unwrap_or_else(|_| "operator".into())
+                    )
+                });
+                let n = countersign::auth::end_sessions(&store, iss, sub, tenant.as_deref(), &who)
+                    .await
+                    .map_err(StartError::Database)?;
+                println!("ended {n} session(s) of {iss}#{sub}");
+                store.close().await;
+                Ok(())
             }
             Command::Migrate => {
                 let store = countersign::connect_and_migrate(&config, clock)

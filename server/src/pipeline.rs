@@ -23,6 +23,7 @@ use countersign_core::audit::{AuditEvent, NewAuditRecord};
 use countersign_core::policy::{
     ApprovalState, Principal, PrincipalKind, Request, ResourceFact, TaskOrigin,
 };
+use countersign_core::redact::{HASH_PREFIX, RedactionKey};
 use countersign_core::registry::Tool;
 use countersign_core::store::{
     AgentCredential, AuthError, CallContext, KeyClaim, KeyState, NewRun, NewStep, Run, RunGuard,
@@ -1134,14 +1135,15 @@ fn hidden_fields(ctx: &Ctx<'_>, fields: &[Value]) -> Vec<Value> {
                     m.insert(segment.to_string(), placed);
                     placed = Value::Object(m);
                 }
-                let mut shown = redacted(ctx.tool, &placed);
+                let key = &ctx.state.shown_key;
+                let mut shown = redacted(key, ctx.tool, &placed);
                 if let Some(verify) = verify {
-                    shown = redacted(verify, &shown);
+                    shown = redacted(key, verify, &shown);
                 }
                 if shown == placed {
                     return value.clone();
                 }
-                json!(hash_value(value))
+                json!(hash_value(key, value))
             };
             let mut out = Map::new();
             out.insert("field".into(), json!(field));
@@ -1563,7 +1565,7 @@ async fn finish(
     let dedupe = !matches!(ctx.tool.effect, Effect::Read);
     let (status, key, event, rule, answer, extra) = match outcome {
         Ok(result) => {
-            let shown = crate::pipeline::redacted(ctx.tool, &result);
+            let shown = crate::pipeline::redacted(&ctx.state.shown_key, ctx.tool, &result);
             let reference = result.get("ref").cloned().unwrap_or(Value::Null);
             (
                 StepStatus::Done,
@@ -1667,7 +1669,8 @@ async fn finish(
 
 /// The inputs as the audit records them: the tool's `redact` fields replaced by keyed HMAC
 /// digests (config `redaction_key`; equal values still compare equal) or dropped. Without a
-/// key, hashed fields fall back to plain SHA-256 digests ([`redacted`]). Never the clear value.
+/// configured key, hashed fields are keyed by this process's random key ([`redacted`]): equal
+/// only within one process's records. Never the clear value.
 pub fn audit_inputs(state: &AppState, tool: &Tool, arguments: &Value) -> Value {
     use countersign_core::redact::{FieldSelector, How, RedactRule, redact};
     if tool.handler.provider.as_str() == crate::runs::PROVIDER
@@ -1676,7 +1679,7 @@ pub fn audit_inputs(state: &AppState, tool: &Tool, arguments: &Value) -> Value {
         return plan_audit_inputs(state, arguments);
     }
     let Some(key) = &state.redaction else {
-        return redacted(tool, arguments);
+        return redacted(&state.shown_key, tool, arguments);
     };
     let rules: Vec<RedactRule> = tool
         .redact
@@ -1734,12 +1737,13 @@ fn plan_audit_inputs(state: &AppState, arguments: &Value) -> Value {
     out
 }
 
-/// `result` with the tool's `redact` fields hidden from the agent (hashed with SHA-256 when
-/// the rule says hash: equal values still compare equal; dropped otherwise). A rule's field is
+/// `result` with the tool's `redact` fields hidden from the agent (hashed with `key`, the
+/// server's [`AppState::shown_key`], when the rule says hash: equal values still compare
+/// equal; dropped otherwise). A rule's field is
 /// a bare member name (any depth) or a dotted path from the root (arrays transparent), as in
 /// the audit's redaction; when two rules match one member, drop wins. A rule that does not
 /// parse withholds the whole value (fail closed).
-pub fn redacted(tool: &Tool, result: &Value) -> Value {
+pub fn redacted(key: &RedactionKey, tool: &Tool, result: &Value) -> Value {
     use countersign_core::redact::FieldSelector;
     use countersign_core::registry::RedactHow;
     if tool.redact.is_empty() {
@@ -1754,6 +1758,7 @@ pub fn redacted(tool: &Tool, result: &Value) -> Value {
         return json!({"withheld": "redaction rule did not parse"});
     };
     fn walk<'a>(
+        key: &RedactionKey,
         v: &'a Value,
         rules: &[(FieldSelector, RedactHow)],
         at: &mut Vec<&'a str>,
@@ -1766,11 +1771,11 @@ pub fn redacted(tool: &Tool, result: &Value) -> Value {
                     let mut hows = rules.iter().filter(|(f, _)| f.matches(at)).map(|(_, h)| *h);
                     match hows.next() {
                         None => {
-                            out.insert(k.clone(), walk(v, rules, at));
+                            out.insert(k.clone(), walk(key, v, rules, at));
                         }
                         Some(first) => {
                             if first == RedactHow::Hash && hows.all(|h| h == RedactHow::Hash) {
-                                out.insert(k.clone(), json!(hash_value(v)));
+                                out.insert(k.clone(), json!(hash_value(key, v)));
                             }
                         }
                     }
@@ -1778,20 +1783,26 @@ pub fn redacted(tool: &Tool, result: &Value) -> Value {
                 }
                 Value::Object(out)
             }
-            Value::Array(items) => Value::Array(items.iter().map(|i| walk(i, rules, at)).collect()),
+            Value::Array(items) => {
+                Value::Array(items.iter().map(|i| walk(key, i, rules, at)).collect())
+            }
             other => other.clone(),
         }
     }
-    walk(result, &rules, &mut Vec::new())
+    walk(key, result, &rules, &mut Vec::new())
 }
 
-fn hash_value(v: &Value) -> String {
-    let text = CanonicalJson::from_value(v)
-        .map(CanonicalJson::into_string)
-        .unwrap_or_else(|_| v.to_string());
-    let digest = Sha256::digest(text.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("redacted:sha256:{}", &hex[..16])
+/// What an agent sees of a hashed value: `redacted:hmac-sha256:` and 128 bits of its keyed
+/// digest (equal values compare equal; a dictionary of guesses needs the key). A value with
+/// no canonical form shows nothing of itself.
+fn hash_value(key: &RedactionKey, v: &Value) -> String {
+    match key.digest(v) {
+        Ok(digest) => format!(
+            "redacted:{}",
+            digest.get(..HASH_PREFIX.len() + 32).unwrap_or(&digest)
+        ),
+        Err(_) => "redacted:withheld".to_string(),
+    }
 }
 
 /// Records an `input.schema` refusal, then answers with it.

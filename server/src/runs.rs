@@ -449,7 +449,7 @@ async fn list(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, 
                 .ok()
                 .and_then(|name| loaded.bundle.registry.tool(&name).cloned());
             view["inputs"] = match &tool {
-                Some(tool) => crate::pipeline::redacted(tool, &inputs),
+                Some(tool) => crate::pipeline::redacted(&state.shown_key, tool, &inputs),
                 None => json!({"withheld": "the tool is no longer in the registry"}),
             };
             view["reason"] = json!(step.reason);

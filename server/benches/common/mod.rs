@@ -67,6 +67,7 @@ impl Server {
             ("COUNTERSIGN_LOG_LEVEL".to_string(), "error".to_string()),
             ("COUNTERSIGN_REGISTRY".to_string(), registry),
             ("COUNTERSIGN_WORKERS".to_string(), "0".to_string()),
+            ("COUNTERSIGN_DEMO_SIGN_IN".to_string(), "true".to_string()),
         ];
         let config = Config::load(None, env).expect("bench config is valid");
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -1,8 +1,13 @@
-//! The demo sign-in: loopback only, no issuer configured. Pick a seeded person.
+//! The demo sign-in: asked for (`demo_sign_in`), loopback only, no issuer configured, never
+//! through a proxy. Pick a seeded person.
+//!
+//! Invariant: a request that carries `Forwarded` or any `X-Forwarded-*` header came through
+//! a proxy, whatever address it arrived from, and is refused (403): a reverse proxy that
+//! forwards to 127.0.0.1 must not turn the demo people into anyone's accounts.
 
 use axum::Form;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use countersign_core::{AppRole, Person};
 use serde::Deserialize;
@@ -39,15 +44,31 @@ pub fn off_page() -> Response {
         StatusCode::FORBIDDEN,
         "Sign-in is not configured",
         "No OpenID Connect issuer is configured (COUNTERSIGN_OIDC_ISSUER, \
-         COUNTERSIGN_OIDC_CLIENT_ID, COUNTERSIGN_OIDC_CLIENT_SECRET), and the demo sign-in is \
+         COUNTERSIGN_OIDC_CLIENT_ID, COUNTERSIGN_OIDC_CLIENT_SECRET). The demo sign-in is off \
+         unless asked for (COUNTERSIGN_DEMO_SIGN_IN=true, as `make run` does), and even then \
          only available when the server listens on a loopback address and its public URL is on a \
          loopback host (not behind a reverse proxy).",
         false,
     )
 }
 
-fn refuse(mode: &Mode) -> Option<Response> {
+/// Whether a proxy forwarded this request (`Forwarded`, `X-Forwarded-*`).
+fn forwarded(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| {
+        let name = name.as_str();
+        name == "forwarded" || name.starts_with("x-forwarded-")
+    })
+}
+
+fn refuse(mode: &Mode, headers: &HeaderMap) -> Option<Response> {
     match mode {
+        Mode::Demo if forwarded(headers) => Some(page(
+            StatusCode::FORBIDDEN,
+            "Demo sign-in refused",
+            "This request came through a proxy. The demo sign-in is only for a browser on the \
+             same machine as the server.",
+            false,
+        )),
         Mode::Demo => None,
         Mode::Off => Some(off_page()),
         Mode::Oidc(_) => Some(page(
@@ -65,8 +86,12 @@ pub(super) struct ListQuery {
     next: Option<String>,
 }
 
-pub(super) async fn list(State(state): State<AppState>, Query(q): Query<ListQuery>) -> Response {
-    if let Some(resp) = refuse(&state.auth.mode) {
+pub(super) async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    if let Some(resp) = refuse(&state.auth.mode, &headers) {
         return resp;
     }
     let next = escape(&local_next(q.next.as_deref()));
@@ -105,9 +130,10 @@ pub(super) struct SignInForm {
 pub(super) async fn sign_in(
     State(state): State<AppState>,
     session: Session,
+    headers: HeaderMap,
     Form(form): Form<SignInForm>,
 ) -> Response {
-    if let Some(resp) = refuse(&state.auth.mode) {
+    if let Some(resp) = refuse(&state.auth.mode, &headers) {
         return resp;
     }
     let Some((sub, name, roles, tenant)) = DEMO_USERS.iter().find(|u| u.0 == form.user) else {

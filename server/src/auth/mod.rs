@@ -74,7 +74,8 @@ pub struct Auth {
 }
 
 /// The sign-in mode `config` allows: OIDC if an issuer is set; otherwise the demo sign-in
-/// only on a loopback listen address with a loopback public URL.
+/// only when asked for (`demo_sign_in`) on a loopback listen address with a loopback public
+/// URL.
 pub fn mode_for(config: &Config, store: &Store) -> Result<Mode, oidc::SignInError> {
     match &config.oidc {
         Some(oidc) => {
@@ -91,7 +92,10 @@ pub fn mode_for(config: &Config, store: &Store) -> Result<Mode, oidc::SignInErro
         }
         // Behind a reverse proxy (a public URL off loopback) the listen address says nothing
         // about who can reach the server: no demo sign-in there.
-        None if config.listen.ip().is_loopback() && loopback_host(&config.public_url) => {
+        None if config.demo_sign_in
+            && config.listen.ip().is_loopback()
+            && loopback_host(&config.public_url) =>
+        {
             Ok(Mode::Demo)
         }
         None => Ok(Mode::Off),
@@ -148,8 +152,9 @@ impl Auth {
     }
 
     /// The person signed in on `session`, if the session is live. An expired session is
-    /// deleted; a live one has its last-seen mark refreshed.
-    pub async fn current(&self, session: &Session) -> Option<Person> {
+    /// deleted; a live one has its last-seen mark refreshed, unless the request is a page's
+    /// background refresh (`activity` false), which never keeps an idle session alive.
+    pub async fn current(&self, session: &Session, activity: bool) -> Option<Person> {
         let person: Person = session.get(PERSON).await.ok().flatten()?;
         let seen: i64 = session.get(SEEN).await.ok().flatten().unwrap_or(0);
         let now = self.store.clock().now_ms();
@@ -161,7 +166,8 @@ impl Auth {
             }
             return None;
         }
-        if now - seen >= SEEN_GRANULARITY_MS && session.insert(SEEN, now).await.is_err() {
+        if activity && now - seen >= SEEN_GRANULARITY_MS && session.insert(SEEN, now).await.is_err()
+        {
             return None;
         }
         Some(person)
@@ -194,6 +200,58 @@ impl Auth {
     pub fn demo(&self) -> bool {
         matches!(self.mode, Mode::Demo)
     }
+}
+
+/// The audit rule of ending a person's sessions.
+pub const SESSIONS_ENDED_RULE: &str = "sessions.ended";
+
+/// Ends every live session of the person `iss#sub` — only those signed in for `tenant` when
+/// given (a tenant admin's reach) — as `by`, with one audit record (`operational`, rule
+/// `sessions.ended`, the person and how many). Effective at their next request: a deleted
+/// session is no session, and a request in flight cannot write it back
+/// ([`Store::session_save`] only updates). Returns how many ended.
+pub async fn end_sessions(
+    store: &Store,
+    iss: &str,
+    sub: &str,
+    tenant: Option<&str>,
+    by: &str,
+) -> Result<usize, countersign_core::StoreError> {
+    let mut ended = 0;
+    for (id, data) in store.sessions_all().await? {
+        let person = serde_json::from_slice::<serde_json::Value>(&data)
+            .ok()
+            .and_then(|v| v.get(PERSON).cloned())
+            .and_then(|p| serde_json::from_value::<Person>(p).ok());
+        let Some(person) = person else {
+            continue; // a sign-in in progress: nobody's yet
+        };
+        if person.iss != iss || person.sub != sub {
+            continue;
+        }
+        if tenant.is_some_and(|t| person.tenant.as_deref() != Some(t)) {
+            continue;
+        }
+        store.session_delete(&id).await?;
+        ended += 1;
+    }
+    let mut detail = serde_json::Map::new();
+    detail.insert("kind".into(), serde_json::json!("sessions_ended"));
+    detail.insert("person".into(), serde_json::json!(format!("{iss}#{sub}")));
+    detail.insert("tenant".into(), serde_json::json!(tenant));
+    detail.insert("ended".into(), serde_json::json!(ended));
+    store
+        .append_audit(&countersign_core::audit::NewAuditRecord {
+            event: Some(countersign_core::audit::AuditEvent::Operational),
+            run_id: None,
+            step_id: None,
+            tool: None,
+            actor: Some(by.to_string()),
+            rule: Some(SESSIONS_ENDED_RULE.into()),
+            detail,
+        })
+        .await?;
+    Ok(ended)
 }
 
 /// The signed-in person, for handlers behind [`gate`] (401 otherwise).
@@ -335,7 +393,8 @@ pub async fn gate(
     if exempt(&path) {
         return next.run(request).await;
     }
-    let Some(person) = auth.current(&session).await else {
+    let activity = !path.starts_with(countersign_app::BACKGROUND_PREFIX);
+    let Some(person) = auth.current(&session, activity).await else {
         // Pages redirect to sign-in; the JSON API answers 401 (a client, not a person).
         let page_request =
             matches!(*request.method(), Method::GET | Method::HEAD) && !path.starts_with("/api/");
@@ -570,7 +629,7 @@ async fn signed_out(State(state): State<AppState>) -> Response {
 
 /// The signed-in person as JSON (401 when signed out).
 async fn me(State(state): State<AppState>, session: Session) -> Response {
-    match state.auth.current(&session).await {
+    match state.auth.current(&session, true).await {
         Some(person) => axum::Json(person).into_response(),
         None => (StatusCode::UNAUTHORIZED, "not signed in").into_response(),
     }

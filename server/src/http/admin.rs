@@ -734,6 +734,43 @@ pub async fn revoke_agent(
     }
 }
 
+/// `POST /admin/sessions/end` (form: `person` = `ISS#SUB`): ends every session of that person
+/// signed in for the admin's tenant, effective at their next request (audited), as
+/// `countersign sessions end`.
+pub async fn end_sessions(
+    State(state): State<AppState>,
+    admin: RequireRole<AdminRole>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = cross_origin(&state, &headers) {
+        return refused;
+    }
+    let form = fields(&body);
+    let Some((iss, sub)) = field(&form, "person")
+        .trim()
+        .trim_start_matches("person:")
+        .rsplit_once('#')
+        .filter(|(iss, sub)| !iss.is_empty() && !sub.is_empty())
+    else {
+        return back(None, Some("person"));
+    };
+    let Some(tenant) = admin.0.tenant.as_deref().filter(|t| !t.is_empty()) else {
+        return back(None, Some("scope"));
+    };
+    let by = format!("person:{}", identity(&admin.0));
+    match crate::auth::end_sessions(&state.store, iss, sub, Some(tenant), &by).await {
+        Ok(n) => {
+            tracing::info!(%by, person = %format!("{iss}#{sub}"), sessions = n, "sessions ended");
+            back(Some("sessions_ended"), None)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "admin: ending sessions failed");
+            back(None, Some("unavailable"))
+        }
+    }
+}
+
 /// `POST /admin/stop` (form: `scope` = `tenant` | `platform`, `reason`): the emergency stop
 /// of the admin's tenant, or of every tenant (a platform admin's), exactly as `countersign
 /// stop [--tenant T]`.

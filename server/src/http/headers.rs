@@ -12,13 +12,16 @@
 //!   `script-src 'none'` (with `object-src` and `base-uri` off). The dashboard's pages replace
 //!   it with a policy naming their own per-response nonce (`countersign_app::page_policy`),
 //!   which also keeps `frame-ancestors 'none'`.
+//! * Behind an `https://` public URL every response carries `Strict-Transport-Security`
+//!   (one year, subdomains not included): a browser that once reached Countersign over TLS
+//!   never falls back to plain http for it.
 //! * A header a handler set itself is never overwritten.
 
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::HeaderValue;
 use axum::http::header::{
-    CACHE_CONTROL, CONTENT_SECURITY_POLICY, REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS,
-    X_FRAME_OPTIONS,
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, REFERRER_POLICY, STRICT_TRANSPORT_SECURITY,
+    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
 };
 use axum::middleware::Next;
 use axum::response::Response;
@@ -31,8 +34,11 @@ const STATIC_PREFIX: &str = "/pkg/";
 pub const DEFAULT_POLICY: &str =
     "script-src 'none'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'";
 
-/// Adds the security headers to the response of `req`.
-pub async fn security_headers(req: Request, next: Next) -> Response {
+/// `Strict-Transport-Security` for an https public URL.
+pub const HSTS: &str = "max-age=31536000";
+
+/// Adds the security headers to the response of `req`; `https`: the public URL is https.
+pub async fn security_headers(State(https): State<bool>, req: Request, next: Next) -> Response {
     let cacheable = req.uri().path().starts_with(STATIC_PREFIX);
     let mut resp = next.run(req).await;
     let headers = resp.headers_mut();
@@ -47,6 +53,9 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
     set(REFERRER_POLICY, "same-origin");
     if !cacheable {
         set(CACHE_CONTROL, "no-store");
+    }
+    if https {
+        set(STRICT_TRANSPORT_SECURITY, HSTS);
     }
     resp
 }

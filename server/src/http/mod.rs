@@ -36,6 +36,7 @@ pub fn router(state: AppState) -> Router {
     let routes = routes();
     let options = state.leptos.clone();
     let sessions = state.auth.session_layer();
+    let https = state.config.public_url.scheme() == "https";
     let inbox = inbox::context(&state);
     let admin = admin::context(&state);
     let (runs, audit, metrics) = views::contexts(&state);
@@ -90,6 +91,10 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(admin::revoke_agent),
         )
         .route("/admin/stop", axum::routing::post(admin::stop))
+        .route(
+            "/admin/sessions/end",
+            axum::routing::post(admin::end_sessions),
+        )
         .route("/admin/stop/lift", axum::routing::post(admin::lift))
         .route("/audit/export.jsonl", get(views::export))
         .merge(crate::mcp::routes(state.clone()))
@@ -99,7 +104,7 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(state.clone(), auth::gate))
         .layer(from_fn_with_state(state.clone(), auth::csrf))
         .layer(sessions)
-        .layer(axum::middleware::from_fn(headers::security_headers))
+        .layer(from_fn_with_state(https, headers::security_headers))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -359,7 +359,7 @@ impl Views {
                         .and_then(|t| l.bundle.registry.tool(&t).cloned())
                 });
                 let shown = |text: &str| match (&tool, serde_json::from_str::<Value>(text)) {
-                    (Some(tool), Ok(v)) => crate::pipeline::redacted(tool, &v),
+                    (Some(tool), Ok(v)) => crate::pipeline::redacted(&self.0.shown_key, tool, &v),
                     _ => Value::Null,
                 };
                 // Inputs as the audit shows them (keyed digests; a plan's steps each by its

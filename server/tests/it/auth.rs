@@ -695,7 +695,23 @@ async fn demo_sign_in_lists_people_shows_the_banner_and_sets_a_strict_cookie() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_sign_in_is_refused_off_loopback_and_when_an_issuer_is_configured() {
-    let Some(app) = demo_app(Backend::Sqlite, &[("COUNTERSIGN_LISTEN", "0.0.0.0:0")]).await else {
+    let Some(app) = demo_app(
+        Backend::Sqlite,
+        &[
+            ("COUNTERSIGN_LISTEN", "0.0.0.0:0"),
+            ("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com"),
+            (
+                "COUNTERSIGN_METRICS_TOKEN",
+                "metrics-token-of-thirty-two-chars-x",
+            ),
+            (
+                "COUNTERSIGN_REDACTION_KEY",
+                "a-redaction-key-of-at-least-32-bytes!",
+            ),
+        ],
+    )
+    .await
+    else {
         return;
     };
     let base = format!("http://127.0.0.1:{}", app.addr.port());
@@ -812,6 +828,170 @@ async fn sessions_end_after_the_idle_and_the_absolute_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_sign_in_is_an_explicit_opt_in_and_never_answers_through_a_proxy() {
+    // Loopback, no issuer, but not asked for: nobody signs in.
+    let Some(app) = demo_app(Backend::Sqlite, &[("COUNTERSIGN_DEMO_SIGN_IN", "false")]).await
+    else {
+        return;
+    };
+    let b = Browser::new();
+    let resp = b.get(&app.url("/auth/demo")).await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    assert!(
+        resp.text()
+            .await
+            .unwrap()
+            .contains("COUNTERSIGN_DEMO_SIGN_IN")
+    );
+    let resp = b.post_form(&app, "/auth/demo", &[("user", "ada")]).await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    assert!(b.me(&app).await.is_none());
+    app.stop().await;
+
+    // Asked for, but the request came through a reverse proxy to 127.0.0.1: refused.
+    let Some(app) = demo_app(Backend::Sqlite, &[]).await else {
+        return;
+    };
+    for (name, value) in [
+        ("forwarded", "for=203.0.113.7;proto=https"),
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-forwarded-host", "countersign.example.com"),
+    ] {
+        let b = Browser::new();
+        let resp = b
+            .client
+            .post(app.url("/auth/demo"))
+            .header("origin", format!("http://{}", app.addr))
+            .header(name, value)
+            .form(&[("user", "ada")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{name}");
+        assert!(b.me(&app).await.is_none(), "{name}");
+        let resp = b
+            .client
+            .get(app.url("/auth/demo"))
+            .header(name, value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{name}");
+    }
+    // The same browser without a proxy in between signs in.
+    let b = Browser::new();
+    let resp = b.post_form(&app, "/auth/demo", &[("user", "ada")]).await;
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    assert!(b.me(&app).await.is_some());
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_ends_a_persons_sessions_at_their_next_request() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(app) = demo_app(backend, &[]).await else {
+            continue;
+        };
+        let ana = Browser::new();
+        ana.post_form(&app, "/auth/demo", &[("user", "ana")]).await;
+        let ana_too = Browser::new();
+        ana_too
+            .post_form(&app, "/auth/demo", &[("user", "ana")])
+            .await;
+        let pat = Browser::new();
+        pat.post_form(&app, "/auth/demo", &[("user", "pat")]).await;
+        assert!(ana.me(&app).await.is_some());
+        // Another tenant's admin reaches nobody of acme.
+        let gus = Browser::new();
+        gus.post_form(&app, "/auth/demo", &[("user", "gus")]).await;
+        let person = "urn:countersign:demo#ana";
+        let resp = gus
+            .post_form(&app, "/admin/sessions/end", &[("person", person)])
+            .await;
+        assert_eq!(location(&resp), "/admin?done=sessions_ended");
+        assert!(
+            ana.me(&app).await.is_some(),
+            "globex's admin cannot end acme's sessions"
+        );
+        // Ada (acme) ends both of Ana's sessions; Pat's stays.
+        let ada = Browser::new();
+        ada.post_form(&app, "/auth/demo", &[("user", "ada")]).await;
+        let resp = ada
+            .post_form(&app, "/admin/sessions/end", &[("person", "nobody")])
+            .await;
+        assert_eq!(location(&resp), "/admin?error=person");
+        let resp = ada
+            .post_form(&app, "/admin/sessions/end", &[("person", person)])
+            .await;
+        assert_eq!(location(&resp), "/admin?done=sessions_ended");
+        assert!(ana.me(&app).await.is_none());
+        assert!(ana_too.me(&app).await.is_none());
+        assert!(pat.me(&app).await.is_some());
+        let resp = ana.get(&app.url("/inbox")).await;
+        assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+        // Audited, with who did it and how many ended.
+        let ended: Vec<Value> = app
+            .store
+            .audit_records(1, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.rule.as_deref() == Some("sessions.ended"))
+            .map(|r| serde_json::from_str::<Value>(&r.record).unwrap())
+            .collect();
+        assert_eq!(ended.len(), 2, "{ended:?}");
+        assert_eq!(ended[0]["detail"]["ended"], 0);
+        assert_eq!(ended[1]["detail"]["ended"], 2);
+        // The CLI does the same for Pat, everywhere.
+        let out = crate::helpers::countersign_on(&app.db_url())
+            .args([
+                "end-sessions",
+                "--person",
+                "person:urn:countersign:demo#pat",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ended 1 session"));
+        assert!(pat.me(&app).await.is_none());
+        app.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inboxs_background_refresh_never_keeps_an_idle_session_alive() {
+    let Some(app) = demo_app(Backend::Sqlite, &[]).await else {
+        return;
+    };
+    let b = Browser::new();
+    b.post_form(&app, "/auth/demo", &[("user", "ana")]).await;
+    let refresh = countersign_app::BACKGROUND_PREFIX.to_string() + "gates";
+    // The open inbox refreshes every few seconds; it answers while the session lives...
+    for _ in 0..5 {
+        app.clock.advance(chrono::Duration::minutes(5));
+        let resp = b.post_form(&app, &refresh, &[]).await;
+        assert_eq!(
+            resp.status(),
+            StatusCode::OK,
+            "{}",
+            resp.text().await.unwrap()
+        );
+    }
+    // ...but it is not the person's activity: 31 minutes after the last of that, the
+    // session has ended.
+    app.clock.advance(chrono::Duration::minutes(6));
+    let resp = b.post_form(&app, &refresh, &[]).await;
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let resp = b.get(&app.url("/inbox")).await;
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_origin_state_changes_are_refused() {
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some(app) = demo_app(backend, &[]).await else {
@@ -914,6 +1094,21 @@ async fn a_secure_public_url_gets_a_host_prefixed_secure_cookie() {
         assert!(cookie.contains(attr), "{attr} in {cookie}");
     }
     assert!(!cookie.contains("Domain"), "{cookie}");
+    // An https public URL: every response pins TLS for a year.
+    let resp = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(
+        resp.headers()
+            .get("strict-transport-security")
+            .and_then(|v| v.to_str().ok()),
+        Some("max-age=31536000")
+    );
+    app.stop().await;
+    // A plain-http (loopback) public URL sends none: a browser would ignore it anyway.
+    let Some(app) = demo_app(Backend::Sqlite, &[]).await else {
+        return;
+    };
+    let resp = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert!(resp.headers().get("strict-transport-security").is_none());
     app.stop().await;
 }
 

@@ -51,11 +51,66 @@ fn environment_overrides_the_file_which_overrides_defaults() {
         env(&[
             ("COUNTERSIGN_LISTEN", "0.0.0.0:5000"),
             ("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com"),
+            ("COUNTERSIGN_METRICS_TOKEN", METRICS_TOKEN),
+            ("COUNTERSIGN_REDACTION_KEY", REDACTION_KEY),
         ]),
     )
     .unwrap();
     assert_eq!(c.listen.port(), 5000);
     assert_eq!(c.public_url.as_str(), "https://countersign.example.com/");
+}
+
+const METRICS_TOKEN: &str = "metrics-token-of-thirty-two-chars-x";
+const REDACTION_KEY: &str = "a-redaction-key-of-at-least-32-bytes!";
+
+#[test]
+fn listening_beyond_loopback_needs_a_metrics_token_a_redaction_key_and_https() {
+    let full = [
+        ("COUNTERSIGN_LISTEN", "0.0.0.0:5000"),
+        ("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com"),
+        ("COUNTERSIGN_METRICS_TOKEN", METRICS_TOKEN),
+        ("COUNTERSIGN_REDACTION_KEY", REDACTION_KEY),
+    ];
+    assert!(Config::load(Some(&temp_file("")), env(&full)).is_ok());
+    // Each one left out stops the start, naming its key, in one line.
+    for (missing, key) in [
+        ("COUNTERSIGN_METRICS_TOKEN", "COUNTERSIGN_METRICS_TOKEN"),
+        ("COUNTERSIGN_REDACTION_KEY", "COUNTERSIGN_REDACTION_KEY"),
+        ("COUNTERSIGN_PUBLIC_URL", "COUNTERSIGN_PUBLIC_URL"),
+    ] {
+        let vars: Vec<(&str, &str)> = full
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != missing)
+            .collect();
+        let msg = Config::load(Some(&temp_file("")), env(&vars))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(key), "{missing}: {msg}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+    }
+    let plain = full
+        .iter()
+        .map(|&(k, v)| {
+            if k == "COUNTERSIGN_PUBLIC_URL" {
+                (k, "http://countersign.example.com")
+            } else {
+                (k, v)
+            }
+        })
+        .collect::<Vec<_>>();
+    let msg = Config::load(Some(&temp_file("")), env(&plain))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("https://"), "{msg}");
+    // On loopback none of them is needed.
+    assert!(
+        Config::load(
+            Some(&temp_file("")),
+            env(&[("COUNTERSIGN_LISTEN", "127.0.0.1:5000")])
+        )
+        .is_ok()
+    );
 }
 
 #[test]

@@ -286,7 +286,7 @@ async fn gateway_injected_invoice_text_leads_to_no_supplier_call_and_no_effect()
             .call("supplier.get", json!({"supplier_id": "SUP-000417"}))
             .await;
         let shown = content(&sup)["iban"].as_str().unwrap();
-        assert!(shown.starts_with("redacted:sha256:"), "{sup}");
+        assert!(shown.starts_with("redacted:hmac-sha256:"), "{sup}");
         assert_eq!(content(&sup)["name"], "Lindqvist Industrial Supply AB");
         app
     })
@@ -920,7 +920,9 @@ fn tool_redacting(
 #[test]
 fn gateway_redaction_honours_dotted_paths_bare_names_and_drop_over_hash() {
     use countersign_core::registry::RedactHow::{Drop, Hash};
+    use sha2::Digest as _;
     let iban = "SE4550000000058398257466";
+    let key = countersign_core::redact::RedactionKey::random().unwrap();
     let result = json!({
         "supplier": {"id": "SUP-000042", "iban": iban, "bank": {"iban": iban}},
         "lines": [{"iban": iban, "amount": 1}, {"iban": iban, "amount": 2}],
@@ -932,13 +934,29 @@ fn gateway_redaction_honours_dotted_paths_bare_names_and_drop_over_hash() {
         "supplier.get",
         &[("supplier.iban", Hash), ("lines.iban", Drop)],
     );
-    let shown = countersign::pipeline::redacted(&tool, &result);
+    let shown = countersign::pipeline::redacted(&key, &tool, &result);
     assert!(
         shown["supplier"]["iban"]
             .as_str()
             .unwrap()
-            .starts_with("redacted:sha256:"),
+            .starts_with("redacted:hmac-sha256:"),
         "{shown}"
+    );
+    // Keyed: the plain SHA-256 of the value (what a dictionary of IBANs would hold) is not
+    // what the agent sees, and another key gives another digest.
+    let plain: String = sha2::Sha256::digest(format!("\"{iban}\"").as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let digest = shown["supplier"]["iban"].as_str().unwrap();
+    assert!(!digest.contains(&plain[..16]), "{digest}");
+    let other = countersign_core::redact::RedactionKey::random().unwrap();
+    let again = countersign::pipeline::redacted(&other, &tool, &result);
+    assert_ne!(again["supplier"]["iban"], shown["supplier"]["iban"]);
+    assert_eq!(
+        countersign::pipeline::redacted(&key, &tool, &result),
+        shown,
+        "one key: equal values compare equal"
     );
     assert_eq!(
         shown["supplier"]["bank"]["iban"], iban,
@@ -950,7 +968,7 @@ fn gateway_redaction_honours_dotted_paths_bare_names_and_drop_over_hash() {
     assert_eq!(shown["supplier"]["id"], "SUP-000042");
     // A bare name reaches every depth; drop wins over hash on one member.
     let tool = tool_redacting("supplier.get", &[("iban", Hash), ("supplier.iban", Drop)]);
-    let shown = countersign::pipeline::redacted(&tool, &result);
+    let shown = countersign::pipeline::redacted(&key, &tool, &result);
     assert!(shown["supplier"].get("iban").is_none(), "{shown}");
     let text = shown.to_string();
     assert!(
@@ -960,7 +978,7 @@ fn gateway_redaction_honours_dotted_paths_bare_names_and_drop_over_hash() {
     assert_eq!(shown["contact"]["email"], "ap@supplier.example");
     // A rule that does not parse withholds everything.
     let tool = tool_redacting("supplier.get", &[("supplier..iban", Hash)]);
-    let shown = countersign::pipeline::redacted(&tool, &result);
+    let shown = countersign::pipeline::redacted(&key, &tool, &result);
     assert!(!shown.to_string().contains(iban), "{shown}");
 }
 

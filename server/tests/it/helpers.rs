@@ -155,6 +155,8 @@ pub fn test_config(db: &FreshDb, extra: &[(&str, &str)]) -> Config {
         ),
         ("COUNTERSIGN_LISTEN".to_string(), "127.0.0.1:0".to_string()),
         ("COUNTERSIGN_LOG_LEVEL".to_string(), "warn".to_string()),
+        // Tests sign people in through the demo sign-in (each may turn it off again).
+        ("COUNTERSIGN_DEMO_SIGN_IN".to_string(), "true".to_string()),
     ];
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     Config::load(None, env).expect("test config is valid")
