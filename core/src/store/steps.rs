@@ -668,24 +668,33 @@ impl Store {
         rows.into_iter().map(Step::try_from).collect()
     }
 
-    /// Steps waiting for approval in runs of `tenant`, oldest first (`updated_at`, `id`), at
-    /// most `limit`: the inbox's list, one query whatever the number of gates or tenants.
+    /// Steps of `tools` waiting for approval in runs of `tenant`, oldest first (`updated_at`,
+    /// `id`), at most `limit`: the inbox's list, one query whatever the number of gates or
+    /// tenants. The tools are filtered before the limit, so gates of tools a person cannot
+    /// approve never hide the ones they can. No tools: nothing.
     pub async fn waiting_for_tenant(
         &self,
         tenant: &str,
+        tools: &[String],
         limit: i64,
     ) -> Result<Vec<Step>, StoreError> {
+        if tools.is_empty() {
+            return Ok(Vec::new());
+        }
+        let listed: Vec<String> = (0..tools.len()).map(|i| format!("${}", i + 3)).collect();
         let sql = format!(
             "SELECT {STEP_COLUMNS} FROM steps WHERE status = 'needs_approval' \
+             AND tool IN ({}) \
              AND EXISTS (SELECT 1 FROM runs r WHERE r.id = steps.run_id AND r.tenant = $1) \
-             ORDER BY updated_at, id LIMIT $2"
+             ORDER BY updated_at, id LIMIT $2",
+            listed.join(", ")
         );
         let rows: Vec<StepRow> = on_pool!(self, |p| {
-            sqlx::query_as(&sql)
-                .bind(tenant)
-                .bind(limit)
-                .fetch_all(p)
-                .await?
+            let mut q = sqlx::query_as(&sql).bind(tenant).bind(limit);
+            for tool in tools {
+                q = q.bind(tool);
+            }
+            q.fetch_all(p).await?
         });
         rows.into_iter().map(Step::try_from).collect()
     }

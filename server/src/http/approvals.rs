@@ -91,7 +91,24 @@ pub async fn waiting_for(
     let Some(loaded) = state.registry.current() else {
         return Ok(Vec::new());
     };
-    let steps = state.store.waiting_for_tenant(tenant, LIST_LIMIT).await?;
+    // The tools whose gates this person's roles may decide (approver roles do not depend on
+    // a call's inputs), filtered in the query before its limit.
+    let tools: Vec<String> = loaded
+        .bundle
+        .registry
+        .tools()
+        .filter(|tool| {
+            gate_rules(tool, &Value::Null)
+                .approver_roles
+                .iter()
+                .any(|r| person.roles.iter().any(|have| have.as_str() == r))
+        })
+        .map(|tool| tool.name.to_string())
+        .collect();
+    let steps = state
+        .store
+        .waiting_for_tenant(tenant, &tools, LIST_LIMIT)
+        .await?;
     Ok(steps
         .into_iter()
         .filter(|step| {

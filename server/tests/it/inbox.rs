@@ -499,3 +499,102 @@ async fn concurrent_gate_pages_each_show_their_own_message() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_gates_someone_else_decides_never_hide_an_approvers_own() {
+    use countersign_core::store::{NewRun, NewStep, Transition};
+    use countersign_core::{CanonicalJson, Effect};
+    // The finance registry with bank-detail changes decided by managers, not AP clerks.
+    let dir = std::env::temp_dir().join(format!("cs-inbox-roles-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let from = std::path::PathBuf::from(crate::helpers::example("finance"));
+    for name in ["registry.yaml", "policy.cedar", "policy.cedarschema"] {
+        let mut text = std::fs::read_to_string(from.join(name)).unwrap();
+        if name == "registry.yaml" {
+            let at = text.find("  supplier.update_iban:").unwrap();
+            let roles = at + text[at..].find("approver_roles: [approver]").unwrap();
+            text.replace_range(roles..roles + 26, "approver_roles: [manager]");
+        }
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let registry = dir.to_str().unwrap().to_string();
+    for backend in [
+        countersign_core::Backend::Sqlite,
+        countersign_core::Backend::Postgres,
+    ] {
+        let Some(app) =
+            crate::helpers::spawn_app_with(backend, &[("COUNTERSIGN_REGISTRY", &registry)]).await
+        else {
+            continue;
+        };
+        let run = app
+            .store
+            .create_run(&NewRun {
+                tenant: "acme".into(),
+                principal: "agent:test".into(),
+                agent_id: None,
+                task: "many gates".into(),
+                origin: "user".into(),
+                planned: false,
+            })
+            .await
+            .unwrap();
+        let gate = |tool: &'static str, n: usize| {
+            let store = app.store.clone();
+            let run = run.id.clone();
+            async move {
+                let (step, _) = store
+                    .open_step(&NewStep {
+                        run_id: run,
+                        role: "worker.finance".into(),
+                        tool: tool.into(),
+                        effect: Effect::Write,
+                        inputs: CanonicalJson::from_value(&json!({"n": n})).unwrap(),
+                        agent_id: None,
+                        reason: String::new(),
+                        evidence: vec![],
+                        observed: None,
+                        trace_id: format!("t{n}"),
+                        status: StepStatus::Pending,
+                    })
+                    .await
+                    .unwrap();
+                store
+                    .transition(&Transition {
+                        step_id: step.id.clone(),
+                        from: vec![StepStatus::Pending],
+                        to: Some(StepStatus::NeedsApproval),
+                        expires_at: Some(store.clock().now_ms() + 3_600_000),
+                        ..Transition::default()
+                    })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                step.id
+            }
+        };
+        // 500 older gates only a manager decides, then one an AP clerk decides.
+        for n in 0..500 {
+            gate("supplier.update_iban", n).await;
+        }
+        app.clock.advance(chrono::Duration::seconds(1));
+        let hold = gate("invoice.hold", 500).await;
+        let ana = app.demo_client("ana").await;
+        let gates: Value = ana
+            .get(app.url("/api/gates"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ids: Vec<&str> = gates["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|g| g["step_id"].as_str())
+            .collect();
+        assert_eq!(ids, vec![hold.as_str()], "{backend:?}");
+        app.stop().await;
+    }
+}
