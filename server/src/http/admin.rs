@@ -232,6 +232,20 @@ async fn stop_state(store: &Store, scope: &StopScope) -> Result<Option<StopState
     }))
 }
 
+/// A stop or lift form's scope ([`stop_scope`]) and its required reason; otherwise the error
+/// code to answer with.
+fn stop_form(
+    person: &Person,
+    form: &[(String, String)],
+) -> Result<(StopScope, String), &'static str> {
+    let scope = stop_scope(person, form)?;
+    let reason = field(form, "reason").trim().to_string();
+    if reason.is_empty() {
+        return Err("reason");
+    }
+    Ok((scope, reason))
+}
+
 /// The stop a form names (`scope` = `tenant`, the admin's own, or `platform`, every tenant:
 /// a platform admin's only); otherwise the error code to answer with.
 fn stop_scope(person: &Person, form: &[(String, String)]) -> Result<StopScope, &'static str> {
@@ -736,7 +750,7 @@ pub async fn revoke_agent(
 
 /// `POST /admin/sessions/end` (form: `person` = `ISS#SUB`): ends every session of that person
 /// signed in for the admin's tenant, effective at their next request (audited), as
-/// `countersign sessions end`.
+/// `countersign end-sessions --tenant T`.
 pub async fn end_sessions(
     State(state): State<AppState>,
     admin: RequireRole<AdminRole>,
@@ -784,14 +798,10 @@ pub async fn stop(
         return refused;
     }
     let form = fields(&body);
-    let scope = match stop_scope(&admin.0, &form) {
+    let (scope, reason) = match stop_form(&admin.0, &form) {
         Ok(s) => s,
         Err(code) => return back(None, Some(code)),
     };
-    let reason = field(&form, "reason").trim().to_string();
-    if reason.is_empty() {
-        return back(None, Some("reason"));
-    }
     let by = format!("person:{}", identity(&admin.0));
     match stop::emergency_stop(&state, &scope, &by, &reason).await {
         Ok(n) => {
@@ -818,14 +828,10 @@ pub async fn lift(
         return refused;
     }
     let form = fields(&body);
-    let scope = match stop_scope(&admin.0, &form) {
+    let (scope, reason) = match stop_form(&admin.0, &form) {
         Ok(s) => s,
         Err(code) => return back(None, Some(code)),
     };
-    let reason = field(&form, "reason").trim().to_string();
-    if reason.is_empty() {
-        return back(None, Some("reason"));
-    }
     let restore = field(&form, "restore") == "1";
     let by = format!("person:{}", identity(&admin.0));
     match stop::lift_emergency_stop(&state, &scope, &by, &reason, restore).await {
