@@ -938,6 +938,29 @@ impl Store {
         Ok(rows)
     }
 
+    /// The first `limit` records of step `step_id` (of run `run_id`), in chain order, through
+    /// the `(step_id, seq)` index: what a gate's history shows, however long its run's trail
+    /// (one MCP session is one run).
+    pub async fn audit_for_step(
+        &self,
+        run_id: &str,
+        step_id: &str,
+        limit: i64,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM audit WHERE step_id = $1 AND run_id = $2 ORDER BY seq LIMIT $3"
+        );
+        let rows: Vec<AuditRecord> = crate::store::on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(step_id)
+                .bind(run_id)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows)
+    }
+
     /// How many attempts of run `run_id` failed in a row since its last success (looking at
     /// no more than `limit` outcome records, newest first).
     ///

@@ -389,11 +389,18 @@ async fn cancel(
     Ok(json!({"run_id": run.id, "status": "cancelled", "cancelled_steps": n}))
 }
 
+/// The most steps one `step.list` answers.
+const LIST_MAX: i64 = 500;
+
 async fn list(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, AdapterError> {
     let Some(loaded) = state.registry.current() else {
         return Err(AdapterError::Refused("no registry in force".into()));
     };
-    let limit = args.get("limit").and_then(Value::as_i64).unwrap_or(50);
+    let limit = args
+        .get("limit")
+        .and_then(Value::as_i64)
+        .unwrap_or(50)
+        .clamp(1, LIST_MAX);
     let statuses = match args.get("status").and_then(Value::as_str) {
         Some(s) => vec![StepStatus::parse(s).ok_or_else(|| rejected("bad_request", "status"))?],
         None => vec![StepStatus::Pending, StepStatus::NeedsApproval],
@@ -413,31 +420,26 @@ async fn list(state: &AppState, caller: &Caller, args: &Value) -> Result<Value, 
         && caller.credential.run_id.is_none();
     let mut out = Vec::new();
     for status in statuses {
+        // [duties] Only the steps that are this caller's to see, filtered in the query.
         for step in state
             .store
-            .steps_in_status(status, 500)
+            .listable_steps(
+                status,
+                &caller.credential.tenant,
+                &caller.credential.id,
+                reviewer,
+                run_filter,
+                limit,
+            )
             .await
             .map_err(store_err)?
         {
-            if run_filter.is_some_and(|r| r != step.run_id) {
-                continue;
-            }
-            let run = state.store.get_run(&step.run_id).await.map_err(store_err)?;
-            if run.tenant != caller.credential.tenant || !run.planned {
-                continue;
-            }
             let duties = state
                 .store
                 .step_duties(&step.id)
                 .await
                 .map_err(store_err)?
                 .unwrap_or_default();
-            // [duties] Only the steps that are this caller's to see.
-            let planned_it = run.agent_id.as_deref() == Some(caller.credential.id.as_str());
-            let assigned = duties.assignee.as_deref() == Some(caller.credential.id.as_str());
-            if !(planned_it || assigned || reviewer) {
-                continue;
-            }
             let mut view = step_view(&step);
             view["run_id"] = json!(step.run_id);
             view["inputs_hash"] = json!(step.inputs_hash);

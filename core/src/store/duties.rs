@@ -150,6 +150,43 @@ impl Store {
         rows.into_iter().map(Step::try_from).collect()
     }
 
+    /// Planned steps in `status` that credential `caller` of `tenant` may list, oldest first
+    /// (`updated_at`, `id`), at most `limit`: steps of runs it planned, steps assigned to it,
+    /// or — `reviewer` — every planned step of its tenant; only run `run_id` when given. Every
+    /// filter is in the query, before its limit: another tenant's or another worker's steps
+    /// never take a place in the page.
+    pub async fn listable_steps(
+        &self,
+        status: StepStatus,
+        tenant: &str,
+        caller: &str,
+        reviewer: bool,
+        run_id: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<Step>, StoreError> {
+        let sql = format!(
+            "SELECT {STEP_COLUMNS} FROM steps WHERE id IN (
+               SELECT s.id FROM steps s JOIN runs r ON r.id = s.run_id
+                 LEFT JOIN step_duties d ON d.step_id = s.id
+                WHERE s.status = $1 AND r.tenant = $2 AND r.planned
+                  AND (CAST($3 AS TEXT) IS NULL OR s.run_id = $3)
+                  AND (r.agent_id = $4 OR d.assignee = $4 OR $5))
+             ORDER BY updated_at, id LIMIT $6"
+        );
+        let rows: Vec<StepRow> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(status.as_str())
+                .bind(tenant)
+                .bind(run_id)
+                .bind(caller)
+                .bind(reviewer)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        });
+        rows.into_iter().map(Step::try_from).collect()
+    }
+
     /// Writes `step_id`'s duties (once; a second write for the same step is refused).
     pub async fn set_step_duties(
         &self,

@@ -143,10 +143,9 @@ impl InboxBackend {
             .collect();
         let history = state
             .store
-            .audit_for_run(&step.run_id)
+            .audit_for_step(&step.run_id, &step.id, HISTORY_LIMIT)
             .await?
             .into_iter()
-            .filter(|r| r.step_id.as_deref() == Some(step.id.as_str()))
             .map(|r| HistoryRow {
                 event: r.event,
                 at: utc(r.at),
@@ -172,6 +171,9 @@ impl InboxBackend {
         }))
     }
 }
+
+/// The most records a gate's history shows (a step has a handful; a bound, not a page).
+const HISTORY_LIMIT: i64 = 200;
 
 impl InboxSource for InboxBackend {
     fn gates<'a>(&'a self, person: &'a Person) -> BoxFuture<'a, Result<Vec<GateRow>, String>> {

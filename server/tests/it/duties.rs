@@ -609,3 +609,65 @@ async fn a_plan_left_unreviewed_past_its_wall_time_fails_instead_of_waiting_fore
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_steps_never_hide_a_reviewers_own_in_step_list() {
+    use countersign_core::store::{NewRun, NewStep};
+    use countersign_core::{CanonicalJson, Effect};
+    each_finance_app(|app| async move {
+        // 501 older planned steps waiting in another tenant's run.
+        let run = app
+            .store
+            .create_run(&NewRun {
+                tenant: "globex".into(),
+                principal: "agent:elsewhere".into(),
+                agent_id: None,
+                task: "globex's plan".into(),
+                origin: "user".into(),
+                planned: true,
+            })
+            .await
+            .unwrap();
+        for n in 0..501 {
+            app.store
+                .open_step(&NewStep {
+                    run_id: run.id.clone(),
+                    role: "worker.finance".into(),
+                    tool: "note.draft".into(),
+                    effect: Effect::Write,
+                    inputs: CanonicalJson::from_value(&json!({"n": n})).unwrap(),
+                    agent_id: None,
+                    reason: String::new(),
+                    evidence: vec![],
+                    observed: None,
+                    trace_id: format!("t{n}"),
+                    status: StepStatus::Pending,
+                })
+                .await
+                .unwrap();
+        }
+        app.clock.advance(chrono::Duration::seconds(1));
+        // Acme's plan: its payment waits for acme's reviewer, who must see it.
+        let (_, planner_token) = by_ada(&app, "planner-1", "planner").await;
+        let (_, reviewer_token) = by_ada(&app, "reviewer-1", "reviewer").await;
+        let mut planner = Client::new(&app, &planner_token);
+        planner.connect().await;
+        let (_, steps) = crate::runs::submit(
+            &mut planner,
+            vec![crate::runs::payment_step(json!(4180.00))],
+        )
+        .await;
+        let mut reviewer = Client::new(&app, &reviewer_token);
+        reviewer.connect().await;
+        let listed = reviewer.call("step.list", json!({"limit": 10})).await;
+        let ids: Vec<&str> = content(&listed)["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["step_id"].as_str())
+            .collect();
+        assert_eq!(ids, vec![steps[0].as_str()], "{listed}");
+        app
+    })
+    .await;
+}
