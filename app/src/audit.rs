@@ -182,6 +182,8 @@ pub enum ChainStatus {
         /// Records that would have to be read.
         records: i64,
     },
+    /// A full verification asked for while another one runs: not started twice.
+    Busy,
 }
 
 /// One page of results.
@@ -382,6 +384,12 @@ fn Chain(chain: ChainStatus, verify_href: String) -> impl IntoView {
             format!(
                 "Chain not checked on this page: {records} records since the last signed checkpoint."
             ),
+        ),
+        ChainStatus::Busy => (
+            "border-amber-400 bg-amber-50 text-amber-950",
+            "A full verification of the chain is already running; this page did not start \
+             another. Try again in a moment."
+                .to_string(),
         ),
     };
     let ok = matches!(chain, ChainStatus::Intact { .. } | ChainStatus::Empty);

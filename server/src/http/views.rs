@@ -51,12 +51,17 @@ pub const MAX_TAIL: i64 = 100_000;
 const EXPORT_PAGE: i64 = 1_000;
 const DAY_MS: i64 = 86_400_000;
 
-/// The store-backed sources of the three pages.
-pub struct Views(pub AppState);
+/// The store-backed sources of the three pages, and the one full chain verification this
+/// server runs at a time.
+pub struct Views(pub AppState, FullCheck);
+
+/// Held while [`Views::chain_status`] verifies the whole chain. (No result is reused: a
+/// record changed in place keeps the head, so only a new reading can tell.)
+type FullCheck = tokio::sync::Mutex<()>;
 
 /// The context values the router provides to the dashboard.
 pub fn contexts(state: &AppState) -> (Runs, Audit, Metrics) {
-    let views = Arc::new(Views(state.clone()));
+    let views = Arc::new(Views(state.clone(), FullCheck::default()));
     (Runs(views.clone()), Audit(views.clone()), Metrics(views))
 }
 
@@ -428,6 +433,21 @@ impl Views {
         let Some((head, _)) = store.audit_head().await? else {
             return Ok(ChainStatus::Empty);
         };
+        if full {
+            // One full verification at a time: a second request meanwhile is told so and
+            // reads nothing.
+            let Ok(_running) = self.1.try_lock() else {
+                return Ok(ChainStatus::Busy);
+            };
+            return self.verify(head, true).await;
+        }
+        self.verify(head, false).await
+    }
+
+    /// The chain's status up to `head`: from the latest signed checkpoint, or (`full`, or no
+    /// checkpoint and a short chain) from record 1.
+    async fn verify(&self, head: i64, full: bool) -> Result<ChainStatus, StoreError> {
+        let store = &self.0.store;
         let trusted = self.trusted();
         let latest = if full {
             None

@@ -553,6 +553,9 @@ async fn audit_search_filters_pages_by_seq_verifies_the_chain_and_exports_jsonl(
         let html = ok_page(&aud, &app, "/audit").await;
         assert!(html.contains("data-chain=\"broken\""), "{html}");
         assert!(html.contains(&format!("BROKEN at record {victim}")), "{html}");
+        // The whole chain, asked for: the same record.
+        let html = ok_page(&aud, &app, "/audit?verify=full").await;
+        assert!(html.contains(&format!("BROKEN at record {victim}")), "{html}");
         app
     })
     .await;
