@@ -120,19 +120,22 @@ pub async fn lift_emergency_stop(
 ) -> Result<Lifted, StoreError> {
     let store = &state.store;
     let switch = scope.switch(EMERGENCY_STOP);
+    // What this stop revoked, read before it ends: a new stop on the same switch afterwards
+    // records its own revocations, which this lift neither restores nor forgets.
+    let revoked = store.stop_revocations(&switch).await?;
     let was_on = store.clear_switch(&switch).await?;
     let mut lifted = Lifted {
         was_on,
         ..Lifted::default()
     };
-    for id in store.stop_revocations(&switch).await? {
+    for id in revoked {
         if restore && store.restore_agent(&switch, &id, by).await? {
-            lifted.restored.push(id);
+            lifted.restored.push(id.clone());
         } else {
-            lifted.left_revoked.push(id);
+            lifted.left_revoked.push(id.clone());
         }
+        store.forget_stop_revocation(&switch, &id).await?;
     }
-    store.forget_stop_revocations(&switch).await?;
     let mut detail = Map::new();
     detail.insert("kind".into(), json!("emergency_stop_lifted"));
     detail.insert("reason".into(), json!(reason));

@@ -283,7 +283,9 @@ impl Store {
 
     /// Revokes the credential with this id, else the active one with this name, as `by`, with
     /// its audit record in the same transaction. Revoking twice is harmless: the first
-    /// revocation time and record are kept.
+    /// revocation time and record are kept — except that revoking a credential an emergency
+    /// stop revoked makes it the person's revocation: lifting the stop will not restore it
+    /// (its stop revocations are forgotten, and that is audited).
     pub async fn revoke_agent(
         &self,
         id_or_name: &str,
@@ -291,6 +293,22 @@ impl Store {
     ) -> Result<AgentCredential, StoreError> {
         let cred = self.find_agent(id_or_name).await?;
         if cred.revoked_at.is_some() {
+            if self.forget_agent_stop_revocations(&cred.id).await? > 0 {
+                let mut audit = record(
+                    REVOKED_RULE,
+                    by,
+                    &cred.id,
+                    &cred.name,
+                    &cred.role,
+                    &cred.tenant,
+                    cred.expires_at,
+                );
+                audit.detail.insert(
+                    "kept_revoked".into(),
+                    json!("no longer restored with its stop"),
+                );
+                self.append_audit(&audit).await?;
+            }
             return Ok(cred);
         }
         let now = self.clock.now_ms();
@@ -344,21 +362,27 @@ impl Store {
             cred.expires_at,
         );
         audit.detail.insert("stop".into(), json!(switch));
+        // Never while a stop still covers it (the platform's, or its tenant's).
+        let base = switch.split(':').next().unwrap_or(switch);
+        let sql = format!(
+            "UPDATE agent_credentials SET revoked_at = NULL
+              WHERE id = $1 AND run_id IS NULL
+                AND (expires_at IS NULL OR expires_at > $2)
+                AND revoked_at = (SELECT revoked_at FROM stop_revocations
+                                   WHERE switch = $3 AND agent_id = $1)
+                AND NOT {}",
+            super::stops::switch_set_sql("$4", "agent_credentials.tenant")
+        );
         let restored: Result<bool, StoreError> = async {
             Ok(write_audited!(
                 self,
                 audit,
                 now,
-                sqlx::query(
-                    "UPDATE agent_credentials SET revoked_at = NULL
-                      WHERE id = $1 AND run_id IS NULL
-                        AND (expires_at IS NULL OR expires_at > $2)
-                        AND revoked_at = (SELECT revoked_at FROM stop_revocations
-                                           WHERE switch = $3 AND agent_id = $1)",
-                )
-                .bind(&cred.id)
-                .bind(now)
-                .bind(switch)
+                sqlx::query(&sql)
+                    .bind(&cred.id)
+                    .bind(now)
+                    .bind(switch)
+                    .bind(base)
             ))
         }
         .await;

@@ -10,8 +10,10 @@
 //! * A stop revocation is recorded only for a credential the stop itself revoked (it was live
 //!   when the stop came), with the `revoked_at` the stop wrote. Restoring needs that exact
 //!   `revoked_at` still in place, the credential unexpired and not an execution credential
-//!   (its run ended with the stop), and its name free among live credentials: anything else
-//!   is left revoked and reported, never forced.
+//!   (its run ended with the stop), its name free among live credentials, and no stop still
+//!   covering it (the platform's or its tenant's): anything else is left revoked and
+//!   reported, never forced. Revoking such a credential again by hand forgets its stop
+//!   revocations: a person's revocation is never undone by a lift.
 
 use super::{Store, StoreError, on_pool};
 
@@ -94,16 +96,34 @@ impl Store {
         }))
     }
 
-    /// Forgets what the stop of switch row `switch` revoked (once it is lifted).
-    pub async fn forget_stop_revocations(&self, switch: &str) -> Result<(), StoreError> {
+    /// Forgets that the stop of switch row `switch` revoked `agent_id` (once it is lifted:
+    /// restored or left revoked).
+    pub async fn forget_stop_revocation(
+        &self,
+        switch: &str,
+        agent_id: &str,
+    ) -> Result<(), StoreError> {
         on_pool!(self, |p| {
-            sqlx::query("DELETE FROM stop_revocations WHERE switch = $1")
+            sqlx::query("DELETE FROM stop_revocations WHERE switch = $1 AND agent_id = $2")
                 .bind(switch)
+                .bind(agent_id)
                 .execute(p)
                 .await?
                 .rows_affected()
         });
         Ok(())
+    }
+
+    /// Forgets every stop revocation of `agent_id` (a person revoked it for good); returns how
+    /// many there were.
+    pub async fn forget_agent_stop_revocations(&self, agent_id: &str) -> Result<u64, StoreError> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query("DELETE FROM stop_revocations WHERE agent_id = $1")
+                .bind(agent_id)
+                .execute(p)
+                .await?
+                .rows_affected()
+        }))
     }
 
     /// Every switch row set now: (row name, value, set by, set at).
