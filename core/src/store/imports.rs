@@ -7,9 +7,9 @@
 //!   other, the bundle is filed as a proposal against the version in force
 //!   ([`Change::Bundle`]), never stored as a version here. Identical texts change nothing.
 
-use super::Store;
 use super::proposals::{BundleChange, Change, NewProposal, Proposal, ProposalError};
 use super::registry::{ImportError, changes};
+use super::{Store, StoreError};
 use crate::bundle::{Bundle, BundleSources};
 
 /// What `registry import` did.
@@ -46,12 +46,20 @@ impl Store {
                 problems.join("; ")
             })
         })?;
+        if self.current_bundle().await?.is_none() {
+            // Version 1 or nothing: if another import stored one meanwhile, this bundle is
+            // proposed against it like any other (never stored as version 2 unseen).
+            match self.import_first(sources, by).await {
+                Ok(()) => return Ok(BundleImport::Applied(1)),
+                Err(ImportError::Store(StoreError::Conflict(_))) => {}
+                Err(ImportError::Store(e)) => return Err(e.into()),
+                Err(e) => return Err(ProposalError::Invalid(e.to_string())),
+            }
+        }
         let Some((version, current)) = self.current_bundle().await? else {
-            return match self.import_bundle(sources, by).await {
-                Ok(v) => Ok(BundleImport::Applied(v)),
-                Err(ImportError::Store(e)) => Err(e.into()),
-                Err(e) => Err(ProposalError::Invalid(e.to_string())),
-            };
+            return Err(ProposalError::Invalid(
+                "the registry version stored meanwhile is gone".into(),
+            ));
         };
         if current == *sources {
             return Ok(BundleImport::Unchanged(version));

@@ -87,6 +87,36 @@ impl Store {
             }
             None => (1, changes(None, &new.registry, sources)?),
         };
+        self.insert_version(version, sources, created_by, &diff_text)
+            .await?;
+        Ok(version)
+    }
+
+    /// Stores `sources` as version 1, only if the database holds no version: a concurrent
+    /// import that stored one first makes this a [`StoreError::Conflict`] (the primary key),
+    /// never a version 2.
+    pub(super) async fn import_first(
+        &self,
+        sources: &BundleSources,
+        created_by: &str,
+    ) -> Result<(), ImportError> {
+        if created_by.trim().is_empty() {
+            return Err(ImportError::NoAuthor);
+        }
+        let new = Bundle::load(sources.clone())?;
+        let diff_text = changes(None, &new.registry, sources)?;
+        self.insert_version(1, sources, created_by, &diff_text)
+            .await?;
+        Ok(())
+    }
+
+    async fn insert_version(
+        &self,
+        version: i64,
+        sources: &BundleSources,
+        created_by: &str,
+        diff_text: &str,
+    ) -> Result<(), StoreError> {
         let sha = sources.sha256();
         let now = self.clock.now_ms();
         on_pool!(self, |p| {
@@ -102,13 +132,13 @@ impl Store {
             .bind(&sha)
             .bind(created_by)
             .bind(now)
-            .bind(&diff_text)
+            .bind(diff_text)
             .execute(p)
             .await
             .map_err(StoreError::from)?
             .rows_affected()
         });
-        Ok(version)
+        Ok(())
     }
 
     /// Replaces only the registry: stores `yaml` with the current version's policies and
