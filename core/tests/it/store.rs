@@ -767,6 +767,9 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
     each_backend(clock, |store| async move {
         let live = store.create_run(&new_run("acme")).await.unwrap();
         let ended = store.create_run(&new_run("acme")).await.unwrap();
+        // Another tenant's active run, held by that tenant's emergency stop (every write path
+        // — update, insert, the Postgres batch function — reads the tenant's switch row).
+        let halted = store.create_run(&new_run("initech")).await.unwrap();
         let guard = |run: &str| RunGuard {
             run_id: run.to_string(),
             allow_failed: false,
@@ -774,6 +777,44 @@ async fn concurrent_transitions_each_move_exactly_when_their_from_and_guard_allo
         };
         // (transition, whether it must move, the run its guard names)
         let mut cases: Vec<(Transition, bool, &str)> = Vec::new();
+        for i in 0..4 {
+            let (w, _) = store
+                .open_step(&new_step(&halted.id, Effect::Write, 200 + i))
+                .await
+                .unwrap();
+            store
+                .reserve_key(&w.idem_key, &w.id, &w.inputs_hash, "test")
+                .await
+                .unwrap();
+            cases.push((
+                Transition {
+                    step_id: w.id.clone(),
+                    from: vec![StepStatus::Pending],
+                    to: Some(StepStatus::Done),
+                    outcome: Some(format!("{{\"n\":{i}}}")),
+                    bump_attempts: true,
+                    key: Some((KeyState::Done, Some(format!("{{\"n\":{i}}}")))),
+                    records: vec![record(&halted.id, &w, AuditEvent::Succeeded)],
+                    guard: Some(guard(&halted.id)),
+                    ..Transition::default()
+                },
+                false,
+                "halted",
+            ));
+            cases.push((
+                closing_read(&store, &halted.id, 300 + i, Some(guard(&halted.id))),
+                false,
+                "halted",
+            ));
+        }
+        store
+            .set_switch(
+                &countersign_core::store::tenant_switch("emergency_stop", "initech"),
+                "test",
+                "test",
+            )
+            .await
+            .unwrap();
         for i in 0..8 {
             let (w, _) = store
                 .open_step(&new_step(&live.id, Effect::Write, i))
