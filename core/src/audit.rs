@@ -938,9 +938,9 @@ impl Store {
         Ok(rows)
     }
 
-    /// The first `limit` records of step `step_id` (of run `run_id`), in chain order, through
+    /// The newest `limit` records of step `step_id` (of run `run_id`), in chain order, through
     /// the `(step_id, seq)` index: what a gate's history shows, however long its run's trail
-    /// (one MCP session is one run).
+    /// (one MCP session is one run), its latest request and decision included.
     pub async fn audit_for_step(
         &self,
         run_id: &str,
@@ -948,9 +948,10 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<AuditRecord>, StoreError> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM audit WHERE step_id = $1 AND run_id = $2 ORDER BY seq LIMIT $3"
+            "SELECT {COLUMNS} FROM audit WHERE step_id = $1 AND run_id = $2
+              ORDER BY seq DESC LIMIT $3"
         );
-        let rows: Vec<AuditRecord> = crate::store::on_pool!(self, |p| {
+        let mut rows: Vec<AuditRecord> = crate::store::on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(step_id)
                 .bind(run_id)
@@ -958,6 +959,7 @@ impl Store {
                 .fetch_all(p)
                 .await?
         });
+        rows.reverse();
         Ok(rows)
     }
 

@@ -843,7 +843,8 @@ impl Config {
     }
 }
 
-/// Secure by default where others can reach the server (`listen` beyond loopback): a
+/// Secure by default where others can reach the server (`listen` beyond loopback, or a
+/// public URL that is not on a loopback host — a reverse proxy in front): a
 /// `metrics_token` (else `/metrics` is anyone's), a `redaction_key` (else the audit's digests
 /// are keyed by a per-process key nobody can compare across restarts), and an `https://`
 /// public URL unless it names a loopback host (else session cookies travel in clear). The
@@ -854,22 +855,26 @@ fn secure_off_loopback(
     metrics_token: bool,
     redaction_key: bool,
 ) -> Result<(), (&'static str, String)> {
-    if listen.ip().is_loopback() {
-        return Ok(());
-    }
-    let reason = format!("required when listen ({listen}) is not a loopback address");
-    if !metrics_token {
-        return Err(("metrics_token", reason));
-    }
-    if !redaction_key {
-        return Err(("redaction_key", reason));
-    }
     let loopback_host = match public_url.host() {
         Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
         Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
         Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
         None => false,
     };
+    // A loopback listen address behind a reverse proxy (the public URL elsewhere) is reached
+    // by others just the same.
+    if listen.ip().is_loopback() && loopback_host {
+        return Ok(());
+    }
+    let reason = format!(
+        "required when others can reach the server (listen {listen}, public_url {public_url})"
+    );
+    if !metrics_token {
+        return Err(("metrics_token", reason));
+    }
+    if !redaction_key {
+        return Err(("redaction_key", reason));
+    }
     if public_url.scheme() != "https" && !loopback_host {
         return Err((
             "public_url",

@@ -467,7 +467,7 @@ fn main() -> ExitCode {
                 let Some((iss, sub)) = person
                     .strip_prefix("person:")
                     .unwrap_or(person)
-                    .rsplit_once('#')
+                    .split_once('#')
                     .filter(|(iss, sub)| !iss.is_empty() && !sub.is_empty())
                 else {
                     return Err(CliError::Refused("--person must be ISSUER#SUBJECT".into()));

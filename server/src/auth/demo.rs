@@ -1,9 +1,11 @@
 //! The demo sign-in: asked for (`demo_sign_in`), loopback only, no issuer configured, never
 //! through a proxy. Pick a seeded person.
 //!
-//! Invariant: a request that carries `Forwarded` or any `X-Forwarded-*` header came through
-//! a proxy, whatever address it arrived from, and is refused (403): a reverse proxy that
-//! forwards to 127.0.0.1 must not turn the demo people into anyone's accounts.
+//! Invariant: a request that carries `Forwarded`, `Via`, `X-Real-IP` or any `X-Forwarded-*`
+//! header came through a proxy, whatever address it arrived from, and is refused (403): a
+//! reverse proxy that forwards to 127.0.0.1 must not turn the demo people into anyone's
+//! accounts. (A proxy that adds none of them is not seen: the loopback public URL and the
+//! opt-in are the other two locks.)
 
 use axum::Form;
 use axum::extract::{Query, State};
@@ -52,11 +54,13 @@ pub fn off_page() -> Response {
     )
 }
 
-/// Whether a proxy forwarded this request (`Forwarded`, `X-Forwarded-*`).
+/// Whether a proxy says it forwarded this request (`Forwarded`, `X-Forwarded-*`, `Via`,
+/// `X-Real-IP`). A heuristic only: a proxy that adds none of them is not seen, which is why
+/// the demo sign-in also needs a loopback public URL and an explicit opt-in.
 fn forwarded(headers: &HeaderMap) -> bool {
     headers.keys().any(|name| {
         let name = name.as_str();
-        name == "forwarded" || name.starts_with("x-forwarded-")
+        matches!(name, "forwarded" | "via" | "x-real-ip") || name.starts_with("x-forwarded-")
     })
 }
 

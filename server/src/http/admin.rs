@@ -761,10 +761,12 @@ pub async fn end_sessions(
         return refused;
     }
     let form = fields(&body);
-    let Some((iss, sub)) = field(&form, "person")
-        .trim()
-        .trim_start_matches("person:")
-        .rsplit_once('#')
+    let person = field(&form, "person").trim();
+    // An issuer URL holds no `#`; a subject may.
+    let Some((iss, sub)) = person
+        .strip_prefix("person:")
+        .unwrap_or(person)
+        .split_once('#')
         .filter(|(iss, sub)| !iss.is_empty() && !sub.is_empty())
     else {
         return back(None, Some("person"));

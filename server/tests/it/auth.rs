@@ -764,10 +764,48 @@ async fn demo_sign_in_is_refused_off_loopback_and_when_an_issuer_is_configured()
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     app.stop().await;
 
+    // Listening beyond loopback with a loopback public URL: no demo sign-in (the listen
+    // address alone refuses it).
+    let Some(app) = demo_app(
+        Backend::Sqlite,
+        &[
+            ("COUNTERSIGN_LISTEN", "0.0.0.0:0"),
+            ("COUNTERSIGN_PUBLIC_URL", "http://localhost:3000"),
+            (
+                "COUNTERSIGN_METRICS_TOKEN",
+                "metrics-token-of-thirty-two-chars-x",
+            ),
+            (
+                "COUNTERSIGN_REDACTION_KEY",
+                "a-redaction-key-of-at-least-32-bytes!",
+            ),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let b = Browser::new();
+    let resp = b
+        .get(&format!("http://127.0.0.1:{}/auth/demo", app.addr.port()))
+        .await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    app.stop().await;
+
     // On loopback behind a reverse proxy (the public URL elsewhere): no demo sign-in either.
     let Some(app) = demo_app(
         Backend::Sqlite,
-        &[("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com")],
+        &[
+            ("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com"),
+            (
+                "COUNTERSIGN_METRICS_TOKEN",
+                "metrics-token-of-thirty-two-chars-x",
+            ),
+            (
+                "COUNTERSIGN_REDACTION_KEY",
+                "a-redaction-key-of-at-least-32-bytes!",
+            ),
+        ],
     )
     .await
     else {
@@ -856,6 +894,8 @@ async fn demo_sign_in_is_an_explicit_opt_in_and_never_answers_through_a_proxy() 
         ("forwarded", "for=203.0.113.7;proto=https"),
         ("x-forwarded-for", "203.0.113.7"),
         ("x-forwarded-host", "countersign.example.com"),
+        ("via", "1.1 proxy.example"),
+        ("x-real-ip", "203.0.113.7"),
     ] {
         let b = Browser::new();
         let resp = b

@@ -103,6 +103,18 @@ fn listening_beyond_loopback_needs_a_metrics_token_a_redaction_key_and_https() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("https://"), "{msg}");
+    // A loopback listen address behind a reverse proxy (the public URL elsewhere) needs them
+    // too.
+    let msg = Config::load(
+        Some(&temp_file("")),
+        env(&[
+            ("COUNTERSIGN_LISTEN", "127.0.0.1:5000"),
+            ("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com"),
+        ]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(msg.contains("COUNTERSIGN_METRICS_TOKEN"), "{msg}");
     // On loopback none of them is needed.
     assert!(
         Config::load(
@@ -327,6 +339,8 @@ fn allowed_origins_default_to_the_public_urls_origin_and_are_normalised() {
         Some(&temp_file("")),
         env(&[
             ("COUNTERSIGN_PUBLIC_URL", "https://countersign.example.com/"),
+            ("COUNTERSIGN_METRICS_TOKEN", METRICS_TOKEN),
+            ("COUNTERSIGN_REDACTION_KEY", REDACTION_KEY),
             (
                 "COUNTERSIGN_ALLOWED_ORIGINS",
                 " https://Agents.Example:443 , http://localhost:8080 ",
@@ -343,10 +357,14 @@ fn allowed_origins_default_to_the_public_urls_origin_and_are_normalised() {
     );
     let c = Config::load(
         Some(&temp_file("")),
-        env(&[(
-            "COUNTERSIGN_PUBLIC_URL",
-            "https://countersign.example.com:443",
-        )]),
+        env(&[
+            (
+                "COUNTERSIGN_PUBLIC_URL",
+                "https://countersign.example.com:443",
+            ),
+            ("COUNTERSIGN_METRICS_TOKEN", METRICS_TOKEN),
+            ("COUNTERSIGN_REDACTION_KEY", REDACTION_KEY),
+        ]),
     )
     .unwrap();
     assert_eq!(
