@@ -33,6 +33,8 @@ use crate::keys::hex;
 
 /// The prefix of a hashed value.
 pub const HASH_PREFIX: &str = "hmac-sha256:";
+/// The label [`RedactionKey::for_agents`] derives the agent-visible key under.
+pub const AGENT_LABEL: &str = "countersign.shown-to-agents.v1";
 
 /// What a key's fingerprint is the HMAC of. No redacted value is this text's canonical JSON
 /// (a string's canonical form starts with a quote), so the fingerprint is never a digest.
@@ -164,6 +166,19 @@ impl RedactionKey {
         let mut bytes = vec![0u8; MIN_KEY_LEN];
         getrandom::fill(&mut bytes).map_err(|e| e.to_string())?;
         Self::from_secret(Secret::new(bytes)).map_err(|e| e.to_string())
+    }
+
+    /// The key for what agents are shown of hashed values, derived from this one under its own
+    /// label: the same value shows the agent a digest unrelated to the one the audit stores,
+    /// and both stay stable for as long as this key is.
+    ///
+    /// # Errors
+    /// Never for a valid key (the derived secret is 64 hex digits).
+    pub fn for_agents(&self) -> Result<Self, RedactError> {
+        let label = Value::String(AGENT_LABEL.to_string());
+        let derived = self.digest(&label).map_err(|_| RedactError::KeyTooShort)?;
+        let hex_part = derived.trim_start_matches(HASH_PREFIX).as_bytes().to_vec();
+        Self::from_secret(Secret::new(hex_part))
     }
 
     /// `hmac-sha256:<hex>` of `value`'s canonical JSON under this key.

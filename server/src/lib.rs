@@ -71,10 +71,14 @@ pub enum StartError {
     Random(String),
 }
 
-/// [`AppState::shown_key`]: the configured key, else a fresh random one.
+/// [`AppState::shown_key`]: derived from the configured key (its own label), else a fresh
+/// random one.
 fn shown_key(configured: Option<&Arc<RedactionKey>>) -> Result<Arc<RedactionKey>, StartError> {
     match configured {
-        Some(key) => Ok(key.clone()),
+        Some(key) => key
+            .for_agents()
+            .map(Arc::new)
+            .map_err(|e| StartError::Random(e.to_string())),
         None => RedactionKey::random()
             .map(Arc::new)
             .map_err(StartError::Random),
@@ -101,8 +105,9 @@ pub struct AppState {
     /// equal only within one process's records; fine on loopback for trying things out).
     pub redaction: Option<Arc<RedactionKey>>,
     /// The key values an agent is shown hashed are keyed with (`redacted:hmac-sha256:…`):
-    /// the configured `redaction_key`, else a random key of this process — never an unkeyed
-    /// hash, which a dictionary of IBANs would reverse.
+    /// derived from the configured `redaction_key` under its own label (so it never shows the
+    /// audit's own digest), else a random key of this process — never an unkeyed hash, which
+    /// a dictionary of IBANs would reverse.
     pub shown_key: Arc<RedactionKey>,
     /// Cancelled when the process shuts down: ends every MCP session (and its SSE stream),
     /// which would otherwise hold the graceful shutdown open.

@@ -2,7 +2,7 @@
 
 use countersign_core::Secret;
 use countersign_core::redact::{
-    FieldSelector, How, KeyId, RedactError, RedactRule, RedactionKey, redact,
+    FieldSelector, HASH_PREFIX, How, KeyId, RedactError, RedactRule, RedactionKey, redact,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -215,4 +215,19 @@ proptest! {
         prop_assert!(!text.contains(&secret));
         prop_assert_eq!(out.paths.len(), 1);
     }
+}
+
+#[test]
+fn the_key_for_agents_is_derived_stable_and_never_shows_the_audits_digest() {
+    let audit = key("rk-a", 7);
+    let shown = audit.for_agents().unwrap();
+    let iban = serde_json::json!("DE89370400440532013000");
+    let stored = audit.digest(&iban).unwrap();
+    let seen = shown.digest(&iban).unwrap();
+    assert_ne!(stored, seen, "the agent never sees the audit's own digest");
+    assert!(!stored.contains(&seen[HASH_PREFIX.len()..HASH_PREFIX.len() + 32]));
+    // Stable for as long as the key is, different for another key.
+    assert_eq!(audit.for_agents().unwrap().digest(&iban).unwrap(), seen);
+    let other = key("rk-b", 8).for_agents().unwrap();
+    assert_ne!(other.digest(&iban).unwrap(), seen);
 }
