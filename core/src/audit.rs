@@ -833,6 +833,15 @@ pub(crate) use append_in_tx;
 
 const COLUMNS: &str = "seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash";
 
+/// The statement [`Store::audit_for_step`] runs (binds: step id, run id, limit); public so
+/// a test can ask each backend's planner how it reads it.
+pub fn audit_for_step_sql() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM audit WHERE step_id = $1 AND run_id = $2
+          ORDER BY seq DESC LIMIT $3"
+    )
+}
+
 /// Records per page when counting a run's failures in a row.
 pub(crate) const FAILURE_PAGE: i64 = 16;
 
@@ -947,10 +956,7 @@ impl Store {
         step_id: &str,
         limit: i64,
     ) -> Result<Vec<AuditRecord>, StoreError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM audit WHERE step_id = $1 AND run_id = $2
-              ORDER BY seq DESC LIMIT $3"
-        );
+        let sql = audit_for_step_sql();
         let mut rows: Vec<AuditRecord> = crate::store::on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(step_id)

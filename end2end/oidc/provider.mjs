@@ -15,12 +15,19 @@
 // test follows the redirect to /interaction/UID and adds `?login=USER`; consent is pre-granted
 // for these first-party clients. Users and their `groups` / `tenant` claims are in USERS.
 //
-// Test hook (on `main` only): POST /__test__/tamper with {"mode":"alg_none"} or
-// {"mode":"replace","id_token":"..."} or {"mode":"drop_auth_time"} changes the id_token of
-// the NEXT token response — to
-// the same claims unsigned (alg none), or to a token the test obtained elsewhere (for another
-// client, or from the other issuer). This is how a misbehaving or compromised token endpoint
-// is simulated; everything else is the provider as shipped.
+// Test hooks (on `main` only): POST /__test__/tamper with {"mode":"alg_none"} or
+// {"mode":"replace","id_token":"..."} or {"mode":"drop_auth_time"} or {"mode":"claims",
+// "set":{...}} or {"mode":"drop_refresh_token"} changes the NEXT token response — its
+// id_token to the same claims unsigned (alg none), to a token the test obtained elsewhere
+// (for another client, or from the other issuer), re-signed without `auth_time` or with
+// claims changed; or leaves out the refresh token. This is how a misbehaving or compromised
+// token endpoint is simulated; everything else is the provider as shipped.
+// POST /__test__/user {"user":"ana","groups":[...]} changes a user's groups at the provider
+// ({"user":"ana","delete":true} removes the account); POST /__test__/backchannel
+// {"user":"ana"} sends Countersign a back-channel logout for that user now, as the provider
+// does when an administrator signs someone out. On both issuers, POST
+// /__test__/logout-token {"user":"ana","sid":...,"nonce":...,"events":false} returns a logout
+// token the issuer signed (with the given changes) without sending it.
 
 import http from 'node:http';
 import { createPrivateKey, generateKeyPairSync, sign } from 'node:crypto';
@@ -49,7 +56,12 @@ const clientsFor = (redirectUri) => ['countersign', 'other-client'].map((id) => 
   client_id: id,
   client_secret: `${id}-secret`,
   redirect_uris: [redirectUri],
-  grant_types: ['authorization_code'],
+  // Sign-out at the provider comes back here; the provider tells Countersign about a
+  // sign-out elsewhere over the back channel.
+  post_logout_redirect_uris: [new URL('/auth/signed-out', redirectUri).href],
+  backchannel_logout_uri: new URL('/auth/backchannel-logout', redirectUri).href,
+  backchannel_logout_session_required: true,
+  grant_types: ['authorization_code', 'refresh_token'],
   response_types: ['code'],
   token_endpoint_auth_method: 'client_secret_basic',
 }));
@@ -59,11 +71,25 @@ function configuration(redirectUri) {
     clients: clientsFor(redirectUri),
     jwks: { keys: [jwk] },
     pkce: { required: () => true },
-    // Short enough that the expired-token test can pass it without outliving the sign-in.
-    ttl: { IdToken: 300 },
+    // Short enough that the expired-token test can pass it without outliving the sign-in;
+    // an ID token from a refresh lives an hour (the re-check tests move the server's clock
+    // minutes ahead of the provider's).
+    ttl: {
+      IdToken: (ctx) => (ctx?.oidc?.params?.grant_type === 'refresh_token' ? 3600 : 300),
+    },
+    // Refresh tokens without `offline_access` (as several providers do): bound to the
+    // provider's session, so they die with it.
+    issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
+    // The provider refuses to call special-use addresses (SSRF protection); here Countersign
+    // runs on loopback, so its back-channel logout calls go out without that dispatcher.
+    fetch: (url, { dispatcher: _, ...options }) => globalThis.fetch(url, options),
     conformIdTokenClaims: false,
     claims: { openid: ['sub'], profile: ['name', 'groups', 'tenant'], email: ['email'] },
-    features: { devInteractions: { enabled: false } },
+    features: {
+      devInteractions: { enabled: false },
+      backchannelLogout: { enabled: true },
+      rpInitiatedLogout: { enabled: true },
+    },
     interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
     cookies: { keys: ['countersign-test-cookie-key'] },
     findAccount: async (ctx, id) => {
@@ -117,15 +143,20 @@ function serve({ server, issuer }, redirectUri, withHooks) {
           ctx.body = { ...ctx.body, id_token: `${b64url('{"alg":"none"}')}.${payload}.` };
         } else if (mode.mode === 'replace') {
           ctx.body = { ...ctx.body, id_token: mode.id_token };
-        } else if (mode.mode === 'drop_auth_time') {
-          // The same token, signed again by the provider's key, without `auth_time`.
+        } else if (mode.mode === 'drop_auth_time' || mode.mode === 'claims') {
+          // The same token, signed again by the provider's key, without `auth_time` or with
+          // claims changed.
           const [header, payload] = ctx.body.id_token.split('.');
           const claims = JSON.parse(Buffer.from(payload, 'base64url').toString('utf8'));
-          delete claims.auth_time;
+          if (mode.mode === 'drop_auth_time') delete claims.auth_time;
+          else Object.assign(claims, mode.set);
           const signed = `${header}.${b64url(JSON.stringify(claims))}`;
           const key = createPrivateKey({ key: jwk, format: 'jwk' });
           const signature = sign('sha256', Buffer.from(signed), key).toString('base64url');
           ctx.body = { ...ctx.body, id_token: `${signed}.${signature}` };
+        } else if (mode.mode === 'drop_refresh_token') {
+          const { refresh_token: _, ...rest } = ctx.body;
+          ctx.body = rest;
         }
       }
     });
@@ -147,6 +178,36 @@ function serve({ server, issuer }, redirectUri, withHooks) {
         res.writeHead(204).end();
         return;
       }
+      if (withHooks && url.pathname === '/__test__/user' && req.method === 'POST') {
+        const change = JSON.parse(await readBody(req));
+        if (change.delete) delete USERS[change.user];
+        else USERS[change.user] = { ...USERS[change.user], groups: change.groups };
+        res.writeHead(204).end();
+        return;
+      }
+      if (withHooks && url.pathname === '/__test__/backchannel' && req.method === 'POST') {
+        const { user } = JSON.parse(await readBody(req));
+        const client = await provider.Client.find('countersign');
+        await client.backchannelLogout(user, undefined);
+        res.writeHead(204).end();
+        return;
+      }
+      if (url.pathname === '/__test__/logout-token' && req.method === 'POST') {
+        const ask = JSON.parse(await readBody(req));
+        const client = await provider.Client.find('countersign');
+        const token = new provider.IdToken({ sub: ask.user }, { client, ctx: undefined });
+        token.mask = { sub: null };
+        if (ask.events !== false) {
+          token.set('events', { 'http://schemas.openid.net/event/backchannel-logout': {} });
+        }
+        token.set('jti', `jti-${Date.now()}-${Math.random()}`);
+        if (ask.sid) token.set('sid', ask.sid);
+        if (ask.nonce) token.set('nonce', ask.nonce);
+        const logoutToken = await token.issue({ use: 'logout' });
+        res.writeHead(200, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ logout_token: logoutToken }));
+        return;
+      }
       if (url.pathname.startsWith('/interaction/')) {
         const details = await provider.interactionDetails(req, res);
         let result;
@@ -166,7 +227,7 @@ function serve({ server, issuer }, redirectUri, withHooks) {
       callback(req, res);
     } catch (err) {
       console.error('provider.mjs', err);
-      res.writeHead(500).end(String(err));
+      res.writeHead(500).end(`${err}${err.cause ? `: ${err.cause}` : ''}`);
     }
   });
 }

@@ -196,6 +196,12 @@ pub const KEYS: &[KeySpec] = &[
         help: "ID-token claim naming the person's tenant",
     },
     KeySpec {
+        name: "oidc_recheck_minutes",
+        secret: false,
+        default: Some("5"),
+        help: "re-derive a signed-in person's roles and tenant from the issuer this often (refresh token or userinfo); at most 10",
+    },
+    KeySpec {
         name: "session_idle_minutes",
         secret: false,
         default: Some("30"),
@@ -221,6 +227,10 @@ pub const KEYS: &[KeySpec] = &[
     },
 ];
 
+/// The longest a signed-in person's roles may go without being re-derived from the provider:
+/// removing someone from a group takes effect within this many minutes.
+pub const MAX_RECHECK_MINUTES: u32 = 10;
+
 /// Sign-in through an OpenID Connect provider.
 #[derive(Debug, Clone)]
 pub struct OidcConfig {
@@ -236,6 +246,8 @@ pub struct OidcConfig {
     pub role_map: Vec<(String, AppRole)>,
     /// Claim holding the tenant.
     pub tenant_claim: String,
+    /// How often a session's roles and tenant are re-derived from the provider (1–10).
+    pub recheck_minutes: u32,
 }
 
 /// Log output format.
@@ -738,6 +750,17 @@ impl Config {
                     .ok_or_else(|| invalid("oidc_tenant_claim", "must name a claim".into()))?;
                 let role_map = parse_role_map(&get("oidc_role_map").unwrap_or_default())
                     .map_err(|m| invalid("oidc_role_map", m))?;
+                let recheck_minutes = get("oidc_recheck_minutes")
+                    .and_then(|t| t.parse::<u32>().ok())
+                    .filter(|n| (1..=MAX_RECHECK_MINUTES).contains(n))
+                    .ok_or_else(|| {
+                        invalid(
+                            "oidc_recheck_minutes",
+                            format!(
+                                "expected a whole number of minutes from 1 to {MAX_RECHECK_MINUTES}"
+                            ),
+                        )
+                    })?;
                 Some(OidcConfig {
                     issuer,
                     client_id,
@@ -745,6 +768,7 @@ impl Config {
                     role_claim,
                     role_map,
                     tenant_claim,
+                    recheck_minutes,
                 })
             }
         };

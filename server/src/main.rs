@@ -361,7 +361,13 @@ fn main() -> ExitCode {
                         std::env::var("USER").unwrap_or_else(|_| "operator".into())
                     )
                 });
-                let n = countersign::auth::end_sessions(&store, iss, sub, tenant.as_deref(), &who)
+                let which = countersign::auth::sessions::Which {
+                    iss,
+                    sub: Some(sub),
+                    tenant: tenant.as_deref(),
+                    sid: None,
+                };
+                let n = countersign::auth::sessions::end_sessions(&store, &which, &who)
                     .await
                     .map_err(StartError::Database)?;
                 println!("ended {n} session(s) of {iss}#{sub}");

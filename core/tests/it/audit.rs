@@ -1691,3 +1691,89 @@ async fn committer_batches_go_in_one_round_trip_and_fall_back_whole() {
     other.close().await;
     db.drop_db().await;
 }
+
+/// A gate's history (issue 30, item 8): however long its run's trail (one MCP session is one
+/// run), opening a gate reads its own step's newest records through the `(step_id, seq)`
+/// index under a LIMIT. With 200k records in the run, each backend's planner says so, and
+/// the read returns the step's newest records only.
+#[tokio::test]
+async fn a_gates_history_reads_its_step_through_an_index_under_a_limit() {
+    use countersign_core::audit::audit_for_step_sql;
+    use countersign_core::store::testing::FreshDb;
+    use sqlx::Connection;
+
+    let (_, clock) = test_clock();
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(db) = FreshDb::create(backend).await else {
+            continue;
+        };
+        let store = db.store(clock.clone()).await;
+        // 200k records of run r-big, the last 300 of them step s-gate's (the audit's hash
+        // columns are not checked by this read; the chain is not verified here).
+        let fill = "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash) \
+                    SELECT n, n, 'outcome', 'r-big', CASE WHEN n > 199700 THEN 's-gate' ELSE 's-' || (n % 5000) END, \
+                           't', 'a', NULL, '{}', 'p', 'h' || n FROM series";
+        let plan_sql = audit_for_step_sql()
+            .replace("$1", "'s-gate'")
+            .replace("$2", "'r-big'")
+            .replace("$3", "200");
+        let plan: String = match backend {
+            Backend::Sqlite => {
+                let path = db.url.expose().trim_start_matches("sqlite://").to_string();
+                let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
+                    .await
+                    .unwrap();
+                sqlx::query(&format!(
+                    "WITH RECURSIVE series(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM series WHERE n < 200000) {fill}"
+                ))
+                .execute(&mut c)
+                .await
+                .unwrap();
+                sqlx::query("ANALYZE").execute(&mut c).await.unwrap();
+                let rows: Vec<(i64, i64, i64, String)> =
+                    sqlx::query_as(&format!("EXPLAIN QUERY PLAN {plan_sql}"))
+                        .fetch_all(&mut c)
+                        .await
+                        .unwrap();
+                rows.into_iter().map(|r| r.3).collect::<Vec<_>>().join("\n")
+            }
+            Backend::Postgres => {
+                let mut c = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+                sqlx::query(&format!(
+                    "WITH series(n) AS (SELECT generate_series(1, 200000)) {fill}"
+                ))
+                .execute(&mut c)
+                .await
+                .unwrap();
+                sqlx::query("ANALYZE audit").execute(&mut c).await.unwrap();
+                let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN {plan_sql}"))
+                    .fetch_all(&mut c)
+                    .await
+                    .unwrap();
+                rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n")
+            }
+        };
+        match backend {
+            Backend::Sqlite => assert!(
+                plan.contains("USING INDEX audit_step_seq") && !plan.contains("SCAN audit"),
+                "{plan}"
+            ),
+            Backend::Postgres => assert!(
+                plan.contains("Limit")
+                    && plan.contains("audit_step_seq")
+                    && !plan.contains("Seq Scan"),
+                "{plan}"
+            ),
+        }
+        let rows = store.audit_for_step("r-big", "s-gate", 200).await.unwrap();
+        assert_eq!(rows.len(), 200);
+        assert_eq!(rows.first().unwrap().seq, 199_801);
+        assert_eq!(
+            rows.last().unwrap().seq,
+            200_000,
+            "the newest, in chain order"
+        );
+        store.close().await;
+        db.drop_db().await;
+    }
+}

@@ -158,7 +158,7 @@ pub(super) async fn sign_in(
         auth_time: state.store.clock().now_ms(),
         auth_time_unknown: false,
     };
-    if let Err(resp) = state.auth.sign_in(&session, &person).await {
+    if let Err(resp) = state.auth.sign_in(&session, &person, None).await {
         return resp;
     }
     Redirect::to(&local_next(form.next.as_deref())).into_response()

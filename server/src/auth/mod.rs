@@ -4,11 +4,15 @@
 //! * A person is signed in only through a verified OIDC ID token ([`oidc`]) or, when no issuer
 //!   is configured AND the server listens on a loopback address, the demo sign-in. On any
 //!   other bind without an issuer nobody can sign in.
-//! * Sign-in state (`state`, `nonce`, PKCE verifier) is bound to the browser's session and
-//!   used once: the callback removes it before checking anything.
+//! * Sign-in state (`state`, `nonce`, PKCE verifier) is bound to the browser by a short-lived
+//!   cookie ([`pending`]) and used once: the callback clears it whatever happens. Starting a
+//!   sign-in writes nothing to the database.
 //! * A successful sign-in replaces the session id (no fixation). Sessions live in the
 //!   database; they end after `session_idle_minutes` without a request or
 //!   `session_max_hours` after sign-in, by the injected clock; sign-out deletes the record.
+//!   A session signed in through the provider is re-checked with it every
+//!   `oidc_recheck_minutes`; a failed re-check or a changed tenant ends it ([`logout`] and
+//!   [`sessions`] end sessions from elsewhere).
 //! * The session cookie is `HttpOnly`, `SameSite=Lax`, `Path=/`, has no `Max-Age`, and is
 //!   `Secure` with the `__Host-` prefix unless `public_url` is plain http on a loopback host.
 //! * Every dashboard request (all paths except `/auth/*`, `/healthz`, `/metrics`, `/mcp`,
@@ -19,8 +23,11 @@
 //!   `public_url`'s; otherwise 403.
 
 mod demo;
+pub mod logout;
 pub mod oidc;
 pub mod pages;
+pub mod pending;
+pub mod sessions;
 pub mod store;
 
 use std::marker::PhantomData;
@@ -40,13 +47,15 @@ use tower_sessions::{Expiry, Session, SessionManagerLayer};
 use crate::AppState;
 use crate::config::Config;
 pub use countersign_app::DemoSignIn;
-use oidc::{Oidc, PendingLogin};
+use oidc::{IdpSession, Oidc};
 use pages::page;
+use pending::PendingLogin;
 use store::{DbSessionStore, EXPIRES_AT};
 
 const PERSON: &str = "person";
 const SEEN: &str = "seen";
-const PENDING: &str = "pending";
+/// The session data key of what the provider answered at sign-in ([`IdpSession`]).
+const IDP: &str = "idp";
 /// How stale the last-seen mark may get before a request rewrites it.
 const SEEN_GRANULARITY_MS: i64 = 60 * 1000;
 
@@ -70,6 +79,7 @@ pub struct Auth {
     origin: String,
     idle_ms: i64,
     max_ms: i64,
+    recheck_ms: i64,
     cookie_secure: bool,
 }
 
@@ -126,6 +136,10 @@ impl Auth {
             origin: config.public_url.origin().ascii_serialization(),
             idle_ms: i64::from(config.session_idle_minutes) * 60 * 1000,
             max_ms: i64::from(config.session_max_hours) * 3600 * 1000,
+            recheck_ms: config
+                .oidc
+                .as_ref()
+                .map_or(i64::MAX, |o| i64::from(o.recheck_minutes) * 60 * 1000),
             cookie_secure: cookie_secure(&config.public_url),
             store,
         })
@@ -153,7 +167,9 @@ impl Auth {
 
     /// The person signed in on `session`, if the session is live. An expired session is
     /// deleted; a live one has its last-seen mark refreshed, unless the request is a page's
-    /// background refresh (`activity` false), which never keeps an idle session alive.
+    /// background refresh (`activity` false), which never keeps an idle session alive. A
+    /// session signed in through the provider is re-checked with it every
+    /// `oidc_recheck_minutes` ([`Self::recheck`]).
     pub async fn current(&self, session: &Session, activity: bool) -> Option<Person> {
         let person: Person = session.get(PERSON).await.ok().flatten()?;
         let seen: i64 = session.get(SEEN).await.ok().flatten().unwrap_or(0);
@@ -161,11 +177,10 @@ impl Auth {
         if now >= person.auth_time.saturating_add(self.max_ms)
             || now >= seen.saturating_add(self.idle_ms)
         {
-            if let Err(e) = session.flush().await {
-                tracing::warn!(error = %e, "could not delete an expired session");
-            }
+            end(session, "expired").await;
             return None;
         }
+        let person = self.recheck(session, person, now).await?;
         if activity && now - seen >= SEEN_GRANULARITY_MS && session.insert(SEEN, now).await.is_err()
         {
             return None;
@@ -173,12 +188,63 @@ impl Auth {
         Some(person)
     }
 
-    async fn sign_in(&self, session: &Session, person: &Person) -> Result<(), Response> {
+    /// Re-derives the person's roles and tenant from the provider when the last check is
+    /// `oidc_recheck_minutes` old. Fails closed: a session signed in through the provider
+    /// without what a re-check needs, a provider that refuses or does not answer, or a
+    /// tenant that changed ends the session; changed roles replace the session's.
+    async fn recheck(&self, session: &Session, person: Person, now: i64) -> Option<Person> {
+        let Mode::Oidc(oidc) = &self.mode else {
+            return Some(person);
+        };
+        let Some(idp) = session.get::<IdpSession>(IDP).await.ok().flatten() else {
+            end(session, "no provider tokens to re-check with").await;
+            return None;
+        };
+        if now.saturating_sub(idp.checked_at) < self.recheck_ms {
+            return Some(person);
+        }
+        let (current, idp) = match oidc.recheck(&idp, &person).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(iss = %person.iss, sub = %person.sub, error = %e, "re-check with the identity provider failed; session ended");
+                end(session, "re-check failed").await;
+                return None;
+            }
+        };
+        if current.tenant != person.tenant {
+            tracing::warn!(iss = %person.iss, sub = %person.sub, from = ?person.tenant, to = ?current.tenant, "tenant changed at the identity provider; session ended");
+            end(session, "tenant changed").await;
+            return None;
+        }
+        if current.roles != person.roles {
+            tracing::info!(iss = %person.iss, sub = %person.sub, from = ?person.roles, to = ?current.roles, "roles changed at the identity provider");
+        }
+        let stored = async {
+            session.insert(PERSON, &current).await?;
+            session.insert(IDP, &idp).await
+        }
+        .await;
+        if stored.is_err() {
+            end(session, "re-check could not be stored").await;
+            return None;
+        }
+        Some(current)
+    }
+
+    async fn sign_in(
+        &self,
+        session: &Session,
+        person: &Person,
+        idp: Option<&IdpSession>,
+    ) -> Result<(), Response> {
         let now = self.store.clock().now_ms();
         let result = async {
             session.cycle_id().await?;
             session.clear().await;
             session.insert(PERSON, person).await?;
+            if let Some(idp) = idp {
+                session.insert(IDP, idp).await?;
+            }
             session.insert(SEEN, now).await?;
             session
                 .insert(EXPIRES_AT, person.auth_time.saturating_add(self.max_ms))
@@ -202,56 +268,11 @@ impl Auth {
     }
 }
 
-/// The audit rule of ending a person's sessions.
-pub const SESSIONS_ENDED_RULE: &str = "sessions.ended";
-
-/// Ends every live session of the person `iss#sub` — only those signed in for `tenant` when
-/// given (a tenant admin's reach) — as `by`, with one audit record (`operational`, rule
-/// `sessions.ended`, the person and how many). Effective at their next request: a deleted
-/// session is no session, and a request in flight cannot write it back
-/// ([`Store::session_save`] only updates). Returns how many ended.
-pub async fn end_sessions(
-    store: &Store,
-    iss: &str,
-    sub: &str,
-    tenant: Option<&str>,
-    by: &str,
-) -> Result<usize, countersign_core::StoreError> {
-    let mut ended = 0;
-    for (id, data) in store.sessions_all().await? {
-        let person = serde_json::from_slice::<serde_json::Value>(&data)
-            .ok()
-            .and_then(|v| v.get(PERSON).cloned())
-            .and_then(|p| serde_json::from_value::<Person>(p).ok());
-        let Some(person) = person else {
-            continue; // a sign-in in progress: nobody's yet
-        };
-        if person.iss != iss || person.sub != sub {
-            continue;
-        }
-        if tenant.is_some_and(|t| person.tenant.as_deref() != Some(t)) {
-            continue;
-        }
-        store.session_delete(&id).await?;
-        ended += 1;
+/// Deletes `session` (it ended: `why`, for the log when that fails).
+async fn end(session: &Session, why: &str) {
+    if let Err(e) = session.flush().await {
+        tracing::warn!(error = %e, why, "could not delete an ended session");
     }
-    let mut detail = serde_json::Map::new();
-    detail.insert("kind".into(), serde_json::json!("sessions_ended"));
-    detail.insert("person".into(), serde_json::json!(format!("{iss}#{sub}")));
-    detail.insert("tenant".into(), serde_json::json!(tenant));
-    detail.insert("ended".into(), serde_json::json!(ended));
-    store
-        .append_audit(&countersign_core::audit::NewAuditRecord {
-            event: Some(countersign_core::audit::AuditEvent::Operational),
-            run_id: None,
-            step_id: None,
-            tool: None,
-            actor: Some(by.to_string()),
-            rule: Some(SESSIONS_ENDED_RULE.into()),
-            detail,
-        })
-        .await?;
-    Ok(ended)
 }
 
 /// The signed-in person, for handlers behind [`gate`] (401 otherwise).
@@ -321,8 +342,9 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/auth/login", get(login))
         .route("/auth/callback", get(callback))
-        .route("/auth/logout", post(logout))
-        .route("/auth/signed-out", get(signed_out))
+        .route("/auth/logout", post(logout::logout))
+        .route(logout::SIGNED_OUT_PATH, get(logout::signed_out))
+        .route(logout::BACKCHANNEL_PATH, post(logout::backchannel))
         .route("/auth/me", get(me))
         .route("/auth/demo", get(demo::list).post(demo::sign_in))
 }
@@ -436,7 +458,9 @@ pub async fn csrf(
     );
     let path = request.uri().path();
     let mcp = path == "/mcp" || path.starts_with("/mcp/");
-    if safe || mcp || same_origin(request.headers(), &state.auth.origin) {
+    // The provider calls it server to server; its signed logout token is the credential.
+    let backchannel = path == logout::BACKCHANNEL_PATH;
+    if safe || mcp || backchannel || same_origin(request.headers(), &state.auth.origin) {
         return next.run(request).await;
     }
     page(
@@ -467,11 +491,7 @@ struct LoginQuery {
     fresh: Option<String>,
 }
 
-async fn login(
-    State(state): State<AppState>,
-    session: Session,
-    Query(q): Query<LoginQuery>,
-) -> Response {
+async fn login(State(state): State<AppState>, Query(q): Query<LoginQuery>) -> Response {
     let auth = &state.auth;
     let next = local_next(q.next.as_deref());
     match &auth.mode {
@@ -481,29 +501,27 @@ async fn login(
             Redirect::to(&format!("/auth/demo?{}", target.finish())).into_response()
         }
         Mode::Off => demo::off_page(),
-        Mode::Oidc(oidc) => match oidc.begin(next, q.fresh.is_some()).await {
-            Ok((url, pending)) => match session.insert(PENDING, pending).await {
-                Ok(()) => Redirect::to(&url).into_response(),
+        Mode::Oidc(oidc) => {
+            let pending = PendingLogin::new(auth.store.clock().now_ms(), next);
+            match oidc.begin(&pending, q.fresh.is_some()).await {
+                Ok(url) => {
+                    let mut resp = Redirect::to(&url).into_response();
+                    if let Some(cookie) = pending::set_cookie(&pending, auth.cookie_secure) {
+                        resp.headers_mut().append(header::SET_COOKIE, cookie);
+                    }
+                    resp
+                }
                 Err(e) => {
-                    tracing::error!(error = %e, "could not store a pending sign-in");
+                    tracing::error!(error = %e, "sign-in could not start");
                     page(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "Sign-in failed",
-                        "The sign-in could not be started. Try again.",
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "Sign-in unavailable",
+                        &format!("{}. Try again later.", pages::escape(&e.public())),
                         false,
                     )
                 }
-            },
-            Err(e) => {
-                tracing::error!(error = %e, "sign-in could not start");
-                page(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "Sign-in unavailable",
-                    &format!("{}. Try again later.", pages::escape(&e.public())),
-                    false,
-                )
             }
-        },
+        }
     }
 }
 
@@ -531,6 +549,7 @@ fn refused(reason: &str) -> Response {
 async fn callback(
     State(state): State<AppState>,
     session: Session,
+    headers: HeaderMap,
     Query(q): Query<CallbackQuery>,
 ) -> Response {
     let Mode::Oidc(oidc) = &state.auth.mode else {
@@ -541,8 +560,24 @@ async fn callback(
             state.auth.demo(),
         );
     };
-    // Single use: the pending sign-in is gone whatever happens next.
-    let pending: Option<PendingLogin> = session.remove(PENDING).await.ok().flatten();
+    let secure = state.auth.cookie_secure;
+    let pending = pending::from_headers(&headers, secure)
+        .filter(|p| !p.expired(state.auth.store.clock().now_ms()));
+    let mut resp = finish_sign_in(&state, oidc, &session, pending, q).await;
+    // Single use: the pending sign-in is gone whatever happened.
+    resp.headers_mut()
+        .append(header::SET_COOKIE, pending::clear_cookie(secure));
+    resp
+}
+
+/// The callback's checks in order, for the pending sign-in this browser carries.
+async fn finish_sign_in(
+    state: &AppState,
+    oidc: &Oidc,
+    session: &Session,
+    pending: Option<PendingLogin>,
+    q: CallbackQuery,
+) -> Response {
     let Some(pending) = pending else {
         return refused(
             "No sign-in is in progress in this browser (it expired, was already completed, or \
@@ -554,7 +589,7 @@ async fn callback(
     let Some(returned_state) = q.state else {
         return refused("The response has no state");
     };
-    if !constant_time_eq(returned_state.as_bytes(), pending.state.as_bytes()) {
+    if !constant_time_eq(returned_state.as_bytes(), pending.state().as_bytes()) {
         return refused("The response's state does not match this browser's sign-in");
     }
     if let Some(error) = q.error {
@@ -573,14 +608,13 @@ async fn callback(
     let Some(code) = q.code else {
         return refused("The response has no code");
     };
-    let next = pending.next.clone();
-    match oidc.finish(pending, code, q.iss.as_deref()).await {
-        Ok(person) => {
-            if let Err(resp) = state.auth.sign_in(&session, &person).await {
+    match oidc.finish(&pending, code, q.iss.as_deref()).await {
+        Ok((person, idp)) => {
+            if let Err(resp) = state.auth.sign_in(session, &person, Some(&idp)).await {
                 return resp;
             }
             tracing::info!(iss = %person.iss, sub = %person.sub, roles = ?person.roles, "signed in");
-            Redirect::to(&next).into_response()
+            Redirect::to(&local_next(Some(&pending.next))).into_response()
         }
         Err(e) => {
             tracing::warn!(error = %e, "sign-in refused");
@@ -606,25 +640,8 @@ const PROVIDER_ERRORS: [&str; 12] = [
     "invalid_request_uri",
 ];
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-async fn logout(session: Session) -> Response {
-    if let Err(e) = session.flush().await {
-        tracing::error!(error = %e, "could not delete a session");
-        return (StatusCode::INTERNAL_SERVER_ERROR, "sign-out failed").into_response();
-    }
-    Redirect::to("/auth/signed-out").into_response()
-}
-
-async fn signed_out(State(state): State<AppState>) -> Response {
-    page(
-        StatusCode::OK,
-        "Signed out",
-        "You are signed out of Countersign. <a href=\"/auth/login\">Sign in again</a>.",
-        state.auth.demo(),
-    )
 }
 
 /// The signed-in person as JSON (401 when signed out).

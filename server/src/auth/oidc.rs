@@ -17,6 +17,17 @@
 //!   `auth_time`, which every request asks for with `max_age`), never when the callback ran:
 //!   a sign-in the provider answers from its own session does not make a step-up sign-in
 //!   fresh. A step-up sign-in ([`Oidc::begin`] with `fresh`) asks for `prompt=login`.
+//! * `azp`, when an ID token carries it, must name this client (OpenID Connect Core §3.1.3.7
+//!   step 5; openidconnect 4 leaves this step out, [`Oidc::verified`] does it).
+//! * A re-check ([`Oidc::recheck`]) derives roles and tenant again from the provider: from an
+//!   ID token a refresh grant returns (verified as at sign-in, except that the nonce of the
+//!   original sign-in is not asked for), else from the userinfo endpoint (whose `sub` must
+//!   be the person's). Anything the provider refuses or cannot answer is an error, and the
+//!   caller ends the session.
+//! * A back-channel logout token ([`Oidc::logout_token`]) is accepted only if it verifies
+//!   like an ID token (keys, algorithms, `iss`, `aud`, `exp`) with `typ` `logout+jwt` or
+//!   `JWT`, carries the back-channel logout event, names the person (`sub`; `sid` narrows it
+//!   to one provider session), and has no `nonce` (which tells it apart from an ID token).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,18 +37,21 @@ use countersign_core::{AppRole, Clock, Person};
 use openidconnect::core::{
     CoreAuthDisplay, CoreAuthPrompt, CoreAuthenticationFlow, CoreErrorResponseType,
     CoreGenderClaim, CoreJsonWebKey, CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm,
-    CoreProviderMetadata, CoreRevocableToken, CoreRevocationErrorResponse,
-    CoreTokenIntrospectionResponse, CoreTokenType,
+    CoreRevocableToken, CoreRevocationErrorResponse, CoreTokenIntrospectionResponse, CoreTokenType,
 };
 use openidconnect::{
-    AdditionalClaims, AuthorizationCode, ClaimsVerificationError, Client, ClientId, ClientSecret,
-    CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, IdTokenFields,
-    IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
-    StandardErrorResponse, StandardTokenResponse, TokenResponse as _,
+    AccessToken, AdditionalClaims, AuthorizationCode, ClaimsVerificationError, Client, ClientId,
+    ClientSecret, CsrfToken, EmptyExtraTokenFields, EndSessionUrl, EndpointMaybeSet,
+    EndpointNotSet, EndpointSet, IdToken, IdTokenClaims, IdTokenFields, IssuerUrl,
+    JsonWebTokenType, LogoutRequest, Nonce, OAuth2TokenResponse as _, PkceCodeChallenge,
+    PkceCodeVerifier, PostLogoutRedirectUrl, ProviderMetadataWithLogout, RedirectUrl, RefreshToken,
+    Scope, StandardErrorResponse, StandardTokenResponse, SubjectIdentifier, TokenResponse as _,
+    UserInfoClaims,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use super::pending::PendingLogin;
 use crate::config::OidcConfig;
 
 /// Claims beyond the standard ones (groups, tenant, …), kept as JSON.
@@ -90,18 +104,58 @@ const ALLOWED_ALGS: [CoreJwsSigningAlgorithm; 9] = [
     CoreJwsSigningAlgorithm::EdDsa,
 ];
 
-/// What the browser's session remembers between the redirect to the provider and the
-/// callback. Single use.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PendingLogin {
-    /// The `state` sent.
-    pub state: String,
-    /// The `nonce` sent.
-    pub nonce: String,
-    /// The PKCE verifier.
-    pub pkce_verifier: String,
-    /// Where to go after sign-in (a local path).
-    pub next: String,
+type ParsedIdToken = IdToken<
+    ExtraClaims,
+    CoreGenderClaim,
+    CoreJweContentEncryptionAlgorithm,
+    CoreJwsSigningAlgorithm,
+>;
+type Claims = IdTokenClaims<ExtraClaims, CoreGenderClaim>;
+
+/// The event a back-channel logout token must carry (OpenID Connect Back-Channel Logout 1.0
+/// §2.4).
+const BACKCHANNEL_EVENT: &str = "http://schemas.openid.net/event/backchannel-logout";
+
+/// What the session keeps of the provider's answer at sign-in: enough to re-check the
+/// person later and to end the provider's session at sign-out. Secret: never logged.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct IdpSession {
+    /// The access token (for the userinfo endpoint).
+    pub access_token: String,
+    /// The refresh token, when the provider issued one.
+    pub refresh_token: Option<String>,
+    /// The ID token as received (the `id_token_hint` of an RP-initiated logout).
+    pub id_token: String,
+    /// The provider's session id (`sid`), when the ID token carries one.
+    pub sid: Option<String>,
+    /// When the person's roles and tenant were last derived from the provider (ms).
+    pub checked_at: i64,
+}
+
+impl std::fmt::Debug for IdpSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdpSession")
+            .field("sid", &self.sid)
+            .field("checked_at", &self.checked_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whom a verified back-channel logout token signs out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogoutSubject {
+    /// The issuer.
+    pub iss: String,
+    /// The person, when named.
+    pub sub: Option<String>,
+    /// The provider session, when named.
+    pub sid: Option<String>,
+}
+
+/// The provider as discovered: the client and what RP-initiated logout needs.
+struct Discovered {
+    client: OidcClient,
+    end_session: Option<EndSessionUrl>,
 }
 
 /// Why a sign-in was refused. `Display` is shown to the person.
@@ -128,6 +182,12 @@ pub enum SignInError {
     /// detail for the log.
     #[error("the ID token was refused: {0} ({1})")]
     IdToken(&'static str, String),
+    /// A re-check of the person with the provider failed.
+    #[error("the identity provider did not confirm the person: {0}")]
+    Recheck(String),
+    /// A back-channel logout token was refused.
+    #[error("the logout token was refused: {0}")]
+    LogoutToken(String),
 }
 
 impl SignInError {
@@ -145,6 +205,8 @@ impl SignInError {
             }
             Self::NoIdToken => "The identity provider sent no ID token".into(),
             Self::IdToken(why, _) => format!("The ID token was refused: {why}"),
+            Self::Recheck(_) => "The identity provider did not confirm who you are".into(),
+            Self::LogoutToken(_) => "The logout token was refused".into(),
         }
     }
 }
@@ -154,7 +216,7 @@ pub struct Oidc {
     config: OidcConfig,
     redirect: RedirectUrl,
     http: openidconnect::reqwest::Client,
-    client: Mutex<Option<Arc<OidcClient>>>,
+    discovered: Mutex<Option<Arc<Discovered>>>,
     clock: Arc<dyn Clock>,
     max_age: Duration,
 }
@@ -188,7 +250,7 @@ impl Oidc {
             config,
             redirect,
             http,
-            client: Mutex::new(None),
+            discovered: Mutex::new(None),
             clock,
             max_age,
         })
@@ -199,29 +261,30 @@ impl Oidc {
         &self.config.issuer
     }
 
-    async fn client(&self) -> Result<Arc<OidcClient>, SignInError> {
-        let mut cached = self.client.lock().await;
-        if let Some(client) = cached.as_ref() {
-            return Ok(client.clone());
+    async fn provider(&self) -> Result<Arc<Discovered>, SignInError> {
+        let mut cached = self.discovered.lock().await;
+        if let Some(found) = cached.as_ref() {
+            return Ok(found.clone());
         }
         self.discover(&mut cached).await
     }
 
     /// Discovers again (the provider's keys may have changed), replacing the cached client.
-    async fn rediscover(&self) -> Result<Arc<OidcClient>, SignInError> {
-        let mut cached = self.client.lock().await;
+    async fn rediscover(&self) -> Result<Arc<Discovered>, SignInError> {
+        let mut cached = self.discovered.lock().await;
         self.discover(&mut cached).await
     }
 
     async fn discover(
         &self,
-        cached: &mut Option<Arc<OidcClient>>,
-    ) -> Result<Arc<OidcClient>, SignInError> {
+        cached: &mut Option<Arc<Discovered>>,
+    ) -> Result<Arc<Discovered>, SignInError> {
         let issuer = IssuerUrl::new(self.config.issuer.clone())
             .map_err(|e| SignInError::Discovery(e.to_string()))?;
-        let metadata = CoreProviderMetadata::discover_async(issuer, &self.http)
+        let metadata = ProviderMetadataWithLogout::discover_async(issuer, &self.http)
             .await
             .map_err(|e| SignInError::Discovery(error_chain(&e)))?;
+        let end_session = metadata.additional_metadata().end_session_endpoint.clone();
         let client = OidcClient::from_provider_metadata(
             metadata,
             ClientId::new(self.config.client_id.clone()),
@@ -230,33 +293,36 @@ impl Oidc {
             )),
         )
         .set_redirect_uri(self.redirect.clone());
-        let client = Arc::new(client);
-        *cached = Some(client.clone());
-        Ok(client)
+        let found = Arc::new(Discovered {
+            client,
+            end_session,
+        });
+        *cached = Some(found.clone());
+        Ok(found)
     }
 
     /// Discovers now (at start-up); failures are logged and retried at the next sign-in.
     pub async fn warm_up(&self) {
-        if let Err(e) = self.client().await {
+        if let Err(e) = self.provider().await {
             tracing::warn!(issuer = %self.config.issuer, error = %e, "OIDC discovery failed; will retry at the next sign-in");
         }
     }
 
-    /// The provider URL to send the browser to, and what to remember until the callback.
-    /// `fresh`: the person must authenticate now (a step-up), not through the provider's
-    /// session.
-    pub async fn begin(
-        &self,
-        next: String,
-        fresh: bool,
-    ) -> Result<(String, PendingLogin), SignInError> {
-        let client = self.client().await?;
-        let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
-        let mut request = client
+    /// The provider URL to send the browser to for `pending` (its state, nonce and PKCE
+    /// verifier). `fresh`: the person must authenticate now (a step-up), not through the
+    /// provider's session.
+    pub async fn begin(&self, pending: &PendingLogin, fresh: bool) -> Result<String, SignInError> {
+        let found = self.provider().await?;
+        let challenge = PkceCodeChallenge::from_code_verifier_sha256(&PkceCodeVerifier::new(
+            pending.pkce_verifier(),
+        ));
+        let (state, nonce) = (pending.state(), pending.nonce());
+        let mut request = found
+            .client
             .authorize_url(
                 CoreAuthenticationFlow::AuthorizationCode,
-                CsrfToken::new_random,
-                Nonce::new_random,
+                move || CsrfToken::new(state),
+                move || Nonce::new(nonce),
             )
             .add_scope(Scope::new("openid".into()))
             .add_scope(Scope::new("profile".into()))
@@ -267,86 +333,259 @@ impl Oidc {
         if fresh {
             request = request.add_prompt(CoreAuthPrompt::Login);
         }
-        let (url, state, nonce) = request.url();
-        Ok((
-            url.to_string(),
-            PendingLogin {
-                state: state.secret().clone(),
-                nonce: nonce.secret().clone(),
-                pkce_verifier: verifier.secret().clone(),
-                next,
-            },
-        ))
+        let (url, _, _) = request.url();
+        Ok(url.to_string())
     }
 
     /// Checks the callback's `iss` parameter (when the provider sends one), exchanges the
     /// code and verifies the ID token. `state` has been checked by the caller.
     pub async fn finish(
         &self,
-        pending: PendingLogin,
+        pending: &PendingLogin,
         code: String,
         response_iss: Option<&str>,
-    ) -> Result<Person, SignInError> {
+    ) -> Result<(Person, IdpSession), SignInError> {
         if let Some(iss) = response_iss
             && iss != self.config.issuer
         {
             return Err(SignInError::WrongResponseIssuer);
         }
-        let client = self.client().await?;
-        let tokens = client
+        let found = self.provider().await?;
+        let tokens = found
+            .client
             .exchange_code(AuthorizationCode::new(code))
             .map_err(|e| SignInError::Exchange(e.to_string()))?
-            .set_pkce_verifier(PkceCodeVerifier::new(pending.pkce_verifier))
+            .set_pkce_verifier(PkceCodeVerifier::new(pending.pkce_verifier()))
             .request_async(&self.http)
             .await
             .map_err(|e| SignInError::Exchange(error_chain(&e)))?;
         let id_token = tokens.id_token().ok_or(SignInError::NoIdToken)?;
-        let nonce = Nonce::new(pending.nonce);
-        fn verifier<'c>(
-            client: &'c OidcClient,
-            clock: Arc<dyn Clock>,
-        ) -> openidconnect::IdTokenVerifier<'c, CoreJsonWebKey> {
-            client
-                .id_token_verifier()
-                .set_allowed_algs(ALLOWED_ALGS)
-                .set_time_fn(move || clock.now())
-        }
-        let claims = match id_token.claims(&verifier(&client, self.clock.clone()), &nonce) {
-            Ok(claims) => claims,
-            // The provider may have rotated its signing keys since discovery: discover once
-            // more and check the same token against the keys it publishes now.
+        let nonce = Nonce::new(pending.nonce());
+        let claims = self
+            .verified(id_token, found, |n: Option<&Nonce>| {
+                if n.is_some_and(|n| {
+                    super::constant_time_eq(n.secret().as_bytes(), nonce.secret().as_bytes())
+                }) {
+                    Ok(())
+                } else {
+                    Err("nonce mismatch".to_string())
+                }
+            })
+            .await?;
+        let now = self.clock.now_ms();
+        let person = Person {
+            iss: claims.issuer().as_str().to_string(),
+            sub: claims.subject().as_str().to_string(),
+            name: display_name(&claims),
+            email: claims.email().map(|e| e.as_str().to_string()),
+            roles: self.roles(&claims.additional_claims().rest),
+            tenant: self.tenant(&claims.additional_claims().rest),
+            auth_time: authenticated_at(claims.auth_time(), now),
+            // Every request asks for `auth_time` (max_age); a provider that leaves it out
+            // never makes a sign-in count as fresh for a step-up.
+            auth_time_unknown: claims.auth_time().is_none(),
+        };
+        let idp = IdpSession {
+            access_token: tokens.access_token().secret().clone(),
+            refresh_token: tokens.refresh_token().map(|t| t.secret().clone()),
+            id_token: id_token.to_string(),
+            sid: claims
+                .additional_claims()
+                .rest
+                .get("sid")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string),
+            checked_at: now,
+        };
+        Ok((person, idp))
+    }
+
+    /// `token`'s claims, verified against the provider's keys (discovering once more when
+    /// the signature does not verify: the provider may have rotated its keys).
+    async fn verified(
+        &self,
+        token: &ParsedIdToken,
+        found: Arc<Discovered>,
+        nonce: impl Fn(Option<&Nonce>) -> Result<(), String> + Clone,
+    ) -> Result<Claims, SignInError> {
+        let claims = match token.claims(&self.verifier(&found.client), nonce.clone()) {
+            Ok(claims) => claims.clone(),
             Err(ClaimsVerificationError::SignatureVerification(_)) => {
                 let fresh = self.rediscover().await?;
-                id_token
-                    .claims(&verifier(&fresh, self.clock.clone()), &nonce)
+                token
+                    .claims(&self.verifier(&fresh.client), nonce)
+                    .cloned()
                     .map_err(|e| refused_token(&e))?
             }
             Err(e) => return Err(refused_token(&e)),
         };
+        if let Some(azp) = claims.authorized_party()
+            && azp.as_str() != self.config.client_id
+        {
+            return Err(SignInError::IdToken(
+                "it was issued to another client (azp)",
+                format!("azp {}", azp.as_str()),
+            ));
+        }
+        Ok(claims)
+    }
 
+    fn verifier<'c>(
+        &self,
+        client: &'c OidcClient,
+    ) -> openidconnect::IdTokenVerifier<'c, CoreJsonWebKey> {
+        let clock = self.clock.clone();
+        client
+            .id_token_verifier()
+            .set_allowed_algs(ALLOWED_ALGS)
+            .set_time_fn(move || clock.now())
+    }
+
+    fn roles(&self, claims: &BTreeMap<String, serde_json::Value>) -> Vec<AppRole> {
+        map_roles(claims.get(&self.config.role_claim), &self.config.role_map)
+    }
+
+    fn tenant(&self, claims: &BTreeMap<String, serde_json::Value>) -> Option<String> {
+        claims
+            .get(&self.config.tenant_claim)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+    }
+
+    /// Derives `person`'s roles and tenant from the provider again: a refresh grant when the
+    /// session holds a refresh token (its ID token's claims, or failing one the userinfo
+    /// endpoint's with the new access token), else the userinfo endpoint with the access
+    /// token of the sign-in. Returns the person as the provider sees them now and the
+    /// session's updated tokens.
+    pub async fn recheck(
+        &self,
+        idp: &IdpSession,
+        person: &Person,
+    ) -> Result<(Person, IdpSession), SignInError> {
+        let found = self.provider().await?;
+        let mut next = idp.clone();
+        let mut from_id_token = None;
+        if let Some(refresh) = &idp.refresh_token {
+            let refresh = RefreshToken::new(refresh.clone());
+            let tokens = found
+                .client
+                .exchange_refresh_token(&refresh)
+                .map_err(|e| SignInError::Recheck(e.to_string()))?
+                .request_async(&self.http)
+                .await
+                .map_err(|e| SignInError::Recheck(error_chain(&e)))?;
+            next.access_token = tokens.access_token().secret().clone();
+            if let Some(rotated) = tokens.refresh_token() {
+                next.refresh_token = Some(rotated.secret().clone());
+            }
+            if let Some(token) = tokens.id_token() {
+                // Straight from the token endpoint over the client's authenticated channel;
+                // the original sign-in's nonce is not repeated by every provider.
+                let claims = self
+                    .verified(token, found.clone(), |_: Option<&Nonce>| Ok(()))
+                    .await
+                    .map_err(|e| SignInError::Recheck(e.to_string()))?;
+                if claims.subject().as_str() != person.sub {
+                    return Err(SignInError::Recheck(
+                        "the ID token names another subject".into(),
+                    ));
+                }
+                next.id_token = token.to_string();
+                from_id_token = Some(claims.additional_claims().rest.clone());
+            }
+        }
+        let claims = match from_id_token {
+            Some(claims) => claims,
+            None => {
+                let info: UserInfoClaims<ExtraClaims, CoreGenderClaim> = found
+                    .client
+                    .user_info(
+                        AccessToken::new(next.access_token.clone()),
+                        Some(SubjectIdentifier::new(person.sub.clone())),
+                    )
+                    .map_err(|e| SignInError::Recheck(e.to_string()))?
+                    .request_async(&self.http)
+                    .await
+                    .map_err(|e| SignInError::Recheck(error_chain(&e)))?;
+                info.additional_claims().rest.clone()
+            }
+        };
+        next.checked_at = self.clock.now_ms();
+        let now = Person {
+            roles: self.roles(&claims),
+            tenant: self.tenant(&claims),
+            ..person.clone()
+        };
+        Ok((now, next))
+    }
+
+    /// Verifies a back-channel logout token (see the module invariants) and names whom it
+    /// signs out.
+    pub async fn logout_token(&self, token: &str) -> Result<LogoutSubject, SignInError> {
+        let refused = |why: &str| SignInError::LogoutToken(why.to_string());
+        let parsed: ParsedIdToken = token.parse().map_err(|_| refused("not a signed JWT"))?;
+        let found = self.provider().await?;
+        let jose_types = ["logout+jwt", "JWT"]
+            .into_iter()
+            .filter_map(|t| JsonWebTokenType::new(t.to_string()).normalize().ok());
+        let verifier = self
+            .verifier(&found.client)
+            .set_allowed_jose_types(jose_types);
+        let no_nonce = |n: Option<&Nonce>| match n {
+            None => Ok(()),
+            Some(_) => Err("a logout token carries no nonce".to_string()),
+        };
+        let claims = parsed
+            .claims(&verifier, no_nonce)
+            .map_err(|e| SignInError::LogoutToken(e.to_string()))?;
         let extra = &claims.additional_claims().rest;
-        let name = claims
-            .name()
-            .and_then(|n| n.get(None))
-            .map(|n| n.as_str().to_string())
-            .or_else(|| claims.preferred_username().map(|u| u.as_str().to_string()))
-            .unwrap_or_else(|| claims.subject().as_str().to_string());
-        Ok(Person {
+        let has_event = extra
+            .get("events")
+            .and_then(serde_json::Value::as_object)
+            .is_some_and(|events| events.contains_key(BACKCHANNEL_EVENT));
+        if !has_event {
+            return Err(refused("it does not carry the back-channel logout event"));
+        }
+        let sub = Some(claims.subject().as_str().to_string()).filter(|s| !s.is_empty());
+        let sid = extra
+            .get("sid")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string);
+        if sub.is_none() && sid.is_none() {
+            return Err(refused("it names neither a subject nor a session"));
+        }
+        Ok(LogoutSubject {
             iss: claims.issuer().as_str().to_string(),
-            sub: claims.subject().as_str().to_string(),
-            name,
-            email: claims.email().map(|e| e.as_str().to_string()),
-            roles: map_roles(extra.get(&self.config.role_claim), &self.config.role_map),
-            tenant: extra
-                .get(&self.config.tenant_claim)
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_string),
-            auth_time: authenticated_at(claims.auth_time(), self.clock.now_ms()),
-            // Every request asks for `auth_time` (max_age); a provider that leaves it out
-            // never makes a sign-in count as fresh for a step-up.
-            auth_time_unknown: claims.auth_time().is_none(),
+            sub,
+            sid,
         })
     }
+
+    /// Where to send the browser to end its session at the provider (RP-initiated logout),
+    /// when the provider advertises an `end_session_endpoint`; the provider sends it back to
+    /// `post_logout` afterwards.
+    pub async fn end_session_url(&self, id_token: &str, post_logout: &str) -> Option<String> {
+        let found = self.provider().await.ok()?;
+        let endpoint = found.end_session.clone()?;
+        let mut request = LogoutRequest::from(endpoint)
+            .set_client_id(ClientId::new(self.config.client_id.clone()));
+        if let Ok(hint) = id_token.parse::<ParsedIdToken>() {
+            request = request.set_id_token_hint(&hint);
+        }
+        if let Ok(back) = PostLogoutRedirectUrl::new(post_logout.to_string()) {
+            request = request.set_post_logout_redirect_uri(back);
+        }
+        Some(request.http_get_url().to_string())
+    }
+}
+
+fn display_name(claims: &Claims) -> String {
+    claims
+        .name()
+        .and_then(|n| n.get(None))
+        .map(|n| n.as_str().to_string())
+        .or_else(|| claims.preferred_username().map(|u| u.as_str().to_string()))
+        .unwrap_or_else(|| claims.subject().as_str().to_string())
 }
 
 /// When the provider authenticated the person: the ID token's `auth_time`, never later than

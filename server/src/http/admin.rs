@@ -775,7 +775,18 @@ pub async fn end_sessions(
         return back(None, Some("scope"));
     };
     let by = format!("person:{}", identity(&admin.0));
-    match crate::auth::end_sessions(&state.store, iss, sub, Some(tenant), &by).await {
+    match crate::auth::sessions::end_sessions(
+        &state.store,
+        &crate::auth::sessions::Which {
+            iss,
+            sub: Some(sub),
+            tenant: Some(tenant),
+            sid: None,
+        },
+        &by,
+    )
+    .await
+    {
         Ok(n) => {
             tracing::info!(%by, person = %format!("{iss}#{sub}"), sessions = n, "sessions ended");
             back(Some("sessions_ended"), None)

@@ -108,6 +108,42 @@ impl Provider {
         assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     }
 
+    /// Changes (or deletes) a user at the provider.
+    async fn user(&self, change: Value) {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/__test__/user", self.main))
+            .json(&change)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    }
+
+    /// The provider sends Countersign a back-channel logout for `user` now.
+    async fn backchannel(&self, user: &str) -> (StatusCode, String) {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/__test__/backchannel", self.main))
+            .json(&json!({ "user": user }))
+            .send()
+            .await
+            .unwrap();
+        (resp.status(), resp.text().await.unwrap())
+    }
+
+    /// A logout token `issuer` signs as asked, not sent.
+    async fn logout_token(&self, issuer: &str, ask: Value) -> String {
+        let resp: Value = reqwest::Client::new()
+            .post(format!("{issuer}/__test__/logout-token"))
+            .json(&ask)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        resp["logout_token"].as_str().unwrap().to_string()
+    }
+
     async fn tamper(&self, mode: Value) {
         let resp = reqwest::Client::new()
             .post(format!("{}/__test__/tamper", self.main))
@@ -376,16 +412,34 @@ async fn oidc_sign_in_maps_roles_rotates_the_session_and_logout_deletes_it() {
             query_param(&url, "code_challenge_method").as_deref(),
             Some("S256")
         );
-        let pending_cookie = browser
-            .cookie(&app, "countersign")
-            .expect("pending session");
+        // Starting a sign-in writes no session row: the browser carries it in a cookie.
+        assert!(browser.cookie(&app, "countersign").is_none());
+        assert!(browser.cookie(&app, "countersign-signin").is_some());
+        assert!(app.store.sessions_all().await.unwrap().is_empty());
+        for _ in 0..20 {
+            Browser::new().get(&app.url("/auth/login")).await;
+        }
+        assert!(
+            app.store.sessions_all().await.unwrap().is_empty(),
+            "anonymous sign-in starts write nothing"
+        );
+        // A session planted before sign-in is replaced (no fixation).
+        let planted = "AAAAAAAAAAAAAAAAAAAAAA";
+        browser.jar.add_cookie_str(
+            &format!("countersign={planted}; Path=/"),
+            &reqwest::Url::parse(&app.url("/")).unwrap(),
+        );
         let callback = authorize(&browser, &url, "ana", &app.url("/auth/callback")).await;
         let resp = browser.get(&callback).await;
         assert_eq!(resp.status(), StatusCode::SEE_OTHER);
         assert_eq!(location(&resp), "/inbox");
         let session = browser.cookie(&app, "countersign").expect("session");
-        assert_ne!(session, pending_cookie, "the session id changes at sign-in");
-        assert!(!app.store.session_exists(&pending_cookie).await.unwrap());
+        assert_ne!(session, planted, "the session id is the server's own");
+        assert!(
+            browser.cookie(&app, "countersign-signin").is_none(),
+            "the sign-in cookie is used up"
+        );
+        assert_eq!(app.store.sessions_all().await.unwrap().len(), 1);
 
         let me = browser.me(&app).await.expect("signed in");
         assert_eq!(me["iss"], provider.main.as_str());
@@ -514,6 +568,16 @@ async fn oidc_refuses_bad_responses_and_tokens_with_a_clear_page_and_no_session(
         let callback = authorize(&b, &url, "ana", &redirect).await;
         let mixed = with_param(&callback, "iss", &provider.other);
         assert_refused(b.get(&mixed).await, "another issuer").await;
+        assert!(b.me(&app).await.is_none());
+
+        // A token issued to another client (`azp`), signed by the provider.
+        let b = Browser::new();
+        let url = begin(&b, &app).await;
+        let callback = authorize(&b, &url, "ana", &redirect).await;
+        provider
+            .tamper(json!({ "mode": "claims", "set": { "azp": "other-client" } }))
+            .await;
+        assert_refused(b.get(&callback).await, "issued to another client").await;
         assert!(b.me(&app).await.is_none());
 
         // Unsigned token (alg none) with otherwise valid claims.
@@ -1329,5 +1393,266 @@ async fn oidc_sign_in_survives_the_provider_rotating_its_signing_key() {
     let status = resp.status();
     assert_eq!(status, StatusCode::SEE_OTHER, "{:?}", resp.text().await);
     assert!(pat.me(&app).await.is_some());
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// OIDC: what the provider says after sign-in counts.
+
+/// A payment of the finance example waiting at its gate; returns the step id.
+async fn waiting_payment(app: &TestApp) -> String {
+    let (_, fin) = crate::mcp::agent(app, "fin-1", "worker.finance").await;
+    let mut agent = crate::mcp::Client::new(app, &fin);
+    agent.connect().await;
+    let reply = agent
+        .call(
+            "payment.schedule",
+            crate::mcp::payment_for("INV-20260611", json!(4180.00)),
+        )
+        .await;
+    reply["result"]["structuredContent"]["step_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_roles_are_re_checked_with_the_provider_and_a_removed_group_refuses_the_next_decision()
+{
+    let registry = crate::helpers::example("finance");
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some((app, provider)) =
+            oidc_app_with(backend, &[("COUNTERSIGN_REGISTRY", registry.as_str())]).await
+        else {
+            continue;
+        };
+        let step = waiting_payment(&app).await;
+        // Ana and Aud sign in (the provider issues refresh tokens); Max's sign-in comes
+        // without one, so his re-check asks the userinfo endpoint.
+        let (ana, max, aud) = (Browser::new(), Browser::new(), Browser::new());
+        for (b, user) in [(&ana, "ana"), (&aud, "aud")] {
+            assert_eq!(sign_in(b, &app, user).await.status(), StatusCode::SEE_OTHER);
+        }
+        let url = begin(&max, &app).await;
+        let callback = authorize(&max, &url, "max", &app.url("/auth/callback")).await;
+        provider.tamper(json!({"mode": "drop_refresh_token"})).await;
+        let resp = max.get(&callback).await;
+        assert_eq!(
+            resp.status(),
+            StatusCode::SEE_OTHER,
+            "{:?}",
+            resp.text().await
+        );
+        // Six minutes on, the re-checks confirm everyone's roles.
+        app.clock.advance(chrono::Duration::minutes(6));
+        assert_eq!(ana.me(&app).await.unwrap()["roles"], json!(["approver"]));
+        assert_eq!(max.me(&app).await.unwrap()["roles"], json!(["manager"]));
+        assert_eq!(aud.me(&app).await.unwrap()["roles"], json!(["auditor"]));
+        // At the provider: Ana leaves ap-clerks, Max leaves managers, Aud's account goes.
+        provider
+            .user(json!({"user": "ana", "groups": ["staff"]}))
+            .await;
+        provider.user(json!({"user": "max", "groups": []})).await;
+        provider.user(json!({"user": "aud", "delete": true})).await;
+        app.clock.advance(chrono::Duration::minutes(6));
+        // Within the re-check interval Ana's next decision is refused; the gate still waits.
+        let resp = ana
+            .client
+            .post(app.url(&format!("/api/steps/{step}/decision")))
+            .header("origin", format!("http://{}", app.addr))
+            .json(&json!({"verdict": "approved", "reason": "matches the PO"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        assert!(resp.text().await.unwrap().contains("no Countersign role"));
+        assert_eq!(ana.me(&app).await.unwrap()["roles"], json!([]));
+        let waiting = app.store.get_step(&step).await.unwrap();
+        assert_eq!(waiting.status, countersign_core::StepStatus::NeedsApproval);
+        // The userinfo endpoint says the same of Max.
+        assert_eq!(max.me(&app).await.unwrap()["roles"], json!([]));
+        // An account the provider no longer knows: the re-check fails, the session ends.
+        assert!(aud.me(&app).await.is_none(), "signed out");
+        app.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_back_channel_logout_ends_the_persons_sessions_and_refuses_forged_tokens() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some((app, provider)) = oidc_app(backend).await else {
+            continue;
+        };
+        let (ana, ana_too, max) = (Browser::new(), Browser::new(), Browser::new());
+        for (b, user) in [(&ana, "ana"), (&ana_too, "ana"), (&max, "max")] {
+            assert_eq!(sign_in(b, &app, user).await.status(), StatusCode::SEE_OTHER);
+        }
+        let post = |token: String| {
+            reqwest::Client::new()
+                .post(app.url("/auth/backchannel-logout"))
+                .form(&[("logout_token", token)])
+                .send()
+        };
+        let genuine = provider
+            .logout_token(&provider.main, json!({"user": "ana"}))
+            .await;
+        // One signature character changed mid-way (the last one may carry only padding bits).
+        let mut forged_signature = genuine.clone().into_bytes();
+        let at = genuine.rfind('.').unwrap() + 20;
+        forged_signature[at] = if forged_signature[at] == b'A' {
+            b'B'
+        } else {
+            b'A'
+        };
+        let forged_signature = String::from_utf8(forged_signature).unwrap();
+        let redirect = app.url("/auth/callback");
+        let refused = [
+            (
+                "another issuer",
+                provider
+                    .logout_token(&provider.other, json!({"user": "ana"}))
+                    .await,
+            ),
+            (
+                "a nonce",
+                provider
+                    .logout_token(&provider.main, json!({"user": "ana", "nonce": "n-1"}))
+                    .await,
+            ),
+            (
+                "no logout event",
+                provider
+                    .logout_token(&provider.main, json!({"user": "ana", "events": false}))
+                    .await,
+            ),
+            (
+                "an ID token",
+                direct_id_token(&provider.main, CLIENT_ID, "n-2", &redirect).await,
+            ),
+            ("a broken signature", forged_signature),
+            ("not a JWT", "not-a-token".to_string()),
+        ];
+        for (why, token) in refused {
+            let resp = post(token).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{why}");
+            assert_eq!(resp.headers()["cache-control"], "no-store", "{why}");
+        }
+        for b in [&ana, &ana_too, &max] {
+            assert!(b.me(&app).await.is_some(), "a refused token ends nothing");
+        }
+        // The provider signs Ana out over the back channel: both her sessions end.
+        let (status, body) = provider.backchannel("ana").await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+        assert!(ana.me(&app).await.is_none());
+        assert!(ana_too.me(&app).await.is_none());
+        assert!(max.me(&app).await.is_some(), "Max is someone else");
+        let ended: Vec<Value> = app
+            .store
+            .audit_records(1, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.rule.as_deref() == Some("sessions.ended"))
+            .map(|r| serde_json::from_str::<Value>(&r.record).unwrap())
+            .collect();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        assert_eq!(ended[0]["detail"]["ended"], 2);
+        assert!(
+            ended[0]["actor"]
+                .as_str()
+                .unwrap()
+                .contains("back-channel logout"),
+            "{ended:?}"
+        );
+        app.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_sign_out_ends_the_providers_session_and_the_sessions_sharing_it() {
+    let Some((app, provider)) = oidc_app(Backend::Sqlite).await else {
+        return;
+    };
+    let callback = app.url("/auth/callback");
+    let b = Browser::new();
+    assert_eq!(
+        sign_in(&b, &app, "ana").await.status(),
+        StatusCode::SEE_OTHER
+    );
+    // A second browser holding the same provider session (its cookies copied) signs in
+    // silently: a second Countersign session of the same provider session (`sid`).
+    let twin = Browser::new();
+    let idp = reqwest::Url::parse(&provider.main).unwrap();
+    let cookies = b.jar.cookies(&idp).unwrap();
+    // (Cookies ignore ports: the jar holds Countersign's own cookies for 127.0.0.1 too.)
+    for kv in cookies.to_str().unwrap().split("; ") {
+        if !kv.starts_with("countersign") {
+            twin.jar.add_cookie_str(&format!("{kv}; Path=/"), &idp);
+        }
+    }
+    let (back, interacted) =
+        authorize_seen(&twin, &begin(&twin, &app).await, "ana", &callback).await;
+    assert!(!interacted);
+    assert_eq!(twin.get(&back).await.status(), StatusCode::SEE_OTHER);
+    assert!(twin.me(&app).await.is_some());
+
+    // Sign-out sends the browser to the provider's end-session endpoint.
+    let resp = b.post_form(&app, "/auth/logout", &[]).await;
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    let end = location(&resp);
+    assert!(end.starts_with(&provider.main), "{end}");
+    assert!(query_param(&end, "id_token_hint").is_some(), "{end}");
+    assert_eq!(
+        query_param(&end, "post_logout_redirect_uri").as_deref(),
+        Some(app.url("/auth/signed-out").as_str())
+    );
+    assert!(
+        b.me(&app).await.is_none(),
+        "Countersign's session ended first"
+    );
+    // The provider asks; the person confirms.
+    let page = b.get(&end).await;
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.unwrap();
+    let field = |name: &str| {
+        let at = html
+            .find(&format!("{name}=\""))
+            .unwrap_or_else(|| panic!("{html}"));
+        let rest = &html[at + name.len() + 2..];
+        rest[..rest.find('"').unwrap()].to_string()
+    };
+    let action = field("action");
+    let xsrf = {
+        let needle = "name=\"xsrf\" value=\"";
+        let at = html.find(needle).unwrap_or_else(|| panic!("{html}"));
+        let rest = &html[at + needle.len()..];
+        rest[..rest.find('"').unwrap()].to_string()
+    };
+    let action = if action.starts_with('/') {
+        format!("{}{action}", provider.main)
+    } else {
+        action
+    };
+    let resp = b
+        .client
+        .post(&action)
+        .form(&[("xsrf", xsrf.as_str()), ("logout", "yes")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    assert!(location(&resp).starts_with(&app.url("/auth/signed-out")));
+    // The provider told Countersign over the back channel: the twin's session ended too.
+    assert!(twin.me(&app).await.is_none());
+    // Signing in again means authenticating again.
+    let (back, interacted) = authorize_seen(&b, &begin(&b, &app).await, "ana", &callback).await;
+    assert!(interacted, "the provider asked her to authenticate");
+    let resp = b.get(&back).await;
+    assert_eq!(
+        resp.status(),
+        StatusCode::SEE_OTHER,
+        "{:?}",
+        resp.text().await
+    );
     app.stop().await;
 }
