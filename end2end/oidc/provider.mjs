@@ -22,12 +22,12 @@
 // (for another client, or from the other issuer), re-signed without `auth_time` or with
 // claims changed; or leaves out the refresh token. This is how a misbehaving or compromised
 // token endpoint is simulated; everything else is the provider as shipped.
-// POST /__test__/user {"user":"ana","groups":[...]} changes a user's groups at the provider
-// ({"user":"ana","delete":true} removes the account); POST /__test__/backchannel
+// POST /__test__/user {"user":"ana","set":{"groups":[...]}} changes a user's claims at the
+// provider ({"user":"ana","delete":true} removes the account); POST /__test__/backchannel
 // {"user":"ana"} sends Countersign a back-channel logout for that user now, as the provider
 // does when an administrator signs someone out. On both issuers, POST
-// /__test__/logout-token {"user":"ana","sid":...,"nonce":...,"events":false} returns a logout
-// token the issuer signed (with the given changes) without sending it.
+// /__test__/logout-token {"user":"ana","sid":...,"nonce":...,"events":false,"client":...}
+// returns a logout token the issuer signed (with the given changes) without sending it.
 
 import http from 'node:http';
 import { createPrivateKey, generateKeyPairSync, sign } from 'node:crypto';
@@ -181,7 +181,7 @@ function serve({ server, issuer }, redirectUri, withHooks) {
       if (withHooks && url.pathname === '/__test__/user' && req.method === 'POST') {
         const change = JSON.parse(await readBody(req));
         if (change.delete) delete USERS[change.user];
-        else USERS[change.user] = { ...USERS[change.user], groups: change.groups };
+        else USERS[change.user] = { ...USERS[change.user], ...change.set };
         res.writeHead(204).end();
         return;
       }
@@ -194,7 +194,7 @@ function serve({ server, issuer }, redirectUri, withHooks) {
       }
       if (url.pathname === '/__test__/logout-token' && req.method === 'POST') {
         const ask = JSON.parse(await readBody(req));
-        const client = await provider.Client.find('countersign');
+        const client = await provider.Client.find(ask.client ?? 'countersign');
         const token = new provider.IdToken({ sub: ask.user }, { client, ctx: undefined });
         token.mask = { sub: null };
         if (ask.events !== false) {

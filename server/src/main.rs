@@ -366,6 +366,7 @@ fn main() -> ExitCode {
                     sub: Some(sub),
                     tenant: tenant.as_deref(),
                     sid: None,
+                    signed_in_by: None,
                 };
                 let n = countersign::auth::sessions::end_sessions(&store, &which, &who)
                     .await

@@ -8,7 +8,9 @@
 //!   out" asks the provider to authenticate the person again.
 //! * `POST /auth/backchannel-logout` needs no session and no `Origin` (the provider calls
 //!   it server to server): the signed logout token is its only credential
-//!   ([`super::oidc::Oidc::logout_token`]). A refused token ends nothing and answers 400.
+//!   ([`super::oidc::Oidc::logout_token`]). A refused token ends nothing and answers 400;
+//!   a provider whose keys cannot be fetched gets 503 (it retries). A token ends only the
+//!   sessions signed in by a minute after its `iat`: replayed later, it ends none begun since.
 
 use axum::Form;
 use axum::extract::State;
@@ -17,7 +19,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use tower_sessions::Session;
 
-use super::oidc::IdpSession;
+use super::oidc::{IdpSession, SignInError};
 use super::pages::page;
 use super::sessions::{Which, end_sessions};
 use super::{IDP, Mode};
@@ -25,6 +27,9 @@ use crate::AppState;
 
 /// Where the provider sends the browser back after an RP-initiated logout.
 pub const SIGNED_OUT_PATH: &str = "/auth/signed-out";
+/// How much later than a logout token's `iat` a session may have been signed in and still be
+/// ended by it (clock differences); a session signed in later is not (a replay).
+pub const LOGOUT_SKEW_MS: i64 = 60 * 1000;
 /// The back-channel logout endpoint (register it at the provider).
 pub const BACKCHANNEL_PATH: &str = "/auth/backchannel-logout";
 
@@ -76,6 +81,12 @@ pub(super) async fn backchannel(
     };
     let subject = match oidc.logout_token(&token).await {
         Ok(subject) => subject,
+        // The provider could not be asked for its keys: not the token's fault, and the
+        // provider retries a 5xx.
+        Err(e @ SignInError::Discovery(_)) => {
+            tracing::error!(error = %e, "back-channel logout: the provider's keys are unavailable");
+            return no_store(StatusCode::SERVICE_UNAVAILABLE.into_response());
+        }
         Err(e) => {
             tracing::warn!(error = %e, "back-channel logout refused");
             return refused(&e.public());
@@ -86,6 +97,8 @@ pub(super) async fn backchannel(
         sub: subject.sub.as_deref(),
         tenant: None,
         sid: subject.sid.as_deref(),
+        // A minute for the provider's clock and ours (and `iat`'s whole seconds) to differ.
+        signed_in_by: Some(subject.issued_at + LOGOUT_SKEW_MS),
     };
     let by = format!("{} (back-channel logout)", subject.iss);
     match end_sessions(&state.store, &which, &by).await {

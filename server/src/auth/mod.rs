@@ -19,8 +19,9 @@
 //!   `/pkg/*` and static files) needs a live session: pages redirect to sign-in, anything
 //!   else gets 401. A person without a role gets 403 and no data.
 //! * Every state-changing request (POST, PUT, PATCH, DELETE, …) except to `/mcp` (which has
-//!   its own guard) must carry an `Origin`, or failing that a `Referer`, whose origin equals
-//!   `public_url`'s; otherwise 403.
+//!   its own guard) and to the back-channel logout endpoint (whose signed logout token is its
+//!   credential, [`logout`]) must carry an `Origin`, or failing that a `Referer`, whose origin
+//!   equals `public_url`'s; otherwise 403.
 
 mod demo;
 pub mod logout;
@@ -30,7 +31,9 @@ pub mod pending;
 pub mod sessions;
 pub mod store;
 
+use std::collections::HashMap;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{FromRequestParts, Query, State};
@@ -49,7 +52,7 @@ use crate::config::Config;
 pub use countersign_app::DemoSignIn;
 use oidc::{IdpSession, Oidc};
 use pages::page;
-use pending::PendingLogin;
+use pending::{PendingLogin, constant_time_eq};
 use store::{DbSessionStore, EXPIRES_AT};
 
 const PERSON: &str = "person";
@@ -81,6 +84,8 @@ pub struct Auth {
     max_ms: i64,
     recheck_ms: i64,
     cookie_secure: bool,
+    /// One re-check at a time per session on this server (see [`Auth::recheck`]).
+    rechecks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// The sign-in mode `config` allows: OIDC if an issuer is set; otherwise the demo sign-in
@@ -141,6 +146,7 @@ impl Auth {
                 .as_ref()
                 .map_or(i64::MAX, |o| i64::from(o.recheck_minutes) * 60 * 1000),
             cookie_secure: cookie_secure(&config.public_url),
+            rechecks: std::sync::Mutex::default(),
             store,
         })
     }
@@ -203,7 +209,59 @@ impl Auth {
         if now.saturating_sub(idp.checked_at) < self.recheck_ms {
             return Some(person);
         }
-        let (current, idp) = match oidc.recheck(&idp, &person).await {
+        // One re-check at a time per session: pages ask in parallel, and a provider that
+        // rotates refresh tokens refuses the second use of one. The one that waited takes
+        // what the first stored.
+        let id = session.id().map(|id| id.to_string()).unwrap_or_default();
+        let lock = self.recheck_lock(&id);
+        let _turn = lock.lock().await;
+        if let Some((stored, stored_idp)) = self.stored(&id).await
+            && stored_idp.checked_at > idp.checked_at
+        {
+            self.release_lock(&id, &lock);
+            let adopted = async {
+                session.insert(PERSON, &stored).await?;
+                session.insert(IDP, &stored_idp).await
+            }
+            .await;
+            return adopted.is_ok().then_some(stored);
+        }
+        let rechecked = self.rechecked(oidc, session, person, &idp).await;
+        self.release_lock(&id, &lock);
+        rechecked
+    }
+
+    fn recheck_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.rechecks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(id.to_string()).or_default().clone()
+    }
+
+    fn release_lock(&self, id: &str, lock: &Arc<tokio::sync::Mutex<()>>) {
+        let mut locks = self.rechecks.lock().unwrap_or_else(|p| p.into_inner());
+        // Nobody else holds or waits for it (the map's and this caller's references).
+        if Arc::strong_count(lock) <= 2 {
+            locks.remove(id);
+        }
+    }
+
+    /// The person and provider tokens as the session's row holds them now.
+    async fn stored(&self, id: &str) -> Option<(Person, IdpSession)> {
+        let bytes = self.store.session_load(id).await.ok().flatten()?;
+        let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        let person = serde_json::from_value(value.get(PERSON)?.clone()).ok()?;
+        let idp = serde_json::from_value(value.get(IDP)?.clone()).ok()?;
+        Some((person, idp))
+    }
+
+    /// Asks the provider and applies its answer to the session (see [`Auth::recheck`]).
+    async fn rechecked(
+        &self,
+        oidc: &Oidc,
+        session: &Session,
+        person: Person,
+        idp: &IdpSession,
+    ) -> Option<Person> {
+        let (current, idp) = match oidc.recheck(idp, &person).await {
             Ok(found) => found,
             Err(e) => {
                 tracing::warn!(iss = %person.iss, sub = %person.sub, error = %e, "re-check with the identity provider failed; session ended");
@@ -639,10 +697,6 @@ const PROVIDER_ERRORS: [&str; 12] = [
     "consent_required",
     "invalid_request_uri",
 ];
-
-pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 /// The signed-in person as JSON (401 when signed out).
 async fn me(State(state): State<AppState>, session: Session) -> Response {

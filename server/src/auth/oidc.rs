@@ -25,9 +25,13 @@
 //!   be the person's). Anything the provider refuses or cannot answer is an error, and the
 //!   caller ends the session.
 //! * A back-channel logout token ([`Oidc::logout_token`]) is accepted only if it verifies
-//!   like an ID token (keys, algorithms, `iss`, `aud`, `exp`) with `typ` `logout+jwt` or
-//!   `JWT`, carries the back-channel logout event, names the person (`sub`; `sid` narrows it
-//!   to one provider session), and has no `nonce` (which tells it apart from an ID token).
+//!   like an ID token (keys, algorithms, `iss`, `aud`, `exp`; `typ`, when present,
+//!   `logout+jwt` or `JWT`), carries the back-channel logout event, names the person (`sub`,
+//!   which this reader requires; `sid` narrows it to one provider session), has no `nonce`
+//!   (which tells it apart from an ID token), and was not issued in the future. A token signed
+//!   by a key the provider had not published makes it fetch the keys again at most once a
+//!   minute (the endpoint is unauthenticated: a forged token must not make it call out each
+//!   time); a bad signature by a known key is refused outright.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -112,6 +116,11 @@ type ParsedIdToken = IdToken<
 >;
 type Claims = IdTokenClaims<ExtraClaims, CoreGenderClaim>;
 
+/// How far in the future (by this server's clock) a logout token's `iat` may lie.
+const LOGOUT_IAT_SKEW_MS: i64 = 5 * 60 * 1000;
+/// How often a logout token with an unknown signing key may make it fetch the keys again.
+const LOGOUT_REFETCH_EVERY: Duration = Duration::from_secs(60);
+
 /// The event a back-channel logout token must carry (OpenID Connect Back-Channel Logout 1.0
 /// §2.4).
 const BACKCHANNEL_EVENT: &str = "http://schemas.openid.net/event/backchannel-logout";
@@ -130,6 +139,8 @@ pub struct IdpSession {
     pub sid: Option<String>,
     /// When the person's roles and tenant were last derived from the provider (ms).
     pub checked_at: i64,
+    /// When this session was signed in (ms, the server's clock).
+    pub signed_in_at: i64,
 }
 
 impl std::fmt::Debug for IdpSession {
@@ -150,12 +161,16 @@ pub struct LogoutSubject {
     pub sub: Option<String>,
     /// The provider session, when named.
     pub sid: Option<String>,
+    /// When the provider issued the token (ms).
+    pub issued_at: i64,
 }
 
 /// The provider as discovered: the client and what RP-initiated logout needs.
 struct Discovered {
     client: OidcClient,
     end_session: Option<EndSessionUrl>,
+    /// The ids of the signing keys the provider published.
+    kids: std::collections::BTreeSet<String>,
 }
 
 /// Why a sign-in was refused. `Display` is shown to the person.
@@ -217,6 +232,8 @@ pub struct Oidc {
     redirect: RedirectUrl,
     http: openidconnect::reqwest::Client,
     discovered: Mutex<Option<Arc<Discovered>>>,
+    /// When a logout token last made it fetch the provider's keys again.
+    logout_rediscovered: Mutex<Option<std::time::Instant>>,
     clock: Arc<dyn Clock>,
     max_age: Duration,
 }
@@ -251,6 +268,7 @@ impl Oidc {
             redirect,
             http,
             discovered: Mutex::new(None),
+            logout_rediscovered: Mutex::new(None),
             clock,
             max_age,
         })
@@ -285,6 +303,12 @@ impl Oidc {
             .await
             .map_err(|e| SignInError::Discovery(error_chain(&e)))?;
         let end_session = metadata.additional_metadata().end_session_endpoint.clone();
+        let kids = metadata
+            .jwks()
+            .keys()
+            .iter()
+            .filter_map(|k| openidconnect::JsonWebKey::key_id(k).map(|id| id.as_str().to_string()))
+            .collect();
         let client = OidcClient::from_provider_metadata(
             metadata,
             ClientId::new(self.config.client_id.clone()),
@@ -296,6 +320,7 @@ impl Oidc {
         let found = Arc::new(Discovered {
             client,
             end_session,
+            kids,
         });
         *cached = Some(found.clone());
         Ok(found)
@@ -364,7 +389,10 @@ impl Oidc {
         let claims = self
             .verified(id_token, found, |n: Option<&Nonce>| {
                 if n.is_some_and(|n| {
-                    super::constant_time_eq(n.secret().as_bytes(), nonce.secret().as_bytes())
+                    super::pending::constant_time_eq(
+                        n.secret().as_bytes(),
+                        nonce.secret().as_bytes(),
+                    )
                 }) {
                     Ok(())
                 } else {
@@ -396,6 +424,7 @@ impl Oidc {
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_string),
             checked_at: now,
+            signed_in_at: now,
         };
         Ok((person, idp))
     }
@@ -523,21 +552,32 @@ impl Oidc {
     /// signs out.
     pub async fn logout_token(&self, token: &str) -> Result<LogoutSubject, SignInError> {
         let refused = |why: &str| SignInError::LogoutToken(why.to_string());
-        let parsed: ParsedIdToken = token.parse().map_err(|_| refused("not a signed JWT"))?;
+        let parsed: ParsedIdToken = token
+            .parse()
+            .map_err(|_| refused("not a signed JWT naming its subject"))?;
         let found = self.provider().await?;
-        let jose_types = ["logout+jwt", "JWT"]
-            .into_iter()
-            .filter_map(|t| JsonWebTokenType::new(t.to_string()).normalize().ok());
-        let verifier = self
-            .verifier(&found.client)
-            .set_allowed_jose_types(jose_types);
-        let no_nonce = |n: Option<&Nonce>| match n {
-            None => Ok(()),
-            Some(_) => Err("a logout token carries no nonce".to_string()),
-        };
-        let claims = parsed
-            .claims(&verifier, no_nonce)
-            .map_err(|e| SignInError::LogoutToken(e.to_string()))?;
+        let claims = match self.logout_claims(&parsed, &found) {
+            // Signed by a key the provider did not publish when it was last asked: it may have
+            // rotated its keys. Ask again, at most once a minute; until then the provider is
+            // told to retry (503), a forged token's unknown key costs nothing more.
+            Err(ClaimsVerificationError::SignatureVerification(_))
+                if !header_kid(token).is_some_and(|kid| found.kids.contains(&kid)) =>
+            {
+                if !self.may_refetch().await {
+                    return Err(SignInError::Discovery(
+                        "a logout token's signing key is not among the provider's keys yet".into(),
+                    ));
+                }
+                let fresh = self.rediscover().await?;
+                self.logout_claims(&parsed, &fresh)
+            }
+            other => other,
+        }
+        .map_err(|e| SignInError::LogoutToken(e.to_string()))?;
+        let issued_at = claims.issue_time().timestamp_millis();
+        if issued_at > self.clock.now_ms() + LOGOUT_IAT_SKEW_MS {
+            return Err(refused("it was issued in the future"));
+        }
         let extra = &claims.additional_claims().rest;
         let has_event = extra
             .get("events")
@@ -558,7 +598,37 @@ impl Oidc {
             iss: claims.issuer().as_str().to_string(),
             sub,
             sid,
+            issued_at,
         })
+    }
+
+    fn logout_claims(
+        &self,
+        token: &ParsedIdToken,
+        found: &Discovered,
+    ) -> Result<Claims, ClaimsVerificationError> {
+        let jose_types = ["logout+jwt", "JWT"]
+            .into_iter()
+            .filter_map(|t| JsonWebTokenType::new(t.to_string()).normalize().ok());
+        let verifier = self
+            .verifier(&found.client)
+            .set_allowed_jose_types(jose_types);
+        let no_nonce = |n: Option<&Nonce>| match n {
+            None => Ok(()),
+            Some(_) => Err("a logout token carries no nonce".to_string()),
+        };
+        token.claims(&verifier, no_nonce).cloned()
+    }
+
+    /// Whether a logout token may make it fetch the provider's keys again now (at most once
+    /// a minute), and if so, marks that it did.
+    async fn may_refetch(&self) -> bool {
+        let mut last = self.logout_rediscovered.lock().await;
+        let due = last.is_none_or(|at| at.elapsed() >= LOGOUT_REFETCH_EVERY);
+        if due {
+            *last = Some(std::time::Instant::now());
+        }
+        due
     }
 
     /// Where to send the browser to end its session at the provider (RP-initiated logout),
@@ -577,6 +647,17 @@ impl Oidc {
         }
         Some(request.http_get_url().to_string())
     }
+}
+
+/// The `kid` of a compact JWT's JOSE header, if it names one.
+fn header_kid(token: &str) -> Option<String> {
+    use base64::Engine as _;
+    let header = token.split('.').next()?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(header)
+        .ok()?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    value.get("kid")?.as_str().map(str::to_string)
 }
 
 fn display_name(claims: &Claims) -> String {

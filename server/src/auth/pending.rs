@@ -3,24 +3,28 @@
 //!
 //! Invariants:
 //! * The cookie holds a 256-bit random seed, when the sign-in started and where to go after
-//!   it. `state`, `nonce` and the PKCE verifier are derived from the seed under distinct
+//!   it. `state`, `nonce` and the PKCE verifier are derived from all three under distinct
 //!   labels (SHA-256), so the URL sent to the provider (state, nonce, challenge) reveals
-//!   nothing that yields the verifier or the seed.
+//!   nothing that yields the verifier or the seed, and a cookie whose start or destination
+//!   was changed no longer matches the `state` the provider returns.
 //! * The cookie is `HttpOnly`, `SameSite=Lax` (the provider's redirect back is a top-level
 //!   GET), `Path=/`, `Secure` with the `__Host-` prefix on the same terms as the session
 //!   cookie, and lives [`PENDING_TTL_MS`] by the injected clock; an older one is refused.
 //! * The callback clears it whatever happens next (single use); the provider refuses a
 //!   code exchanged twice.
-//! * `next` is re-checked as a local path when used; nothing in the cookie grants access.
+//! * `next` is at most [`MAX_NEXT`] bytes (else `/`) and re-checked as a local path when used;
+//!   nothing in the cookie grants access.
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use sha2::{Digest, Sha256};
 
 /// How long a sign-in may take between the redirect to the provider and the callback.
 pub const PENDING_TTL_MS: i64 = 10 * 60 * 1000;
+/// The longest `next` a sign-in carries (a cookie over 4 KB would be dropped by browsers).
+pub const MAX_NEXT: usize = 1024;
 
 /// What the browser remembers between the redirect to the provider and the callback.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct PendingLogin {
     /// 256 random bits, base64url; everything secret is derived from it.
     seed: String,
@@ -31,8 +35,14 @@ pub struct PendingLogin {
 }
 
 impl PendingLogin {
-    /// A new sign-in started at `now`, going to `next` afterwards.
+    /// A new sign-in started at `now`, going to `next` afterwards (`/` when longer than
+    /// [`MAX_NEXT`]).
     pub fn new(now: i64, next: String) -> Self {
+        let next = if next.len() > MAX_NEXT {
+            "/".to_string()
+        } else {
+            next
+        };
         Self {
             seed: openidconnect::CsrfToken::new_random_len(32).into_secret(),
             started_at: now,
@@ -46,6 +56,10 @@ impl PendingLogin {
         h.update(label.as_bytes());
         h.update(b"\0");
         h.update(self.seed.as_bytes());
+        h.update(b"\0");
+        h.update(self.started_at.to_string().as_bytes());
+        h.update(b"\0");
+        h.update(self.next.as_bytes());
         hex(&h.finalize())
     }
 
@@ -98,6 +112,20 @@ impl PendingLogin {
             next: next?,
         })
     }
+}
+
+impl std::fmt::Debug for PendingLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingLogin")
+            .field("started_at", &self.started_at)
+            .field("next", &self.next)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `a` and `b` are equal, in time that does not depend on where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -164,6 +192,22 @@ mod tests {
         assert_ne!(a.state(), a.pkce_verifier());
         assert_ne!(a.state(), b.state());
         assert_eq!(a.pkce_verifier().len(), 64);
+        // A cookie whose start or destination was rewritten derives another state.
+        let moved = PendingLogin {
+            started_at: a.started_at + 1,
+            ..a.clone()
+        };
+        assert_ne!(moved.state(), a.state());
+        let elsewhere = PendingLogin {
+            next: "/admin".into(),
+            ..a.clone()
+        };
+        assert_ne!(elsewhere.state(), a.state());
+        assert!(
+            !format!("{a:?}").contains(&a.seed),
+            "the seed is never printed"
+        );
+        assert_eq!(PendingLogin::new(1, "/x".repeat(600)).next, "/");
         let header = set_cookie(&a, true).unwrap();
         let text = header.to_str().unwrap();
         assert!(text.starts_with("__Host-countersign-signin="), "{text}");

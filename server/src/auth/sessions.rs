@@ -28,11 +28,17 @@ pub struct Which<'a> {
     pub tenant: Option<&'a str>,
     /// The provider's session id, when named.
     pub sid: Option<&'a str>,
+    /// Only sessions signed in at or before this instant (ms; a back-channel logout token's
+    /// `iat`: replaying it later ends no session begun since).
+    pub signed_in_by: Option<i64>,
 }
 
 impl Which<'_> {
-    fn matches(&self, person: &Person, sid: Option<&str>) -> bool {
+    fn matches(&self, person: &Person, idp: Option<&IdpSession>) -> bool {
+        let sid = idp.and_then(|i| i.sid.as_deref());
+        let signed_in = idp.map_or(person.auth_time, |i| i.signed_in_at);
         person.iss == self.iss
+            && self.signed_in_by.is_none_or(|by| signed_in <= by)
             && self.sub.is_none_or(|s| person.sub == s)
             && match (self.sid, sid) {
                 (None, _) => true,
@@ -55,9 +61,20 @@ impl Which<'_> {
 }
 
 /// Ends every live session `which` names, as `by`; returns how many ended. `which` must
-/// name a person or a provider session: a bare issuer ends nothing.
+/// name a person or a provider session: a bare issuer ends nothing. A failure part way is
+/// still audited, with the count ended before it.
 pub async fn end_sessions(store: &Store, which: &Which<'_>, by: &str) -> Result<usize, StoreError> {
     let mut ended = 0;
+    let result = delete_matching(store, which, &mut ended).await;
+    audit(store, which, by, ended).await?;
+    result.map(|()| ended)
+}
+
+async fn delete_matching(
+    store: &Store,
+    which: &Which<'_>,
+    ended: &mut usize,
+) -> Result<(), StoreError> {
     if which.sub.is_some() || which.sid.is_some() {
         for (id, data) in store.sessions_all().await? {
             let Ok(value) = serde_json::from_slice::<serde_json::Value>(&data) else {
@@ -70,17 +87,20 @@ pub async fn end_sessions(store: &Store, which: &Which<'_>, by: &str) -> Result<
             else {
                 continue; // nobody's
             };
-            let sid = value
+            let idp = value
                 .get(IDP)
                 .cloned()
-                .and_then(|i| serde_json::from_value::<IdpSession>(i).ok())
-                .and_then(|i| i.sid);
-            if which.matches(&person, sid.as_deref()) {
+                .and_then(|i| serde_json::from_value::<IdpSession>(i).ok());
+            if which.matches(&person, idp.as_ref()) {
                 store.session_delete(&id).await?;
-                ended += 1;
+                *ended += 1;
             }
         }
     }
+    Ok(())
+}
+
+async fn audit(store: &Store, which: &Which<'_>, by: &str, ended: usize) -> Result<(), StoreError> {
     let mut detail = serde_json::Map::new();
     detail.insert("kind".into(), serde_json::json!("sessions_ended"));
     detail.insert("person".into(), serde_json::json!(which.named()));
@@ -97,5 +117,5 @@ pub async fn end_sessions(store: &Store, which: &Which<'_>, by: &str) -> Result<
             detail,
         })
         .await?;
-    Ok(ended)
+    Ok(())
 }

@@ -2,15 +2,16 @@
 //! [`countersign_core::Store`], so expiry follows the injected clock.
 //!
 //! The database expiry of a record is the `expires_at` value (ms) the sign-in code puts in the
-//! session data; a record without one (an anonymous session holding a pending sign-in) lives
-//! [`ANONYMOUS_TTL_MS`]. Expired records are never loaded.
+//! session data; a record without one (none is written before sign-in: a sign-in in progress
+//! lives in a cookie, `super::pending`) lives [`ANONYMOUS_TTL_MS`]. Expired records are never
+//! loaded.
 
 use async_trait::async_trait;
 use countersign_core::Store;
 use tower_sessions::session::{Id, Record};
 use tower_sessions::session_store::{Error, Result, SessionStore};
 
-/// Lifetime of a session that carries no `expires_at` (a sign-in in progress).
+/// Lifetime of a session record that carries no `expires_at`.
 pub const ANONYMOUS_TTL_MS: i64 = 10 * 60 * 1000;
 /// The session data key holding the record's expiry in ms since the epoch.
 pub const EXPIRES_AT: &str = "expires_at";

@@ -782,6 +782,7 @@ pub async fn end_sessions(
             sub: Some(sub),
             tenant: Some(tenant),
             sid: None,
+            signed_in_by: None,
         },
         &by,
     )

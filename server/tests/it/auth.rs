@@ -1429,8 +1429,13 @@ async fn oidc_roles_are_re_checked_with_the_provider_and_a_removed_group_refuses
         let step = waiting_payment(&app).await;
         // Ana and Aud sign in (the provider issues refresh tokens); Max's sign-in comes
         // without one, so his re-check asks the userinfo endpoint.
-        let (ana, max, aud) = (Browser::new(), Browser::new(), Browser::new());
-        for (b, user) in [(&ana, "ana"), (&aud, "aud")] {
+        let (ana, max, aud, ada) = (
+            Browser::new(),
+            Browser::new(),
+            Browser::new(),
+            Browser::new(),
+        );
+        for (b, user) in [(&ana, "ana"), (&aud, "aud"), (&ada, "ada")] {
             assert_eq!(sign_in(b, &app, user).await.status(), StatusCode::SEE_OTHER);
         }
         let url = begin(&max, &app).await;
@@ -1450,10 +1455,15 @@ async fn oidc_roles_are_re_checked_with_the_provider_and_a_removed_group_refuses
         assert_eq!(aud.me(&app).await.unwrap()["roles"], json!(["auditor"]));
         // At the provider: Ana leaves ap-clerks, Max leaves managers, Aud's account goes.
         provider
-            .user(json!({"user": "ana", "groups": ["staff"]}))
+            .user(json!({"user": "ana", "set": {"groups": ["staff"]}}))
             .await;
-        provider.user(json!({"user": "max", "groups": []})).await;
+        provider
+            .user(json!({"user": "max", "set": {"groups": []}}))
+            .await;
         provider.user(json!({"user": "aud", "delete": true})).await;
+        provider
+            .user(json!({"user": "ada", "set": {"tenant": "globex"}}))
+            .await;
         app.clock.advance(chrono::Duration::minutes(6));
         // Within the re-check interval Ana's next decision is refused; the gate still waits.
         let resp = ana
@@ -1473,6 +1483,8 @@ async fn oidc_roles_are_re_checked_with_the_provider_and_a_removed_group_refuses
         assert_eq!(max.me(&app).await.unwrap()["roles"], json!([]));
         // An account the provider no longer knows: the re-check fails, the session ends.
         assert!(aud.me(&app).await.is_none(), "signed out");
+        // A person the provider now places in another tenant is signed out, not moved.
+        assert!(ada.me(&app).await.is_none(), "another tenant");
         app.stop().await;
     }
 }
@@ -1531,6 +1543,15 @@ async fn oidc_back_channel_logout_ends_the_persons_sessions_and_refuses_forged_t
             ),
             ("a broken signature", forged_signature),
             ("not a JWT", "not-a-token".to_string()),
+            (
+                "another client's",
+                provider
+                    .logout_token(
+                        &provider.main,
+                        json!({"user": "ana", "client": "other-client"}),
+                    )
+                    .await,
+            ),
         ];
         for (why, token) in refused {
             let resp = post(token).await.unwrap();
@@ -1540,6 +1561,15 @@ async fn oidc_back_channel_logout_ends_the_persons_sessions_and_refuses_forged_t
         for b in [&ana, &ana_too, &max] {
             assert!(b.me(&app).await.is_some(), "a refused token ends nothing");
         }
+        // An expired one (logout tokens live two minutes) ends nothing either.
+        app.clock.advance(chrono::Duration::minutes(3));
+        let resp = post(genuine.clone()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "expired");
+        assert!(ana.me(&app).await.is_some());
+        app.clock
+            .set(countersign_core::Clock::now(&countersign_core::SystemClock));
+        // The provider rotates its signing key: its next logout token still verifies.
+        provider.rotate_key().await;
         // The provider signs Ana out over the back channel: both her sessions end.
         let (status, body) = provider.backchannel("ana").await;
         assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
@@ -1564,6 +1594,18 @@ async fn oidc_back_channel_logout_ends_the_persons_sessions_and_refuses_forged_t
                 .contains("back-channel logout"),
             "{ended:?}"
         );
+        // Replayed later, a logout token ends no session begun after it was issued.
+        let old = provider
+            .logout_token(&provider.main, json!({"user": "ana"}))
+            .await;
+        app.clock.advance(chrono::Duration::seconds(90));
+        let later = Browser::new();
+        assert_eq!(
+            sign_in(&later, &app, "ana").await.status(),
+            StatusCode::SEE_OTHER
+        );
+        assert_eq!(post(old).await.unwrap().status(), StatusCode::OK);
+        assert!(later.me(&app).await.is_some(), "signed in after the token");
         app.stop().await;
     }
 }
@@ -1595,6 +1637,12 @@ async fn oidc_sign_out_ends_the_providers_session_and_the_sessions_sharing_it() 
     assert!(!interacted);
     assert_eq!(twin.get(&back).await.status(), StatusCode::SEE_OTHER);
     assert!(twin.me(&app).await.is_some());
+    // Ana also signs in elsewhere, authenticating anew: another provider session.
+    let elsewhere = Browser::new();
+    assert_eq!(
+        sign_in(&elsewhere, &app, "ana").await.status(),
+        StatusCode::SEE_OTHER
+    );
 
     // Sign-out sends the browser to the provider's end-session endpoint.
     let resp = b.post_form(&app, "/auth/logout", &[]).await;
@@ -1642,8 +1690,22 @@ async fn oidc_sign_out_ends_the_providers_session_and_the_sessions_sharing_it() 
         .unwrap();
     assert_eq!(resp.status(), StatusCode::SEE_OTHER);
     assert!(location(&resp).starts_with(&app.url("/auth/signed-out")));
-    // The provider told Countersign over the back channel: the twin's session ended too.
-    assert!(twin.me(&app).await.is_none());
+    // The provider told Countersign over the back channel: the twin's session ended too;
+    // her session of another provider session stays.
+    let ended: Vec<String> = app
+        .store
+        .audit_records(1, 10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.rule.as_deref() == Some("sessions.ended"))
+        .map(|r| r.record)
+        .collect();
+    assert!(twin.me(&app).await.is_none(), "{ended:?}");
+    assert!(
+        elsewhere.me(&app).await.is_some(),
+        "another provider session"
+    );
     // Signing in again means authenticating again.
     let (back, interacted) = authorize_seen(&b, &begin(&b, &app).await, "ana", &callback).await;
     assert!(interacted, "the provider asked her to authenticate");
