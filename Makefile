@@ -26,11 +26,12 @@ export LEPTOS_RELOAD_PORT := 3001
 RUN_DATABASE_URL ?= sqlite://data/countersign.db
 RUN_REGISTRY ?= examples/finance
 
-.PHONY: help run build test bench reliability tools rust-tools node-tools interop-tools browser check fmt clippy test-rust site e2e clean-data
+.PHONY: help run build test bench reliability tools rust-tools node-tools interop-tools browser check fmt clippy layers test-rust site e2e clean-data
 
 help:
 	@echo "make run    build the dashboard and serve it (and /mcp) on http://127.0.0.1:3000 with SQLite"
 	@echo "make test   everything CI runs: fmt, clippy, cargo tests (SQLite + Postgres), Playwright"
+	@echo "make layers the import-cycle check alone (strict: fails while a cycle remains; make test holds the known ones from growing)"
 	@echo "make build  release binary target/release/countersign and site target/site"
 	@echo "make bench  every benchmark (Postgres needed), each next to its baseline; writes docs/benchmarks.md"
 	@echo "make reliability  scenarios + fault tests repeated, a soak with workers killed (Postgres); writes docs/reliability.md"
@@ -94,6 +95,9 @@ clean-data:
 
 fmt:
 	cargo fmt --all -- --check
+
+layers:
+	cargo test -p countersign-layers -- --include-ignored
 
 clippy:
 	cargo clippy --workspace --all-targets -- -D warnings

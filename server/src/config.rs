@@ -685,13 +685,13 @@ impl Config {
         let adapter_timeout = get("adapter_timeout")
             .as_deref()
             .and_then(parse_duration)
-            .filter(|d| !d.is_zero() && *d <= crate::pipeline::ADAPTER_TIMEOUT)
+            .filter(|d| !d.is_zero() && *d <= crate::adapters::ADAPTER_TIMEOUT)
             .ok_or_else(|| {
                 invalid(
                     "adapter_timeout",
                     format!(
                         "expected a duration such as 15s or 800ms, above zero and at most {}s",
-                        crate::pipeline::ADAPTER_TIMEOUT.as_secs()
+                        crate::adapters::ADAPTER_TIMEOUT.as_secs()
                     ),
                 )
             })?;

@@ -29,8 +29,8 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::adapters::ADAPTER_TIMEOUT;
 use crate::adapters::{AdapterError, Invocation};
-use crate::pipeline::ADAPTER_TIMEOUT;
 use crate::registry::Loaded;
 use countersign_core::registry::Tool;
 use countersign_core::store::Step;

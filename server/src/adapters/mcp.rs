@@ -91,7 +91,7 @@ impl McpAdapter {
             // Inside the pipeline's own limit, so that this adapter, not the pipeline's
             // timer, says whether the call was sent.
             budget: settings.timeout.min(
-                crate::pipeline::ADAPTER_TIMEOUT.saturating_sub(std::time::Duration::from_secs(1)),
+                crate::adapters::ADAPTER_TIMEOUT.saturating_sub(std::time::Duration::from_secs(1)),
             ),
         })
     }

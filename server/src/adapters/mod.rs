@@ -29,6 +29,9 @@ use countersign_core::policy::ResourceFact;
 use countersign_core::registry::{ProviderKind, Registry};
 use serde_json::Value;
 
+/// How long one adapter call may take before it counts as timed out.
+pub const ADAPTER_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// A boxed future, so adapters can sit behind `dyn`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

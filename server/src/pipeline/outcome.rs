@@ -1,0 +1,266 @@
+//! Stages 10–12: the adapter's outcome (step status, key, audit) in one transaction; an earlier attempt's key.
+
+use super::answer::Answer;
+use super::answer::Internal;
+use super::answer::err;
+use super::answer::ok;
+use super::answer::outcome_text;
+use super::answer::stored_outcome;
+use super::ctx::Ctx;
+use super::ctx::detail;
+use super::halt::withheld;
+use super::open::IDEMPOTENCY_MISMATCH;
+use super::redact::redacted;
+use crate::adapters::AdapterError;
+use countersign_core::audit::{AuditEvent, NewAuditRecord};
+use countersign_core::store::{KeyState, RunGuard, Step, Transition};
+use countersign_core::{Effect, StepStatus};
+use serde_json::{Value, json};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// [reads] What a read's closing transition also writes: the decision and the records of
+/// the opening it skipped (see step 7 of [`execute`]).
+pub(super) struct Opening {
+    pub(super) decision: String,
+    pub(super) rule: String,
+    pub(super) records: Vec<(AuditEvent, NewAuditRecord)>,
+    /// The stop and run conditions the call skipped checking before it ran.
+    pub(super) guard: RunGuard,
+    /// A prepared read's row, written by the closing transition ([`Transition::insert`]).
+    pub(super) insert: Option<Box<Step>>,
+}
+
+/// `t` (a transition out of `running`), or for a read the same transition out of
+/// `pending|failed` carrying its opening's decision, attempt and records first.
+pub(super) fn closing(opening: Option<Opening>, mut t: Transition) -> Transition {
+    if let Some(o) = opening {
+        t.from = vec![StepStatus::Pending, StepStatus::Failed];
+        t.decision = Some(o.decision);
+        t.rule = t.rule.or(Some(o.rule));
+        t.bump_attempts = true;
+        t.guard = Some(o.guard);
+        t.insert = o.insert;
+        let mut records = o.records;
+        records.append(&mut t.records);
+        t.records = records;
+    }
+    t
+}
+
+/// What an adapter's outcome makes of the step, its key, its record and the answer.
+struct Settled {
+    status: StepStatus,
+    key: KeyState,
+    event: AuditEvent,
+    rule: Option<&'static str>,
+    answer: Answer,
+    extra: Vec<(&'static str, Value)>,
+}
+
+/// Stage 10, the outcome's meaning: a success (its result shown as the tool redacts it); a
+/// timed-out irreversible call `unknown` (reconciled, never retried blind); any other failure
+/// `failed`, retryable while attempts remain when the target was unavailable or slow.
+fn settled(
+    ctx: &Ctx<'_>,
+    step: &Step,
+    attempts: i64,
+    outcome: Result<Value, AdapterError>,
+) -> Settled {
+    match outcome {
+        Ok(result) => Settled {
+            status: StepStatus::Done,
+            key: KeyState::Done,
+            event: AuditEvent::Succeeded,
+            rule: None,
+            answer: ok(redacted(&ctx.state.shown_key, ctx.tool, &result)),
+            extra: vec![(
+                "reference",
+                result.get("ref").cloned().unwrap_or(Value::Null),
+            )],
+        },
+        Err(AdapterError::Timeout) if ctx.tool.effect == Effect::Irreversible => Settled {
+            status: StepStatus::Unknown,
+            key: KeyState::Unknown,
+            event: AuditEvent::Unknown,
+            rule: Some(TARGET_TIMEOUT),
+            answer: ok(json!({"status": "unknown", "step_id": step.id,
+                      "message": "no answer in time; Countersign reconciles it with the target"})),
+            extra: vec![],
+        },
+        Err(e) => {
+            let retryable = matches!(e, AdapterError::Unavailable(_) | AdapterError::Timeout)
+                && attempts < MAX_ATTEMPTS;
+            let code = match &e {
+                AdapterError::Rejected { code, .. } => code.clone(),
+                AdapterError::Unavailable(_) => "unavailable".into(),
+                AdapterError::Timeout => "timeout".into(),
+                AdapterError::Refused(_) => "adapter.refused".into(),
+            };
+            tracing::info!(tool = %ctx.tool.name, error = %e, "adapter call failed");
+            let message = match &e {
+                AdapterError::Rejected { message, .. } => message.clone(),
+                AdapterError::Unavailable(_) | AdapterError::Timeout => {
+                    "the target system did not complete the call; it may be retried".into()
+                }
+                AdapterError::Refused(_) => "the call could not be sent".into(),
+            };
+            Settled {
+                status: StepStatus::Failed,
+                key: if retryable {
+                    KeyState::Failed
+                } else {
+                    KeyState::Done
+                },
+                event: AuditEvent::Failed,
+                rule: Some(TARGET_FAILED),
+                answer: err(json!({"status": "failed", "step_id": step.id, "code": code,
+                           "message": message, "retryable": retryable})),
+                extra: vec![("code", json!(code)), ("retryable", json!(retryable))],
+            }
+        }
+    }
+}
+
+/// 11–12: records the adapter's outcome (step status, key, audit) in one transaction.
+pub(super) async fn finish(
+    ctx: &Ctx<'_>,
+    step: &Step,
+    opening: Option<Opening>,
+    outcome: Result<Value, AdapterError>,
+    latency: Duration,
+) -> Result<Answer, Internal> {
+    let latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+    let dedupe = !matches!(ctx.tool.effect, Effect::Read);
+    // This attempt is counted already, or (a read) counted with its outcome.
+    let attempts = step.attempts + i64::from(opening.is_some());
+    let Settled {
+        status,
+        key,
+        event,
+        rule,
+        answer,
+        extra,
+    } = settled(ctx, step, attempts, outcome);
+    let mut d = detail(&[
+        ("latency_ms", json!(latency_ms)),
+        ("idem_key", json!(step.idem_key)),
+        ("status", json!(status.as_str())),
+    ]);
+    for (k, v) in extra {
+        d.insert(k.into(), v);
+    }
+    let record = ctx.record(event, Some(step), rule, d);
+    let stored = outcome_text(&answer);
+    let read = opening.is_some();
+    let moved = ctx
+        .moved(closing(
+            opening,
+            Transition {
+                step_id: step.id.clone(),
+                from: vec![StepStatus::Running],
+                to: Some(status),
+                outcome: stored.clone(),
+                key: dedupe.then_some((key, stored)),
+                records: vec![record],
+                // A worker's closing write needs no flush before it goes on: its next effect
+                // waits for its own start's barrier. An agent is told only what is durable.
+                answer_at_commit: ctx.caller.executor.is_some(),
+                // A worker's lease ends with it (no separate release).
+                release: ctx.caller.executor.clone(),
+                ..Transition::default()
+            },
+        ))
+        .await?;
+    if moved
+        && status == StepStatus::Done
+        && let Some(flag) = ctx.closed_done
+    {
+        flag.store(true, Ordering::Relaxed);
+    }
+    if !moved && read {
+        return withheld(ctx, step).await;
+    }
+    if !moved {
+        return Err(Internal(format!(
+            "step {} left running while its call was in flight",
+            step.id
+        )));
+    }
+    Ok(answer)
+}
+
+/// The step's key was reserved before (an earlier attempt). `None`: this caller took it over
+/// (a failed attempt that never reached the target) and goes on to call the adapter; otherwise
+/// the answer, without calling it: the stored outcome, a mismatch refusal, or `unknown` for
+/// the reconciler when an earlier attempt may still have reached the target.
+pub(super) async fn existing_key(
+    ctx: &Ctx<'_>,
+    step: &Step,
+    key: &countersign_core::store::KeyRecord,
+) -> Result<Option<Answer>, Internal> {
+    let store = &ctx.state.store;
+    let (to, rule, answer) = if key.inputs_hash != step.inputs_hash || key.step_id != step.id {
+        let answer = err(json!({"status": "refused", "rule": IDEMPOTENCY_MISMATCH,
+                                "step_id": step.id}));
+        (StepStatus::Refused, Some(IDEMPOTENCY_MISMATCH), answer)
+    } else if key.state == KeyState::Failed
+        && store
+            .take_over_key(&step.idem_key, KeyState::Failed, &ctx.trace_id)
+            .await?
+    {
+        return Ok(None);
+    } else if key.state == KeyState::Done {
+        let stored = Step {
+            outcome: key.result.clone(),
+            status: StepStatus::Done,
+            ..step.clone()
+        };
+        // A key is done after a success and after a failure that may not be retried: the
+        // step ends as that attempt ended, never as succeeded on a stored failure.
+        match stored_outcome(&stored) {
+            answer @ Answer::Result { error: true, .. } => {
+                (StepStatus::Failed, Some(TARGET_FAILED), answer)
+            }
+            answer => (StepStatus::Done, None, answer),
+        }
+    } else {
+        let answer = ok(json!({"status": "unknown", "step_id": step.id,
+            "message": "an earlier attempt may have reached the target; reconciling"}));
+        (StepStatus::Unknown, Some(TARGET_TIMEOUT), answer)
+    };
+    let record = ctx.record(
+        match to {
+            StepStatus::Refused => AuditEvent::Refused,
+            StepStatus::Done => AuditEvent::Succeeded,
+            StepStatus::Failed => AuditEvent::Failed,
+            _ => AuditEvent::Unknown,
+        },
+        Some(step),
+        rule,
+        detail(&[
+            ("idem_key", json!(step.idem_key)),
+            ("key_state", json!(key.state)),
+        ]),
+    );
+    ctx.transition(Transition {
+        step_id: step.id.clone(),
+        from: vec![StepStatus::Running],
+        to: Some(to),
+        rule: rule.map(str::to_string),
+        outcome: outcome_text(&answer),
+        records: vec![record],
+        ..Transition::default()
+    })
+    .await?;
+    Ok(Some(answer))
+}
+
+/// Executions of one step, at most (retryable failures only).
+pub const MAX_ATTEMPTS: i64 = 4;
+
+/// An irreversible call got no answer in time: reconcile, never retry.
+pub const TARGET_TIMEOUT: &str = "target.timeout";
+
+/// The target did not complete the call.
+pub const TARGET_FAILED: &str = "target.failed";
