@@ -1,4 +1,5 @@
-//! Stages 9–12: the adapter, under the step's key, with the approval reference. The state the
+//! Stage 9: the adapter, under the step's key, with the approval reference (its outcome is
+//! recorded by stages 10–12, `outcome`). The state the
 //! step was planned on must still hold before the call, and an accepted call's effect must
 //! show on read-back ([revalidation]; either failure fails closed); a timed-out call becomes
 //! `unknown` or retryable by its effect, never a success. The outcome is recorded with the

@@ -25,7 +25,7 @@ pub(super) struct Ctx<'a> {
     /// What the caller declared about itself.
     pub(super) provenance: Provenance,
     /// Set when this call's closing transition moved the step to `done` and ended the
-    /// executor's lease with it ([`execute_claimed_in`]).
+    /// executor's lease with it (`execute_claimed_in`).
     pub(super) closed_done: Option<&'a AtomicBool>,
 }
 

@@ -1,4 +1,5 @@
-//! Stage 7: take the step and reserve its key. A write moves `pending|failed → running`
+//! Stage 7: take the step and reserve its key. A write moves from the status the caller read
+//! (`pending`, or `failed` when it may be retried) to `running`
 //! (the step row is the mutex among callers and workers) and reserves its key in the same
 //! transaction: a step is never running without its key (a crash after it leaves both, which
 //! the reconciler settles by key). A key that existed already is an earlier attempt's, which

@@ -97,7 +97,7 @@ pub async fn call(
 }
 
 /// The stages of one agent call, in order; each either hands on what the next needs or ends
-/// the call with its answer ([`Flow`]).
+/// the call with its answer (`answer::Flow`).
 async fn call_inner(
     state: &AppState,
     caller: &Caller,

@@ -4,6 +4,7 @@
 //! a read is prepared in memory and written with its outcome.
 
 use super::answer::Flow;
+use super::answer::Internal;
 use super::answer::err;
 use super::answer::waiting;
 use super::ctx::Ctx;
@@ -152,7 +153,7 @@ async fn gated_read(
     ctx: &Ctx<'_>,
     run: &Run,
     canonical: &CanonicalJson,
-) -> Result<Option<Step>, super::Internal> {
+) -> Result<Option<Step>, Internal> {
     if ctx.tool.gate == Gate::Never {
         return Ok(None);
     }

@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// [reads] What a read's closing transition also writes: the decision and the records of
-/// the opening it skipped (see step 7 of [`execute`]).
+/// the opening it skipped (stage 7, `key::take`).
 pub(super) struct Opening {
     pub(super) decision: String,
     pub(super) rule: String,

@@ -5,8 +5,10 @@
 //! one of A's child modules. A path resolves to the deepest module it names; an item a module
 //! only hands on (`pub use` / `pub(crate) use`) is followed to where it comes from. Not
 //! dependencies: `mod` declarations and those re-exports themselves (a parent handing its
-//! children's names on), `#[cfg(test)]` modules, comments. Paths into other crates are not
-//! followed (crates are layered by Cargo: server → app → core).
+//! children's names on, even where it also uses the name), items under a `#[cfg(…)]` naming
+//! `test`, comments. Paths into other crates are not followed (crates are layered by Cargo:
+//! server → app → core). Known limits: code inside an inline (non-test) `mod x { … }` is read
+//! as its file's; `r##"…"##` strings and nested block comments are not recognised.
 //!
 //! The rule it checks: within a crate, the dependency graph has no cycle. It reads source as
 //! text (no macro expansion): a path built by a macro is not seen.
@@ -53,19 +55,20 @@ fn collect(g: &mut Graph, dir: &Path, file: &Path, path: ModPath) -> std::io::Re
         } else {
             dir.join(file.file_stem().unwrap_or_default())
         };
+        // `child` may be `inline/name` (declared inside an inline `mod inline { … }`).
         let flat = base.join(format!("{child}.rs"));
         let nested = base.join(child).join("mod.rs");
+        // The folder holding the child's file: its own children are looked for from there.
         let (next_file, next_dir) = if flat.is_file() {
-            (flat, base.join(child))
+            (flat.clone(), flat.parent().unwrap_or(&base).to_path_buf())
         } else if nested.is_file() {
             (nested, base.join(child))
         } else {
             continue;
         };
         let mut p = path.clone();
-        p.push(child.clone());
+        p.extend(child.split('/').map(str::to_string));
         collect(g, &next_dir, &next_file, p)?;
-        let _ = next_dir;
     }
     let (named, reexports) = references(&text, &path, &children);
     g.named.insert(path.clone(), named);
@@ -121,9 +124,26 @@ pub fn strip(text: &str) -> String {
     drop_test_modules(&out)
 }
 
+/// Where the next test-only attribute starts: `#[cfg(…)]` naming `test` (`#[cfg(test)]`,
+/// `#[cfg(all(test, feature = "ssr"))]`), not under a `not(…)`.
+fn next_test_cfg(text: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(k) = text[from..].find("#[cfg(") {
+        let at = from + k;
+        let end = text[at..].find(")]").map_or(text.len(), |e| at + e);
+        let inside = &text[at + 6..end];
+        let names_test = inside.split(|c: char| !is_ident(c)).any(|w| w == "test");
+        if names_test && !inside.contains("not(") {
+            return Some(at);
+        }
+        from = end;
+    }
+    None
+}
+
 fn drop_test_modules(text: &str) -> String {
     let mut out = text.to_string();
-    while let Some(at) = out.find("#[cfg(test)]") {
+    while let Some(at) = next_test_cfg(&out) {
         let rest = &out[at..];
         // The item after the attribute: up to its matching brace, or its semicolon.
         let Some(open) = rest.find(['{', ';']) else {
@@ -158,9 +178,13 @@ fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
-/// `mod x;` declarations (not inline `mod x { … }`, whose items stay in this file).
+/// `mod x;` declarations in files: `x` at the top level, `inline/x` inside an inline
+/// `mod inline { … }` at the top level (such an inline module's own code is read as this
+/// file's: a `super::` inside it resolves one level too high, a known limit).
 fn child_modules(text: &str) -> Vec<String> {
     let mut out = Vec::new();
+    let mut depth = 0usize;
+    let mut inline: Option<(String, usize)> = None;
     for line in text.lines() {
         let l = line.trim();
         let l = l
@@ -168,11 +192,33 @@ fn child_modules(text: &str) -> Vec<String> {
             .or_else(|| l.strip_prefix("pub(super) "))
             .or_else(|| l.strip_prefix("pub "))
             .unwrap_or(l);
-        if let Some(rest) = l.strip_prefix("mod ")
-            && let Some(name) = rest.strip_suffix(';')
-            && name.chars().all(is_ident)
-        {
-            out.push(name.to_string());
+        if let Some(rest) = l.strip_prefix("mod ") {
+            if let Some(name) = rest.strip_suffix(';')
+                && name.chars().all(is_ident)
+            {
+                match &inline {
+                    Some((outer, d)) if depth == d + 1 => out.push(format!("{outer}/{name}")),
+                    None if depth == 0 => out.push(name.to_string()),
+                    _ => {}
+                }
+            } else if let Some(name) = rest.strip_suffix('{').map(str::trim)
+                && depth == 0
+                && name.chars().all(is_ident)
+            {
+                inline = Some((name.to_string(), depth));
+            }
+        }
+        for ch in line.chars() {
+            match ch {
+                '{' => depth += 1,
+                '}' => {
+                    depth = depth.saturating_sub(1);
+                    if inline.as_ref().is_some_and(|(_, d)| *d == depth) {
+                        inline = None;
+                    }
+                }
+                _ => {}
+            }
         }
     }
     out

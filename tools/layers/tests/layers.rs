@@ -110,10 +110,25 @@ fn no_module_joins_an_import_cycle() {
 #[test]
 fn the_checker_sees_a_cycle_through_use_trees_super_and_re_exports() {
     let dir = std::env::temp_dir().join(format!("layers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     let src = dir.join("src");
     std::fs::create_dir_all(src.join("a")).unwrap();
-    std::fs::write(src.join("lib.rs"), "mod a;\nmod b;\npub use a::Thing;\n").unwrap();
+    std::fs::create_dir_all(src.join("c")).unwrap();
+    std::fs::write(
+        src.join("lib.rs"),
+        "mod a;\nmod b;\nmod c;\nmod d {\n    mod e;\n}\npub use a::Thing;\n",
+    )
+    .unwrap();
     std::fs::write(src.join("a/mod.rs"), "mod inner;\npub use inner::Thing;\n").unwrap();
+    // A flat file's children (c.rs + c/deep.rs) and an inline module's (d/e.rs) are read.
+    std::fs::write(src.join("c.rs"), "mod deep;\n").unwrap();
+    std::fs::write(
+        src.join("c/deep.rs"),
+        "#[cfg(all(test, feature = \"x\"))]\nmod tests { use crate::b::helper; }\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/e.rs"), "\n").unwrap();
     // a::inner names b (through a use tree); b names a's re-export of inner's Thing.
     std::fs::write(
         src.join("a/inner.rs"),
@@ -126,6 +141,19 @@ fn the_checker_sees_a_cycle_through_use_trees_super_and_re_exports() {
     )
     .unwrap();
     let graph = read_crate(&src.join("lib.rs")).unwrap();
+    for module in ["c::deep", "d::e"] {
+        let path: Vec<String> = module.split("::").map(str::to_string).collect();
+        assert!(
+            graph.files.contains_key(&path),
+            "{module} read: {:?}",
+            graph.files.keys()
+        );
+    }
+    let deep = vec!["c".to_string(), "deep".to_string()];
+    assert!(
+        graph.edges.get(&deep).is_none_or(|e| e.is_empty()),
+        "a test module is no dependency"
+    );
     let cycles = graph.cycles();
     assert_eq!(cycles.len(), 1, "{:?}", graph.edges);
     assert_eq!(cycles[0].len(), 2, "{cycles:?}");
