@@ -16,7 +16,10 @@ use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
 mod stop;
+mod style;
+pub use stop::StopState;
 use stop::{EndSessions, StopSwitch};
+use style::{BUTTON, CARD, H2, INPUT};
 
 /// A registry (agent) role: one column of the matrix.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,19 +113,6 @@ pub struct AgentRow {
     pub origin: String,
     /// For an execution credential, its run; empty otherwise.
     pub run_id: String,
-}
-
-/// The emergency stop while it is on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StopState {
-    /// Why.
-    pub reason: String,
-    /// Who turned it on.
-    pub by: String,
-    /// Since when, UTC text.
-    pub since: String,
-    /// How many agent credentials it revoked that lifting it may restore.
-    pub revoked: usize,
 }
 
 /// Everything the admin page shows.
@@ -263,11 +253,6 @@ pub fn error_text(code: &str) -> Option<&'static str> {
         _ => return None,
     })
 }
-
-const INPUT: &str = "rounded border border-slate-500 bg-white px-2 py-1 text-sm focus:outline-none focus:ring-2 focus:ring-indigo-500";
-const BUTTON: &str = "rounded bg-indigo-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-500 focus:ring-offset-2";
-const H2: &str = "text-xl font-semibold";
-const CARD: &str = "space-y-3 rounded border border-slate-200 bg-white p-4";
 
 /// `/admin`.
 #[component]

@@ -21,6 +21,7 @@ pub mod revalidate;
 pub mod runs;
 pub mod scenario;
 pub mod standing;
+pub mod state;
 pub mod stop;
 pub mod telemetry;
 
@@ -28,48 +29,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::serve::ListenerExt;
+use countersign_core::Clock;
 use countersign_core::audit::checkpoint::CheckpointPolicy;
 use countersign_core::redact::RedactionKey;
-use countersign_core::store::ConnectOptions;
-use countersign_core::{Clock, Store, StoreError};
 use leptos::config::LeptosOptions;
 use tokio::net::TcpListener;
 
 pub use config::Config;
 pub use registry::LiveRegistry;
+pub use state::{AppState, StartError, connect_and_migrate};
 
 /// How often a server checks the database for a new registry version.
 pub const REGISTRY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long connections may take to finish once shutdown is signalled.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Why the server could not start or stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The database was unreachable, malformed or failed to migrate.
-    #[error("COUNTERSIGN_DATABASE_URL: {0}")]
-    Database(#[from] StoreError),
-    /// The listen address could not be bound.
-    #[error("COUNTERSIGN_LISTEN: cannot listen on {addr}: {source}")]
-    Bind {
-        /// The configured address.
-        addr: SocketAddr,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The registry could not be made ready.
-    #[error(transparent)]
-    Registry(#[from] registry::RegistryStartError),
-    /// Sign-in could not be set up.
-    #[error("COUNTERSIGN_OIDC_*: {0}")]
-    Auth(#[from] auth::oidc::SignInError),
-    /// Serving failed.
-    #[error("server error: {0}")]
-    Serve(#[source] std::io::Error),
-    /// No random key could be made for what agents are shown hashed.
-    #[error("the operating system's random source failed: {0}")]
-    Random(String),
-}
 
 /// [`AppState::shown_key`]: derived from the configured key (its own label), else a fresh
 /// random one.
@@ -83,51 +56,6 @@ fn shown_key(configured: Option<&Arc<RedactionKey>>) -> Result<Arc<RedactionKey>
             .map(Arc::new)
             .map_err(StartError::Random),
     }
-}
-
-/// Shared state every handler can reach.
-#[derive(Clone, Debug)]
-pub struct AppState {
-    /// The database.
-    pub store: Store,
-    /// Leptos rendering options.
-    pub leptos: LeptosOptions,
-    /// The validated configuration.
-    pub config: Arc<Config>,
-    /// The registry and policies in force.
-    pub registry: Arc<LiveRegistry>,
-    /// Gateway counters for `/metrics`.
-    pub metrics: Arc<metrics::Metrics>,
-    /// Dashboard sign-in and sessions.
-    pub auth: Arc<auth::Auth>,
-    /// The HMAC key redacted values are hashed with (config `redaction_key`). `None`: they are
-    /// keyed by [`AppState::shown_key`], a random key of this process (equal values compare
-    /// equal only within one process's records; fine on loopback for trying things out).
-    pub redaction: Option<Arc<RedactionKey>>,
-    /// The key values an agent is shown hashed are keyed with (`redacted:hmac-sha256:…`):
-    /// derived from the configured `redaction_key` under its own label (so it never shows the
-    /// audit's own digest), else a random key of this process — never an unkeyed hash, which
-    /// a dictionary of IBANs would reverse.
-    pub shown_key: Arc<RedactionKey>,
-    /// Cancelled when the process shuts down: ends every MCP session (and its SSE stream),
-    /// which would otherwise hold the graceful shutdown open.
-    pub shutdown: tokio_util::sync::CancellationToken,
-}
-
-impl axum::extract::FromRef<AppState> for LeptosOptions {
-    fn from_ref(state: &AppState) -> Self {
-        state.leptos.clone()
-    }
-}
-
-/// Connects to the database named in `config` and applies pending migrations.
-pub async fn connect_and_migrate(
-    config: &Config,
-    clock: Arc<dyn Clock>,
-) -> Result<Store, StoreError> {
-    let store = Store::connect(&config.database_url, &ConnectOptions::default(), clock).await?;
-    store.migrate().await?;
-    Ok(store)
 }
 
 /// A bound, ready-to-run server.

@@ -32,7 +32,7 @@ use crate::adapters::{AdapterError, Invocation};
 use crate::pipeline::Caller;
 
 /// The provider name of the run tools.
-pub const PROVIDER: &str = "countersign";
+pub use crate::adapters::OWN_PROVIDER as PROVIDER;
 
 fn rejected(code: &str, message: impl Into<String>) -> AdapterError {
     AdapterError::Rejected {

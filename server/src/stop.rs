@@ -17,8 +17,7 @@ use serde_json::{Map, json};
 use crate::AppState;
 use crate::pipeline;
 
-/// The switch the emergency stop sets (the bare name: every tenant; `name:tenant`: one).
-pub const EMERGENCY_STOP: &str = "emergency_stop";
+pub use crate::pipeline::EMERGENCY_STOP;
 
 /// Turns the emergency stop on for `scope` (every tenant, or one): no step of a run it covers
 /// that has not started will start; every active run it covers stops (its pending and waiting

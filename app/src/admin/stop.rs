@@ -2,8 +2,9 @@
 //! platform admin) and the form that ends a person's sessions.
 
 use leptos::prelude::*;
+use serde::{Deserialize, Serialize};
 
-use super::{BUTTON, CARD, H2, INPUT, StopState};
+use super::style::{BUTTON, CARD, H2, INPUT};
 
 #[component]
 pub(super) fn StopSwitch(
@@ -153,4 +154,17 @@ pub(super) fn EndSessions() -> AnyView {
         </section>
     }
     .into_any()
+}
+
+/// The emergency stop while it is on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopState {
+    /// Why.
+    pub reason: String,
+    /// Who turned it on.
+    pub by: String,
+    /// Since when, UTC text.
+    pub since: String,
+    /// How many agent credentials it revoked that lifting it may restore.
+    pub revoked: usize,
 }

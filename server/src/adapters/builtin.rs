@@ -11,27 +11,13 @@
 //! effect was applied, or accept the call and apply something else — by writing a `fault`
 //! object (see [`Fault`]).
 
-use std::sync::Arc;
-
 use countersign_core::Store;
 use countersign_core::policy::ResourceFact;
 use countersign_core::store::{Applied, DemoEffect, DemoObject, ObjectWrite};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::{Adapter, AdapterError, BoxFuture, Invocation};
-
-/// The adapter for a built-in provider name, if there is one.
-pub fn for_provider(name: &str, store: &Store) -> Option<Arc<dyn Adapter>> {
-    match name {
-        ERP => Some(Arc::new(Erp {
-            store: store.clone(),
-        })),
-        super::stillon::STILLON => Some(Arc::new(super::stillon::StillOn::new(store))),
-        NOOP => Some(Arc::new(Noop)),
-        _ => None,
-    }
-}
+use super::contract::{Adapter, AdapterError, BoxFuture, Invocation};
 
 /// The no-op system's provider name: for load tests of the gateway and executor themselves.
 pub const NOOP: &str = "noop";
@@ -338,8 +324,8 @@ pub(super) async fn must_tenant_object(
 
 /// The demo ERP.
 #[derive(Debug)]
-struct Erp {
-    store: Store,
+pub(super) struct Erp {
+    pub(super) store: Store,
 }
 
 impl Erp {

@@ -42,7 +42,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use url::Url;
 
-use super::{AdapterError, AdapterSettings, BoxFuture, Invocation};
+use super::contract::{AdapterError, AdapterSettings, BoxFuture, Invocation};
 
 /// The largest answer body read from a target, in bytes.
 pub const MAX_BODY: usize = 4 * 1024 * 1024;

@@ -35,8 +35,8 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Mutex;
 use url::Url;
 
+use super::contract::{Adapter, AdapterError, AdapterSettings, BoxFuture, Invocation};
 use super::http::{AllowList, SetupError, client, read_body, send_error};
-use super::{Adapter, AdapterError, AdapterSettings, BoxFuture, Invocation};
 
 /// The MCP revision spoken upstream.
 pub const PROTOCOL: &str = "2025-06-18";

@@ -36,8 +36,8 @@ use countersign_core::store::{Applied, DemoEffect, DemoObject, ObjectWrite};
 use serde_json::{Map, Value, json};
 
 use super::builtin::{arg, parse, rejected, unavailable, with_faults};
+use super::contract::{Adapter, AdapterError, BoxFuture, Invocation};
 use super::recovery;
-use super::{Adapter, AdapterError, BoxFuture, Invocation};
 
 /// StillOn's system (and provider) name.
 pub const STILLON: &str = "stillon";

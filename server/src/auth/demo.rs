@@ -16,7 +16,8 @@ use serde::Deserialize;
 use tower_sessions::Session;
 
 use super::pages::{escape, page};
-use super::{Mode, local_next};
+use super::pending::local_next;
+use super::session::Mode;
 use crate::AppState;
 
 /// The issuer recorded for demo people.

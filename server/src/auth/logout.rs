@@ -21,8 +21,8 @@ use tower_sessions::Session;
 
 use super::oidc::{IdpSession, SignInError};
 use super::pages::page;
+use super::session::{IDP, Mode};
 use super::sessions::{Which, end_sessions};
-use super::{IDP, Mode};
 use crate::AppState;
 
 /// Where the provider sends the browser back after an RP-initiated logout.

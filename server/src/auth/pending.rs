@@ -123,6 +123,22 @@ impl std::fmt::Debug for PendingLogin {
     }
 }
 
+/// Only local paths are accepted as `next`; anything else becomes `/`.
+pub fn local_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && !n.chars().any(char::is_control)
+                && !n.starts_with("/auth/") =>
+        {
+            n.to_string()
+        }
+        _ => "/".to_string(),
+    }
+}
+
 /// Whether `a` and `b` are equal, in time that does not depend on where they differ.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

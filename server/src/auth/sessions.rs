@@ -11,7 +11,7 @@ use countersign_core::audit::{AuditEvent, NewAuditRecord};
 use countersign_core::{Person, Store, StoreError};
 
 use super::oidc::IdpSession;
-use super::{IDP, PERSON};
+use super::session::{IDP, PERSON};
 
 /// The audit rule of ending a person's sessions.
 pub const SESSIONS_ENDED_RULE: &str = "sessions.ended";

@@ -6,6 +6,7 @@ mod approvals;
 mod headers;
 mod health;
 mod inbox;
+mod metrics;
 mod render;
 pub mod views;
 
@@ -61,7 +62,7 @@ pub fn router(state: AppState) -> Router {
     // gate.
     Router::new()
         .route("/healthz", get(health::healthz))
-        .route("/metrics", get(crate::metrics::metrics))
+        .route("/metrics", get(metrics::metrics))
         .route("/api/gates", get(approvals::pending))
         .route("/api/gates/batch", axum::routing::post(approvals::batch))
         .route(

@@ -7,7 +7,6 @@ use rmcp::ErrorData;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use serde_json::Value;
 
-use super::{internal_error, unknown_tool};
 use crate::AppState;
 use crate::pipeline::{self, Answer, CallRequest, Caller, Provenance};
 
@@ -51,4 +50,15 @@ pub async fn call(
             Err(internal_error())
         }
     }
+}
+
+/// The answer to `tools/call` on a tool the caller's role does not have, whether or not it
+/// exists for anyone. Carries no name, so both cases are the same bytes.
+pub fn unknown_tool() -> ErrorData {
+    ErrorData::invalid_params("Unknown tool", None)
+}
+
+/// The opaque answer for anything that went wrong inside Countersign.
+pub fn internal_error() -> ErrorData {
+    ErrorData::internal_error("internal error", None)
 }

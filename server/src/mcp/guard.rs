@@ -19,6 +19,7 @@
 //!   only for the agent the token proves to be, and the pipeline uses it only for the run the
 //!   call resolves to on its own; otherwise it reads the context itself.
 
+use crate::pipeline::Admission;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -29,7 +30,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use countersign_core::agents::AgentToken;
-use countersign_core::store::{AgentCredential, CallContext, ContextHint};
+use countersign_core::store::{AgentCredential, ContextHint};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -294,7 +295,7 @@ async fn admit(
                 &ContextHint {
                     agent_id,
                     run_id,
-                    switch: crate::stop::EMERGENCY_STOP,
+                    switch: crate::pipeline::EMERGENCY_STOP,
                 },
             )
             .await
@@ -329,17 +330,6 @@ async fn admit(
             Err(Refusal::Internal)
         }
     }
-}
-
-/// What the guard hands the handler beside the credential.
-#[derive(Debug, Clone)]
-pub struct Admission {
-    /// Where the pipeline remembers this session's agent and run ([`Store::call_hint`]);
-    /// `None` without an MCP session.
-    pub hint_key: Option<String>,
-    /// The context read with the authentication, for the run named (used only when the
-    /// call resolves to exactly that run).
-    pub prefetched: Option<(String, CallContext)>,
 }
 
 /// The token of an `Authorization: Bearer …` header; `None` when absent or malformed.

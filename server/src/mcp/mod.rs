@@ -19,6 +19,7 @@
 pub mod call;
 pub mod guard;
 
+pub use call::{internal_error, unknown_tool};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -97,17 +98,6 @@ impl Gateway {
     pub fn new(state: AppState) -> Self {
         Self { state }
     }
-}
-
-/// The answer to `tools/call` on a tool the caller's role does not have, whether or not it
-/// exists for anyone. Carries no name, so both cases are the same bytes.
-pub fn unknown_tool() -> ErrorData {
-    ErrorData::invalid_params("Unknown tool", None)
-}
-
-/// The opaque answer for anything that went wrong inside Countersign.
-pub fn internal_error() -> ErrorData {
-    ErrorData::internal_error("internal error", None)
 }
 
 /// The credential the guard authenticated for this request.
@@ -253,7 +243,7 @@ impl ServerHandler for Gateway {
         let admission = context
             .extensions
             .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<guard::Admission>())
+            .and_then(|parts| parts.extensions.get::<crate::pipeline::Admission>())
             .cloned();
         let traceparent = context
             .extensions

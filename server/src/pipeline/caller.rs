@@ -2,7 +2,7 @@
 //! step's credential) and one proposed call.
 
 use crate::provenance::Provenance;
-use countersign_core::store::AgentCredential;
+use countersign_core::store::{AgentCredential, CallContext};
 use serde_json::{Map, Value};
 /// Who is calling: an authenticated agent, and its MCP session if it has one.
 #[derive(Debug, Clone)]
@@ -14,7 +14,7 @@ pub struct Caller {
     /// The executor worker running a planned step on the credential's behalf, if any.
     pub executor: Option<String>,
     /// What the `/mcp` guard read with the authentication, if anything.
-    pub admission: Option<crate::mcp::guard::Admission>,
+    pub admission: Option<Admission>,
 }
 
 /// One proposed call.
@@ -36,3 +36,14 @@ pub struct CallRequest {
 
 /// The executor name compensation steps run under (they run in the run that failed).
 pub const COMPENSATOR: &str = "compensator";
+
+/// What the guard hands the handler beside the credential.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// Where the pipeline remembers this session's agent and run (`Store::call_hint`);
+    /// `None` without an MCP session.
+    pub hint_key: Option<String>,
+    /// The context read with the authentication, for the run named (used only when the
+    /// call resolves to exactly that run).
+    pub prefetched: Option<(String, CallContext)>,
+}

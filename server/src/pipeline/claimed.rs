@@ -5,6 +5,7 @@ use super::answer::Flow;
 use super::answer::Internal;
 use super::answer::err;
 use super::answer::next;
+use super::caller::Admission;
 use super::caller::COMPENSATOR;
 use super::caller::Caller;
 use super::ctx::Ctx;
@@ -88,7 +89,7 @@ pub async fn execute_claimed_in(
         session: None,
         executor: Some(worker.to_string()),
         // The context read with the run, for this run only (`execute` checks the run id).
-        admission: context.map(|context| crate::mcp::guard::Admission {
+        admission: context.map(|context| Admission {
             hint_key: None,
             prefetched: Some((run.id.clone(), context)),
         }),

@@ -98,7 +98,7 @@ async fn world(ctx: &Ctx<'_>, run: &Run) -> Result<CallContext, Internal> {
     Ok(store
         .call_context(
             &run.id,
-            crate::stop::EMERGENCY_STOP,
+            super::halt::EMERGENCY_STOP,
             &credential.tenant,
             // An execution credential acts for whoever its run's planner acts for now.
             match (&credential.run_id, &run.agent_id) {

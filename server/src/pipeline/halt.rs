@@ -11,6 +11,10 @@ use countersign_core::audit::AuditEvent;
 use countersign_core::store::{RunGuard, RunStatus, Step, Transition};
 use serde_json::{Map, json};
 
+/// The switch the emergency stop sets (the bare name: every tenant; `name:tenant`: one);
+/// no step of a run it covers starts.
+pub const EMERGENCY_STOP: &str = "emergency_stop";
+
 /// Why a step of `run_id` may not start now: the conditions of [`halt_guard`], read now —
 /// the emergency stop (unless the tool is one of Countersign's own run tools) or a run that is
 /// not active (failed is fine for compensations).
@@ -18,7 +22,7 @@ pub(super) async fn halted(ctx: &Ctx<'_>, run_id: &str) -> Result<Option<String>
     let (status, stopped) = ctx
         .state
         .store
-        .run_status_and_switch(run_id, crate::stop::EMERGENCY_STOP)
+        .run_status_and_switch(run_id, EMERGENCY_STOP)
         .await?;
     Ok(halt_rule(&halt_guard(ctx, run_id), status, stopped))
 }
@@ -55,7 +59,7 @@ pub(super) fn halt_guard(ctx: &Ctx<'_>, run_id: &str) -> RunGuard {
     RunGuard {
         run_id: run_id.to_string(),
         allow_failed: ctx.caller.executor.as_deref() == Some(COMPENSATOR),
-        unless_switch: (!own_tool).then(|| crate::stop::EMERGENCY_STOP.to_string()),
+        unless_switch: (!own_tool).then(|| EMERGENCY_STOP.to_string()),
     }
 }
 

@@ -8,6 +8,7 @@
 
 use super::answer::Flow;
 use super::answer::Internal;
+use super::answer::{Answer, err, ok, outcome_text, stored_outcome};
 use super::ctx::Ctx;
 use super::ctx::detail;
 use super::failpoint::failpoint;
@@ -15,14 +16,18 @@ use super::halt::cancel_halted;
 use super::halt::halt_guard;
 use super::halt::halted;
 use super::outcome::Opening;
-use super::outcome::existing_key;
+use super::outcome::{TARGET_FAILED, TARGET_TIMEOUT};
 use super::replay::settle;
+use countersign_core::store::KeyState;
 use std::ops::ControlFlow::{Break, Continue};
 
 use countersign_core::audit::{AuditEvent, NewAuditRecord};
 use countersign_core::store::{KeyClaim, Run, Step, Transition};
 use countersign_core::{Effect, StepStatus};
 use serde_json::json;
+
+/// The same step (key) asked for with other inputs.
+pub const IDEMPOTENCY_MISMATCH: &str = "idempotency.mismatch";
 
 /// What the step's start carries of policy's decision.
 pub(super) struct Start {
@@ -126,4 +131,70 @@ pub(super) async fn take(
         step,
         opening: None,
     }))
+}
+
+/// The step's key was reserved before (an earlier attempt). `None`: this caller took it over
+/// (a failed attempt that never reached the target) and goes on to call the adapter; otherwise
+/// the answer, without calling it: the stored outcome, a mismatch refusal, or `unknown` for
+/// the reconciler when an earlier attempt may still have reached the target.
+pub(super) async fn existing_key(
+    ctx: &Ctx<'_>,
+    step: &Step,
+    key: &countersign_core::store::KeyRecord,
+) -> Result<Option<Answer>, Internal> {
+    let store = &ctx.state.store;
+    let (to, rule, answer) = if key.inputs_hash != step.inputs_hash || key.step_id != step.id {
+        let answer = err(json!({"status": "refused", "rule": IDEMPOTENCY_MISMATCH,
+                                "step_id": step.id}));
+        (StepStatus::Refused, Some(IDEMPOTENCY_MISMATCH), answer)
+    } else if key.state == KeyState::Failed
+        && store
+            .take_over_key(&step.idem_key, KeyState::Failed, &ctx.trace_id)
+            .await?
+    {
+        return Ok(None);
+    } else if key.state == KeyState::Done {
+        let stored = Step {
+            outcome: key.result.clone(),
+            status: StepStatus::Done,
+            ..step.clone()
+        };
+        // A key is done after a success and after a failure that may not be retried: the
+        // step ends as that attempt ended, never as succeeded on a stored failure.
+        match stored_outcome(&stored) {
+            answer @ Answer::Result { error: true, .. } => {
+                (StepStatus::Failed, Some(TARGET_FAILED), answer)
+            }
+            answer => (StepStatus::Done, None, answer),
+        }
+    } else {
+        let answer = ok(json!({"status": "unknown", "step_id": step.id,
+            "message": "an earlier attempt may have reached the target; reconciling"}));
+        (StepStatus::Unknown, Some(TARGET_TIMEOUT), answer)
+    };
+    let record = ctx.record(
+        match to {
+            StepStatus::Refused => AuditEvent::Refused,
+            StepStatus::Done => AuditEvent::Succeeded,
+            StepStatus::Failed => AuditEvent::Failed,
+            _ => AuditEvent::Unknown,
+        },
+        Some(step),
+        rule,
+        detail(&[
+            ("idem_key", json!(step.idem_key)),
+            ("key_state", json!(key.state)),
+        ]),
+    );
+    ctx.transition(Transition {
+        step_id: step.id.clone(),
+        from: vec![StepStatus::Running],
+        to: Some(to),
+        rule: rule.map(str::to_string),
+        outcome: outcome_text(&answer),
+        records: vec![record],
+        ..Transition::default()
+    })
+    .await?;
+    Ok(Some(answer))
 }

@@ -10,6 +10,7 @@ use super::answer::waiting;
 use super::ctx::Ctx;
 use super::ctx::bounded;
 use super::ctx::detail;
+use super::key::IDEMPOTENCY_MISMATCH;
 use super::replay::replay;
 use std::ops::ControlFlow::{Break, Continue};
 
@@ -193,9 +194,6 @@ fn new_step(ctx: &Ctx<'_>, run: &Run, arguments: &Value, canonical: &CanonicalJs
         status: StepStatus::Pending,
     }
 }
-
-/// The same step (key) asked for with other inputs.
-pub const IDEMPOTENCY_MISMATCH: &str = "idempotency.mismatch";
 
 /// `_meta.step_id` names no step of this run and tool.
 pub const STEP_UNKNOWN: &str = "step.unknown";

@@ -564,3 +564,48 @@ fn tarjan(adj: &[Vec<usize>]) -> Vec<Vec<usize>> {
     }
     out
 }
+
+impl Graph {
+    /// The modules floor by floor, from the ground up: a module stands one floor above the
+    /// highest module it depends on (the modules of a cycle share their floor).
+    pub fn floors(&self) -> Vec<Vec<ModPath>> {
+        let nodes: Vec<&ModPath> = self.files.keys().collect();
+        let index: BTreeMap<&ModPath, usize> =
+            nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        let adj: Vec<Vec<usize>> = nodes
+            .iter()
+            .map(|n| {
+                self.edges
+                    .get(*n)
+                    .map(|s| s.iter().filter_map(|t| index.get(t).copied()).collect())
+                    .unwrap_or_default()
+            })
+            .collect();
+        // Tarjan yields components dependencies first: each one's floor is known in turn.
+        let components = tarjan(&adj);
+        let mut component_of = vec![0; nodes.len()];
+        for (c, members) in components.iter().enumerate() {
+            for &m in members {
+                component_of[m] = c;
+            }
+        }
+        let mut floor = vec![0usize; components.len()];
+        for (c, members) in components.iter().enumerate() {
+            let mut f = 0;
+            for &m in members {
+                for &d in &adj[m] {
+                    if component_of[d] != c {
+                        f = f.max(floor[component_of[d]] + 1);
+                    }
+                }
+            }
+            floor[c] = f;
+        }
+        let top = floor.iter().copied().max().unwrap_or(0);
+        let mut out = vec![Vec::new(); top + 1];
+        for (i, n) in nodes.iter().enumerate() {
+            out[floor[component_of[i]]].push((*n).clone());
+        }
+        out
+    }
+}

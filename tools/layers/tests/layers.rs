@@ -187,3 +187,26 @@ fn use_trees_expand_with_aliases_and_self() {
         .collect();
     assert_eq!(shown, ["crate::a", "crate::a::b as c", "crate::d::*"]);
 }
+
+/// `make layers` prints each crate's floors (the picture docs/architecture.md shows).
+#[test]
+#[ignore = "prints the floors; `make layers` runs it"]
+fn print_the_floors() {
+    for root in ROOTS {
+        let graph = read_crate(&repo().join(root)).expect("the crate reads");
+        println!("{root}, from the top floor down:");
+        for (n, floor) in graph.floors().iter().enumerate().rev() {
+            let names: Vec<String> = floor
+                .iter()
+                .map(|m| {
+                    if m.is_empty() {
+                        "(root)".to_string()
+                    } else {
+                        m.join("::")
+                    }
+                })
+                .collect();
+            println!("  {n:>2}  {}", names.join("  "));
+        }
+    }
+}
