@@ -42,7 +42,7 @@
 //!
 //! # The one exemption
 //!
-//! A subschema carrying `x-countersign-validated-per-step: true` ([`super::PER_STEP_MARKER`])
+//! A subschema carrying `x-countersign-validated-per-step: true` ([`PER_STEP_MARKER`])
 //! is exempt from rule 2. It is honoured only when all of these hold, and refused otherwise:
 //! the marker's value is `true`; the subschema is exactly `type: object` plus optional
 //! `title`, `description`, `minProperties`, `maxProperties`; it is a property of an object
@@ -54,7 +54,10 @@
 
 use serde_json::{Map, Value};
 
-use super::PER_STEP_MARKER;
+/// The schema keyword marking the one sanctioned open object: the `arguments` of a step in a
+/// plan, validated per step against the schema of the step's tool when the plan is submitted.
+/// See [`closure`] for exactly where it is honoured.
+pub const PER_STEP_MARKER: &str = "x-countersign-validated-per-step";
 
 /// A closure or bounds problem at a JSON pointer inside the schema.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -42,6 +42,7 @@ use serde_json::Value;
 use crate::model::{Effect, Gate};
 use crate::schema::{SchemaError, Validators};
 
+pub use closure::PER_STEP_MARKER;
 pub use diff::{RegistryDiff, diff};
 pub use load::{LoadError, Problem, Problems, Subject};
 pub use names::{MAX_NAME_LEN, NameError, ProviderName, RoleName, ToolName};
@@ -49,11 +50,6 @@ pub use span::{Span, SpanError};
 
 /// The approval expiry when a tool does not set one: 72 hours.
 pub const DEFAULT_APPROVAL_EXPIRY: Span = Span::hours(72);
-
-/// The schema keyword marking the one sanctioned open object: the `arguments` of a step in a
-/// plan, validated per step against the schema of the step's tool when the plan is submitted.
-/// See [`closure`] for exactly where it is honoured.
-pub const PER_STEP_MARKER: &str = "x-countersign-validated-per-step";
 
 /// A loaded, checked registry. Cheap to clone (validators are shared).
 #[derive(Debug, Clone)]

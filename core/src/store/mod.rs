@@ -23,6 +23,7 @@ mod demo;
 mod duties;
 pub(crate) mod group;
 mod imports;
+mod planned;
 mod proposals;
 mod registry;
 mod runs;
@@ -43,13 +44,12 @@ use sqlx::{Connection, PgPool, SqlitePool};
 use crate::clock::Clock;
 use crate::secret::Secret;
 
-pub use agents::{
-    AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent, PlannedCall,
-};
+pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use duties::{REVIEW_APPROVED_RULE, ReviewError, StepDuties};
 pub use group::TIMING as COMMITTER_TIMING;
 pub use imports::BundleImport;
+pub use planned::PlannedCall;
 pub use proposals::{
     ApproveOutcome, BundleChange, Change, ChangeOp, ListingChange, NewProposal, Proposal,
     ProposalError, ProposalStatus, SettingChange, ToolSetting, apply_changes,
