@@ -375,6 +375,18 @@ async fn direct_id_token(issuer: &str, client_id: &str, nonce: &str, redirect_ur
     tokens["id_token"].as_str().expect("id_token").to_string()
 }
 
+/// The `sessions.ended` audit records, oldest first.
+async fn sessions_ended(app: &TestApp) -> Vec<Value> {
+    app.store
+        .audit_records(1, 10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.rule.as_deref() == Some("sessions.ended"))
+        .map(|r| serde_json::from_str::<Value>(&r.record).unwrap())
+        .collect()
+}
+
 async fn assert_refused(resp: reqwest::Response, expected: &str) {
     let status = resp.status();
     let body = resp.text().await.unwrap();
@@ -1034,15 +1046,7 @@ async fn an_admin_ends_a_persons_sessions_at_their_next_request() {
         let resp = ana.get(&app.url("/inbox")).await;
         assert_eq!(resp.status(), StatusCode::SEE_OTHER);
         // Audited, with who did it and how many ended.
-        let ended: Vec<Value> = app
-            .store
-            .audit_records(1, 10_000)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.rule.as_deref() == Some("sessions.ended"))
-            .map(|r| serde_json::from_str::<Value>(&r.record).unwrap())
-            .collect();
+        let ended = sessions_ended(&app).await;
         assert_eq!(ended.len(), 2, "{ended:?}");
         assert_eq!(ended[0]["detail"]["ended"], 0);
         assert_eq!(ended[1]["detail"]["ended"], 2);
@@ -1576,15 +1580,7 @@ async fn oidc_back_channel_logout_ends_the_persons_sessions_and_refuses_forged_t
         assert!(ana.me(&app).await.is_none());
         assert!(ana_too.me(&app).await.is_none());
         assert!(max.me(&app).await.is_some(), "Max is someone else");
-        let ended: Vec<Value> = app
-            .store
-            .audit_records(1, 10_000)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.rule.as_deref() == Some("sessions.ended"))
-            .map(|r| serde_json::from_str::<Value>(&r.record).unwrap())
-            .collect();
+        let ended = sessions_ended(&app).await;
         assert_eq!(ended.len(), 1, "{ended:?}");
         assert_eq!(ended[0]["detail"]["ended"], 2);
         assert!(
@@ -1692,15 +1688,7 @@ async fn oidc_sign_out_ends_the_providers_session_and_the_sessions_sharing_it() 
     assert!(location(&resp).starts_with(&app.url("/auth/signed-out")));
     // The provider told Countersign over the back channel: the twin's session ended too;
     // her session of another provider session stays.
-    let ended: Vec<String> = app
-        .store
-        .audit_records(1, 10_000)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.rule.as_deref() == Some("sessions.ended"))
-        .map(|r| r.record)
-        .collect();
+    let ended = sessions_ended(&app).await;
     assert!(twin.me(&app).await.is_none(), "{ended:?}");
     assert!(
         elsewhere.me(&app).await.is_some(),

@@ -465,12 +465,12 @@ impl Graph {
         self.edges = edges;
     }
 
-    /// The cycles: each strongly connected set of two or more modules, as file paths.
-    pub fn cycles(&self) -> Vec<Vec<PathBuf>> {
+    /// The modules in order, and each one's dependencies as indices into that order.
+    fn adjacency(&self) -> (Vec<&ModPath>, Vec<Vec<usize>>) {
         let nodes: Vec<&ModPath> = self.files.keys().collect();
         let index: BTreeMap<&ModPath, usize> =
             nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-        let adj: Vec<Vec<usize>> = nodes
+        let adj = nodes
             .iter()
             .map(|n| {
                 self.edges
@@ -479,6 +479,12 @@ impl Graph {
                     .unwrap_or_default()
             })
             .collect();
+        (nodes, adj)
+    }
+
+    /// The cycles: each strongly connected set of two or more modules, as file paths.
+    pub fn cycles(&self) -> Vec<Vec<PathBuf>> {
+        let (nodes, adj) = self.adjacency();
         tarjan(&adj)
             .into_iter()
             .filter(|c| c.len() > 1)
@@ -569,18 +575,7 @@ impl Graph {
     /// The modules floor by floor, from the ground up: a module stands one floor above the
     /// highest module it depends on (the modules of a cycle share their floor).
     pub fn floors(&self) -> Vec<Vec<ModPath>> {
-        let nodes: Vec<&ModPath> = self.files.keys().collect();
-        let index: BTreeMap<&ModPath, usize> =
-            nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-        let adj: Vec<Vec<usize>> = nodes
-            .iter()
-            .map(|n| {
-                self.edges
-                    .get(*n)
-                    .map(|s| s.iter().filter_map(|t| index.get(t).copied()).collect())
-                    .unwrap_or_default()
-            })
-            .collect();
+        let (nodes, adj) = self.adjacency();
         // Tarjan yields components dependencies first: each one's floor is known in turn.
         let components = tarjan(&adj);
         let mut component_of = vec![0; nodes.len()];
