@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::closure::escape_segment;
 use super::load::gate_str;
-use super::{Approval, Registry, Tool};
+use super::model::{Approval, Provider, Registry, Tool};
 
 /// Most lines reported for one changed schema.
 pub const MAX_SCHEMA_LINES: usize = 20;
@@ -106,7 +106,7 @@ pub fn diff(old: &Registry, new: &Registry) -> RegistryDiff {
     RegistryDiff { lines }
 }
 
-fn provider_summary(p: &super::Provider) -> String {
+fn provider_summary(p: &Provider) -> String {
     let mut s = p.kind.as_str().to_string();
     if let Some(u) = p.base_url.as_ref().or(p.url.as_ref()) {
         s.push(' ');

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::load::gate_str;
-use super::{ExportError, Registry, Tool};
+use super::model::{Registry, Tool};
 
 #[derive(Serialize)]
 struct FileOut<'a> {
@@ -169,3 +169,8 @@ pub(super) fn to_yaml(r: &Registry) -> Result<String, ExportError> {
     };
     Ok(serde_norway::to_string(&file)?)
 }
+
+/// The registry could not be written out.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot export the registry as YAML: {0}")]
+pub struct ExportError(#[from] serde_norway::Error);

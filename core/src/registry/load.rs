@@ -59,11 +59,13 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::closure::{check_input_schema, escape_segment};
-use super::names::is_valid_name;
-use super::{
-    Approval, DEFAULT_APPROVAL_EXPIRY, Handler, Provider, ProviderKind, ProviderName, RedactHow,
-    Redaction, Registry, Role, RoleName, Span, Tool, ToolName,
+use super::model::{
+    Approval, DEFAULT_APPROVAL_EXPIRY, Handler, Provider, ProviderKind, RedactHow, Redaction,
+    Registry, Role, Tool,
 };
+use super::names::is_valid_name;
+use super::names::{ProviderName, RoleName, ToolName};
+use super::span::Span;
 use crate::model::{Effect, Gate};
 use crate::schema::Validators;
 
