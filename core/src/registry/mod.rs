@@ -69,4 +69,3 @@ impl Registry {
         export::to_yaml(self)
     }
 }
-
