@@ -1,4 +1,5 @@
-//! `/metrics`: Prometheus text exposition of what the gateway did.
+//! The gateway's counters, rendered as Prometheus text for `GET /metrics` (served, behind its
+//! token, by `crate::http::metrics`).
 //!
 //! * `countersign_tool_calls_total{tool, decision, outcome}` — every `tools/call`, by tool,
 //!   the policy/gate decision and the outcome the caller heard.
@@ -10,11 +11,6 @@
 //!   client's `DELETE /mcp`, or by rmcp after they sit idle).
 //!
 //! Counters live in this process; with several replicas, sum them in Prometheus.
-//!
-//! Access: with `metrics_token` configured, a scrape must send `Authorization: Bearer TOKEN`
-//! (anything else is 401, nothing counted or read); the comparison is of SHA-256 digests, so
-//! its time does not depend on how much of the token matched. Without it `/metrics` is open:
-//! keep it on an internal network (the server warns at start when it listens beyond loopback).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

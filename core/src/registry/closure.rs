@@ -56,7 +56,7 @@ use serde_json::{Map, Value};
 
 /// The schema keyword marking the one sanctioned open object: the `arguments` of a step in a
 /// plan, validated per step against the schema of the step's tool when the plan is submitted.
-/// See [`closure`] for exactly where it is honoured.
+/// This module's doc says exactly where it is honoured.
 pub const PER_STEP_MARKER: &str = "x-countersign-validated-per-step";
 
 /// A closure or bounds problem at a JSON pointer inside the schema.

@@ -76,7 +76,7 @@ pub struct Tool {
     /// Derived from the handler's provider: whether it reaches outside systems.
     pub open_world: bool,
     /// JSON pointers (inside `input_schema`) of the per-step exemptions (see
-    /// [`PER_STEP_MARKER`]); empty for every tool but plan submission.
+    /// [`super::PER_STEP_MARKER`]); empty for every tool but plan submission.
     pub per_step_paths: Vec<String>,
     /// `review: required`: a planned step of this tool waits until a model reviewer's
     /// credential (never the planner's) approves its exact inputs; only then does it go on to

@@ -8,7 +8,6 @@ use super::store::{DbSessionStore, EXPIRES_AT};
 use crate::config::Config;
 use axum::http::StatusCode;
 use axum::response::Response;
-pub use countersign_app::DemoSignIn;
 use countersign_core::{Person, Store};
 use std::collections::HashMap;
 use std::sync::Arc;

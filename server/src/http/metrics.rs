@@ -1,6 +1,10 @@
-//! `GET /metrics`: the gateway's counters and two gauges in the Prometheus text format, behind
-//! `metrics_token` when one is configured (see `crate::metrics` for what is counted and how the
-//! token is compared).
+//! `GET /metrics`: the gateway's counters (`crate::metrics`) and two gauges in the Prometheus
+//! text format.
+//!
+//! Access: with `metrics_token` configured, a scrape must send `Authorization: Bearer TOKEN`
+//! (anything else is 401, nothing counted or read); the comparison is of SHA-256 digests, so
+//! its time does not depend on how much of the token matched. Without it `/metrics` is open:
+//! keep it on an internal network (the server warns at start when it listens beyond loopback).
 
 use std::fmt::Write as _;
 

@@ -19,7 +19,7 @@
 //!   only for the agent the token proves to be, and the pipeline uses it only for the run the
 //!   call resolves to on its own; otherwise it reads the context itself.
 
-use crate::pipeline::Admission;
+pub use crate::pipeline::Admission;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -1,5 +1,6 @@
 //! Who calls and what they propose: an authenticated agent (or an executor worker on a planned
-//! step's credential) and one proposed call.
+//! step's credential), what was read with its authentication ([`Admission`]: by the `/mcp`
+//! guard, or by the executor with its claim), and one proposed call.
 
 use crate::provenance::Provenance;
 use countersign_core::store::{AgentCredential, CallContext};

@@ -1,4 +1,4 @@
-//! Stages 10–12: the adapter's outcome (step status, key, audit) in one transaction; an earlier attempt's key.
+//! Stages 10–12: the adapter's outcome (step status, key, audit) in one transaction.
 
 use super::answer::Answer;
 use super::answer::Internal;
