@@ -7,6 +7,13 @@
 //! default. Errors name the key and where it came from; values of secret keys are never
 //! printed (they are held in [`Secret`]).
 
+mod keys;
+mod parse;
+
+pub use keys::{CONFIG_ENV, DEFAULT_CONFIG_FILE, KEYS, KeySpec};
+use keys::{env_name, known_keys};
+use parse::parse_duration;
+pub use parse::{parse_origin, parse_role_map};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,213 +26,8 @@ use countersign_core::audit::checkpoint::CheckpointSigner;
 use countersign_core::redact::RedactionKey;
 use url::Url;
 
-/// Environment variable naming the config file.
-pub const CONFIG_ENV: &str = "COUNTERSIGN_CONFIG";
-/// The file read when neither `--config` nor `COUNTERSIGN_CONFIG` names one, if it exists.
-pub const DEFAULT_CONFIG_FILE: &str = "countersign.toml";
 /// Environment variables with this prefix belong to the test harness, not to the server.
 const TEST_ENV_PREFIX: &str = "COUNTERSIGN_TEST_";
-
-/// One configuration key: its file name, whether its value is secret, and its help text.
-#[derive(Debug, Clone, Copy)]
-pub struct KeySpec {
-    /// Name in the TOML file; the environment name is `COUNTERSIGN_` + uppercase.
-    pub name: &'static str,
-    /// Never print the value.
-    pub secret: bool,
-    /// Default, as text, if any.
-    pub default: Option<&'static str>,
-    /// One line for the README and `--help`.
-    pub help: &'static str,
-}
-
-/// Every key Countersign understands.
-pub const KEYS: &[KeySpec] = &[
-    KeySpec {
-        name: "database_url",
-        secret: true,
-        default: Some("sqlite://data/countersign.db"),
-        help: "sqlite://PATH (embedded, zero set-up) or postgres://USER:PASS@HOST/DB",
-    },
-    KeySpec {
-        name: "listen",
-        secret: false,
-        default: Some("127.0.0.1:3000"),
-        help: "address and port to serve the dashboard, /mcp, /healthz and /metrics on",
-    },
-    KeySpec {
-        name: "public_url",
-        secret: false,
-        default: None,
-        help: "the URL people and agents reach this server at (default http://LISTEN)",
-    },
-    KeySpec {
-        name: "allowed_origins",
-        secret: false,
-        default: None,
-        help: "comma-separated origins browsers may call /mcp from (default: public_url's origin)",
-    },
-    KeySpec {
-        name: "registry",
-        secret: false,
-        default: None,
-        help: "registry YAML file or folder, loaded at start when the database holds none",
-    },
-    KeySpec {
-        name: "workers",
-        secret: false,
-        default: Some("1"),
-        help: "executor workers `serve` runs for planned steps (0 = none; run `countersign worker`)",
-    },
-    KeySpec {
-        name: "run_max_minutes",
-        secret: false,
-        default: Some("1440"),
-        help: "a planned run older than this stops: no further step starts",
-    },
-    KeySpec {
-        name: "run_max_spend",
-        secret: false,
-        default: None,
-        help: "most a planned run may move, in minor units (sum of `amount` of its steps); unset: no cap",
-    },
-    KeySpec {
-        name: "run_max_failures",
-        secret: false,
-        default: Some("3"),
-        help: "failed attempts in a row after which a planned run stops",
-    },
-    KeySpec {
-        name: "webhook_urls",
-        // A webhook URL is often the credential itself (Slack's incoming webhooks).
-        secret: true,
-        default: None,
-        help: "comma-separated URLs told (JSON POST, Slack-compatible `text`) when a gate opens or a failed run leaves a write for a person to undo",
-    },
-    KeySpec {
-        name: "log_format",
-        secret: false,
-        default: Some("text"),
-        help: "text (human) or json (one object per line)",
-    },
-    KeySpec {
-        name: "log_level",
-        secret: false,
-        default: Some("info,sqlx=warn"),
-        help: "tracing filter directives, e.g. info or countersign=debug,info",
-    },
-    KeySpec {
-        name: "audit_signing_key",
-        secret: true,
-        default: None,
-        help: "Ed25519 seed (32 bytes, hex or base64) that signs audit checkpoints; unset: none are written",
-    },
-    KeySpec {
-        name: "audit_checkpoint_every",
-        secret: false,
-        default: Some("1000"),
-        help: "sign an audit checkpoint once this many records are unsigned",
-    },
-    KeySpec {
-        name: "audit_checkpoint_minutes",
-        secret: false,
-        default: Some("10"),
-        help: "sign an audit checkpoint once the oldest unsigned record is this many minutes old",
-    },
-    KeySpec {
-        name: "redaction_key",
-        secret: true,
-        default: None,
-        help: "HMAC key (at least 32 bytes of text) for redacted values; its fingerprint is audited",
-    },
-    KeySpec {
-        name: "metrics_token",
-        secret: true,
-        default: None,
-        help: "bearer token (at least 32 printable ASCII characters) a scraper must send to /metrics; unset: /metrics is open",
-    },
-    KeySpec {
-        name: "site_root",
-        secret: false,
-        default: Some("target/site"),
-        help: "folder with the built dashboard assets (pkg/*.js, *.wasm, *.css)",
-    },
-    KeySpec {
-        name: "adapter_timeout",
-        secret: false,
-        default: Some("15s"),
-        help: "how long an http/mcp provider call may take (e.g. 15s, 800ms); longer = unknown",
-    },
-    KeySpec {
-        name: "oidc_issuer",
-        secret: false,
-        default: None,
-        help: "OpenID Connect issuer URL for dashboard sign-in (unset: demo sign-in on loopback only)",
-    },
-    KeySpec {
-        name: "oidc_client_id",
-        secret: false,
-        default: None,
-        help: "client id registered at the issuer; redirect URI is PUBLIC_URL/auth/callback",
-    },
-    KeySpec {
-        name: "oidc_client_secret",
-        secret: true,
-        default: None,
-        help: "client secret registered at the issuer",
-    },
-    KeySpec {
-        name: "oidc_role_claim",
-        secret: false,
-        default: Some("groups"),
-        help: "ID-token claim (string or list of strings) that the role map reads",
-    },
-    KeySpec {
-        name: "oidc_role_map",
-        secret: false,
-        default: Some(
-            "ap-clerks=approver,managers=manager,admins=admin,auditors=auditor,\
-             platform-admins=admin,platform-admins=platform_admin",
-        ),
-        help: "comma-separated GROUP=ROLE pairs; roles: approver, manager, admin, auditor, platform_admin",
-    },
-    KeySpec {
-        name: "oidc_tenant_claim",
-        secret: false,
-        default: Some("tenant"),
-        help: "ID-token claim naming the person's tenant",
-    },
-    KeySpec {
-        name: "oidc_recheck_minutes",
-        secret: false,
-        default: Some("5"),
-        help: "re-derive a signed-in person's roles and tenant from the issuer this often (refresh token or userinfo); at most 10",
-    },
-    KeySpec {
-        name: "session_idle_minutes",
-        secret: false,
-        default: Some("30"),
-        help: "a dashboard session ends after this many minutes without a request",
-    },
-    KeySpec {
-        name: "session_max_hours",
-        secret: false,
-        default: Some("12"),
-        help: "a dashboard session ends this many hours after sign-in, active or not",
-    },
-    KeySpec {
-        name: "demo",
-        secret: false,
-        default: Some("false"),
-        help: "on an empty database, play the finance demo at start (scripted agents, a demo approver); `make run` turns it on",
-    },
-    KeySpec {
-        name: "demo_sign_in",
-        secret: false,
-        default: Some("false"),
-        help: "offer seeded demo people at /auth/demo (only with no OIDC issuer, on loopback, never through a proxy); `make run` turns it on",
-    },
-];
 
 /// The longest a signed-in person's roles may go without being re-derived from the provider:
 /// removing someone from a group takes effect within this many minutes.
@@ -365,27 +167,9 @@ pub enum ConfigError {
     },
 }
 
-/// Parses an origin (`http(s)://host[:port]`, no path) into the form browsers send in the
-/// `Origin` header (default ports dropped, host lower-cased); `None` if it is not one.
-pub fn parse_origin(text: &str) -> Option<String> {
-    let url = Url::parse(text.trim()).ok()?;
-    let bare = url.path() == "/" && url.query().is_none() && url.fragment().is_none();
-    let plain = url.username().is_empty() && url.password().is_none();
-    (matches!(url.scheme(), "http" | "https") && url.host_str().is_some() && bare && plain)
-        .then(|| url.origin().ascii_serialization())
-}
-
 struct Raw {
     value: String,
     source: Source,
-}
-
-fn env_name(key: &str) -> String {
-    format!("COUNTERSIGN_{}", key.to_ascii_uppercase())
-}
-
-fn known_keys() -> String {
-    KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
 }
 
 impl Config {
@@ -913,44 +697,3 @@ fn secure_off_loopback(
 
 /// The shortest `metrics_token` accepted.
 pub const MIN_METRICS_TOKEN: usize = 32;
-
-/// `800ms` or `15s`: a whole number of milliseconds or seconds.
-fn parse_duration(text: &str) -> Option<Duration> {
-    let (digits, ms) = match text.strip_suffix("ms") {
-        Some(d) => (d, true),
-        None => (text.strip_suffix('s')?, false),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(if ms {
-        Duration::from_millis(n)
-    } else {
-        Duration::from_secs(n)
-    })
-}
-
-/// Parses `GROUP=ROLE,GROUP=ROLE`; a group may map to several roles by repeating it.
-pub fn parse_role_map(text: &str) -> Result<Vec<(String, AppRole)>, String> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|pair| {
-            let (group, role) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not GROUP=ROLE"))?;
-            let role = AppRole::parse(role.trim()).ok_or_else(|| {
-                format!(
-                    "{pair:?}: unknown role; expected approver, manager, admin, auditor or \
-                     platform_admin"
-                )
-            })?;
-            let group = group.trim();
-            if group.is_empty() {
-                return Err(format!("{pair:?} names no group"));
-            }
-            Ok((group.to_string(), role))
-        })
-        .collect()
-}
