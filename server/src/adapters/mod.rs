@@ -18,9 +18,11 @@ pub use contract::{
 };
 
 pub mod builtin;
+mod demo_kit;
 pub mod http;
 pub mod mcp;
 pub mod recovery;
+mod seed;
 pub mod stillon;
 
 use std::collections::BTreeMap;

@@ -30,13 +30,14 @@
 //! `taken` or `yours` — so a plan can carry "slot 20:00 free" as observed state
 //! (`slots.2000 = free`) and the executor can re-read it before mutating.
 
+pub use super::seed::seed_stillon;
 use countersign_core::Store;
 use countersign_core::policy::ResourceFact;
 use countersign_core::store::{Applied, DemoEffect, DemoObject, ObjectWrite};
 use serde_json::{Map, Value, json};
 
-use super::builtin::{arg, parse, rejected, unavailable, with_faults};
 use super::contract::{Adapter, AdapterError, BoxFuture, Invocation};
+use super::demo_kit::{arg, parse, rejected, unavailable, with_faults};
 use super::recovery;
 
 /// StillOn's system (and provider) name.
@@ -99,7 +100,7 @@ impl StillOn {
         id: &str,
         tenant: &str,
     ) -> Result<Option<(DemoObject, Value)>, AdapterError> {
-        super::builtin::tenant_object(&self.store, STILLON, kind, id, tenant).await
+        super::demo_kit::tenant_object(&self.store, STILLON, kind, id, tenant).await
     }
 
     async fn must_get(
@@ -108,7 +109,7 @@ impl StillOn {
         id: &str,
         tenant: &str,
     ) -> Result<(DemoObject, Value), AdapterError> {
-        super::builtin::must_tenant_object(&self.store, STILLON, kind, id, tenant).await
+        super::demo_kit::must_tenant_object(&self.store, STILLON, kind, id, tenant).await
     }
 
     /// A record of the caller's tenant owned by the party the call is made for.
@@ -635,7 +636,7 @@ impl StillOn {
             .map_err(unavailable)?
         {
             Applied::Now => Ok(Some(result.clone())),
-            Applied::Before(before) => super::builtin::replayed(&before, call).map(Some),
+            Applied::Before(before) => super::demo_kit::replayed(&before, call).map(Some),
             Applied::Changed => Ok(None),
         }
     }
@@ -651,7 +652,7 @@ impl StillOn {
             .await
             .map_err(unavailable)?
         {
-            return super::builtin::replayed(&before, call);
+            return super::demo_kit::replayed(&before, call);
         }
         if call.operation == "dining.reservation.modify" {
             return self.modify(call, misapply).await;
@@ -794,127 +795,4 @@ impl Adapter for StillOn {
             _ => &[],
         }
     }
-}
-
-/// StillOn's starting records (seed 004), inserted where missing: restaurant "Osteria Lume"
-/// with reservation 8472 at 19:30 on 2026-06-11 for `user-123` (party of 4), another
-/// restaurant, a reservation of another traveller, the dinner's calendar event, the ride to
-/// it (leaving after flight TP1351, due 17:45), the flight, the traveller's constraints as
-/// data (see [`super::recovery`]), the guest's contact — and `user-123`'s standing authorization to move a reservation of
-/// theirs by at most 30 minutes (see [`crate::standing`]).
-pub async fn seed_stillon(store: &Store) -> Result<(), countersign_core::StoreError> {
-    let date = "2026-06-11";
-    let slots = |taken: &[(&str, &str)]| {
-        let mut day = Map::new();
-        for t in ["18:30", "19:00", "19:30", "20:00", "20:30", "21:00"] {
-            let state = taken
-                .iter()
-                .find(|(time, _)| *time == t)
-                .map_or("free", |(_, s)| s);
-            day.insert(t.into(), json!(state));
-        }
-        json!({ date: day })
-    };
-    let rows: Vec<(&str, &str, &str, Value)> = vec![
-        (
-            "restaurant",
-            "RST-1001",
-            TENANT,
-            json!({"restaurant_id": "RST-1001", "name": "Osteria Lume", "city": "Lisbon",
-                   "cuisine": "italian", "max_party": 8,
-                   "slots": slots(&[("19:30", "R:8472"), ("20:30", "taken"), ("21:00", "R:8473")])}),
-        ),
-        (
-            "restaurant",
-            "RST-1002",
-            TENANT,
-            json!({"restaurant_id": "RST-1002", "name": "Tasca do Rio", "city": "Lisbon",
-                   "cuisine": "seafood", "max_party": 6,
-                   "slots": slots(&[("19:30", "taken"), ("20:00", "taken")])}),
-        ),
-        (
-            "reservation",
-            "8472",
-            TENANT,
-            json!({"reservation_id": 8472, "restaurant_id": "RST-1001",
-                   "restaurant_name": "Osteria Lume", "date": date, "time": "19:30",
-                   "starts_at": format!("{date}T19:30:00+01:00"), "party_size": 4,
-                   "owner": TRAVELLER, "status": "confirmed"}),
-        ),
-        (
-            "reservation",
-            "8473",
-            TENANT,
-            json!({"reservation_id": 8473, "restaurant_id": "RST-1001",
-                   "restaurant_name": "Osteria Lume", "date": date, "time": "21:00",
-                   "starts_at": format!("{date}T21:00:00+01:00"), "party_size": 2,
-                   "owner": "user-456", "status": "confirmed"}),
-        ),
-        (
-            "calendar_event",
-            "EVT-0000a1b2",
-            TENANT,
-            json!({"event_id": "EVT-0000a1b2", "owner": TRAVELLER,
-                   "title": "Dinner at Osteria Lume (party of 4)",
-                   "start": format!("{date}T19:30:00+01:00"), "end": format!("{date}T21:30:00+01:00"),
-                   "revision": 1,
-                   "revisions": [{"revision": 1, "start": format!("{date}T19:30:00+01:00"),
-                                  "end": format!("{date}T21:30:00+01:00")}]}),
-        ),
-        (
-            "ride",
-            "RIDE-20260611",
-            TENANT,
-            json!({"ride_id": "RIDE-20260611", "owner": TRAVELLER, "from": "Lisbon airport",
-                   "to": "Osteria Lume", "pickup_at": format!("{date}T19:00:00+01:00"),
-                   "status": "booked", "after_flight": "FLIGHT-TP1351",
-                   "for_reservation": 8472, "drive_minutes": 25}),
-        ),
-        (
-            "flight",
-            "FLIGHT-TP1351",
-            TENANT,
-            json!({"flight_id": "FLIGHT-TP1351", "owner": TRAVELLER, "number": "TP1351",
-                   "from": "Paris CDG", "to": "Lisbon",
-                   "scheduled_arrival": format!("{date}T17:45:00+01:00"),
-                   "estimated_arrival": format!("{date}T17:45:00+01:00"),
-                   "transfer_minutes": 15}),
-        ),
-        (
-            "constraints",
-            TRAVELLER,
-            TENANT,
-            json!({"party": TRAVELLER, "constraints": [
-                {"id": "party.together", "rank": 1, "kind": "hard",
-                 "says": "Keep the party of four together at one table",
-                 "rule": {"party_size": "booked"}},
-                {"id": "arrive.in_time", "rank": 2, "kind": "hard",
-                 "says": "Only times the traveller can reach after the flight",
-                 "rule": {"not_before": "earliest_arrival"}},
-                {"id": "prefer.2000", "rank": 3, "kind": "soft",
-                 "says": "Prefer dinner at 20:00", "rule": {"time": "20:00"}},
-                {"id": "same.restaurant", "rank": 4, "kind": "soft",
-                 "says": "Prefer the restaurant already booked",
-                 "rule": {"restaurant": "booked"}}]}),
-        ),
-        (
-            "contact",
-            "CONTACT-0042",
-            TENANT,
-            json!({"contact_id": "CONTACT-0042", "owner": TRAVELLER, "name": "Marta",
-                   "sms": "+351 910 000 042", "email": "marta@example.org"}),
-        ),
-    ];
-    for (kind, id, tenant, data) in rows {
-        store
-            .demo_seed(STILLON, kind, id, tenant, &data.to_string())
-            .await?;
-    }
-    crate::standing::seed_grant(
-        store,
-        TENANT,
-        &crate::standing::reservation_shift_grant(TRAVELLER),
-    )
-    .await?;
-    Ok(())
 }
