@@ -15,41 +15,34 @@
 //!   with the first bad record; a tail too long to check on a page load is shown as
 //!   not checked, never as intact.
 
+mod export;
+mod metrics;
+pub use export::export;
+use metrics::{DAY_MS, compute_metrics, detail_of};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use countersign_app::audit::{
     Audit, AuditPage, AuditQuery, AuditRow, AuditSource, ChainStatus, PAGE_SIZE,
 };
 use countersign_app::inbox::{BoxFuture, format_amount, pretty_canonical};
-use countersign_app::metrics::{
-    DayCell, Latency, Metrics, MetricsData, MetricsSource, Series, ToolGate, WINDOW_DAYS,
-    percentile,
-};
+use countersign_app::metrics::{Metrics, MetricsData, MetricsSource, WINDOW_DAYS};
 use countersign_app::runs::{
     EventView, RunDetail, RunListPage, RunRow, Runs, RunsSource, StepCounts, StepLinks, StepView,
 };
+use countersign_core::StoreError;
 use countersign_core::audit::checkpoint::{PublicKey, VerifyFailure};
 use countersign_core::audit::{AuditRecord, ChainVerifier};
 use countersign_core::store::{AuditCursor, AuditFilter, Run};
-use countersign_core::{AppRole, StoreError};
 use serde_json::Value;
 
 use super::inbox::{target, utc};
 use crate::AppState;
-use crate::auth::CurrentUser;
 
 /// Runs per page of the run list.
 const RUNS_PAGE: i64 = 50;
 /// Records after the last signed checkpoint that a page load still verifies.
 pub const MAX_TAIL: i64 = 100_000;
-/// Records per query of the export.
-const EXPORT_PAGE: i64 = 1_000;
-const DAY_MS: i64 = 86_400_000;
 
 /// The store-backed sources of the three pages, and the one full chain verification this
 /// server runs at a time.
@@ -94,17 +87,6 @@ fn add_count(c: &mut StepCounts, status: &str, n: i64) {
         "pending" | "running" => c.open += n,
         "unknown" => c.unknown += n,
         _ => c.stopped += n,
-    }
-}
-
-/// The detail object of a stored record (empty when it has none).
-fn detail_of(record: &str) -> serde_json::Map<String, Value> {
-    match serde_json::from_str::<Value>(record) {
-        Ok(Value::Object(mut o)) => match o.remove("detail") {
-            Some(Value::Object(d)) => d,
-            _ => serde_json::Map::new(),
-        },
-        _ => serde_json::Map::new(),
     }
 }
 
@@ -193,11 +175,6 @@ fn utc_seconds(ms: i64) -> String {
         || "unknown time".into(),
         |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
     )
-}
-
-fn day_of(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map_or_else(String::new, |t| t.format("%Y-%m-%d").to_string())
 }
 
 /// Reads a time filter: Unix ms, `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM[:SS]` (UTC) or RFC 3339.
@@ -575,142 +552,6 @@ impl Views {
     }
 }
 
-#[derive(Default)]
-struct Gate {
-    tool: String,
-    rule: Option<String>,
-    opened: Option<i64>,
-    outcome: Option<(&'static str, i64)>,
-}
-
-/// Gate metrics from gate records in chain order, for the days from `since` (midnight UTC)
-/// to the day of `now`.
-pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> MetricsData {
-    let mut gates: BTreeMap<&str, Gate> = BTreeMap::new();
-    for r in records {
-        let Some(step) = r.step_id.as_deref() else {
-            continue;
-        };
-        let g = gates.entry(step).or_default();
-        if let Some(tool) = &r.tool {
-            g.tool.clone_from(tool);
-        }
-        match r.event.as_str() {
-            "waiting_approval" => {
-                g.opened.get_or_insert(r.at);
-                g.rule.clone_from(&r.rule);
-            }
-            "approved" => {
-                let d = detail_of(&r.record);
-                let given = d.get("approvals").and_then(Value::as_i64).unwrap_or(1);
-                let needed = d
-                    .get("approvals_needed")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(1);
-                if given >= needed && g.outcome.is_none() {
-                    g.outcome = Some(("approved", r.at));
-                }
-                if g.rule.is_none() {
-                    g.rule.clone_from(&r.rule);
-                }
-            }
-            "rejected" => {
-                if g.outcome.is_none() {
-                    g.outcome = Some(("rejected", r.at));
-                }
-                if g.rule.is_none() {
-                    g.rule.clone_from(&r.rule);
-                }
-            }
-            "expired" if g.outcome.is_none() => g.outcome = Some(("expired", r.at)),
-            _ => {}
-        }
-    }
-    let days = usize::try_from((now.max(since) - since) / DAY_MS + 1).unwrap_or(1);
-    let empty_days: Vec<DayCell> = (0..days)
-        .map(|i| DayCell {
-            day: day_of(since + i64::try_from(i).unwrap_or(0) * DAY_MS),
-            decided: 0,
-            rejected: 0,
-        })
-        .collect();
-    let mut by_tool: BTreeMap<String, Series> = BTreeMap::new();
-    let mut by_rule: BTreeMap<String, Series> = BTreeMap::new();
-    let mut tools: BTreeMap<String, ToolGate> = BTreeMap::new();
-    let mut latencies = Vec::new();
-    let mut expired = 0u32;
-    let series = |label: &str| Series {
-        label: label.to_string(),
-        decided: 0,
-        rejected: 0,
-        days: empty_days.clone(),
-    };
-    for g in gates.values() {
-        let in_window =
-            g.opened.is_some_and(|at| at >= since) || g.outcome.is_some_and(|(_, at)| at >= since);
-        if !in_window || g.tool.is_empty() {
-            continue;
-        }
-        let t = tools.entry(g.tool.clone()).or_insert_with(|| ToolGate {
-            tool: g.tool.clone(),
-            ..ToolGate::default()
-        });
-        if g.opened.is_some_and(|at| at >= since) {
-            t.opened += 1;
-        }
-        match g.outcome {
-            None => t.waiting += 1,
-            Some((_, at)) if at < since => {}
-            Some(("expired", _)) => {
-                t.expired += 1;
-                expired += 1;
-            }
-            Some((kind, at)) => {
-                let rejected = kind == "rejected";
-                if rejected {
-                    t.rejected += 1;
-                } else {
-                    t.approved += 1;
-                }
-                if let Some(opened) = g.opened {
-                    latencies.push(at - opened);
-                }
-                let day = usize::try_from((at - since) / DAY_MS).unwrap_or(0);
-                let rule = g.rule.clone().unwrap_or_else(|| "(no rule)".into());
-                for s in [
-                    by_tool
-                        .entry(g.tool.clone())
-                        .or_insert_with(|| series(&g.tool)),
-                    by_rule.entry(rule.clone()).or_insert_with(|| series(&rule)),
-                ] {
-                    s.decided += 1;
-                    s.rejected += u32::from(rejected);
-                    if let Some(cell) = s.days.get_mut(day) {
-                        cell.decided += 1;
-                        cell.rejected += u32::from(rejected);
-                    }
-                }
-            }
-        }
-    }
-    latencies.sort_unstable();
-    let latency = (!latencies.is_empty()).then(|| Latency {
-        decisions: u32::try_from(latencies.len()).unwrap_or(u32::MAX),
-        p50_ms: percentile(&latencies, 50).unwrap_or(0),
-        p90_ms: percentile(&latencies, 90).unwrap_or(0),
-        p99_ms: percentile(&latencies, 99).unwrap_or(0),
-    });
-    MetricsData {
-        since: day_of(since),
-        until: day_of(now),
-        by_tool: by_tool.into_values().collect(),
-        by_rule: by_rule.into_values().collect(),
-        tools: tools.into_values().collect(),
-        latency,
-        expired,
-    }
-}
-
 impl RunsSource for Views {
     fn runs<'a>(
         &'a self,
@@ -759,78 +600,6 @@ impl MetricsSource for Views {
                 .map_err(opaque("metrics: reading gates"))
         })
     }
-}
-
-/// `GET /audit/export.jsonl?…`: the records the search's filter matches, in chain order, as
-/// JSON lines (the `countersign audit export` format).
-pub async fn export(
-    State(state): State<AppState>,
-    CurrentUser(person): CurrentUser,
-    Query(q): Query<AuditQuery>,
-) -> Response {
-    let allowed = [AppRole::Auditor, AppRole::Admin, AppRole::Manager]
-        .iter()
-        .any(|r| person.has_role(*r));
-    let tenant = person.tenant.clone().filter(|t| !t.is_empty());
-    let Some(tenant) = tenant.filter(|_| allowed) else {
-        return (
-            StatusCode::FORBIDDEN,
-            "the audit export needs the auditor, admin or manager role and a tenant",
-        )
-            .into_response();
-    };
-    let filter = match filter_for(&tenant, &q) {
-        Ok(f) => f,
-        Err(msg) => return (StatusCode::BAD_REQUEST, msg).into_response(),
-    };
-    tracing::info!(sub = %person.sub, tenant = %tenant, "audit export");
-    let store = state.store.clone();
-    let stream = futures_util::stream::unfold(Some(0i64), move |after| {
-        let store = store.clone();
-        let filter = filter.clone();
-        async move {
-            let after = after?;
-            match store
-                .audit_matching_after(&filter, after, EXPORT_PAGE)
-                .await
-            {
-                Ok(page) if page.is_empty() => None,
-                Ok(page) => {
-                    let mut out = String::new();
-                    let mut last = after;
-                    for r in &page {
-                        last = r.seq;
-                        match serde_json::to_string(r) {
-                            Ok(line) => {
-                                out.push_str(&line);
-                                out.push('\n');
-                            }
-                            Err(e) => {
-                                return Some((Err(std::io::Error::other(e)), None));
-                            }
-                        }
-                    }
-                    Some((Ok(Bytes::from(out)), Some(last)))
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "audit export: reading failed; stream cut");
-                    Some((Err(std::io::Error::other(e.to_string())), None))
-                }
-            }
-        }
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "application/jsonl; charset=utf-8"),
-            (
-                header::CONTENT_DISPOSITION,
-                "attachment; filename=\"audit.jsonl\"",
-            ),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response()
 }
 
 #[cfg(test)]
