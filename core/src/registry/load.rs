@@ -50,116 +50,25 @@
 //! * The input schema passes [`super::closure`]; input and output schemas compile
 //!   ([`crate::schema::compile`]).
 
+pub use super::problems::{LoadError, Problem, Problems, Subject};
+pub(crate) use super::problems::{Sink, ptr};
+pub(crate) use super::tool_parts::{
+    RoleTools, numeric_amount, parse_approval, parse_handler, parse_providers, parse_redact,
+    parse_roles,
+};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::closure::{check_input_schema, escape_segment};
-use super::model::{
-    Approval, DEFAULT_APPROVAL_EXPIRY, Handler, Provider, ProviderKind, RedactHow, Redaction,
-    Registry, Role, Tool,
-};
+use super::closure::check_input_schema;
+use super::model::{Approval, Handler, Provider, ProviderKind, Redaction, Registry, Role, Tool};
 use super::names::is_valid_name;
 use super::names::{ProviderName, RoleName, ToolName};
-use super::span::Span;
 use crate::model::{Effect, Gate};
 use crate::schema::Validators;
-
-/// What a problem is about.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Subject {
-    /// The file as a whole (syntax, top-level keys).
-    File,
-    /// A tool, by the name written.
-    Tool(String),
-    /// A role, by the name written.
-    Role(String),
-    /// A provider, by the name written.
-    Provider(String),
-}
-
-impl fmt::Display for Subject {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::File => f.write_str("file"),
-            Self::Tool(n) => write!(f, "tool {n}"),
-            Self::Role(n) => write!(f, "role {n}"),
-            Self::Provider(n) => write!(f, "provider {n}"),
-        }
-    }
-}
-
-/// One reason a registry was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// The file (or source name) it was found in.
-    pub source: String,
-    /// The tool, role or provider it is about.
-    pub subject: Subject,
-    /// JSON pointer inside the subject's definition (`""` is the whole definition).
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let path = if self.path.is_empty() {
-            "/"
-        } else {
-            &self.path
-        };
-        write!(
-            f,
-            "{}: {} at {path}: {}",
-            self.source, self.subject, self.message
-        )
-    }
-}
-
-/// Every problem found, one per line when displayed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problems(pub Vec<Problem>);
-
-impl fmt::Display for Problems {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "registry refused, {} problem(s):", self.0.len())?;
-        for p in &self.0 {
-            write!(f, "\n  {p}")?;
-        }
-        Ok(())
-    }
-}
-
-/// Why a registry did not load.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// A file or folder could not be read.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// What was being read.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The registry broke rules; every problem is listed.
-    #[error("{0}")]
-    Invalid(Problems),
-}
-
-impl LoadError {
-    /// The problems, when the registry was read but refused.
-    pub fn problems(&self) -> &[Problem] {
-        match self {
-            Self::Io { .. } => &[],
-            Self::Invalid(p) => &p.0,
-        }
-    }
-}
 
 /// Reads a file, or every `*.yaml` / `*.yml` file of a folder in name order.
 pub(crate) fn load_path(path: &Path) -> Result<Registry, LoadError> {
@@ -195,38 +104,16 @@ pub(crate) fn load_path(path: &Path) -> Result<Registry, LoadError> {
     load_sources(&sources)
 }
 
-/// Collects problems for one subject of one source.
-struct Sink<'a> {
-    problems: &'a mut Vec<Problem>,
-    source: &'a str,
-    subject: Subject,
-}
-
-impl Sink<'_> {
-    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.problems.push(Problem {
-            source: self.source.to_string(),
-            subject: self.subject.clone(),
-            path: path.into(),
-            message: message.into(),
-        });
-    }
-}
-
-fn ptr(base: &str, segment: &str) -> String {
-    format!("{base}/{}", escape_segment(segment))
-}
-
 /// A YAML mapping being read field by field: every field's problem is reported at its own
 /// path, and [`Fields::finish`] reports every unknown key.
-struct Fields<'a> {
-    map: &'a Map<String, Value>,
-    base: String,
-    known: &'static [&'static str],
+pub(crate) struct Fields<'a> {
+    pub(crate) map: &'a Map<String, Value>,
+    pub(crate) base: String,
+    pub(crate) known: &'static [&'static str],
 }
 
 impl<'a> Fields<'a> {
-    fn new(
+    pub(crate) fn new(
         value: &'a Value,
         base: String,
         known: &'static [&'static str],
@@ -244,11 +131,11 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn raw(&self, key: &str) -> Option<&'a Value> {
+    pub(crate) fn raw(&self, key: &str) -> Option<&'a Value> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
-    fn opt<T: DeserializeOwned>(&self, key: &str, sink: &mut Sink<'_>) -> Option<T> {
+    pub(crate) fn opt<T: DeserializeOwned>(&self, key: &str, sink: &mut Sink<'_>) -> Option<T> {
         let value = self.raw(key)?;
         match serde_json::from_value::<T>(value.clone()) {
             Ok(v) => Some(v),
@@ -259,7 +146,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn req<T: DeserializeOwned>(&self, key: &str, sink: &mut Sink<'_>) -> Option<T> {
+    pub(crate) fn req<T: DeserializeOwned>(&self, key: &str, sink: &mut Sink<'_>) -> Option<T> {
         if self.raw(key).is_none() {
             sink.push(self.base.clone(), format!("missing required key `{key}`"));
             return None;
@@ -267,7 +154,7 @@ impl<'a> Fields<'a> {
         self.opt(key, sink)
     }
 
-    fn finish(&self, sink: &mut Sink<'_>) {
+    pub(crate) fn finish(&self, sink: &mut Sink<'_>) {
         for key in self.map.keys() {
             if !self.known.contains(&key.as_str()) {
                 sink.push(
@@ -279,7 +166,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn kind_of(v: &Value) -> &'static str {
+pub(crate) fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "nothing",
         Value::Bool(_) => "a boolean",
@@ -291,13 +178,13 @@ fn kind_of(v: &Value) -> &'static str {
 }
 
 /// One entity as found in a source.
-struct Raw {
-    source: String,
-    value: Value,
+pub(crate) struct Raw {
+    pub(crate) source: String,
+    pub(crate) value: Value,
 }
 
-const TOP_KEYS: &[&str] = &["tools", "roles", "providers"];
-const TOOL_KEYS: &[&str] = &[
+pub(crate) const TOP_KEYS: &[&str] = &["tools", "roles", "providers"];
+pub(crate) const TOOL_KEYS: &[&str] = &[
     "title",
     "description",
     "version",
@@ -315,7 +202,7 @@ const TOOL_KEYS: &[&str] = &[
     "inputSchema",
     "outputSchema",
 ];
-const APPROVAL_KEYS: &[&str] = &[
+pub(crate) const APPROVAL_KEYS: &[&str] = &[
     "approver_roles",
     "expires",
     "step_up_max_age",
@@ -323,10 +210,10 @@ const APPROVAL_KEYS: &[&str] = &[
     "second_approval_above",
     "party_confirms",
 ];
-const HANDLER_KEYS: &[&str] = &["provider", "operation"];
-const REDACT_KEYS: &[&str] = &["field", "how"];
-const ROLE_KEYS: &[&str] = &["description", "tools"];
-const PROVIDER_KEYS: &[&str] = &[
+pub(crate) const HANDLER_KEYS: &[&str] = &["provider", "operation"];
+pub(crate) const REDACT_KEYS: &[&str] = &["field", "how"];
+pub(crate) const ROLE_KEYS: &[&str] = &["description", "tools"];
+pub(crate) const PROVIDER_KEYS: &[&str] = &[
     "kind",
     "description",
     "base_url",
@@ -343,20 +230,20 @@ pub(crate) fn gate_str(g: Gate) -> &'static str {
     }
 }
 
-fn parse_gate(s: &str) -> Option<Gate> {
+pub(crate) fn parse_gate(s: &str) -> Option<Gate> {
     [Gate::Never, Gate::Always, Gate::Policy]
         .into_iter()
         .find(|g| gate_str(*g) == s)
 }
 
-fn parse_provider_kind(s: &str) -> Option<ProviderKind> {
+pub(crate) fn parse_provider_kind(s: &str) -> Option<ProviderKind> {
     [ProviderKind::Http, ProviderKind::Mcp, ProviderKind::Builtin]
         .into_iter()
         .find(|k| k.as_str() == s)
 }
 
 /// A tool as parsed, before cross-references are resolved.
-struct Draft {
+pub(crate) struct Draft {
     source: String,
     name: ToolName,
     title: Option<String>,
@@ -514,154 +401,14 @@ pub(crate) fn load_sources(sources: &[(String, String)]) -> Result<Registry, Loa
     }
 }
 
-fn parse_providers(
-    raw: &BTreeMap<String, Raw>,
-    problems: &mut Vec<Problem>,
-) -> BTreeMap<ProviderName, Provider> {
-    let mut out = BTreeMap::new();
-    for (name, r) in raw {
-        let mut sink = Sink {
-            problems,
-            source: &r.source,
-            subject: Subject::Provider(name.clone()),
-        };
-        let parsed_name = ProviderName::parse(name).map_err(|e| sink.push("", e.to_string()));
-        let Some(f) = Fields::new(&r.value, String::new(), PROVIDER_KEYS, &mut sink) else {
-            continue;
-        };
-        f.finish(&mut sink);
-        let kind = f.req::<String>("kind", &mut sink).and_then(|k| {
-            let parsed = parse_provider_kind(&k);
-            if parsed.is_none() {
-                sink.push(
-                    "/kind",
-                    format!("unknown provider kind `{k}` (http, mcp, builtin)"),
-                );
-            }
-            parsed
-        });
-        let description: Option<String> = f.opt("description", &mut sink);
-        let base_url: Option<String> = f.opt("base_url", &mut sink);
-        let url: Option<String> = f.opt("url", &mut sink);
-        let allowed_hosts: BTreeSet<String> = f
-            .opt::<Vec<String>>("allowed_hosts", &mut sink)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|h| h.to_ascii_lowercase())
-            .collect();
-        let open_world: Option<bool> = f.opt("open_world", &mut sink);
-        let Some(kind) = kind else { continue };
-        let (needs, forbids) = match kind {
-            ProviderKind::Http => (Some("base_url"), Some("url")),
-            ProviderKind::Mcp => (Some("url"), Some("base_url")),
-            ProviderKind::Builtin => (None, None),
-        };
-        let endpoint = match kind {
-            ProviderKind::Http => base_url.as_ref(),
-            ProviderKind::Mcp => url.as_ref(),
-            ProviderKind::Builtin => None,
-        };
-        if let Some(key) = needs
-            && f.raw(key).is_none()
-        {
-            sink.push("", format!("a `{}` provider needs `{key}`", kind.as_str()));
-        }
-        for key in forbids.into_iter().chain(match kind {
-            ProviderKind::Builtin => vec!["base_url", "url", "allowed_hosts"],
-            ProviderKind::Http | ProviderKind::Mcp => vec![],
-        }) {
-            if f.raw(key).is_some() {
-                sink.push(
-                    format!("/{key}"),
-                    format!("a `{}` provider has no `{key}`", kind.as_str()),
-                );
-            }
-        }
-        if let (Some(key), Some(endpoint)) = (needs, endpoint) {
-            match url::Url::parse(endpoint) {
-                Ok(u) if matches!(u.scheme(), "http" | "https") => match u.host_str() {
-                    Some(host) if allowed_hosts.contains(&host.to_ascii_lowercase()) => {}
-                    Some(host) => sink.push(
-                        "/allowed_hosts",
-                        format!("the host of `{key}` ({host}) must be listed in `allowed_hosts`"),
-                    ),
-                    None => sink.push(format!("/{key}"), "the URL has no host"),
-                },
-                Ok(u) => sink.push(
-                    format!("/{key}"),
-                    format!("scheme `{}` is not http or https", u.scheme()),
-                ),
-                Err(e) => sink.push(format!("/{key}"), format!("not a URL: {e}")),
-            }
-        }
-        if let Ok(name) = parsed_name {
-            let open_world = open_world.unwrap_or(match kind {
-                ProviderKind::Builtin => false,
-                ProviderKind::Http | ProviderKind::Mcp => true,
-            });
-            out.insert(
-                name.clone(),
-                Provider {
-                    name,
-                    kind,
-                    description,
-                    base_url,
-                    url,
-                    allowed_hosts,
-                    open_world,
-                },
-            );
-        }
-    }
-    out
-}
-
-type RoleTools = BTreeMap<RoleName, Vec<(usize, String)>>;
-
-fn parse_roles(
-    raw: &BTreeMap<String, Raw>,
-    problems: &mut Vec<Problem>,
-) -> (BTreeMap<RoleName, Role>, RoleTools) {
-    let mut roles = BTreeMap::new();
-    let mut role_tools = BTreeMap::new();
-    for (name, r) in raw {
-        let mut sink = Sink {
-            problems,
-            source: &r.source,
-            subject: Subject::Role(name.clone()),
-        };
-        let parsed_name = RoleName::parse(name).map_err(|e| sink.push("", e.to_string()));
-        let Some(f) = Fields::new(&r.value, String::new(), ROLE_KEYS, &mut sink) else {
-            continue;
-        };
-        f.finish(&mut sink);
-        let description: Option<String> = f.req("description", &mut sink);
-        if description.as_deref().is_some_and(|d| d.trim().is_empty()) {
-            sink.push("/description", "the description is empty");
-        }
-        let tools: Vec<String> = f.opt("tools", &mut sink).unwrap_or_default();
-        if let Ok(name) = parsed_name {
-            role_tools.insert(name.clone(), tools.into_iter().enumerate().collect());
-            roles.insert(
-                name.clone(),
-                Role {
-                    name,
-                    description: description.unwrap_or_default(),
-                },
-            );
-        }
-    }
-    (roles, role_tools)
-}
-
-fn tool_ref(f: &Fields<'_>, key: &str, sink: &mut Sink<'_>) -> Option<ToolName> {
+pub(crate) fn tool_ref(f: &Fields<'_>, key: &str, sink: &mut Sink<'_>) -> Option<ToolName> {
     let s: String = f.opt(key, sink)?;
     ToolName::parse(&s)
         .map_err(|e| sink.push(format!("/{key}"), e.to_string()))
         .ok()
 }
 
-fn parse_tool(name: &str, r: &Raw, problems: &mut Vec<Problem>) -> Option<Draft> {
+pub(crate) fn parse_tool(name: &str, r: &Raw, problems: &mut Vec<Problem>) -> Option<Draft> {
     let mut sink = Sink {
         problems,
         source: &r.source,
@@ -788,145 +535,8 @@ fn parse_tool(name: &str, r: &Raw, problems: &mut Vec<Problem>) -> Option<Draft>
     })
 }
 
-fn parse_approval(v: &Value, sink: &mut Sink<'_>) -> Option<Approval> {
-    let f = Fields::new(v, "/approval".into(), APPROVAL_KEYS, sink)?;
-    f.finish(sink);
-    let approver_roles = f
-        .opt::<Vec<String>>("approver_roles", sink)
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, r)| {
-            RoleName::parse(&r)
-                .map_err(|e| sink.push(format!("/approval/approver_roles/{i}"), e.to_string()))
-                .ok()
-        })
-        .collect();
-    let expires: Option<Span> = f.opt("expires", sink);
-    let step_up_max_age: Option<Span> = f.opt("step_up_max_age", sink);
-    let four_eyes: Option<bool> = f.opt("four_eyes", sink);
-    let party_confirms: Option<bool> = f.opt("party_confirms", sink);
-    let second_approval_above: Option<serde_json::Number> = f.opt("second_approval_above", sink);
-    if second_approval_above
-        .as_ref()
-        .and_then(serde_json::Number::as_f64)
-        .is_some_and(|n| n < 0.0)
-    {
-        sink.push("/approval/second_approval_above", "must not be negative");
-    }
-    if party_confirms == Some(true) && second_approval_above.is_some() {
-        sink.push(
-            "/approval/party_confirms",
-            "a party's own confirmation has one approver: it cannot ask for a second above an amount",
-        );
-    }
-    Some(Approval {
-        approver_roles,
-        expires: expires.unwrap_or(DEFAULT_APPROVAL_EXPIRY),
-        step_up_max_age,
-        four_eyes: four_eyes.unwrap_or(false),
-        second_approval_above,
-        party_confirms: party_confirms.unwrap_or(false),
-    })
-}
-
-fn valid_operation(op: &str) -> bool {
-    !op.is_empty()
-        && op.len() <= 128
-        && op
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
-}
-
-fn parse_handler(v: &Value, sink: &mut Sink<'_>) -> Option<Handler> {
-    let (provider, operation) = match v {
-        // Short form from the seed: `erp.payments.schedule` = provider `erp`, operation
-        // `payments.schedule`.
-        Value::String(s) => match s.split_once('.') {
-            Some((p, op)) => (p.to_string(), op.to_string()),
-            None => {
-                sink.push(
-                    "/handler",
-                    "write the handler as `provider.operation` or {provider, operation}",
-                );
-                return None;
-            }
-        },
-        other => {
-            let f = Fields::new(other, "/handler".into(), HANDLER_KEYS, sink)?;
-            f.finish(sink);
-            let provider: Option<String> = f.req("provider", sink);
-            let operation: Option<String> = f.req("operation", sink);
-            (provider?, operation?)
-        }
-    };
-    let provider = ProviderName::parse(&provider)
-        .map_err(|e| sink.push("/handler/provider", e.to_string()))
-        .ok();
-    if !valid_operation(&operation) {
-        sink.push(
-            "/handler/operation",
-            "an operation is 1-128 characters of letters, digits, '.', '_', '-', '/'",
-        );
-        return None;
-    }
-    Some(Handler {
-        provider: provider?,
-        operation,
-    })
-}
-
-fn parse_redact(items: &[Value], sink: &mut Sink<'_>) -> Vec<Redaction> {
-    let mut out: Vec<Redaction> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let path = format!("/redact/{i}");
-        let parsed = match item {
-            Value::String(field) => Some(Redaction {
-                field: field.clone(),
-                how: RedactHow::Hash,
-            }),
-            other => Fields::new(other, path.clone(), REDACT_KEYS, sink).and_then(|f| {
-                f.finish(sink);
-                let field: Option<String> = f.req("field", sink);
-                let how = match f.opt::<String>("how", sink).as_deref() {
-                    None | Some("hash") => Some(RedactHow::Hash),
-                    Some("drop") => Some(RedactHow::Drop),
-                    Some(other) => {
-                        sink.push(
-                            format!("{path}/how"),
-                            format!("unknown `how` `{other}` (hash, drop)"),
-                        );
-                        None
-                    }
-                };
-                Some(Redaction {
-                    field: field?,
-                    how: how?,
-                })
-            }),
-        };
-        let Some(r) = parsed else { continue };
-        if r.field.trim().is_empty() {
-            sink.push(path, "the field name is empty");
-        } else if out.iter().any(|o| o.field == r.field) {
-            sink.push(path, format!("`{}` is redacted twice", r.field));
-        } else {
-            out.push(r);
-        }
-    }
-    out
-}
-
-fn numeric_amount(schema: &Value) -> bool {
-    let t = schema.pointer("/properties/amount/type");
-    match t {
-        Some(Value::String(s)) => s == "number" || s == "integer",
-        _ => false,
-    }
-}
-
 /// Cross-references: roles, tool references, providers, gates and approvals.
-fn resolve(
+pub(crate) fn resolve(
     drafts: Vec<Draft>,
     raw_tools: &BTreeMap<String, Raw>,
     raw_roles: &BTreeMap<String, Raw>,

@@ -31,7 +31,9 @@ mod export;
 pub mod load;
 mod model;
 mod names;
+mod problems;
 mod span;
+mod tool_parts;
 
 use std::path::Path;
 

@@ -28,8 +28,10 @@ mod proposals;
 mod registry;
 mod runs;
 mod standing;
+mod step_model;
 pub(crate) mod steps;
 mod stops;
+mod transition_sql;
 mod views;
 
 use std::str::FromStr;
