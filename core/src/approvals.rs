@@ -386,6 +386,7 @@ impl Store {
                         actor: Some(person.clone()),
                         rule: step.rule.clone(),
                         detail,
+                        tenant: None,
                     },
                 )],
                 ..Transition::default()
@@ -481,6 +482,7 @@ impl Store {
             actor: Some(person.to_string()),
             rule: refusal.audited_rule().map(str::to_string),
             detail,
+            tenant: None,
         })
         .await?;
         Ok(())
@@ -503,12 +505,16 @@ impl Store {
             "INSERT INTO approvals ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
         );
         let earlier_sql = format!("SELECT {COLUMNS} FROM approvals WHERE step_id = $1");
+        // Every transition `transition` builds is of this step: its records join one chain.
+        let chain = self
+            .chain_for(transition(1).records.iter().map(|(_, r)| r))
+            .await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert_records:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<crate::audit::ChainHead> = None;
                 // The append lock before any row lock (see `store::group`): no lock cycles.
-                crate::audit::hold_head!(&mut *tx, $lock, &mut head);
+                crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
                 let earlier: Vec<Approval> = sqlx::query_as(&earlier_sql)
                     .bind(&approval.step_id)
                     .fetch_all(&mut *tx)
@@ -554,7 +560,9 @@ impl Store {
                     })
                     .count();
                 let t = transition(approvals);
-                match crate::store::steps::apply_transition!(&mut *tx, $lock, &mut head, &t, now) {
+                match crate::store::steps::apply_transition!(
+                    &mut *tx, $lock, &mut head, &chain, &t, now
+                ) {
                     Some(records) => {
                         $insert_records(&mut *tx, &records).await?;
                         tx.commit().await?;

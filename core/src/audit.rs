@@ -44,6 +44,9 @@ use crate::store::{Pool, Store, StoreError};
 mod chain;
 mod check;
 pub mod checkpoint;
+pub mod merkle;
+pub mod note;
+pub mod tree_head;
 
 /// Test access to the two halves of the per-record text check (see `check`'s invariant).
 #[cfg(feature = "test-support")]
@@ -52,8 +55,30 @@ pub use check::fast_and_general;
 /// `prev` of the first record.
 pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
-/// Advisory-lock key serialising Postgres appenders ("cs-audit" in ASCII).
-pub const PG_AUDIT_LOCK: i64 = 0x0063_732d_6175_6469;
+/// The chain of records that belong to no tenant (operational events of the platform).
+pub const SYSTEM_CHAIN: &str = "_system";
+
+/// The chain records written before chains per tenant (schema < 16) were moved into, byte for
+/// byte: the database refuses appends to it (migration 0016).
+pub const LEGACY_CHAIN: &str = "_legacy";
+
+/// The record format [`seal`] writes: the version 2 body names its chain and its version
+/// (`"chain"`, `"v":2`); version 1 (the [`LEGACY_CHAIN`]'s records) names neither.
+pub const RECORD_VERSION: i64 = 2;
+
+/// The chain a record of `tenant` (or of none) belongs to. Tenants are named by people and
+/// identity providers; a name starting with `_` would collide with the reserved chains
+/// ([`SYSTEM_CHAIN`], [`LEGACY_CHAIN`]) and is refused (fail closed: no record is written).
+pub fn chain_of_tenant(tenant: Option<&str>) -> Result<String, StoreError> {
+    match tenant {
+        None => Ok(SYSTEM_CHAIN.to_string()),
+        Some(t) if t.is_empty() || t.starts_with('_') => Err(StoreError::Conflict(format!(
+            "tenant {t:?} cannot have an audit chain: names starting with '_' (and the empty \
+             name) are reserved"
+        ))),
+        Some(t) => Ok(t.to_string()),
+    }
+}
 
 /// How many times an append retries after losing a race for the next `seq`.
 const APPEND_ATTEMPTS: usize = 8;
@@ -138,14 +163,25 @@ pub struct NewAuditRecord {
     pub rule: Option<String>,
     /// Everything else, as JSON.
     pub detail: Map<String, Value>,
+    /// The tenant whose chain the record joins. When `None`, the tenant of `run_id`'s run,
+    /// else [`SYSTEM_CHAIN`]. A record of a run may not name another tenant (refused).
+    pub tenant: Option<String>,
 }
 
 /// A stored record (and one line of `audit export`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 #[serde(deny_unknown_fields)]
 pub struct AuditRecord {
+    /// The chain: a tenant, [`SYSTEM_CHAIN`] or [`LEGACY_CHAIN`] (an export written before
+    /// chains per tenant has no such member: its records are the legacy chain's).
+    #[serde(default = "legacy_chain")]
+    pub chain: String,
     /// Position in the chain, from 1.
     pub seq: i64,
+    /// Where the record stands in the order records were written, across chains: for readers
+    /// only (not hashed, proves nothing); 0 for a record not read back from the database.
+    #[serde(default)]
+    pub pos: i64,
     /// Unix ms.
     pub at: i64,
     /// Event text.
@@ -168,6 +204,10 @@ pub struct AuditRecord {
     pub hash: String,
 }
 
+fn legacy_chain() -> String {
+    LEGACY_CHAIN.to_string()
+}
+
 /// What an appender holding the append lock knows of the chain: the next record's `seq`, the
 /// hash it links to, and the earliest `at` it may carry.
 ///
@@ -179,6 +219,8 @@ pub struct AuditRecord {
 /// hold small inversions; nothing rewrites them (the chain is append-only and hashed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ChainHead {
+    /// The chain.
+    pub(crate) chain: String,
     /// The next record's `seq`.
     pub(crate) seq: i64,
     /// The hash the next record links to.
@@ -194,11 +236,6 @@ impl ChainHead {
         now.max(self.at)
     }
 
-    /// The chain's last record as `(seq, hash)`; `None` for an empty chain.
-    pub(crate) fn last(&self) -> Option<(i64, String)> {
-        (self.seq > 1).then(|| (self.seq - 1, self.prev.clone()))
-    }
-
     /// Moves the head past `sealed`.
     pub(crate) fn advance(&mut self, sealed: &AuditRecord) {
         self.seq = sealed.seq + 1;
@@ -207,63 +244,54 @@ impl ChainHead {
     }
 }
 
-/// The chain head seen inside transaction `$tx`. Callers must hold the append lock (Postgres
-/// advisory lock, or SQLite's `BEGIN IMMEDIATE`).
+/// The head of chain `$chain` (`&str`) inside transaction `$tx`, its row locked until the
+/// transaction ends when `$lock` (Postgres: `SELECT … FOR UPDATE`; SQLite callers must have
+/// begun with `BEGIN IMMEDIATE`, the single write lock). A chain without a head row gets an
+/// empty one first (seq 0, [`GENESIS`]). Evaluates to a `ChainHead`; `?` propagates errors.
 macro_rules! chain_head {
-    ($tx:expr) => {{
-        let head: Option<(i64, String, i64)> =
-            sqlx::query_as("SELECT seq, hash, at FROM audit ORDER BY seq DESC LIMIT 1")
+    ($tx:expr, $lock:expr, $chain:expr) => {{
+        let chain: &str = $chain;
+        let read = if $lock {
+            "SELECT seq, hash, at FROM audit_chains WHERE chain = $1 FOR UPDATE"
+        } else {
+            "SELECT seq, hash, at FROM audit_chains WHERE chain = $1"
+        };
+        let mut head: Option<(i64, String, i64)> = sqlx::query_as(read)
+            .bind(chain)
+            .fetch_optional(&mut *$tx)
+            .await?;
+        if head.is_none() {
+            sqlx::query(
+                "INSERT INTO audit_chains (chain, seq, hash, at) VALUES ($1, 0, $2, $3)
+                 ON CONFLICT (chain) DO NOTHING",
+            )
+            .bind(chain)
+            .bind($crate::audit::GENESIS)
+            .bind(i64::MIN)
+            .execute(&mut *$tx)
+            .await?;
+            head = sqlx::query_as(read)
+                .bind(chain)
                 .fetch_optional(&mut *$tx)
                 .await?;
+        }
         match head {
             Some((seq, prev, at)) => $crate::audit::ChainHead {
+                chain: chain.to_string(),
                 seq: seq + 1,
                 prev,
                 at,
             },
-            None => $crate::audit::ChainHead {
-                seq: 1,
-                prev: $crate::audit::GENESIS.to_string(),
-                at: i64::MIN,
-            },
+            None => {
+                return Err($crate::store::StoreError::Conflict(format!(
+                    "audit chain {chain:?} has no head"
+                ))
+                .into());
+            }
         }
     }};
 }
 pub(crate) use chain_head;
-
-/// Seals `$new` at `$head` (`&mut ChainHead`) at time `$at` (clamped to the head's, see
-/// [`ChainHead`]), inserts it and advances the head. Evaluates to the `AuditRecord`; `?`
-/// propagates errors.
-macro_rules! insert_sealed {
-    ($tx:expr, $head:expr, $new:expr, $event:expr, $at:expr) => {{
-        let head: &mut $crate::audit::ChainHead = $head;
-        let new: &$crate::audit::NewAuditRecord = $new;
-        let event: $crate::audit::AuditEvent = $event;
-        let at: i64 = head.at_for($at);
-        let sealed = $crate::audit::seal(new, event, head.seq, at, &head.prev)
-            .map_err(|e| $crate::store::StoreError::Conflict(format!("audit record: {e}")))?;
-        sqlx::query(
-            "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(sealed.seq)
-        .bind(sealed.at)
-        .bind(&sealed.event)
-        .bind(&sealed.run_id)
-        .bind(&sealed.step_id)
-        .bind(&sealed.tool)
-        .bind(&sealed.actor)
-        .bind(&sealed.rule)
-        .bind(&sealed.record)
-        .bind(&sealed.prev)
-        .bind(&sealed.hash)
-        .execute(&mut *$tx)
-        .await?;
-        head.advance(&sealed);
-        sealed
-    }};
-}
-pub(crate) use insert_sealed;
 
 /// Seals `$new` at `$head` (`&mut ChainHead`) at time `$at` (clamped to the head's, see
 /// [`ChainHead`]) and advances the head without writing it: the caller inserts the sealed
@@ -273,7 +301,7 @@ macro_rules! seal_next {
     ($head:expr, $new:expr, $event:expr, $at:expr) => {{
         let head: &mut $crate::audit::ChainHead = $head;
         let at: i64 = head.at_for($at);
-        let sealed = $crate::audit::seal($new, $event, head.seq, at, &head.prev)
+        let sealed = $crate::audit::seal(&head.chain, $new, $event, head.seq, at, &head.prev)
             .map_err(|e| $crate::store::StoreError::Conflict(format!("audit record: {e}")))?;
         head.advance(&sealed);
         sealed
@@ -281,9 +309,13 @@ macro_rules! seal_next {
 }
 pub(crate) use seal_next;
 
+/// The columns an INSERT of sealed records writes, in this order (`pos` is the database's).
+pub(crate) const INSERT_COLUMNS: &str =
+    "chain, seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash";
+
 /// Binds the columns of `$records` (`&[AuditRecord]`) to Postgres query `$q` as eleven
-/// arrays, in the table's order (`seq, at, event, run_id, step_id, tool, actor, rule, record,
-/// prev, hash`).
+/// arrays, in the table's order after the chain (`seq, at, event, run_id, step_id, tool,
+/// actor, rule, record, prev, hash`).
 macro_rules! bind_record_arrays {
     ($q:expr, $records:expr) => {{
         let records: &[$crate::audit::AuditRecord] = $records;
@@ -308,39 +340,58 @@ macro_rules! bind_record_arrays {
 }
 pub(crate) use bind_record_arrays;
 
-/// Inserts sealed `records` (consecutive, in chain order) in one statement (Postgres).
+/// The one chain of sealed `records`; `None` when there are none.
+///
+/// # Errors
+/// They span several chains (a transaction appends to one chain).
+pub(crate) fn one_chain(records: &[AuditRecord]) -> Result<Option<&str>, sqlx::Error> {
+    let Some(first) = records.first() else {
+        return Ok(None);
+    };
+    if records.iter().any(|r| r.chain != first.chain) {
+        return Err(sqlx::Error::Protocol(
+            "a transaction appends to one audit chain".into(),
+        ));
+    }
+    Ok(Some(first.chain.as_str()))
+}
+
+/// Inserts sealed `records` (consecutive, in chain order, of one chain) in one statement
+/// (Postgres). The database checks that they extend their chain's head and advances it.
 pub(crate) async fn insert_all_pg(
     tx: &mut sqlx::PgConnection,
     records: &[AuditRecord],
 ) -> Result<(), sqlx::Error> {
-    if records.is_empty() {
+    let Some(chain) = one_chain(records)? else {
         return Ok(());
-    }
+    };
     let q = sqlx::query(
-        "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
-         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::text[], $4::text[], $5::text[],
-                              $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-                              $11::text[])",
-    );
+        "INSERT INTO audit (chain, seq, at, event, run_id, step_id, tool, actor, rule, record,
+                            prev, hash)
+         SELECT $1, r.* FROM UNNEST($2::int8[], $3::int8[], $4::text[], $5::text[], $6::text[],
+                                    $7::text[], $8::text[], $9::text[], $10::text[],
+                                    $11::text[], $12::text[]) AS r",
+    )
+    .bind(chain);
     bind_record_arrays!(q, records).execute(&mut *tx).await?;
     Ok(())
 }
 
-/// Inserts sealed `records` (consecutive, in chain order) in as few statements as SQLite's
-/// bound-parameter limit allows.
+/// Inserts sealed `records` (consecutive, in chain order, of one chain) in as few statements
+/// as SQLite's bound-parameter limit allows. The database checks that each extends its
+/// chain's head and advances it.
 pub(crate) async fn insert_all_sqlite(
     tx: &mut sqlx::SqliteConnection,
     records: &[AuditRecord],
 ) -> Result<(), sqlx::Error> {
+    one_chain(records)?;
     for chunk in records.chunks(64) {
-        let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
-        let sql = format!(
-            "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
-             VALUES {rows}"
-        );
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+        let sql = format!("INSERT INTO audit ({INSERT_COLUMNS}) VALUES {rows}");
         let mut q = sqlx::query(&sql);
         for r in chunk {
             q = q
+                .bind(&r.chain)
                 .bind(r.seq)
                 .bind(r.at)
                 .bind(&r.event)
@@ -358,54 +409,83 @@ pub(crate) async fn insert_all_sqlite(
     Ok(())
 }
 
-/// Takes the Postgres append lock when `$lock` (SQLite callers must have begun with
-/// `BEGIN IMMEDIATE`) and reads the head into `$head` (`&mut Option<ChainHead>`) unless
-/// this transaction already holds it. Evaluates to `&mut ChainHead`.
+/// Inserting sealed records on either backend's connection ([`insert_all_pg`],
+/// [`insert_all_sqlite`]).
+pub(crate) trait InsertRecords {
+    /// Inserts `records` (consecutive, in chain order, of one chain).
+    async fn insert_records(&mut self, records: &[AuditRecord]) -> Result<(), sqlx::Error>;
+}
+
+impl InsertRecords for sqlx::PgConnection {
+    async fn insert_records(&mut self, records: &[AuditRecord]) -> Result<(), sqlx::Error> {
+        insert_all_pg(self, records).await
+    }
+}
+
+impl InsertRecords for sqlx::SqliteConnection {
+    async fn insert_records(&mut self, records: &[AuditRecord]) -> Result<(), sqlx::Error> {
+        insert_all_sqlite(self, records).await
+    }
+}
+
+/// Locks chain `$chain`'s head (when `$lock`: Postgres; SQLite callers must have begun with
+/// `BEGIN IMMEDIATE`) and reads it into `$head` (`&mut Option<ChainHead>`) unless this
+/// transaction already holds it. Evaluates to `&mut ChainHead`.
+///
+/// INVARIANT (one chain per transaction): a transaction holding one chain's head that asks for
+/// another's fails (nothing is written): every writer's locks are then one head row, then the
+/// rows it changes — the lock order that keeps writers of different chains from deadlocking.
 macro_rules! hold_head {
-    ($tx:expr, $lock:expr, $head:expr) => {{
+    ($tx:expr, $lock:expr, $head:expr, $chain:expr) => {{
         let slot: &mut Option<$crate::audit::ChainHead> = $head;
+        let chain: &str = $chain;
         if slot.is_none() {
-            if $lock {
-                sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind($crate::audit::PG_AUDIT_LOCK)
-                    .execute(&mut *$tx)
-                    .await?;
-            }
-            *slot = Some($crate::audit::chain_head!($tx));
+            *slot = Some($crate::audit::chain_head!($tx, $lock, chain));
         }
         match slot.as_mut() {
-            Some(h) => h,
+            Some(h) if h.chain == chain => h,
+            Some(h) => {
+                return Err($crate::store::StoreError::Conflict(format!(
+                    "a transaction appends to one audit chain: holding {:?}, asked for {chain:?}",
+                    h.chain
+                ))
+                .into());
+            }
             None => {
                 return Err($crate::store::StoreError::Conflict(
                     "audit head not held".into(),
-                ));
+                )
+                .into());
             }
         }
     }};
 }
 pub(crate) use hold_head;
 
-/// Appends one record inside an open transaction `$tx` (`&mut *tx`); `$lock` = take the
-/// Postgres advisory lock first (SQLite callers must have begun with `BEGIN IMMEDIATE`).
-/// Evaluates to `AuditRecord`; `?` propagates errors. Used by [`Store::append_audit`]; step
-/// transitions and the group committer ([`crate::store`]) use its parts directly.
+/// Appends one record to chain `$chain` inside an open transaction `$tx` (`&mut *tx`); `$lock`
+/// = lock the head row first (Postgres; SQLite callers must have begun with `BEGIN
+/// IMMEDIATE`). Evaluates to `AuditRecord`; `?` propagates errors.
 macro_rules! append_in_tx {
-    ($tx:expr, $lock:expr, $new:expr, $event:expr, $at:expr) => {{
+    ($tx:expr, $lock:expr, $chain:expr, $new:expr, $event:expr, $at:expr) => {{
         let mut head: Option<$crate::audit::ChainHead> = None;
-        let head = $crate::audit::hold_head!($tx, $lock, &mut head);
-        $crate::audit::insert_sealed!($tx, head, $new, $event, $at)
+        let head = $crate::audit::hold_head!($tx, $lock, &mut head, $chain);
+        let sealed = $crate::audit::seal_next!(head, $new, $event, $at);
+        $crate::audit::InsertRecords::insert_records(&mut *$tx, std::slice::from_ref(&sealed))
+            .await?;
+        sealed
     }};
 }
 pub(crate) use append_in_tx;
 
-const COLUMNS: &str = "seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash";
+const COLUMNS: &str =
+    "chain, seq, pos, at, event, run_id, step_id, tool, actor, rule, record, prev, hash";
 
 /// The statement [`Store::audit_for_step`] runs (binds: step id, run id, limit); public so
 /// a test can ask each backend's planner how it reads it.
 pub fn audit_for_step_sql() -> String {
     format!(
         "SELECT {COLUMNS} FROM audit WHERE step_id = $1 AND run_id = $2
-          ORDER BY seq DESC LIMIT $3"
+          ORDER BY pos DESC LIMIT $3"
     )
 }
 
@@ -413,13 +493,13 @@ pub fn audit_for_step_sql() -> String {
 pub(crate) const FAILURE_PAGE: i64 = 16;
 
 /// A scalar subquery: the newest `{limit}` ([`FAILURE_PAGE`]) records of run `{run}` as
-/// `seq:event`, comma-separated, newest first (events are plain words); NULL when it has none.
+/// `pos:event`, comma-separated, newest first (events are plain words); NULL when it has none.
 /// Read by [`parse_recent_events`].
-pub(crate) const RECENT_EVENTS_SQL: &str = "(SELECT string_agg(x.seq || ':' || x.event, ','
-       ORDER BY x.seq DESC) FROM (SELECT seq, event FROM audit WHERE run_id = {run}
-       ORDER BY seq DESC LIMIT {limit}) x)";
+pub(crate) const RECENT_EVENTS_SQL: &str = "(SELECT string_agg(x.pos || ':' || x.event, ','
+       ORDER BY x.pos DESC) FROM (SELECT pos, event FROM audit WHERE run_id = {run}
+       ORDER BY pos DESC LIMIT {limit}) x)";
 
-/// [`RECENT_EVENTS_SQL`]'s text as `(seq, event)` pairs; `None` if it is not that shape.
+/// [`RECENT_EVENTS_SQL`]'s text as `(pos, event)` pairs; `None` if it is not that shape.
 pub(crate) fn parse_recent_events(text: Option<&str>) -> Option<Vec<(i64, String)>> {
     let Some(text) = text else {
         return Some(Vec::new());
@@ -458,9 +538,13 @@ impl Store {
         new: &NewAuditRecord,
         event: AuditEvent,
     ) -> Result<AuditRecord, StoreError> {
+        let chain = self.chain_for([new]).await?;
         if let Some(c) = &self.committer
             && let Some(done) = c
-                .submit(crate::store::group::Work::Append(new.clone(), event))
+                .submit(
+                    chain.clone(),
+                    crate::store::group::Work::Append(new.clone(), event),
+                )
                 .await
         {
             return match done? {
@@ -474,7 +558,7 @@ impl Store {
         macro_rules! append_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
-                let r = append_in_tx!(&mut *tx, $lock, new, event, at);
+                let r = append_in_tx!(&mut *tx, $lock, &chain, new, event, at);
                 tx.commit().await?;
                 r
             }};
@@ -488,15 +572,19 @@ impl Store {
         Ok(r)
     }
 
-    /// Records with `seq >= from`, in order, at most `limit`.
+    /// Records of `chain` with `seq >= from`, in order, at most `limit`.
     pub async fn audit_records(
         &self,
+        chain: &str,
         from: i64,
         limit: i64,
     ) -> Result<Vec<AuditRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM audit WHERE seq >= $1 ORDER BY seq LIMIT $2");
+        let sql = format!(
+            "SELECT {COLUMNS} FROM audit WHERE chain = $1 AND seq >= $2 ORDER BY seq LIMIT $3"
+        );
         let rows: Vec<AuditRecord> = crate::store::on_pool!(self, |p| {
             sqlx::query_as(&sql)
+                .bind(chain)
                 .bind(from)
                 .bind(limit)
                 .fetch_all(p)
@@ -505,18 +593,18 @@ impl Store {
         Ok(rows)
     }
 
-    /// A run's records, in chain order.
+    /// A run's records, in the order they were written.
     pub async fn audit_for_run(&self, run_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM audit WHERE run_id = $1 ORDER BY seq");
+        let sql = format!("SELECT {COLUMNS} FROM audit WHERE run_id = $1 ORDER BY pos");
         let rows: Vec<AuditRecord> = crate::store::on_pool!(self, |p| {
             sqlx::query_as(&sql).bind(run_id).fetch_all(p).await?
         });
         Ok(rows)
     }
 
-    /// The newest `limit` records of step `step_id` (of run `run_id`), in chain order, through
-    /// the `(step_id, seq)` index: what a gate's history shows, however long its run's trail
-    /// (one MCP session is one run), its latest request and decision included.
+    /// The newest `limit` records of step `step_id` (of run `run_id`), in the order they were
+    /// written, through the `(step_id, pos)` index: what a gate's history shows, however long
+    /// its run's trail (one MCP session is one run), its latest request and decision included.
     pub async fn audit_for_step(
         &self,
         run_id: &str,
@@ -565,8 +653,8 @@ impl Store {
                 Some(page) => page,
                 None => crate::store::on_pool!(self, |p| {
                     sqlx::query_as(
-                        "SELECT seq, event FROM audit WHERE run_id = $1 AND seq < $2
-                         ORDER BY seq DESC LIMIT $3",
+                        "SELECT pos, event FROM audit WHERE run_id = $1 AND pos < $2
+                         ORDER BY pos DESC LIMIT $3",
                     )
                     .bind(run_id)
                     .bind(before)
@@ -596,40 +684,112 @@ impl Store {
         Ok(failed)
     }
 
-    /// Verifies the whole stored chain in pages; returns the number of records.
+    /// Verifies every stored chain in pages (without checkpoints: see
+    /// [`Store::verify_audit_full`]); returns the number of records.
     pub async fn verify_audit(&self) -> Result<Result<i64, ChainBreak>, StoreError> {
-        self.verify_audit_with(ChainVerifier::new(1, GENESIS).threads(default_threads()))
-            .await
+        let mut total = 0;
+        for chain in self.audit_chain_names().await? {
+            let v = ChainVerifier::new(1, GENESIS)
+                .chain(&chain)
+                .threads(default_threads());
+            match self.verify_audit_with(v).await? {
+                Ok(n) => total += n,
+                Err(b) => return Ok(Err(b)),
+            }
+        }
+        if let Some(b) = self.audit_orphans().await? {
+            return Ok(Err(b));
+        }
+        Ok(Ok(total))
     }
 
-    /// Feeds the stored records from `v`'s next `seq` on, in pages, through `v`.
+    /// Every chain with a head row, by name (empty chains included).
+    pub async fn audit_chain_names(&self) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<String> = crate::store::on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT chain FROM audit_chains ORDER BY chain")
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows)
+    }
+
+    /// A chain's head row: its last record's `(seq, hash)` (`(0, GENESIS)` while empty), if
+    /// it has one.
+    pub async fn audit_chain_head(&self, chain: &str) -> Result<Option<(i64, String)>, StoreError> {
+        let row: Option<(i64, String)> = crate::store::on_pool!(self, |p| {
+            sqlx::query_as("SELECT seq, hash FROM audit_chains WHERE chain = $1")
+                .bind(chain)
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(row)
+    }
+
+    /// A break when records are stored outside every chain's walk: in a chain without a head
+    /// row, or below record 1 (the database refuses both; only someone who removed its
+    /// constraints could write them, and per-run readers would show them unverified).
+    pub(crate) async fn audit_orphans(&self) -> Result<Option<ChainBreak>, StoreError> {
+        let row: Option<(String, i64)> = crate::store::on_pool!(self, |p| {
+            sqlx::query_as(
+                "SELECT a.chain, a.seq FROM audit a
+                  WHERE a.seq < 1
+                     OR NOT EXISTS (SELECT 1 FROM audit_chains h WHERE h.chain = a.chain)
+                  LIMIT 1",
+            )
+            .fetch_optional(p)
+            .await?
+        });
+        Ok(row.map(|(chain, seq)| ChainBreak {
+            reason: if seq < 1 {
+                "a record is stored below record 1, outside the chain".into()
+            } else {
+                "records are stored in a chain that has no head: outside every verified chain"
+                    .into()
+            },
+            chain,
+            seq,
+        }))
+    }
+
+    /// Feeds the stored records of `v`'s chain from its next `seq` on, in pages, through `v`,
+    /// then checks that the chain ends where its head row says.
     pub async fn verify_audit_with(
         &self,
         mut v: ChainVerifier,
     ) -> Result<Result<i64, ChainBreak>, StoreError> {
         const PAGE: i64 = 10_000;
-        // The chain starts at record 1: a row below it lies outside the chain, never walked
-        // here yet shown by per-run readers, so the store as a whole does not verify.
-        let below: (i64, Option<i64>) = crate::store::on_pool!(self, |p| {
-            sqlx::query_as("SELECT COUNT(*), MIN(seq) FROM audit WHERE seq < 1")
-                .fetch_one(p)
-                .await?
-        });
-        if let (n @ 1.., Some(seq)) = below {
-            return Ok(Err(ChainBreak {
-                seq,
-                reason: format!("{n} record(s) stored below record 1, outside the chain"),
-            }));
+        let chain = v.chain_name().to_string();
+        if chain.is_empty() {
+            return Err(StoreError::Conflict(
+                "verifying the store needs the chain to verify".into(),
+            ));
         }
         loop {
-            let page = self.audit_records(v.next_seq(), PAGE).await?;
+            let page = self.audit_records(&chain, v.next_seq(), PAGE).await?;
             if page.is_empty() {
-                return Ok(v.finish());
+                break;
             }
             if let Err(b) = v.push_all(&page) {
                 return Ok(Err(b));
             }
         }
+        let last = v.next_seq() - 1;
+        if let Some((seq, hash)) = self.audit_chain_head(&chain).await?
+            && (seq != last || (seq > 0 && hash != v.last_hash()))
+        {
+            return Ok(Err(ChainBreak {
+                chain,
+                seq: last + 1,
+                reason: if seq > last {
+                    format!(
+                        "missing: the chain ends at record {last} but its head is record                          {seq}; the tail was truncated"
+                    )
+                } else {
+                    format!("the chain's head says record {seq} ({hash}), not its last record {last}")
+                },
+            }));
+        }
+        Ok(v.finish())
     }
 }
 
@@ -640,7 +800,7 @@ impl Store {
         let rows: Vec<(String,)> = crate::store::on_pool!(self, |p| {
             sqlx::query_as(
                 "SELECT record FROM audit WHERE event = 'operational' \
-                 AND record LIKE '%\"kind\":\"redaction_key\"%' ORDER BY seq DESC LIMIT 1",
+                 AND record LIKE '%\"kind\":\"redaction_key\"%' ORDER BY pos DESC LIMIT 1",
             )
             .fetch_all(p)
             .await?
@@ -688,4 +848,89 @@ impl Store {
 pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .is_some_and(|d| d.message().contains("database is locked") || d.message().contains("busy"))
+}
+
+/// The tenants of runs, as appenders looked them up (a run's tenant never changes), so that a
+/// step's records find their chain without a query after the run's first. Bounded: cleared
+/// when full.
+#[derive(Clone, Default)]
+pub(crate) struct RunTenants(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>);
+
+/// How many runs [`RunTenants`] remembers before it starts over.
+const RUN_TENANTS_KEPT: usize = 65_536;
+
+impl RunTenants {
+    fn get(&self, run: &str) -> Option<String> {
+        self.0.lock().ok()?.get(run).cloned()
+    }
+
+    fn put(&self, run: &str, tenant: &str) {
+        if let Ok(mut map) = self.0.lock() {
+            if map.len() >= RUN_TENANTS_KEPT {
+                map.clear();
+            }
+            map.insert(run.to_string(), tenant.to_string());
+        }
+    }
+}
+
+impl Store {
+    /// The one chain `records` join (see [`NewAuditRecord::tenant`]); [`SYSTEM_CHAIN`] when
+    /// there are none.
+    ///
+    /// # Errors
+    /// They belong to different chains (a transaction appends to one chain), a record names a
+    /// tenant other than its run's, or a tenant name is reserved ([`chain_of_tenant`]).
+    pub(crate) async fn chain_for<'a>(
+        &self,
+        records: impl IntoIterator<Item = &'a NewAuditRecord>,
+    ) -> Result<String, StoreError> {
+        let mut chain: Option<String> = None;
+        for new in records {
+            let this = self.chain_of(new).await?;
+            match &chain {
+                Some(have) if *have != this => {
+                    return Err(StoreError::Conflict(format!(
+                        "a transaction appends to one audit chain, not to {have:?} and {this:?}"
+                    )));
+                }
+                Some(_) => {}
+                None => chain = Some(this),
+            }
+        }
+        Ok(chain.unwrap_or_else(|| SYSTEM_CHAIN.to_string()))
+    }
+
+    /// The chain of one record: its tenant's, else its run's tenant's, else [`SYSTEM_CHAIN`].
+    async fn chain_of(&self, new: &NewAuditRecord) -> Result<String, StoreError> {
+        let run_tenant = match &new.run_id {
+            Some(run) => self.run_tenant(run).await?,
+            None => None,
+        };
+        match (new.tenant.as_deref(), run_tenant.as_deref()) {
+            (Some(named), Some(run)) if named != run => Err(StoreError::Conflict(format!(
+                "an audit record names tenant {named:?} but its run belongs to {run:?}"
+            ))),
+            (Some(t), _) | (None, Some(t)) => chain_of_tenant(Some(t)),
+            (None, None) => chain_of_tenant(None),
+        }
+    }
+
+    /// The tenant of run `run_id`; `None` when no such run is stored (a record may name a run
+    /// that was never written, e.g. a refused call's).
+    async fn run_tenant(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        if let Some(t) = self.run_tenants.get(run_id) {
+            return Ok(Some(t));
+        }
+        let tenant: Option<String> = crate::store::on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT tenant FROM runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_optional(p)
+                .await?
+        });
+        if let Some(t) = &tenant {
+            self.run_tenants.put(run_id, t);
+        }
+        Ok(tenant)
+    }
 }

@@ -246,6 +246,7 @@ impl Store {
             actor: Some(format!("person:{}#{}", approver.iss, approver.sub)),
             rule: Some("approval.batch".into()),
             detail,
+            tenant: Some(grant.tenant.clone()),
         })
         .await?;
 

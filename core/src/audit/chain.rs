@@ -2,7 +2,7 @@
 //! verifying a chain (in parallel over record ranges, then stitched) with the first break named.
 
 use super::check::check_record;
-use super::{AuditEvent, AuditRecord, NewAuditRecord};
+use super::{AuditEvent, AuditRecord, NewAuditRecord, RECORD_VERSION};
 use crate::canonical::{CanonicalError, canonicalize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -10,8 +10,10 @@ use std::collections::BTreeMap;
 
 /// The first broken link of a chain.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("audit chain broken at record {seq}: {reason}")]
+#[error("audit chain {chain} broken at record {seq}: {reason}")]
 pub struct ChainBreak {
+    /// The chain (empty when the verifier was not told which).
+    pub chain: String,
     /// The `seq` of the first bad record (or where a missing one should be).
     pub seq: i64,
     /// What is wrong.
@@ -28,6 +30,7 @@ pub fn hash_text(text: &str) -> String {
 }
 
 pub(crate) fn body(
+    chain: &str,
     new: &NewAuditRecord,
     event: AuditEvent,
     seq: i64,
@@ -35,6 +38,8 @@ pub(crate) fn body(
     prev: &str,
 ) -> Value {
     json!({
+        "chain": chain,
+        "v": RECORD_VERSION,
         "seq": seq,
         "at": at,
         "event": event.as_str(),
@@ -48,23 +53,28 @@ pub(crate) fn body(
     })
 }
 
-/// Builds the record that appending `new` as `event` at `seq`, time `at`, after a record
-/// hashed `prev` stores: its canonical text and hash. Pure (no database); the append path
-/// and tools that build chains offline (the benchmark) share it.
+/// Builds the record that appending `new` as `event` to `chain` at `seq`, time `at`, after a
+/// record hashed `prev` stores: its canonical text (format [`RECORD_VERSION`]) and hash. Pure
+/// (no database); the append path and tools that build chains offline (the benchmark) share
+/// it.
 ///
 /// # Errors
-/// `detail` holds a value with no canonical form.
+/// `detail` holds a value with no canonical form. (Nothing seals onto the frozen
+/// [`LEGACY_CHAIN`]: no tenant maps to it and the database refuses its appends.)
 pub fn seal(
+    chain: &str,
     new: &NewAuditRecord,
     event: AuditEvent,
     seq: i64,
     at: i64,
     prev: &str,
 ) -> Result<AuditRecord, CanonicalError> {
-    let record = canonicalize(&body(new, event, seq, at, prev))?;
+    let record = canonicalize(&body(chain, new, event, seq, at, prev))?;
     let hash = hash_text(&record);
     Ok(AuditRecord {
+        chain: chain.to_string(),
         seq,
+        pos: 0,
         at,
         event: event.as_str().to_string(),
         run_id: new.run_id.clone(),
@@ -203,6 +213,8 @@ pub(crate) struct Expectation {
 /// [`ChainVerifier::finish`] at the first missing record.
 #[derive(Debug, Clone)]
 pub struct ChainVerifier {
+    /// The chain verified (empty: not told; then records of any chain are taken as given).
+    chain: String,
     next_seq: i64,
     prev: String,
     expected: BTreeMap<i64, Vec<Expectation>>,
@@ -218,6 +230,7 @@ impl ChainVerifier {
     /// Starts at `first_seq`, taking `prev` as the hash of the record before it.
     pub fn new(first_seq: i64, prev: &str) -> Self {
         Self {
+            chain: String::new(),
             next_seq: first_seq,
             prev: prev.to_string(),
             expected: BTreeMap::new(),
@@ -227,6 +240,22 @@ impl ChainVerifier {
             skipped_checkpoints: 0,
             threads: 1,
         }
+    }
+
+    /// Verifies chain `chain`: a record of another chain is a break (and breaks name it).
+    pub fn chain(mut self, chain: &str) -> Self {
+        self.chain = chain.to_string();
+        self
+    }
+
+    /// The hash of the last record accepted (the `prev` the next one must carry).
+    pub fn last_hash(&self) -> &str {
+        &self.prev
+    }
+
+    /// The chain verified (empty when not told).
+    pub fn chain_name(&self) -> &str {
+        &self.chain
     }
 
     /// Lets [`ChainVerifier::push_all`] check records on up to `n` threads.
@@ -261,6 +290,7 @@ impl ChainVerifier {
             if p.consistent
                 && p.linked
                 && !self.sparse
+                && (self.chain.is_empty() || r.chain == self.chain)
                 && self.next_seq < i64::MAX
                 && (self.expected.is_empty() || !self.expected.contains_key(&self.next_seq))
             {
@@ -319,6 +349,7 @@ impl ChainVerifier {
         if self.next_seq.checked_sub(1) == Some(seq) && self.count == 0 {
             if hash != self.prev {
                 return Err(ChainBreak {
+                chain: self.chain.clone(),
                     seq: self.next_seq,
                     reason: format!(
                         "its prev {} is not the hash {hash} that {source} signed for record {seq}",
@@ -363,6 +394,7 @@ impl ChainVerifier {
                     for e in exps {
                         if e.hash != r.prev {
                             return Err(ChainBreak {
+                chain: self.chain.clone(),
                                 seq: r.seq,
                                 reason: format!(
                                     "its prev {} is not the hash {} that {} signed for record {s}",
@@ -383,17 +415,30 @@ impl ChainVerifier {
         // so `next_seq` never overflows (the fast path of `push_all` stops short of it too).
         let Some(after) = seq.checked_add(1) else {
             return Err(ChainBreak {
+                chain: self.chain.clone(),
                 seq,
                 reason: "its seq is the largest a chain can hold: nothing can follow it".into(),
             });
         };
+        if !self.chain.is_empty() && r.chain != self.chain {
+            return Err(ChainBreak {
+                chain: self.chain.clone(),
+                seq,
+                reason: format!("a record of chain {:?} stands in this chain", r.chain),
+            });
+        }
         if !(consistent && r.seq == seq && r.prev == self.prev) {
-            check_record(r, seq, &self.prev).map_err(|reason| ChainBreak { seq, reason })?;
+            check_record(r, seq, &self.prev).map_err(|reason| ChainBreak {
+                chain: self.chain.clone(),
+                seq,
+                reason,
+            })?;
         }
         if let Some(exps) = self.expected.remove(&seq) {
             for e in exps {
                 if e.hash != r.hash {
                     return Err(ChainBreak {
+                chain: self.chain.clone(),
                         seq: self.last_matched.saturating_add(1),
                         reason: format!(
                             "record {seq} hashes to {} but {} signed {}: a record in {}..={seq} \
@@ -428,6 +473,7 @@ impl ChainVerifier {
                 .map(|e| e.source.as_str())
                 .unwrap_or("a checkpoint");
             return Err(ChainBreak {
+                chain: self.chain.clone(),
                 seq: self.next_seq,
                 reason: format!(
                     "missing: the chain ends at record {} but {source} signed record {seq}; \

@@ -14,7 +14,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::AuditRecord;
+use super::{AuditRecord, LEGACY_CHAIN, RECORD_VERSION};
 use crate::canonical::{
     CanonicalError, MAX_SAFE_INTEGER, check_canonical, decode_raw_string, has_special,
     scan_canonical_object,
@@ -132,7 +132,8 @@ impl<'a> Cursor<'a> {
 /// columns, with a canonical `detail` value. `false` proves nothing.
 ///
 /// Why acceptance here implies acceptance by [`check_text`]: the text is then an object
-/// whose members are the ten names below, written without escapes and strictly increasing
+/// whose members are the ten names below (twelve with `chain` and `v` for a record of format
+/// version 2, i.e. of any chain but the legacy one), written without escapes and strictly increasing
 /// in byte order, which for ASCII names is RFC 8785's UTF-16 order; each value is canonical:
 /// a string with no `"`, `\` or control byte written as itself, `null`, the decimal digits
 /// of an integer within ±(2^53 − 1) (exactly what JCS writes for it), or `detail`, which
@@ -144,13 +145,17 @@ fn sealed_layout(r: &AuditRecord) -> bool {
     const BACK: bool = true;
     let mut c = Cursor::new(r.record.as_bytes());
     // Member names in RFC 8785 order, as `body` names them: those before `detail` from the
-    // front, those after it from the back (so in reverse: tool, step_id, … event).
+    // front, those after it from the back (so in reverse: v, tool, step_id, … event). A
+    // legacy (version 1) record has neither `chain` nor `v`.
+    let legacy = r.chain == LEGACY_CHAIN;
     let framed = c.lit(b"{\"actor\":", FRONT)
         && c.column(r.actor.as_deref(), FRONT)
         && c.lit(b",\"at\":", FRONT)
         && c.int(r.at, FRONT)
+        && (legacy || (c.lit(b",\"chain\":", FRONT) && c.column(Some(&r.chain), FRONT)))
         && c.lit(b",\"detail\":", FRONT)
         && c.lit(b"}", BACK)
+        && (legacy || (c.int(RECORD_VERSION, BACK) && c.lit(b",\"v\":", BACK)))
         && c.column(r.tool.as_deref(), BACK)
         && c.lit(b",\"tool\":", BACK)
         && c.column(r.step_id.as_deref(), BACK)
@@ -174,6 +179,9 @@ fn sealed_layout(r: &AuditRecord) -> bool {
 /// The general check of a record's text: canonical form, and the embedded columns, in one
 /// pass over the text.
 fn check_text(r: &AuditRecord, prev: &str) -> Result<(), String> {
+    // A legacy record (format version 1) names no chain and no version; any other names both,
+    // its chain being the one it is stored in.
+    let legacy = r.chain == LEGACY_CHAIN;
     let mut seen = 0u16;
     let mut bad: Option<&'static str> = None;
     let scanned = scan_canonical_object(&r.record, |name, raw| {
@@ -187,6 +195,8 @@ fn check_text(r: &AuditRecord, prev: &str) -> Result<(), String> {
             "actor" => (64, raw_is(raw, r.actor.as_deref())),
             "rule" => (128, raw_is(raw, r.rule.as_deref())),
             "prev" => (256, raw_is(raw, Some(prev))),
+            "chain" => (512, !legacy && raw_is(raw, Some(&r.chain))),
+            "v" => (1024, !legacy && raw_int_is(raw.as_bytes(), RECORD_VERSION)),
             _ => (0, true),
         };
         seen |= bit;
@@ -221,7 +231,8 @@ fn check_text(r: &AuditRecord, prev: &str) -> Result<(), String> {
     if seen & 256 == 0 {
         return Err("does not link to the previous record".into());
     }
-    if seen & 7 != 7 || !optional_absent_ok {
+    let versioned = if legacy { 0 } else { 512 | 1024 };
+    if seen & 7 != 7 || !optional_absent_ok || seen & (512 | 1024) != versioned {
         return Err("columns disagree with the hashed record".into());
     }
     Ok(())

@@ -1,5 +1,9 @@
-//! Signed checkpoints of the audit chain: an Ed25519 signature over the chain head
-//! `{seq, hash, at}`, stored in `audit_checkpoints` and exportable as a JSON file.
+//! The signing key of checkpoints, and the checkpoints of the legacy chain: an Ed25519
+//! signature over the single chain's head `{seq, hash, at}`, stored in `audit_checkpoints` by
+//! releases before chains per tenant (schema < 16) and exportable as a JSON file. They keep
+//! pinning the [`super::LEGACY_CHAIN`]; new checkpoints cover every chain
+//! ([`super::tree_head`]). Verification of the whole store ([`Store::verify_audit_full`]) is
+//! here too.
 //!
 //! The hash chain alone shows that records were changed in place, but someone able to write
 //! the table could rewrite a record and re-hash everything after it, or cut the tail off. A
@@ -97,6 +101,11 @@ impl PublicKey {
             .map(Self)
             .map_err(|_| KeyTextError("not an Ed25519 public key".into()))
     }
+
+    /// The key itself.
+    pub fn key(&self) -> &VerifyingKey {
+        &self.0
+    }
 }
 
 impl fmt::Display for PublicKey {
@@ -148,6 +157,16 @@ impl CheckpointSigner {
     /// The public key that verifies this signer's checkpoints.
     pub fn public_key(&self) -> PublicKey {
         self.public
+    }
+
+    /// The origin (log and key name) of this signer's checkpoint notes.
+    pub fn origin(&self) -> String {
+        super::note::origin_for(&self.public.0)
+    }
+
+    /// Signs a checkpoint note over every chain ([`super::tree_head`]).
+    pub fn sign_note(&self, body: super::note::CheckpointBody) -> super::note::CheckpointNote {
+        super::note::CheckpointNote::sign(body, self.key.expose())
     }
 
     /// Signs the chain head `seq`/`hash` at time `at` (Unix ms).
@@ -243,7 +262,15 @@ pub enum VerifyFailure {
     /// The chain is broken (or does not match a checkpoint) at a record.
     #[error(transparent)]
     Chain(#[from] ChainBreak),
-    /// A checkpoint was refused.
+    /// The log of checkpoints over every chain is broken at a checkpoint.
+    #[error("checkpoint {number} refused: {reason}")]
+    Log {
+        /// The checkpoint's number.
+        number: i64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A legacy checkpoint was refused.
     #[error("checkpoint for record {seq} ({origin}) refused: {error}")]
     Checkpoint {
         /// Its `seq`.
@@ -292,6 +319,8 @@ pub struct CheckpointPolicy {
 pub struct VerifyReport {
     /// Records verified.
     pub records: i64,
+    /// Chains verified.
+    pub chains: usize,
     /// Checkpoints whose signatures verified and whose hashes were required.
     pub checkpoints: usize,
     /// Checkpoints that could not be compared (outside the records verified).
@@ -300,46 +329,17 @@ pub struct VerifyReport {
 
 const CP_COLUMNS: &str = "seq, hash, at, public_key, signature";
 
-/// `cp` when it is `signer`'s checkpoint of record `seq` with `hash` (the head just read);
-/// a conflict naming what is wrong otherwise.
-fn stands(
-    cp: Checkpoint,
-    seq: i64,
-    hash: &str,
-    signer: &CheckpointSigner,
-) -> Result<Checkpoint, StoreError> {
-    if cp.seq > seq {
-        return Err(StoreError::Conflict(format!(
-            "a stored checkpoint signed record {} but the chain ends at record {seq}: the tail \
-             was cut; run `countersign audit verify`",
-            cp.seq
-        )));
-    }
-    if cp.hash != hash || cp.check(&[signer.public_key()]).is_err() {
-        return Err(StoreError::Conflict(format!(
-            "the stored checkpoint for record {seq} is not this key's signature over the \
-             chain's head; run `countersign audit verify`"
-        )));
-    }
-    Ok(cp)
-}
-
 impl Store {
-    /// The chain head: `(seq, hash)`, or `None` for an empty chain.
-    pub async fn audit_head(&self) -> Result<Option<(i64, String)>, StoreError> {
-        let head: Option<(i64, String)> = crate::store::on_pool!(self, |p| {
-            sqlx::query_as("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
-                .fetch_optional(p)
-                .await?
-        });
-        Ok(head)
-    }
-
-    /// The first `seq` whose record is at or after `at_ms`, if any. Exports `--since` start
-    /// there and run to the head, so they are contiguous.
-    pub async fn audit_first_seq_since(&self, at_ms: i64) -> Result<Option<i64>, StoreError> {
+    /// The first `seq` of chain `chain` whose record is at or after `at_ms`, if any. Exports
+    /// `--since` start there and run to the head, so they are contiguous.
+    pub async fn audit_first_seq_since(
+        &self,
+        chain: &str,
+        at_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
         let seq: Option<i64> = crate::store::on_pool!(self, |p| {
-            sqlx::query_scalar("SELECT MIN(seq) FROM audit WHERE at >= $1")
+            sqlx::query_scalar("SELECT MIN(seq) FROM audit WHERE chain = $1 AND at >= $2")
+                .bind(chain)
                 .bind(at_ms)
                 .fetch_one(p)
                 .await?
@@ -347,7 +347,7 @@ impl Store {
         Ok(seq)
     }
 
-    /// Every stored checkpoint, by `seq`.
+    /// Every stored legacy checkpoint (of the [`super::LEGACY_CHAIN`]), by `seq`.
     pub async fn audit_checkpoints(&self) -> Result<Vec<Checkpoint>, StoreError> {
         let sql = format!("SELECT {CP_COLUMNS} FROM audit_checkpoints ORDER BY seq");
         let rows: Vec<Checkpoint> =
@@ -391,79 +391,69 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Signs and stores the current chain head. With a `policy`, only when it is due (enough
-    /// unsigned records, or the oldest unsigned one old enough); without, always (unless the
-    /// head is already signed: then that checkpoint is returned). `None` for an empty chain
-    /// or when nothing is due.
-    pub async fn checkpoint_audit(
-        &self,
-        signer: &CheckpointSigner,
-        policy: Option<CheckpointPolicy>,
-    ) -> Result<Option<Checkpoint>, StoreError> {
-        let Some((seq, hash)) = self.audit_head().await? else {
-            return Ok(None);
-        };
-        let last = self.audit_checkpoint_at_or_before(None).await?;
-        let last_seq = last.as_ref().map_or(0, |c| c.seq);
-        if let Some(last) = last.filter(|c| c.seq >= seq) {
-            // The head is signed already: only by a checkpoint that is this signer's, for this
-            // very head. A stored row for a later record (the tail was cut) or one this key did
-            // not sign is refused, never handed out or quietly taken as "nothing due".
-            let last = stands(last, seq, &hash, signer)?;
-            return Ok(if policy.is_some() { None } else { Some(last) });
-        }
-        let now = self.clock().now_ms();
-        if let Some(policy) = policy {
-            let oldest_unsigned: Option<i64> = crate::store::on_pool!(self, |p| {
-                sqlx::query_scalar("SELECT at FROM audit WHERE seq = $1")
-                    .bind(last_seq + 1)
-                    .fetch_optional(p)
-                    .await?
-            });
-            let by_count = seq - last_seq >= policy.every;
-            let by_age = oldest_unsigned.is_some_and(|at| now - at >= policy.max_age_ms);
-            if !by_count && !by_age {
-                return Ok(None);
-            }
-        }
-        let cp = signer.sign(seq, &hash, now)?;
-        if self.insert_audit_checkpoint(&cp).await? {
-            Ok(Some(cp))
-        } else {
-            // Another replica signed this head first; theirs stands if it is sound.
-            match self.audit_checkpoint_at_or_before(Some(seq)).await? {
-                Some(theirs) => Ok(Some(stands(theirs, seq, &hash, signer)?)),
-                None => Ok(None),
-            }
-        }
-    }
-
-    /// Verifies the whole stored chain against every stored checkpoint and the `external`
-    /// ones (e.g. read from files, with a label each), whose signatures must verify under
+    /// Verifies every chain (or only `only`) against the stored log of checkpoints, the
+    /// legacy chain's checkpoints, and the checkpoints read from files (`external` notes,
+    /// `external_legacy` legacy ones, with a label each), whose signatures must verify under
     /// `trusted` (or, when it is empty, under the key each names).
     pub async fn verify_audit_full(
         &self,
         trusted: &[PublicKey],
-        external: &[(Checkpoint, String)],
+        external_legacy: &[(Checkpoint, String)],
+        external: &[(super::note::CheckpointNote, String)],
+        only: Option<&str>,
     ) -> Result<Result<VerifyReport, VerifyFailure>, StoreError> {
-        let stored = self.audit_checkpoints().await?;
-        let mut v = ChainVerifier::new(1, super::GENESIS).threads(super::default_threads());
-        let all = stored
-            .iter()
-            .map(|c| (c, format!("the stored checkpoint for record {}", c.seq)))
-            .chain(external.iter().map(|(c, s)| (c, s.clone())));
-        let checkpoints = match expect_checkpoints(&mut v, all, trusted) {
-            Ok(n) => n,
+        let heads = self.tree_heads().await?;
+        let mut expect = match super::tree_head::check_log(&heads, external, trusted) {
+            Ok(e) => e,
             Err(f) => return Ok(Err(f)),
         };
-        let records = match self.verify_audit_with(v).await? {
-            Ok(n) => n,
-            Err(b) => return Ok(Err(b.into())),
-        };
-        Ok(Ok(VerifyReport {
-            records,
-            checkpoints,
+        let legacy = self.audit_checkpoints().await?;
+        let mut chains: std::collections::BTreeSet<String> =
+            self.audit_chain_names().await?.into_iter().collect();
+        chains.extend(expect.keys().cloned());
+        if !legacy.is_empty() || !external_legacy.is_empty() {
+            chains.insert(super::LEGACY_CHAIN.to_string());
+        }
+        if let Some(only) = only {
+            chains.retain(|c| c == only);
+            chains.insert(only.to_string());
+        }
+        let mut report = VerifyReport {
+            records: 0,
+            chains: 0,
+            checkpoints: heads.len(),
             skipped: 0,
-        }))
+        };
+        for chain in &chains {
+            let mut v = ChainVerifier::new(1, super::GENESIS)
+                .chain(chain)
+                .threads(super::default_threads());
+            if chain == super::LEGACY_CHAIN {
+                let all = legacy
+                    .iter()
+                    .map(|c| (c, format!("the stored checkpoint for record {}", c.seq)))
+                    .chain(external_legacy.iter().map(|(c, s)| (c, s.clone())));
+                match expect_checkpoints(&mut v, all, trusted) {
+                    Ok(n) => report.checkpoints += n,
+                    Err(f) => return Ok(Err(f)),
+                }
+            }
+            for (seq, hash, source) in expect.remove(chain).unwrap_or_default() {
+                if let Err(b) = v.expect(seq, &hash, source) {
+                    return Ok(Err(b.into()));
+                }
+            }
+            match self.verify_audit_with(v).await? {
+                Ok(n) => report.records += n,
+                Err(b) => return Ok(Err(b.into())),
+            }
+            report.chains += 1;
+        }
+        if only.is_none()
+            && let Some(b) = self.audit_orphans().await?
+        {
+            return Ok(Err(b.into()));
+        }
+        Ok(Ok(report))
     }
 }

@@ -20,7 +20,7 @@ use super::standing::{
 };
 use super::{CallContext, Pool, Store, StoreError, on_pool};
 use crate::agents::{AgentToken, RandomnessError};
-use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
+use crate::audit::{AuditEvent, NewAuditRecord};
 use crate::policy::TaskOrigin;
 
 /// What is needed to create a credential.
@@ -599,5 +599,6 @@ fn record(
         actor: Some(actor.to_string()),
         rule: Some(rule.to_string()),
         detail,
+        tenant: Some(tenant.to_string()),
     }
 }

@@ -295,9 +295,9 @@ pub(crate) fn is_one_trip_refusal(e: &sqlx::Error) -> bool {
         if matches!(db.code().as_deref(), Some("CS001" | "CS002" | "CS003")))
 }
 
-/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migration 13):
-/// under the append lock, only if the chain's last record is still `last` (`(seq, hash)`,
-/// `None` for an empty chain), every one of `transitions` moves, every key they claim
+/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migrations 13
+/// and 16): under chain `chain`'s head lock, only if its head is still `last` (`(seq, hash)`,
+/// `(0, GENESIS)` for an empty chain), every one of `transitions` moves, every key they claim
 /// ([`Transition::reserve`]) is reserved and `records` (sealed after `last`, in chain order)
 /// are inserted; otherwise it raises ([`is_one_trip_refusal`]) and writes nothing. `durable`: its COMMIT waits for the WAL flush even on a session whose
 /// commits do not. Returns whether its COMMIT waited for the flush (as the function reports
@@ -305,7 +305,8 @@ pub(crate) fn is_one_trip_refusal(e: &sqlx::Error) -> bool {
 pub(crate) async fn commit_one_trip(
     pool: &sqlx::PgPool,
     durable: bool,
-    last: Option<(i64, &str)>,
+    chain: &str,
+    last: (i64, &str),
     transitions: &[&Transition],
     records: &[AuditRecord],
     now: i64,
@@ -320,9 +321,9 @@ pub(crate) async fn commit_one_trip(
             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
             $29, $30, $31, $32, $33, $34, $35, $36)",
     )
-    .bind(crate::audit::PG_AUDIT_LOCK)
-    .bind(last.map(|(seq, _)| seq))
-    .bind(last.map(|(_, hash)| hash))
+    .bind(chain)
+    .bind(last.0)
+    .bind(last.1)
     .bind(now)
     .bind(durable);
     let claim = |f: fn(&Transition, &super::steps::KeyClaim) -> String| {

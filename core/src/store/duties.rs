@@ -28,7 +28,7 @@ use super::steps::{STEP_COLUMNS, StepRow};
 use super::{
     AgentCredential, CreateAgentError, NewAgent, Pool, Run, Step, Store, StoreError, on_pool,
 };
-use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
+use crate::audit::{AuditEvent, NewAuditRecord};
 use crate::model::StepStatus;
 use crate::policy::TaskOrigin;
 use crate::store::standing::write_audited;
@@ -292,6 +292,7 @@ impl Store {
             actor: Some(format!("agent:{} role:{}", reviewer.id, reviewer.role)),
             rule: Some(REVIEW_APPROVED_RULE.into()),
             detail,
+            tenant: None,
         };
         // Only while the step is pending with exactly these inputs and no review yet.
         let written = write_audited!(

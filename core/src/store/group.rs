@@ -66,11 +66,12 @@
 //!   a crash: a `running` step is reconciled by key). The barrier is tried once at start; if
 //!   this database refuses it, batches commit synchronously as before.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OnceCell, Semaphore, mpsc, oneshot};
 
 use super::steps::{apply_transition, reserve_with, seal_records};
 use super::{Pool, Store, StoreError, Transition};
@@ -129,14 +130,25 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// The handle stores hold; cloning shares the one committer task.
+/// The handle stores hold; cloning shares the committer tasks, one per audit chain.
 #[derive(Clone)]
 pub(crate) struct Committer {
-    jobs: mpsc::UnboundedSender<Job>,
+    /// Each chain's task, started when its first job comes.
+    chains: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Job>>>>,
+    shared: Arc<Shared>,
+}
+
+/// What the chains' committer tasks share.
+struct Shared {
+    store: Store,
     /// Flush barriers run so far (Postgres, pipelined).
     barriers: Arc<AtomicU64>,
     /// Batches written in one round trip so far (Postgres).
     one_trips: Arc<AtomicU64>,
+    /// Whether batches commit pipelined (the flush barrier works here), tried once.
+    pipelined: OnceCell<bool>,
+    /// Committed batches waiting for their flush barrier, across chains ([`IN_FLIGHT`]).
+    in_flight: Arc<Semaphore>,
 }
 
 /// How a one-trip batch ended ([`Store::commit_one_trip_pg`]).
@@ -147,8 +159,10 @@ enum OneTrip {
     Refused(sqlx::Error),
 }
 
-/// What the committer knows of the chain between batches.
+/// What a chain's committer knows of its chain between batches.
 struct Chain {
+    /// The chain's name.
+    name: String,
     /// The head as this committer last wrote or read it, while it trusts it.
     head: Option<ChainHead>,
     /// Batches written in one round trip ([`Committer::one_trips`]).
@@ -156,64 +170,85 @@ struct Chain {
 }
 
 impl Committer {
-    /// Starts the committer task over `store` (which must not itself have a committer).
+    /// The committer over `store` (which must not itself have a committer); each chain's task
+    /// starts with its first job.
     pub(crate) fn start(store: Store) -> Self {
-        let (jobs, rx) = mpsc::unbounded_channel();
-        let barriers = Arc::new(AtomicU64::new(0));
-        let one_trips = Arc::new(AtomicU64::new(0));
-        let chain = Chain {
-            head: None,
-            one_trips: one_trips.clone(),
-        };
-        tokio::spawn(run(store, rx, barriers.clone(), chain));
         Self {
-            jobs,
-            barriers,
-            one_trips,
+            chains: Arc::default(),
+            shared: Arc::new(Shared {
+                store,
+                barriers: Arc::new(AtomicU64::new(0)),
+                one_trips: Arc::new(AtomicU64::new(0)),
+                pipelined: OnceCell::new(),
+                in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
+            }),
         }
     }
 
     /// Batches this committer wrote in one round trip.
     pub(crate) fn one_trips(&self) -> u64 {
-        self.one_trips.load(Ordering::Relaxed)
+        self.shared.one_trips.load(Ordering::Relaxed)
     }
 
     /// Flush barriers this committer has run.
     pub(crate) fn barriers(&self) -> u64 {
-        self.barriers.load(Ordering::Relaxed)
+        self.shared.barriers.load(Ordering::Relaxed)
     }
 
-    /// Submits `work`; `None` when the committer is gone (the caller writes alone).
-    pub(crate) async fn submit(&self, work: Work) -> Option<Result<Done, StoreError>> {
+    /// Submits `work` to chain `chain`'s committer (every record of it joins that chain);
+    /// `None` when the committer is gone (the caller writes alone).
+    pub(crate) async fn submit(&self, chain: String, work: Work) -> Option<Result<Done, StoreError>> {
         let (reply, answer) = oneshot::channel();
-        self.jobs
-            .send(Job {
-                work,
-                reply,
-                submitted: Instant::now(),
-            })
-            .ok()?;
+        let job = Job {
+            work,
+            reply,
+            submitted: Instant::now(),
+        };
+        {
+            let mut chains = self.chains.lock().ok()?;
+            let jobs = chains.entry(chain.clone()).or_insert_with(|| {
+                let (jobs, rx) = mpsc::unbounded_channel();
+                let chain = Chain {
+                    name: chain,
+                    head: None,
+                    one_trips: self.shared.one_trips.clone(),
+                };
+                tokio::spawn(run(self.shared.clone(), rx, chain));
+                jobs
+            });
+            jobs.send(job).ok()?;
+        }
         answer.await.ok()
     }
 }
 
-async fn run(
-    store: Store,
-    mut rx: mpsc::UnboundedReceiver<Job>,
-    barriers: Arc<AtomicU64>,
-    mut chain: Chain,
-) {
-    let pipelined = match store.lazy {
-        Some(_) => match store.flush_barrier().await {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(error = %e, "WAL flush barrier refused: audit batches commit synchronously, one fsync at a time");
-                false
+/// Whether batches commit pipelined: on Postgres when the flush barrier works (tried once for
+/// all chains).
+async fn pipelined(shared: &Shared) -> bool {
+    *shared
+        .pipelined
+        .get_or_init(|| async {
+            match shared.store.lazy {
+                Some(_) => match shared.store.flush_barrier().await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "WAL flush barrier refused: audit batches commit synchronously, one fsync at a time");
+                        false
+                    }
+                },
+                None => false,
             }
-        },
-        None => false,
-    };
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+        })
+        .await
+}
+
+/// One chain's committer: batches of its jobs, one after the other. Chains' committers run
+/// concurrently: each locks only its own chain's head.
+async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Job>, mut chain: Chain) {
+    let store = &shared.store;
+    let barriers = &shared.barriers;
+    let pipelined = pipelined(&shared).await;
+    let in_flight = &shared.in_flight;
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
@@ -407,7 +442,7 @@ impl Store {
                 let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<crate::audit::ChainHead> = None;
                 // The append lock first, before any row lock (see the module invariants).
-                hold_head!(&mut *tx, $lock, &mut head);
+                hold_head!(&mut *tx, $lock, &mut head, &chain.name);
                 let mut out = Vec::with_capacity(jobs.len());
                 // Every record of the batch, sealed in chain order; inserted in one go.
                 let mut sealed: Vec<AuditRecord> = Vec::new();
@@ -415,12 +450,19 @@ impl Store {
                     let now = self.clock.now_ms();
                     out.push(match &job.work {
                         Work::Transition(t) => {
-                            let records = apply_transition!(&mut *tx, $lock, &mut head, t, now);
+                            let records = apply_transition!(
+                                &mut *tx,
+                                $lock,
+                                &mut head,
+                                &chain.name,
+                                t,
+                                now
+                            );
                             let reserved = records.is_some() && reserve_with!(&mut *tx, t, now);
                             moved(&mut sealed, records, reserved)
                         }
                         Work::Append(new, event) => {
-                            let h = hold_head!(&mut *tx, $lock, &mut head);
+                            let h = hold_head!(&mut *tx, $lock, &mut head, &chain.name);
                             appended(&mut sealed, seal_next!(h, new, *event, now))
                         }
                     });
@@ -464,7 +506,7 @@ impl Store {
                     }
                 }
                 if super::bulk::applicable(jobs) {
-                    let (done, head) = self.commit_bulk_pg(p, jobs).await?;
+                    let (done, head) = self.commit_bulk_pg(p, jobs, &chain.name).await?;
                     chain.head = Some(head);
                     done
                 } else {
@@ -483,11 +525,12 @@ impl Store {
         &self,
         pool: &sqlx::PgPool,
         jobs: &[Job],
+        chain: &str,
     ) -> Result<(Vec<Done>, ChainHead), StoreError> {
         let mut tx = pool.begin_with("BEGIN").await?;
         let mut head: Option<crate::audit::ChainHead> = None;
         // The append lock first, before any row lock (see the module invariants).
-        hold_head!(&mut *tx, true, &mut head);
+        hold_head!(&mut *tx, true, &mut head, chain);
         let now = self.clock.now_ms();
         let went = super::bulk::apply(&mut tx, jobs, now).await?;
         let mut out = Vec::with_capacity(jobs.len());
@@ -495,13 +538,13 @@ impl Store {
         for (job, went) in jobs.iter().zip(went) {
             out.push(match &job.work {
                 Work::Transition(t) if went => {
-                    let records = seal_records!(&mut *tx, true, &mut head, t, now);
+                    let records = seal_records!(&mut *tx, true, &mut head, chain, t, now);
                     let reserved = reserve_with!(&mut *tx, t, now);
                     moved(&mut sealed, Some(records), reserved)
                 }
                 Work::Transition(_) => moved(&mut sealed, None, false),
                 Work::Append(new, event) => {
-                    let h = hold_head!(&mut *tx, true, &mut head);
+                    let h = hold_head!(&mut *tx, true, &mut head, chain);
                     appended(&mut sealed, seal_next!(h, new, *event, now))
                 }
             });
@@ -530,7 +573,8 @@ impl Store {
         jobs: &[Job],
         mut head: ChainHead,
     ) -> Result<OneTrip, StoreError> {
-        let last = head.last();
+        let last = (head.seq - 1, head.prev.clone());
+        let chain = head.chain.clone();
         let now = self.clock.now_ms();
         let mut out = Vec::with_capacity(jobs.len());
         let mut sealed: Vec<AuditRecord> = Vec::new();
@@ -551,11 +595,11 @@ impl Store {
                 }
             });
         }
-        let last = last.as_ref().map(|(seq, hash)| (*seq, hash.as_str()));
         let flushed = match super::bulk::commit_one_trip(
             pool,
             durable,
-            last,
+            &chain,
+            (last.0, last.1.as_str()),
             &transitions,
             &sealed,
             now,
@@ -580,7 +624,8 @@ impl Store {
                     return Err(unknown_because(&"it has no record to look up"));
                 };
                 let stored: Option<String> =
-                    sqlx::query_scalar("SELECT hash FROM audit WHERE seq = $1")
+                    sqlx::query_scalar("SELECT hash FROM audit WHERE chain = $1 AND seq = $2")
+                        .bind(&newest.chain)
                         .bind(newest.seq)
                         .fetch_optional(pool)
                         .await

@@ -236,6 +236,8 @@ pub struct Store {
     /// Runs of MCP sessions already looked up ([`Store::session_run`]); shared by clones.
     pub(crate) session_runs: runs::SessionRuns,
     pub(crate) call_hints: runs::CallHints,
+    /// Tenants of runs, for the audit chain their records join; shared by clones.
+    pub(crate) run_tenants: crate::audit::RunTenants,
     /// Postgres only: a few connections whose commits do not wait for the WAL flush, for rows
     /// that a later synchronous commit makes durable (a read's opening step row). Never for
     /// anything that must survive a crash on its own.
@@ -397,6 +399,7 @@ impl Store {
             committer: None,
             session_runs: runs::SessionRuns::default(),
             call_hints: runs::CallHints::default(),
+            run_tenants: crate::audit::RunTenants::default(),
             lazy,
         };
         Ok(Self {

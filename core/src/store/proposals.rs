@@ -237,6 +237,7 @@ fn audit_record(
         actor: Some(format!("person:{actor}")),
         rule: Some(format!("admin.proposal.{action}")),
         detail,
+        tenant: None,
     }
 }
 
@@ -300,6 +301,7 @@ impl Store {
         record: &NewAuditRecord,
     ) -> Result<(), StoreError> {
         let now = proposal.created_at;
+        let chain = self.chain_for([record]).await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
@@ -317,7 +319,7 @@ impl Store {
                 .bind(&proposal.note)
                 .execute(&mut *tx)
                 .await?;
-                let _ = append_in_tx!(&mut *tx, $lock, record, AuditEvent::Operational, now);
+                let _ = append_in_tx!(&mut *tx, $lock, &chain, record, AuditEvent::Operational, now);
                 tx.commit().await?;
             }};
         }
@@ -387,18 +389,15 @@ impl Store {
         record: &NewAuditRecord,
         now: i64,
     ) -> Result<bool, StoreError> {
+        let chain = self.chain_for([record]).await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
-                // Serialises with every other decision (and audit write) on Postgres, taken
-                // before any row lock (the chain's lock order); SQLite's BEGIN IMMEDIATE
-                // already holds the single write lock.
-                if $lock {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(crate::audit::PG_AUDIT_LOCK)
-                        .execute(&mut *tx)
-                        .await?;
-                }
+                // Serialises with every other decision on Postgres (registry decisions are
+                // the system chain's), taken before any row lock (the chain's lock order);
+                // SQLite's BEGIN IMMEDIATE already holds the single write lock.
+                let mut head: Option<crate::audit::ChainHead> = None;
+                crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
                 if let Some((version, sources, created_by, diff)) = applied {
                     let newest: Option<i64> =
                         sqlx::query_scalar("SELECT MAX(version) FROM registry_versions")
@@ -445,7 +444,10 @@ impl Store {
                     tx.rollback().await?;
                     return Ok(false);
                 }
-                let _ = append_in_tx!(&mut *tx, $lock, record, AuditEvent::Operational, now);
+                let h = crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
+                let sealed = crate::audit::seal_next!(h, record, AuditEvent::Operational, now);
+                crate::audit::InsertRecords::insert_records(&mut *tx, std::slice::from_ref(&sealed))
+                    .await?;
                 tx.commit().await?;
                 true
             }};

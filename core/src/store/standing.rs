@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::{Pool, RunStatus, Store, StoreError, on_pool};
-use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
+use crate::audit::{AuditEvent, NewAuditRecord};
 use crate::policy::{AuthorizationCondition, StandingAuthorization};
 
 /// Rule of the audit record of a grant.
@@ -350,6 +350,7 @@ fn record(
         actor: Some(actor.to_string()),
         rule: Some(rule.to_string()),
         detail,
+        tenant: Some(s.tenant.clone()),
     })
 }
 
@@ -359,16 +360,18 @@ fn record(
 macro_rules! write_audited {
     ($store:expr, $audit:expr, $now:expr, $query:expr) => {{ write_audited!($store, $audit, AuditEvent::Operational, $now, $query) }};
     ($store:expr, $audit:expr, $event:expr, $now:expr, $query:expr) => {{
+        let chain = $store.chain_for([&$audit]).await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await.map_err(StoreError::from)?;
-                if $lock {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(crate::audit::PG_AUDIT_LOCK)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(StoreError::from)?;
+                let mut head: Option<crate::audit::ChainHead> = None;
+                // The chain's head first (lock order), then the row.
+                let held: Result<(), StoreError> = async {
+                    crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
+                    Ok(())
                 }
+                .await;
+                held?;
                 let n = $query
                     .execute(&mut *tx)
                     .await
@@ -378,8 +381,17 @@ macro_rules! write_audited {
                     tx.rollback().await.map_err(StoreError::from)?;
                     false
                 } else {
-                    let appended: Result<_, StoreError> =
-                        async { Ok(append_in_tx!(&mut *tx, $lock, &$audit, $event, $now)) }.await;
+                    let appended: Result<(), StoreError> = async {
+                        let h = crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
+                        let sealed = crate::audit::seal_next!(h, &$audit, $event, $now);
+                        crate::audit::InsertRecords::insert_records(
+                            &mut *tx,
+                            std::slice::from_ref(&sealed),
+                        )
+                        .await?;
+                        Ok(())
+                    }
+                    .await;
                     appended?;
                     tx.commit().await.map_err(StoreError::from)?;
                     true

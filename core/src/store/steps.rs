@@ -627,9 +627,10 @@ impl Store {
         &self,
         t: &Transition,
     ) -> Result<Option<(Vec<AuditRecord>, bool)>, StoreError> {
+        let chain = self.chain_for(t.records.iter().map(|(_, r)| r)).await?;
         if let Some(c) = &self.committer
             && let Some(done) = c
-                .submit(super::group::Work::Transition(Box::new(t.clone())))
+                .submit(chain, super::group::Work::Transition(Box::new(t.clone())))
                 .await
         {
             return match done? {
@@ -648,15 +649,16 @@ impl Store {
         t: &Transition,
     ) -> Result<Option<(Vec<AuditRecord>, bool)>, StoreError> {
         let now = self.clock.now_ms();
+        let chain = self.chain_for(t.records.iter().map(|(_, r)| r)).await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<crate::audit::ChainHead> = None;
                 if !t.records.is_empty() {
                     // The append lock before any row lock (see `group`): no lock cycles.
-                    hold_head!(&mut *tx, $lock, &mut head);
+                    hold_head!(&mut *tx, $lock, &mut head, &chain);
                 }
-                let moved = apply_transition!(&mut *tx, $lock, &mut head, t, now);
+                let moved = apply_transition!(&mut *tx, $lock, &mut head, &chain, t, now);
                 if let Some(records) = &moved {
                     let reserved = reserve_with!(&mut *tx, t, now);
                     $insert(&mut *tx, records).await?;
@@ -710,13 +712,16 @@ impl Store {
         cancels: &[Transition],
     ) -> Result<(bool, usize), StoreError> {
         let now = self.clock.now_ms();
+        let chain = self
+            .chain_for(cancels.iter().flat_map(|t| t.records.iter().map(|(_, r)| r)))
+            .await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<crate::audit::ChainHead> = None;
                 if cancels.iter().any(|t| !t.records.is_empty()) {
                     // The append lock before any row lock (see `group`): no lock cycles.
-                    hold_head!(&mut *tx, $lock, &mut head);
+                    hold_head!(&mut *tx, $lock, &mut head, &chain);
                 }
                 let ended = sqlx::query(
                     "UPDATE runs SET status = $1, reason = $2, updated_at = $3
@@ -733,7 +738,9 @@ impl Store {
                 let mut moved = 0;
                 let mut records = Vec::new();
                 for t in cancels {
-                    if let Some(sealed) = apply_transition!(&mut *tx, $lock, &mut head, t, now) {
+                    if let Some(sealed) =
+                        apply_transition!(&mut *tx, $lock, &mut head, &chain, t, now)
+                    {
                         moved += 1;
                         records.extend(sealed);
                     }

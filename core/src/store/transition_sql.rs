@@ -111,11 +111,12 @@ pub(crate) fn transition_sql(from: usize) -> String {
 
 /// Applies transition `$t` inside open transaction `$tx` at time `$now`: the status change
 /// (only from `t.from`), the key and the records (sealed at `$head`, an
-/// `&mut Option<ChainHead>` taken with `hold_head!` when first needed). Evaluates to
+/// `&mut Option<ChainHead>` of chain `$chain` taken with `hold_head!` when first needed).
+/// Evaluates to
 /// `Some(records)`, or `None` when the step was not in `t.from` (nothing written). The
 /// records are sealed, not yet inserted: the caller inserts them before its COMMIT.
 macro_rules! apply_transition {
-    ($tx:expr, $lock:expr, $head:expr, $t:expr, $now:expr) => {{
+    ($tx:expr, $lock:expr, $head:expr, $chain:expr, $t:expr, $now:expr) => {{
         let t: &$crate::store::Transition = $t;
         let now: i64 = $now;
         let n: u64 = match &t.insert {
@@ -210,7 +211,7 @@ macro_rules! apply_transition {
                 .await?;
             }
             Some($crate::store::steps::seal_records!(
-                $tx, $lock, $head, t, now
+                $tx, $lock, $head, $chain, t, now
             ))
         }
     }};
@@ -253,11 +254,11 @@ pub(crate) use reserve_with;
 /// when first needed), in order, at time `$now`; evaluates to the sealed records (not yet
 /// inserted).
 macro_rules! seal_records {
-    ($tx:expr, $lock:expr, $head:expr, $t:expr, $now:expr) => {{
+    ($tx:expr, $lock:expr, $head:expr, $chain:expr, $t:expr, $now:expr) => {{
         let t: &$crate::store::Transition = $t;
         let mut records = Vec::with_capacity(t.records.len());
         for (event, new) in &t.records {
-            let head = $crate::audit::hold_head!($tx, $lock, $head);
+            let head = $crate::audit::hold_head!($tx, $lock, $head, $chain);
             records.push($crate::audit::seal_next!(head, new, *event, $now));
         }
         records
