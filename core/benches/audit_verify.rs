@@ -60,6 +60,7 @@ fn new_record(i: usize) -> (NewAuditRecord, AuditEvent) {
         actor: Some("worker.finance/agent-fin-1".into()),
         rule: Some("payment.over_limit_needs_approval".into()),
         detail,
+        tenant: None,
     };
     (new, event)
 }

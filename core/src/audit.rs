@@ -538,7 +538,7 @@ impl Store {
         new: &NewAuditRecord,
         event: AuditEvent,
     ) -> Result<AuditRecord, StoreError> {
-        let chain = self.chain_for([new]).await?;
+        let chain = self.chain_for(&[new]).await?;
         if let Some(c) = &self.committer
             && let Some(done) = c
                 .submit(
@@ -585,6 +585,24 @@ impl Store {
         let rows: Vec<AuditRecord> = crate::store::on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(chain)
+                .bind(from)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows)
+    }
+
+    /// Records of every chain with `pos >= from`, in the order they were written, at most
+    /// `limit`.
+    pub async fn audit_in_order(
+        &self,
+        from: i64,
+        limit: i64,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM audit WHERE pos >= $1 ORDER BY pos LIMIT $2");
+        let rows: Vec<AuditRecord> = crate::store::on_pool!(self, |p| {
+            sqlx::query_as(&sql)
                 .bind(from)
                 .bind(limit)
                 .fetch_all(p)
@@ -881,9 +899,9 @@ impl Store {
     /// # Errors
     /// They belong to different chains (a transaction appends to one chain), a record names a
     /// tenant other than its run's, or a tenant name is reserved ([`chain_of_tenant`]).
-    pub(crate) async fn chain_for<'a>(
+    pub(crate) async fn chain_for(
         &self,
-        records: impl IntoIterator<Item = &'a NewAuditRecord>,
+        records: &[&NewAuditRecord],
     ) -> Result<String, StoreError> {
         let mut chain: Option<String> = None;
         for new in records {

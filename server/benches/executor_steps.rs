@@ -267,6 +267,7 @@ async fn floor(server: &Server, workers: usize, progress: &Arc<AtomicU64>) -> (u
                         actor: Some(format!("executor:{id}")),
                         rule: Some("policy.allow".into()),
                         detail: serde_json::Map::new(),
+                        tenant: None,
                     },
                 )
             };

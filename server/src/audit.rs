@@ -19,7 +19,11 @@ use clap::Subcommand;
 use countersign_core::audit::checkpoint::{
     Checkpoint, CheckpointPolicy, CheckpointSigner, PublicKey, VerifyFailure, expect_checkpoints,
 };
-use countersign_core::audit::{AuditRecord, ChainBreak, ChainVerifier};
+use countersign_core::audit::note::CheckpointNote;
+use countersign_core::audit::tree_head::{InclusionProof, Leaf};
+use countersign_core::audit::{
+    AuditRecord, ChainBreak, ChainVerifier, LEGACY_CHAIN, SYSTEM_CHAIN, chain_of_tenant,
+};
 use countersign_core::redact::RedactionKey;
 use countersign_core::{Clock, Store, StoreError};
 
@@ -31,9 +35,13 @@ pub const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
 /// `countersign audit …`.
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
-    /// Recompute the chain and check every signed checkpoint; exit 1 naming the first broken
-    /// record. With --file, verify an export offline instead of the database.
+    /// Recompute every chain (or one tenant's) and check every signed checkpoint; exit 1
+    /// naming the first broken record. With --file, verify an export offline instead of the
+    /// database.
     Verify {
+        /// Only this tenant's chain (or `_system`, `_legacy`), and the log of checkpoints.
+        #[arg(long, conflicts_with = "file")]
+        tenant: Option<String>,
         /// A JSON-lines export (`audit export`) to verify instead of the database; a partial
         /// export starting at record k takes its first `prev` as given.
         #[arg(long, value_name = "FILE")]
@@ -42,8 +50,9 @@ pub enum AuditCommand {
         /// missing at a gap cannot be detected.
         #[arg(long, requires = "file")]
         sparse: bool,
-        /// An older exported checkpoint (JSON) the chain must still extend: a truncated tail
-        /// or a rewritten record at or before its seq is a break. Repeatable.
+        /// An exported checkpoint (a signed note from `audit checkpoint`, or a legacy JSON
+        /// checkpoint) the chains must still extend: a truncated tail, a rewritten record at
+        /// or before its seq, or a stored log of checkpoints without it is a break. Repeatable.
         #[arg(long = "from-checkpoint", value_name = "FILE")]
         from_checkpoint: Vec<PathBuf>,
         /// A trusted public key (hex or base64); checkpoints signed by any other key are
@@ -51,9 +60,14 @@ pub enum AuditCommand {
         #[arg(long = "public-key", value_name = "KEY")]
         public_key: Vec<String>,
     },
-    /// Write records as JSON lines (one stored record per line) to stdout; `verify --file`
-    /// accepts the output.
+    /// Write records as JSON lines (one stored record per line, chain by chain) to stdout;
+    /// `verify --file` accepts the output.
     Export {
+        /// Only this tenant's chain (or `_system`, `_legacy`), from its first record, led by
+        /// the proof that the newest checkpoint covers it: its auditor verifies it offline
+        /// with `verify --file` and the public key, seeing no other tenant's records.
+        #[arg(long)]
+        tenant: Option<String>,
         /// Only this run's records (sparse: verify it with --sparse).
         #[arg(long, conflicts_with = "since")]
         run: Option<String>,
@@ -61,17 +75,17 @@ pub enum AuditCommand {
         #[arg(long, value_name = "T")]
         since: Option<String>,
     },
-    /// Sign the current chain head now, store the checkpoint and write it as JSON.
+    /// Sign every chain's head now (a checkpoint note), store it and write it out.
     Checkpoint {
         /// Write the checkpoint here instead of stdout.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
-    /// Write a stored checkpoint (the newest, or the newest at or below --seq) as JSON.
+    /// Write a stored checkpoint note (the newest, or number --number).
     ExportCheckpoint {
-        /// The newest checkpoint at or below this record.
+        /// The checkpoint's number.
         #[arg(long)]
-        seq: Option<i64>,
+        number: Option<i64>,
         /// Write the checkpoint here instead of stdout.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
@@ -119,6 +133,7 @@ pub async fn run_command(
             sparse,
             from_checkpoint,
             public_key,
+            ..
         } => {
             let trusted = trusted_keys(config, &public_key)?;
             let external = read_checkpoints(&from_checkpoint)?;
@@ -143,21 +158,27 @@ async fn with_store(
     match command {
         AuditCommand::PublicKey => Ok(()),
         AuditCommand::Verify {
+            tenant,
             from_checkpoint,
             public_key,
             ..
         } => {
             let trusted = trusted_keys(config, &public_key)?;
             let external = read_checkpoints(&from_checkpoint)?;
+            let only = tenant.as_deref().map(chain_named).transpose()?;
             match store
-                .verify_audit_full(&trusted, &external)
+                .verify_audit_full(&trusted, &external.legacy, &external.notes, only.as_deref())
                 .await
                 .map_err(db)?
             {
                 Ok(report) => {
                     println!(
-                        "audit chain intact: {} record(s), {} signed checkpoint(s) verified",
-                        report.records, report.checkpoints
+                        "audit intact: {} record(s) in {} chain(s){}, {} signed checkpoint(s) \
+                         verified",
+                        report.records,
+                        report.chains,
+                        only.map(|c| format!(" (only {c})")).unwrap_or_default(),
+                        report.checkpoints
                     );
                     note_untrusted(&trusted, report.checkpoints);
                     Ok(())
@@ -165,24 +186,36 @@ async fn with_store(
                 Err(f) => Err(refused(f.to_string())),
             }
         }
-        AuditCommand::Export { run, since } => export(store, run, since).await,
+        AuditCommand::Export { tenant, run, since } => {
+            let chain = tenant.as_deref().map(chain_named).transpose()?;
+            export(store, chain, run, since).await
+        }
         AuditCommand::Checkpoint { out } => {
             let signer = signer(config)?;
-            let cp = store
+            let th = store
                 .checkpoint_audit(&signer, None)
                 .await
                 .map_err(db)?
-                .ok_or_else(|| refused("the audit chain is empty: nothing to sign"))?;
-            eprintln!("checkpoint for record {} ({})", cp.seq, cp.hash);
-            write_checkpoint(&cp, out.as_deref())
+                .ok_or_else(|| refused("the audit trail is empty: nothing to sign"))?;
+            eprintln!(
+                "checkpoint {} over {} chain(s)",
+                th.number(),
+                th.leaves.len()
+            );
+            write_text(&th.note.text, out.as_deref())
         }
-        AuditCommand::ExportCheckpoint { seq, out } => {
-            let cp = store
-                .audit_checkpoint_at_or_before(seq)
-                .await
-                .map_err(db)?
-                .ok_or_else(|| refused("no stored checkpoint (at or below that record)"))?;
-            write_checkpoint(&cp, out.as_deref())
+        AuditCommand::ExportCheckpoint { number, out } => {
+            let th = match number {
+                None => store.latest_tree_head().await.map_err(db)?,
+                Some(n) => store
+                    .tree_heads()
+                    .await
+                    .map_err(db)?
+                    .into_iter()
+                    .find(|t| t.number() == n),
+            }
+            .ok_or_else(|| refused("no such stored checkpoint"))?;
+            write_text(&th.note.text, out.as_deref())
         }
     }
 }
@@ -213,27 +246,47 @@ fn note_untrusted(trusted: &[PublicKey], checkpoints: usize) {
     }
 }
 
-fn read_checkpoints(files: &[PathBuf]) -> Result<Vec<(Checkpoint, String)>, AuditCliError> {
-    files
-        .iter()
-        .map(|f| {
-            let text =
-                std::fs::read_to_string(f).map_err(|e| refused(format!("{}: {e}", f.display())))?;
-            let cp: Checkpoint = serde_json::from_str(&text)
-                .map_err(|e| refused(format!("{}: not a checkpoint: {e}", f.display())))?;
-            Ok((cp, format!("the checkpoint in {}", f.display())))
-        })
-        .collect()
+/// The chain `--tenant` names: a tenant's, or a reserved chain by its own name.
+fn chain_named(tenant: &str) -> Result<String, AuditCliError> {
+    if tenant == SYSTEM_CHAIN || tenant == LEGACY_CHAIN {
+        return Ok(tenant.to_string());
+    }
+    chain_of_tenant(Some(tenant)).map_err(|e| refused(format!("--tenant {tenant:?}: {e}")))
 }
 
-fn write_checkpoint(cp: &Checkpoint, out: Option<&Path>) -> Result<(), AuditCliError> {
-    let text = serde_json::to_string_pretty(cp)
-        .map_err(|e| refused(format!("cannot serialise the checkpoint: {e}")))?;
+/// Checkpoints read from files: notes over every chain, and legacy JSON ones.
+#[derive(Default)]
+struct External {
+    notes: Vec<(CheckpointNote, String)>,
+    legacy: Vec<(Checkpoint, String)>,
+}
+
+fn read_checkpoints(files: &[PathBuf]) -> Result<External, AuditCliError> {
+    let mut out = External::default();
+    for f in files {
+        let text =
+            std::fs::read_to_string(f).map_err(|e| refused(format!("{}: {e}", f.display())))?;
+        let label = format!("the checkpoint in {}", f.display());
+        if text.trim_start().starts_with('{') {
+            let cp: Checkpoint = serde_json::from_str(&text)
+                .map_err(|e| refused(format!("{}: not a checkpoint: {e}", f.display())))?;
+            out.legacy.push((cp, label));
+        } else {
+            let note = CheckpointNote::parse(&text)
+                .map_err(|e| refused(format!("{}: {e}", f.display())))?;
+            out.notes.push((note, label));
+        }
+    }
+    Ok(out)
+}
+
+fn write_text(text: &str, out: Option<&Path>) -> Result<(), AuditCliError> {
     match out {
-        Some(path) => std::fs::write(path, text + "\n")
-            .map_err(|e| refused(format!("{}: {e}", path.display()))),
+        Some(path) => {
+            std::fs::write(path, text).map_err(|e| refused(format!("{}: {e}", path.display())))
+        }
         None => {
-            println!("{text}");
+            print!("{text}");
             Ok(())
         }
     }
@@ -251,92 +304,108 @@ fn parse_since(text: &str) -> Result<i64, AuditCliError> {
 
 async fn export(
     store: &Store,
+    chain: Option<String>,
     run: Option<String>,
     since: Option<String>,
 ) -> Result<(), AuditCliError> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let write = |out: &mut std::io::BufWriter<_>, r: &AuditRecord| -> Result<(), AuditCliError> {
-        let line = serde_json::to_string(r)
-            .map_err(|e| refused(format!("cannot serialise record {}: {e}", r.seq)))?;
-        writeln!(out, "{line}").map_err(|e| refused(format!("stdout: {e}")))
+    let line = |out: &mut std::io::BufWriter<_>, text: String| -> Result<(), AuditCliError> {
+        writeln!(out, "{text}").map_err(|e| refused(format!("stdout: {e}")))
+    };
+    let record = |r: &AuditRecord| -> Result<String, AuditCliError> {
+        serde_json::to_string(r)
+            .map_err(|e| refused(format!("cannot serialise record {}: {e}", r.seq)))
     };
     if let Some(run) = run {
         for r in store.audit_for_run(&run).await.map_err(db)? {
-            write(&mut out, &r)?;
+            line(&mut out, record(&r)?)?;
         }
-    } else {
+        return out.flush().map_err(|e| refused(format!("stdout: {e}")));
+    }
+    let chains = match &chain {
+        Some(c) => {
+            let covering = store.latest_tree_head().await.map_err(db)?;
+            let proof = match &covering {
+                Some(th) => InclusionProof::of(th, c).map_err(db)?,
+                None => None,
+            };
+            match proof {
+                Some(p) => line(
+                    &mut out,
+                    serde_json::to_string(&p)
+                        .map_err(|e| refused(format!("cannot serialise the proof: {e}")))?,
+                )?,
+                None => eprintln!(
+                    "note: no checkpoint covers chain {c} yet (run `countersign audit \
+                     checkpoint`): the export carries no proof"
+                ),
+            }
+            vec![c.clone()]
+        }
+        None => store.audit_chain_names().await.map_err(db)?,
+    };
+    let since = since.as_deref().map(parse_since).transpose()?;
+    for chain in chains {
         let first = match since {
             None => Some(1),
-            Some(t) => store
-                .audit_first_seq_since(parse_since(&t)?)
-                .await
-                .map_err(db)?,
+            Some(t) => store.audit_first_seq_since(&chain, t).await.map_err(db)?,
         };
-        if let Some(mut next) = first {
-            loop {
-                let page = store.audit_records(next, 10_000).await.map_err(db)?;
-                if page.is_empty() {
-                    break;
-                }
-                next += page.len() as i64;
-                for r in &page {
-                    write(&mut out, r)?;
-                }
+        let Some(mut next) = first else {
+            continue;
+        };
+        loop {
+            let page = store
+                .audit_records(&chain, next, 10_000)
+                .await
+                .map_err(db)?;
+            if page.is_empty() {
+                break;
+            }
+            next += page.len() as i64;
+            for r in &page {
+                line(&mut out, record(r)?)?;
             }
         }
     }
     out.flush().map_err(|e| refused(format!("stdout: {e}")))
 }
 
-/// Verifies a JSON-lines export offline.
+/// One line of an export: a record, or (first, in a tenant's export) the proof.
+enum ExportLine {
+    Record(Box<AuditRecord>),
+    Proof(Box<InclusionProof>),
+}
+
+/// Verifies a JSON-lines export offline: chain by chain (records of one chain are
+/// consecutive), each from its first record, against the proof the export opens with and the
+/// checkpoints given.
 fn verify_file(
     path: &Path,
     sparse: bool,
-    external: &[(Checkpoint, String)],
+    external: &External,
     trusted: &[PublicKey],
 ) -> Result<(), AuditCliError> {
     let file =
         std::fs::File::open(path).map_err(|e| refused(format!("{}: {e}", path.display())))?;
-    let mut lines = std::io::BufReader::new(file).lines().enumerate();
-    let parse = |n: usize, line: std::io::Result<String>| -> Result<AuditRecord, AuditCliError> {
-        let line = line.map_err(|e| refused(format!("{}: {e}", path.display())))?;
-        serde_json::from_str(&line).map_err(|e| {
-            refused(format!(
-                "{} line {}: not an audit record: {e}",
-                path.display(),
-                n + 1
-            ))
-        })
-    };
-    let first = loop {
-        match lines.next() {
-            None => break None,
-            Some((_, Ok(l))) if l.trim().is_empty() => continue,
-            Some((n, l)) => break Some(parse(n, l)?),
+    let parse = |n: usize, line: &str| -> Result<ExportLine, AuditCliError> {
+        if let Ok(r) = serde_json::from_str::<AuditRecord>(line) {
+            return Ok(ExportLine::Record(Box::new(r)));
         }
-    };
-    let Some(first) = first else {
-        if external.is_empty() {
-            println!("{}: empty export, nothing to verify", path.display());
-            return Ok(());
+        if n == 0
+            && let Ok(p) = serde_json::from_str::<InclusionProof>(line)
+        {
+            return Ok(ExportLine::Proof(Box::new(p)));
         }
-        return Err(refused(format!(
-            "{}: empty export, but checkpoints were given to check",
-            path.display()
-        )));
+        let e = serde_json::from_str::<AuditRecord>(line).err();
+        Err(refused(format!(
+            "{} line {}: not an audit record: {}",
+            path.display(),
+            n + 1,
+            e.map(|e| e.to_string()).unwrap_or_default()
+        )))
     };
-    let mut v = ChainVerifier::new(first.seq, &first.prev);
-    if sparse {
-        v = v.sparse();
-    }
     let failure = |f: VerifyFailure| refused(f.to_string());
-    let checkpoints = expect_checkpoints(
-        &mut v,
-        external.iter().map(|(c, s)| (c, s.clone())),
-        trusted,
-    )
-    .map_err(failure)?;
     let gap_hint = |b: ChainBreak| -> AuditCliError {
         if !sparse && b.reason.starts_with("expected record") {
             refused(format!(
@@ -346,25 +415,123 @@ fn verify_file(
             refused(b.to_string())
         }
     };
-    v.push(&first).map_err(gap_hint)?;
-    for (n, line) in lines {
-        if matches!(&line, Ok(l) if l.trim().is_empty()) {
+    let mut proven: Option<(Leaf, CheckpointNote)> = None;
+    let mut current: Option<ChainVerifier> = None;
+    let mut first_seq = None;
+    let (mut count, mut chains, mut checkpoints, mut skipped) = (0_i64, 0_usize, 0_usize, 0_usize);
+    let mut seen_chains: Vec<String> = Vec::new();
+    let finish = |v: ChainVerifier,
+                      checkpoints_skipped: &mut usize|
+     -> Result<i64, AuditCliError> {
+        *checkpoints_skipped +=
+            v.skipped_checkpoints() + if sparse { v.pending_checkpoints() } else { 0 };
+        v.finish().map_err(|b| refused(b.to_string()))
+    };
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| refused(format!("{}: {e}", path.display())))?;
+        if line.trim().is_empty() {
             continue;
         }
-        let r = parse(n, line)?;
-        v.push(&r).map_err(gap_hint)?;
+        let r = match parse(n, &line)? {
+            ExportLine::Proof(p) => {
+                let note = p.verify(trusted).map_err(failure)?;
+                checkpoints += 1;
+                proven = Some((p.leaf.clone(), note));
+                continue;
+            }
+            ExportLine::Record(r) => *r,
+        };
+        if current.as_ref().is_none_or(|v| v.chain_name() != r.chain) {
+            if let Some(v) = current.take() {
+                count += finish(v, &mut skipped)?;
+                chains += 1;
+            }
+            if seen_chains.contains(&r.chain) {
+                return Err(refused(format!(
+                    "{} line {}: chain {} continues after another chain: an export lists each \
+                     chain's records together",
+                    path.display(),
+                    n + 1,
+                    r.chain
+                )));
+            }
+            seen_chains.push(r.chain.clone());
+            first_seq.get_or_insert(r.seq);
+            let mut v = ChainVerifier::new(r.seq, &r.prev).chain(&r.chain);
+            if sparse {
+                v = v.sparse();
+            }
+            if r.chain == LEGACY_CHAIN {
+                checkpoints += expect_checkpoints(
+                    &mut v,
+                    external.legacy.iter().map(|(c, s)| (c, s.clone())),
+                    trusted,
+                )
+                .map_err(failure)?;
+            }
+            if let Some((leaf, note)) = &proven
+                && leaf.chain == r.chain
+            {
+                v.expect(
+                    leaf.seq,
+                    &leaf.hash,
+                    format!("checkpoint {} (the export's proof)", note.body.number),
+                )
+                .map_err(|b| refused(b.to_string()))?;
+            }
+            current = Some(v);
+        }
+        if let Some(v) = current.as_mut() {
+            v.push(&r).map_err(gap_hint)?;
+        }
     }
-    // A sparse export may end before a checkpoint's record: that one was not compared either.
-    let skipped = v.skipped_checkpoints() + if sparse { v.pending_checkpoints() } else { 0 };
-    let count = v.finish().map_err(|b| refused(b.to_string()))?;
+    if let Some(v) = current.take() {
+        count += finish(v, &mut skipped)?;
+        chains += 1;
+    }
+    if let Some((leaf, _)) = &proven
+        && !seen_chains.contains(&leaf.chain)
+    {
+        return Err(refused(format!(
+            "{}: the export's proof covers chain {} up to record {} but holds none of its \
+             records: they were removed",
+            path.display(),
+            leaf.chain,
+            leaf.seq
+        )));
+    }
+    for (note, label) in &external.notes {
+        match &proven {
+            Some((_, mine)) if mine.body.number == note.body.number => {
+                if mine.body != note.body {
+                    return Err(refused(format!(
+                        "{label} differs from the export's checkpoint {}: the log was forked",
+                        note.body.number
+                    )));
+                }
+                checkpoints += 1;
+            }
+            _ => skipped += 1,
+        }
+    }
+    if chains == 0 {
+        if external.notes.is_empty() && external.legacy.is_empty() && proven.is_none() {
+            println!("{}: empty export, nothing to verify", path.display());
+            return Ok(());
+        }
+        return Err(refused(format!(
+            "{}: empty export, but checkpoints were given to check",
+            path.display()
+        )));
+    }
     println!(
-        "{}: intact: {count} record(s) from record {}{}, {} checkpoint(s) given{}",
+        "{}: intact: {count} record(s) in {chains} chain(s) from record {}{}, {checkpoints} \
+         checkpoint(s) checked{}",
         path.display(),
-        first.seq,
+        first_seq.unwrap_or(1),
         if sparse { " (sparse)" } else { "" },
-        checkpoints,
         if skipped > 0 {
-            format!(", {skipped} of them outside the export and not compared")
+            format!(", {skipped} given but outside the export and not compared")
         } else {
             String::new()
         }
@@ -387,7 +554,11 @@ pub fn spawn_checkpointer(
         loop {
             tick.tick().await;
             match store.checkpoint_audit(&signer, Some(policy)).await {
-                Ok(Some(cp)) => tracing::info!(seq = cp.seq, "audit checkpoint signed"),
+                Ok(Some(th)) => tracing::info!(
+                    number = th.number(),
+                    chains = th.leaves.len(),
+                    "audit checkpoint signed"
+                ),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "audit checkpoint failed; retrying"),
             }

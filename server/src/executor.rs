@@ -252,6 +252,7 @@ pub async fn sweep_overdue_reviews(state: &AppState) -> Result<usize, StoreError
             actor: Some("executor".into()),
             rule: Some(RULE.into()),
             detail,
+            tenant: None,
         };
         let moved = store
             .transition(&Transition {
@@ -295,6 +296,7 @@ async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), S
             actor: Some("executor".into()),
             rule: Some(rule.to_string()),
             detail,
+            tenant: None,
         })
         .await?;
     crate::runs::cancel_run(state, &step.run_id, "executor", rule, RunStatus::Failed).await?;
@@ -484,6 +486,7 @@ async fn record_compensation(
             actor: Some("executor".into()),
             rule: Some(rule.into()),
             detail,
+            tenant: None,
         })
         .await?;
     if outcome.is_err() {
@@ -604,6 +607,7 @@ async fn run_compensation(
                             actor: Some("executor".into()),
                             rule: Some("compensation.escalated".into()),
                             detail,
+                            tenant: None,
                         },
                     )],
                     ..Transition::default()
@@ -736,6 +740,7 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
         actor: Some("reconciler".into()),
         rule: tool.reconcile.as_ref().map(|r| format!("reconcile:{r}")),
         detail,
+        tenant: None,
     };
     let moved = store
         .transition(&Transition {

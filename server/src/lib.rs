@@ -260,7 +260,9 @@ impl Application {
             // goes: a tail cut while it was down is then still detected.
             if let Some(signer) = &self.state.config.audit_signing_key {
                 match self.state.store.checkpoint_audit(signer, None).await {
-                    Ok(Some(cp)) => tracing::info!(seq = cp.seq, "final audit checkpoint signed"),
+                    Ok(Some(th)) => {
+                        tracing::info!(number = th.number(), "final audit checkpoint signed")
+                    }
                     Ok(None) => {}
                     Err(e) => tracing::warn!(error = %e, "final audit checkpoint failed"),
                 }

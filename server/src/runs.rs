@@ -277,6 +277,7 @@ async fn submit(
                 actor: Some(format!("agent:{} role:planner", caller.credential.id)),
                 rule: None,
                 detail,
+                tenant: None,
             })
             .await
             .map_err(store_err)?;
@@ -355,6 +356,7 @@ pub async fn cancel_run(
             actor: Some(actor.to_string()),
             rule: Some(format!("run.{}", to.as_str())),
             detail,
+            tenant: None,
         };
         cancels.push(Transition {
             step_id: step.id.clone(),
@@ -517,6 +519,7 @@ async fn review(
         actor: Some(actor),
         rule: Some("review.rejected".into()),
         detail,
+        tenant: None,
     };
     // Stopping is always safe, but never by the credential that planned the step.
     if run.agent_id.as_deref() == Some(caller.credential.id.as_str()) {

@@ -46,6 +46,7 @@ pub async fn emergency_stop(
             actor: Some(by.to_string()),
             rule: Some(pipeline::STOP_RULE.into()),
             detail,
+            tenant: scope_tenant(scope),
         })
         .await?;
     let runs: Vec<_> = store
@@ -85,6 +86,14 @@ async fn revoke_for_stop(
         store.record_stop_revocation(switch, &cred.id, at).await?;
     }
     Ok(())
+}
+
+/// The tenant whose audit chain a stop's record joins (none for a platform-wide stop).
+fn scope_tenant(scope: &StopScope) -> Option<String> {
+    match scope {
+        StopScope::Platform => None,
+        StopScope::Tenant(t) => Some(t.clone()),
+    }
 }
 
 fn scope_json(scope: &StopScope) -> serde_json::Value {
@@ -151,6 +160,7 @@ pub async fn lift_emergency_stop(
             actor: Some(by.to_string()),
             rule: Some(LIFT_RULE.into()),
             detail,
+            tenant: scope_tenant(scope),
         })
         .await?;
     Ok(lifted)

@@ -444,3 +444,85 @@ impl Store {
         Ok(false)
     }
 }
+
+/// What a tenant's export opens with: the newest checkpoint that covers its chain, and the
+/// inclusion proof of its chain's leaf — enough for its auditor to check, with nothing but the
+/// export and the public key, that the signed checkpoint covers exactly this chain up to
+/// `leaf.seq`, without seeing any other chain.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InclusionProof {
+    /// The checkpoint note, as signed.
+    pub checkpoint: String,
+    /// The signer's public key, hex, as stored (trust it only if it is the one you hold).
+    pub public_key: String,
+    /// The chain's head the checkpoint covers.
+    pub leaf: Leaf,
+    /// Its index among the checkpoint's leaves.
+    pub index: u64,
+    /// The audit path, base64.
+    pub proof: Vec<String>,
+}
+
+impl InclusionProof {
+    /// The proof of chain `chain`'s leaf in `th`; `None` when `th` does not cover it.
+    ///
+    /// # Errors
+    /// See [`Leaf::data`].
+    pub fn of(th: &TreeHead, chain: &str) -> Result<Option<Self>, StoreError> {
+        use base64::Engine;
+        let Some((index, leaf, proof)) = th.proof_for(chain)? else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            checkpoint: th.note.text.clone(),
+            public_key: th.public_key.clone(),
+            leaf,
+            index: u64::try_from(index).unwrap_or(u64::MAX),
+            proof: proof
+                .iter()
+                .map(|h| base64::engine::general_purpose::STANDARD.encode(h))
+                .collect(),
+        }))
+    }
+
+    /// Checks the note's signature (under `trusted`, or when none are given, the key the
+    /// proof names) and that the proof puts the leaf in the signed tree; returns the note.
+    ///
+    /// # Errors
+    /// The first thing wrong, as a [`VerifyFailure::Log`].
+    pub fn verify(&self, trusted: &[PublicKey]) -> Result<CheckpointNote, VerifyFailure> {
+        use base64::Engine;
+        let note = CheckpointNote::parse(&self.checkpoint)
+            .map_err(|e| log_failure(0, format!("the export's checkpoint: {e}")))?;
+        let n = note.body.number;
+        let keys = keys_for(&self.public_key, trusted).map_err(|e| log_failure(n, e))?;
+        note.verify(&keys)
+            .map_err(|e| log_failure(n, format!("the export's checkpoint: {e}")))?;
+        let proof: Option<Vec<Hash>> = self
+            .proof
+            .iter()
+            .map(|p| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(p)
+                    .ok()
+                    .and_then(|b| Hash::try_from(b.as_slice()).ok())
+            })
+            .collect();
+        let leaf = self.leaf.hash().map_err(|e| log_failure(n, e.to_string()))?;
+        let included = proof.is_some_and(|proof| {
+            merkle::verify_inclusion(self.index, note.body.size, &leaf, &proof, &note.body.root)
+        });
+        if !included {
+            return Err(log_failure(
+                n,
+                format!(
+                    "the inclusion proof of chain {}'s head (record {}) does not lead to the \
+                     signed root",
+                    self.leaf.chain, self.leaf.seq
+                ),
+            ));
+        }
+        Ok(note)
+    }
+}

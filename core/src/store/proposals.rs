@@ -301,7 +301,7 @@ impl Store {
         record: &NewAuditRecord,
     ) -> Result<(), StoreError> {
         let now = proposal.created_at;
-        let chain = self.chain_for([record]).await?;
+        let chain = self.chain_for(&[record]).await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
@@ -389,7 +389,7 @@ impl Store {
         record: &NewAuditRecord,
         now: i64,
     ) -> Result<bool, StoreError> {
-        let chain = self.chain_for([record]).await?;
+        let chain = self.chain_for(&[record]).await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;

@@ -360,7 +360,7 @@ fn record(
 macro_rules! write_audited {
     ($store:expr, $audit:expr, $now:expr, $query:expr) => {{ write_audited!($store, $audit, AuditEvent::Operational, $now, $query) }};
     ($store:expr, $audit:expr, $event:expr, $now:expr, $query:expr) => {{
-        let chain = $store.chain_for([&$audit]).await?;
+        let chain = $store.chain_for(&[&$audit]).await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await.map_err(StoreError::from)?;

@@ -8,12 +8,14 @@
 //!   audit trail, records that belong to no run and name no tenant or this one: operational
 //!   events such as a registry import, this tenant's standing grants and batch approvals). Callers pass the signed-in person's tenant; a person without one sees nothing
 //!   (the callers refuse before asking).
-//! * The audit search pages by keyset on `seq` (never OFFSET), newest first; each filter
-//!   column has an index with `seq` (migration 0007), so a page costs its own rows.
-//! * A time range is searched as a `seq` range: `at` never decreases along `seq` (the
-//!   appender seals at max(now, head's `at`), see `crate::audit`), so the records at or after
-//!   a time are exactly those from the first `seq` at or after it ([`Store::audit_seq_at`],
-//!   one index probe on `audit_at`). The `at` conditions are still checked as a guard (in
+//! * The audit search pages by keyset on `pos` (the order records were written in, across
+//!   chains; never OFFSET), newest first; each filter column has an index with `pos`
+//!   (migration 0016), so a page costs its own rows.
+//! * A time range is searched as a `pos` range: `at` never decreases along a chain (the
+//!   appender seals at max(now, head's `at`), see `crate::audit`), and chains are sealed from
+//!   one clock per process, so the records at or after a time are those from the first `pos`
+//!   at or after it ([`Store::audit_seq_at`], one index probe on `audit_at`); a chain whose
+//!   head ran ahead of another's clock can leave a record within that skew of a bound out. The `at` conditions are still checked as a guard (in
 //!   Rust for the search, in SQL for the export): a record outside the range is never
 //!   returned, even in a chain written before the rule. Filter indexes with `seq` then serve
 //!   "actor + time range" as one index range.
@@ -60,8 +62,8 @@ enum Bind {
     Int(i64),
 }
 
-const A_COLUMNS: &str =
-    "a.seq, a.at, a.event, a.run_id, a.step_id, a.tool, a.actor, a.rule, a.record, a.prev, a.hash";
+const A_COLUMNS: &str = "a.chain, a.seq, a.pos, a.at, a.event, a.run_id, a.step_id, a.tool, \
+     a.actor, a.rule, a.record, a.prev, a.hash";
 
 impl AuditFilter {
     /// Whether a record at `at` (Unix ms) lies in the filter's time range.
@@ -120,12 +122,17 @@ fn conditions(f: &AuditFilter, seqs: SeqRange, guard_at: bool) -> (Vec<String>, 
         let n_record = binds.len();
         binds.push(Bind::Text(format!("% tenant:{escaped}")));
         let n_actor = binds.len();
+        // The tenant's own chain; of the system and legacy chains (shared), what the rule
+        // above shows.
         conds.push(format!(
-            "(EXISTS (SELECT 1 FROM runs r WHERE r.id = a.run_id AND r.tenant = ${n_run}) \
+            "(a.chain = ${n_run} OR (a.chain IN ('{system}', '{legacy}') AND ( \
+             EXISTS (SELECT 1 FROM runs r WHERE r.id = a.run_id AND r.tenant = ${n_run}) \
              OR (a.run_id IS NULL AND ( \
                  (a.record NOT LIKE '%\"tenant\":%' AND COALESCE(a.actor, '') NOT LIKE '% tenant:%') \
                  OR a.record LIKE ${n_record} ESCAPE '\\' \
-                 OR a.actor LIKE ${n_actor} ESCAPE '\\')))"
+                 OR a.actor LIKE ${n_actor} ESCAPE '\\')))))",
+            system = crate::audit::SYSTEM_CHAIN,
+            legacy = crate::audit::LEGACY_CHAIN,
         ));
     }
     for (value, cond) in [
@@ -162,10 +169,10 @@ fn conditions(f: &AuditFilter, seqs: SeqRange, guard_at: bool) -> (Vec<String>, 
         }
     }
     if let Some(from) = seqs.from {
-        add("a.seq >= ?", Bind::Int(from), &mut conds, &mut binds);
+        add("a.pos >= ?", Bind::Int(from), &mut conds, &mut binds);
     }
     if let Some(to) = seqs.to {
-        add("a.seq < ?", Bind::Int(to), &mut conds, &mut binds);
+        add("a.pos < ?", Bind::Int(to), &mut conds, &mut binds);
     }
     if guard_at {
         // Written `a.at + 0` so that no planner serves them from `audit_at`: the seq range
@@ -208,7 +215,7 @@ impl Store {
     pub async fn audit_seq_at(&self, at_ms: i64) -> Result<Option<i64>, StoreError> {
         let seq: Option<i64> = on_pool!(self, |p| {
             sqlx::query_scalar(
-                "SELECT MIN(seq) FROM audit \
+                "SELECT MIN(pos) FROM audit \
                  WHERE at = (SELECT MIN(at) FROM audit WHERE at >= $1)",
             )
             .bind(at_ms)
@@ -267,7 +274,7 @@ impl Store {
             let rows = self.audit_page(f, seqs, cursor, limit).await?;
             let read = rows.len();
             // `rows` is in the order the query walked (newest first unless `After`).
-            let last = rows.last().map(|r| r.seq);
+            let last = rows.last().map(|r| r.pos);
             page.extend(rows.into_iter().filter(|r| f.covers_time(r.at)));
             match last {
                 Some(seq) if page.len() < want && read == want => {
@@ -300,18 +307,18 @@ impl Store {
             AuditCursor::Newest => "DESC",
             AuditCursor::Before(seq) => {
                 binds.push(Bind::Int(seq));
-                conds.push(format!("a.seq < ${}", binds.len()));
+                conds.push(format!("a.pos < ${}", binds.len()));
                 "DESC"
             }
             AuditCursor::After(seq) => {
                 binds.push(Bind::Int(seq));
-                conds.push(format!("a.seq > ${}", binds.len()));
+                conds.push(format!("a.pos > ${}", binds.len()));
                 "ASC"
             }
         };
         binds.push(Bind::Int(limit));
         let sql = format!(
-            "SELECT {A_COLUMNS} FROM audit a {} ORDER BY a.seq {order} LIMIT ${}",
+            "SELECT {A_COLUMNS} FROM audit a {} ORDER BY a.pos {order} LIMIT ${}",
             where_clause(&conds),
             binds.len()
         );
@@ -330,10 +337,10 @@ impl Store {
         };
         let (mut conds, mut binds) = conditions(f, seqs, true);
         binds.push(Bind::Int(after));
-        conds.push(format!("a.seq > ${}", binds.len()));
+        conds.push(format!("a.pos > ${}", binds.len()));
         binds.push(Bind::Int(limit.max(0)));
         let sql = format!(
-            "SELECT {A_COLUMNS} FROM audit a {} ORDER BY a.seq ASC LIMIT ${}",
+            "SELECT {A_COLUMNS} FROM audit a {} ORDER BY a.pos ASC LIMIT ${}",
             where_clause(&conds),
             binds.len()
         );
@@ -420,7 +427,7 @@ impl Store {
         };
         let mut conds = vec![
             "a.event IN ('waiting_approval', 'approved', 'rejected', 'expired')".to_string(),
-            "a.seq >= $1".to_string(),
+            "a.pos >= $1".to_string(),
         ];
         let mut binds = vec![Bind::Int(first)];
         if let Some(t) = tenant {
@@ -431,17 +438,25 @@ impl Store {
             ));
         }
         let sql = format!(
-            "SELECT {A_COLUMNS} FROM audit a {} ORDER BY a.seq",
+            "SELECT {A_COLUMNS} FROM audit a {} ORDER BY a.pos",
             where_clause(&conds)
         );
         Ok(fetch_records!(self, &sql, &binds))
     }
 
-    /// The stored record at `seq`, if any.
-    pub async fn audit_record(&self, seq: i64) -> Result<Option<AuditRecord>, StoreError> {
-        let sql = format!("SELECT {A_COLUMNS} FROM audit a WHERE a.seq = $1");
+    /// The stored record of chain `chain` at `seq`, if any.
+    pub async fn audit_record(
+        &self,
+        chain: &str,
+        seq: i64,
+    ) -> Result<Option<AuditRecord>, StoreError> {
+        let sql = format!("SELECT {A_COLUMNS} FROM audit a WHERE a.chain = $1 AND a.seq = $2");
         let row: Option<AuditRecord> = on_pool!(self, |p| {
-            sqlx::query_as(&sql).bind(seq).fetch_optional(p).await?
+            sqlx::query_as(&sql)
+                .bind(chain)
+                .bind(seq)
+                .fetch_optional(p)
+                .await?
         });
         Ok(row)
     }

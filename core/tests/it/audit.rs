@@ -33,7 +33,8 @@ fn record(i: usize) -> NewAuditRecord {
         actor: Some("worker.finance/agent-1".into()),
         rule: (!i.is_multiple_of(2)).then(|| "irreversible.always".to_string()),
         detail,
-    }
+    },
+    tenant: None,
 }
 
 /// An outcome record of `run` for the failures-in-a-row count.
@@ -670,7 +671,8 @@ async fn the_redaction_key_fingerprint_is_recorded_on_first_use_and_rotation() {
 }
 
 fn record_n(i: usize) -> NewAuditRecord {
-    record(i)
+    record(i),
+    tenant: None,
 }
 
 /// Group commit: two stores on one database (two committers, as two processes have) race
@@ -1269,6 +1271,7 @@ proptest! {
             actor,
             rule,
             detail,
+            tenant: None,
         };
         // Integers JCS cannot write exactly have no sealed form at all.
         let Ok(mut r) = seal(&new, AuditEvent::Proposed, seq, at, GENESIS) else {

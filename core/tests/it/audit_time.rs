@@ -20,7 +20,8 @@ fn record(i: usize, actor: &str) -> NewAuditRecord {
         actor: Some(actor.into()),
         rule: None,
         detail: serde_json::Map::new(),
-    }
+    },
+    tenant: None,
 }
 
 async fn all_records(store: &Store) -> Vec<AuditRecord> {

@@ -67,6 +67,7 @@ fn record(
             actor: Some("agent:agent-1".into()),
             rule: None,
             detail: Default::default(),
+            tenant: None,
         },
     )
 }
@@ -551,6 +552,7 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
                     actor: Some("agent:agent-1".into()),
                     rule: None,
                     detail: Default::default(),
+                    tenant: None,
                 },
             )
         };
@@ -670,6 +672,7 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
                         actor: Some("executor".into()),
                         rule: Some("run.failed".into()),
                         detail: Default::default(),
+                        tenant: None,
                     },
                 )],
                 ..Transition::default()
@@ -982,6 +985,7 @@ async fn a_failing_job_fails_alone_and_leaves_the_append_lock_free() {
                         actor: Some(format!("after-{i}")),
                         rule: None,
                         detail: Default::default(),
+                        tenant: None,
                     })
                     .await
             }));

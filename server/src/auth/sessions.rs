@@ -115,6 +115,7 @@ async fn audit(store: &Store, which: &Which<'_>, by: &str, ended: usize) -> Resu
             actor: Some(by.to_string()),
             rule: Some(SESSIONS_ENDED_RULE.into()),
             detail,
+            tenant: which.tenant.map(str::to_string),
         })
         .await?;
     Ok(())

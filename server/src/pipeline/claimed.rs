@@ -260,6 +260,7 @@ pub(super) async fn refuse_claimed(
         actor: Some(format!("executor:{worker}")),
         rule: Some(rule.into()),
         detail: extra,
+        tenant: None,
     };
     store
         .transition(&Transition {

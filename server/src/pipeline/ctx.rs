@@ -86,6 +86,8 @@ impl<'a> Ctx<'a> {
                 actor: Some(self.actor()),
                 rule: rule.map(str::to_string),
                 detail,
+                // The caller's tenant; a step's run of another tenant is refused by the store.
+                tenant: Some(self.caller.credential.tenant.clone()),
             },
         )
     }

@@ -45,6 +45,7 @@ pub(super) async fn refuse_unlisted(
         )),
         rule: Some(Rule::TOOL_NOT_LISTED.as_str().into()),
         detail: detail(&[("requested_tool", json!(bounded(requested)))]),
+        tenant: Some(credential.tenant.clone()),
     };
     state.store.append_audit(&record).await?;
     Ok(Answer::UnknownTool)

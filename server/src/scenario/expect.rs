@@ -52,7 +52,7 @@ impl Runner<'_, '_> {
                 detail: r.err().unwrap_or_default(),
             });
         };
-        let records = match store.audit_records(1, 1_000_000).await {
+        let records = match store.audit_in_order(0, 1_000_000).await {
             Ok(r) => r,
             Err(err) => {
                 push("read the audit trail".into(), Err(err.to_string()));

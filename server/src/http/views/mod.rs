@@ -32,6 +32,8 @@ use countersign_app::runs::{
 };
 use countersign_core::StoreError;
 use countersign_core::audit::checkpoint::{PublicKey, VerifyFailure};
+use countersign_core::audit::chain_of_tenant;
+use countersign_core::audit::tree_head::InclusionProof;
 use countersign_core::audit::{AuditRecord, ChainVerifier};
 use countersign_core::store::{AuditCursor, AuditFilter, Run};
 use serde_json::Value;
@@ -252,6 +254,10 @@ fn broken(f: VerifyFailure) -> ChainStatus {
             seq: b.seq,
             reason: b.reason,
         },
+        VerifyFailure::Log { number, reason } => ChainStatus::Broken {
+            seq: 0,
+            reason: format!("checkpoint {number} is refused: {reason}"),
+        },
         VerifyFailure::Checkpoint { seq, error, .. } => ChainStatus::Broken {
             seq,
             reason: format!("the signed checkpoint for record {seq} is refused: {error}"),
@@ -403,12 +409,16 @@ impl Views {
             .collect()
     }
 
-    /// The chain's status: the whole chain when `full` (or when there is no checkpoint and
-    /// the chain is short enough), otherwise the latest signed checkpoint plus the tail.
-    pub async fn chain_status(&self, full: bool) -> Result<ChainStatus, StoreError> {
+    /// The status of `tenant`'s chain: the whole chain (and the log of checkpoints) when
+    /// `full` (or when no checkpoint covers it yet and it is short enough), otherwise from its
+    /// head in the newest signed checkpoint (the note's signature and the chain's inclusion
+    /// proof checked) to its head now.
+    pub async fn chain_status(&self, tenant: &str, full: bool) -> Result<ChainStatus, StoreError> {
         let store = &self.0.store;
-        let Some((head, _)) = store.audit_head().await? else {
-            return Ok(ChainStatus::Empty);
+        let chain = chain_of_tenant(Some(tenant))?;
+        let head = match store.audit_chain_head(&chain).await? {
+            Some((seq, _)) if seq > 0 => seq,
+            _ => return Ok(ChainStatus::Empty),
         };
         if full {
             // One full verification at a time: a second request meanwhile is told so and
@@ -416,69 +426,76 @@ impl Views {
             let Ok(_running) = self.1.try_lock() else {
                 return Ok(ChainStatus::Busy);
             };
-            return self.verify(head, true).await;
+            return self.verify(&chain, head, true).await;
         }
-        self.verify(head, false).await
+        self.verify(&chain, head, false).await
     }
 
-    /// The chain's status up to `head`: from the latest signed checkpoint, or (`full`, or no
-    /// checkpoint and a short chain) from record 1.
-    async fn verify(&self, head: i64, full: bool) -> Result<ChainStatus, StoreError> {
+    /// Chain `chain`'s status up to `head`: from its leaf in the newest checkpoint, or
+    /// (`full`, or no checkpoint covering it and a short chain) from record 1.
+    async fn verify(&self, chain: &str, head: i64, full: bool) -> Result<ChainStatus, StoreError> {
         let store = &self.0.store;
         let trusted = self.trusted();
-        let latest = if full {
-            None
-        } else {
-            store.audit_checkpoint_at_or_before(None).await?
+        let proof = match store.latest_tree_head().await? {
+            Some(th) if !full => InclusionProof::of(&th, chain)?,
+            _ => None,
         };
-        let Some(cp) = latest else {
+        let Some(proof) = proof else {
             if !full && head > MAX_TAIL {
                 return Ok(ChainStatus::NotChecked { records: head });
             }
-            return Ok(match store.verify_audit_full(&trusted, &[]).await? {
-                Ok(report) => ChainStatus::Intact {
-                    checked: report.records,
-                    from_seq: 1,
-                    head,
-                    checkpoint: None,
-                    trusted_key: !trusted.is_empty(),
+            return Ok(
+                match store
+                    .verify_audit_full(&trusted, &[], &[], Some(chain))
+                    .await?
+                {
+                    Ok(report) => ChainStatus::Intact {
+                        checked: report.records,
+                        from_seq: 1,
+                        head,
+                        checkpoint: None,
+                        trusted_key: !trusted.is_empty(),
+                    },
+                    Err(f) => broken(f),
                 },
-                Err(f) => broken(f),
-            });
+            );
         };
-        if let Err(error) = cp.check(&trusted) {
-            return Ok(broken(VerifyFailure::Checkpoint {
-                seq: cp.seq,
-                origin: "the latest stored checkpoint".into(),
-                error,
-            }));
-        }
-        if head - cp.seq > MAX_TAIL {
+        let note = match proof.verify(&trusted) {
+            Ok(note) => note,
+            Err(f) => return Ok(broken(f)),
+        };
+        let leaf = &proof.leaf;
+        if head - leaf.seq > MAX_TAIL {
             return Ok(ChainStatus::NotChecked {
-                records: head - cp.seq,
+                records: head - leaf.seq,
             });
         }
         // Start at the signed record itself: it must still hash to the signed hash, and
         // every record after it must link on.
-        let Some(signed) = store.audit_record(cp.seq).await? else {
+        let Some(signed) = store.audit_record(chain, leaf.seq).await? else {
             return Ok(ChainStatus::Broken {
-                seq: cp.seq,
+                seq: leaf.seq,
                 reason: format!(
-                    "missing: the chain ends at record {head} but the latest checkpoint signed record {}; the tail was truncated",
-                    cp.seq
+                    "missing: the chain ends at record {head} but checkpoint {} signed record {}; \
+                     the tail was truncated",
+                    note.body.number, leaf.seq
                 ),
             });
         };
-        let mut v = ChainVerifier::new(cp.seq, &signed.prev);
-        if let Err(b) = v.expect(cp.seq, &cp.hash, "the latest signed checkpoint") {
+        let mut v = ChainVerifier::new(leaf.seq, &signed.prev).chain(chain);
+        if let Err(b) = v.expect(
+            leaf.seq,
+            &leaf.hash,
+            format!("checkpoint {}", note.body.number),
+        ) {
             return Ok(broken(b.into()));
         }
         Ok(match store.verify_audit_with(v).await? {
             Ok(checked) => ChainStatus::Intact {
                 checked,
-                from_seq: cp.seq,
+                from_seq: leaf.seq,
                 head,
-                checkpoint: Some((cp.seq, utc(cp.at))),
+                checkpoint: Some((leaf.seq, utc(note.body.at))),
                 trusted_key: !trusted.is_empty(),
             },
             Err(b) => broken(b.into()),
@@ -487,7 +504,7 @@ impl Views {
 
     async fn search(&self, tenant: &str, q: &AuditQuery) -> Result<AuditPage, StoreError> {
         let chain = self
-            .chain_status(q.verify.as_deref() == Some("full"))
+            .chain_status(tenant, q.verify.as_deref() == Some("full"))
             .await?;
         let parsed = filter_for(tenant, q).and_then(|f| Ok((f, cursor_for(q)?)));
         let (filter, cursor) = match parsed {
