@@ -71,6 +71,7 @@ fn chain(n: usize) -> Vec<AuditRecord> {
         .map(|i| {
             let (new, event) = new_record(i);
             let r = seal(
+                countersign_core::audit::SYSTEM_CHAIN,
                 &new,
                 event,
                 i as i64 + 1,

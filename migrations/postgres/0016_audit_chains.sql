@@ -49,6 +49,7 @@ SELECT '_legacy', seq, hash, at FROM audit_v16 ORDER BY seq DESC LIMIT 1;
 DROP TABLE audit;
 ALTER TABLE audit_v16 RENAME TO audit;
 ALTER TABLE audit RENAME CONSTRAINT audit_v16_pkey TO audit_pkey;
+ALTER TABLE audit RENAME CONSTRAINT audit_v16_seq_check TO audit_seq_positive;
 CREATE INDEX audit_pos ON audit (pos);
 CREATE INDEX audit_run ON audit (run_id, pos);
 CREATE INDEX audit_at ON audit (at);

@@ -168,7 +168,7 @@ async fn creating_and_revoking_a_credential_are_audited_without_its_token() {
         store.revoke_agent(&cred.id, "someone-else").await.unwrap();
         assert!(store.revoke_agent("no-such-credential", "x").await.is_err());
 
-        let records = store.audit_records(1, 1_000).await.unwrap();
+        let records = store.audit_in_order(0, 1_000).await.unwrap();
         let ours: Vec<_> = records
             .iter()
             .filter(|r| r.record.contains(&cred.id))

@@ -20,12 +20,12 @@ fn record(i: usize, actor: &str) -> NewAuditRecord {
         actor: Some(actor.into()),
         rule: None,
         detail: serde_json::Map::new(),
-    },
-    tenant: None,
+        tenant: None,
+    }
 }
 
 async fn all_records(store: &Store) -> Vec<AuditRecord> {
-    store.audit_records(1, 10_000).await.unwrap()
+    store.audit_in_order(0, 10_000).await.unwrap()
 }
 
 fn assert_time_ordered(records: &[AuditRecord]) {
@@ -63,6 +63,12 @@ async fn at_never_decreases_along_seq_when_the_clock_steps_back() {
         // Through the group committer (every append and step transition).
         let first = store.append_audit(&record(0, "a")).await.unwrap();
         assert_eq!(first.at, t0);
+        // Each chain keeps its own time order: the tenant's chain starts at t0 too.
+        let tenants = NewAuditRecord {
+            tenant: Some("stillon".into()),
+            ..record(9, "a")
+        };
+        assert_eq!(store.append_audit(&tenants).await.unwrap().at, t0);
         manual.advance(Duration::seconds(-10));
         let back = store.append_audit(&record(1, "a")).await.unwrap();
         assert_eq!(
@@ -92,11 +98,12 @@ async fn at_never_decreases_along_seq_when_the_clock_steps_back() {
         );
 
         let records = all_records(&store).await;
-        assert_eq!(records.len(), 4);
-        assert_eq!(records[2].at, t0, "the grant's record is clamped too");
+        assert_eq!(records.len(), 5);
+        assert_eq!(records[3].chain, "stillon");
+        assert_eq!(records[3].at, t0, "the grant's record is clamped too");
         assert_time_ordered(&records);
-        // The clamped times are hashed like any other: the chain verifies.
-        assert_eq!(store.verify_audit().await.unwrap(), Ok(4));
+        // The clamped times are hashed like any other: the chains verify.
+        assert_eq!(store.verify_audit().await.unwrap(), Ok(5));
     })
     .await;
 }
@@ -182,11 +189,14 @@ async fn a_search_over_an_out_of_order_chain_drops_what_is_out_of_range_and_fill
             } else {
                 t0 + seq * 10
             };
+            // Linked to the head (the database checks links, not hashes).
+            let prev = store.audit_chain_head("_system").await.unwrap().unwrap().1;
             store
                 .execute_sql(&format!(
-                    "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, \
-                         record, prev, hash) VALUES ({seq}, {at}, 'proposed', NULL, 'step-{seq}', \
-                         'invoice.get', 'x', NULL, '{{}}', 'sha256:p{seq}', 'sha256:h{seq}')"
+                    "INSERT INTO audit (chain, seq, at, event, run_id, step_id, tool, actor, \
+                         rule, record, prev, hash) VALUES ('_system', {seq}, {at}, 'proposed', \
+                         NULL, 'step-{seq}', 'invoice.get', 'x', NULL, '{{}}', '{prev}', \
+                         'sha256:h{seq}')"
                 ))
                 .await
                 .unwrap();

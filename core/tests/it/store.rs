@@ -153,16 +153,54 @@ async fn runs_round_trip_with_the_injected_clock() {
 async fn the_database_refuses_update_and_delete_on_audit() {
     let (_, clock) = test_clock();
     each_backend(clock, |store| async move {
-        store
-            .execute_sql(
-                "INSERT INTO audit (seq, at, event, record, prev, hash) \
-                 VALUES (1, 0, 'proposed', '{}', 'sha256:0', 'sha256:1')",
+        // A record must extend its chain's head: the first one links to the genesis hash.
+        let genesis = countersign_core::audit::GENESIS;
+        let insert = |seq: i64, prev: &str, hash: &str, chain: &str| {
+            format!(
+                "INSERT INTO audit (chain, seq, at, event, record, prev, hash) \
+                 VALUES ('{chain}', {seq}, 0, 'proposed', '{{}}', '{prev}', '{hash}')"
             )
+        };
+        // (The head row of a chain is written by its first appender.)
+        store
+            .execute_sql(&format!(
+                "INSERT INTO audit_chains (chain, seq, hash, at) VALUES ('t', 0, '{genesis}', 0)"
+            ))
             .await
             .unwrap();
+        for (sql, why) in [
+            (insert(2, genesis, "sha256:1", "t"), "a gap after the head"),
+            (insert(1, "sha256:x", "sha256:1", "t"), "a wrong link to the head"),
+            (insert(1, genesis, "sha256:1", "nohead"), "a chain without a head"),
+            (insert(9, genesis, "sha256:1", "_legacy"), "the frozen legacy chain"),
+        ] {
+            let err = store.execute_sql(&sql).await.unwrap_err();
+            assert!(
+                err.to_string().contains("audit: "),
+                "{:?}: {why}: {sql} gave {err}",
+                store.backend()
+            );
+        }
+        store
+            .execute_sql(&insert(1, genesis, "sha256:1", "t"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.audit_chain_head("t").await.unwrap(),
+            Some((1, "sha256:1".to_string())),
+            "the insert moved the head"
+        );
+        // The head moves only forward, with its records; it is never deleted.
         for sql in [
-            "UPDATE audit SET event = 'approved' WHERE seq = 1",
-            "DELETE FROM audit WHERE seq = 1",
+            "UPDATE audit_chains SET seq = 0 WHERE chain = 't'",
+            "DELETE FROM audit_chains WHERE chain = 't'",
+        ] {
+            let err = store.execute_sql(sql).await.unwrap_err();
+            assert!(err.to_string().contains("audit_chains"), "{sql}: {err}");
+        }
+        for sql in [
+            "UPDATE audit SET event = 'approved' WHERE chain = 't' AND seq = 1",
+            "DELETE FROM audit WHERE chain = 't' AND seq = 1",
         ] {
             let err = store.execute_sql(sql).await.unwrap_err();
             assert!(
@@ -177,10 +215,7 @@ async fn the_database_refuses_update_and_delete_on_audit() {
         }
         // Reusing a seq is a conflict: the chain cannot fork.
         let dup = store
-            .execute_sql(
-                "INSERT INTO audit (seq, at, event, record, prev, hash) \
-                 VALUES (1, 0, 'proposed', '{}', 'sha256:0', 'sha256:2')",
-            )
+            .execute_sql(&insert(1, genesis, "sha256:2", "t"))
             .await
             .unwrap_err();
         assert!(matches!(dup, StoreError::Conflict(_)), "{dup:?}");
@@ -569,7 +604,7 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
             insert: Some(Box::new(step.clone())),
             ..Transition::default()
         };
-        let before = store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0);
+        let before = (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64);
         assert!(store.move_step(&closing(&prepared)).await.unwrap());
         let stored = store.get_step(&prepared.id).await.unwrap();
         assert_eq!(stored.status, StepStatus::Done);
@@ -579,7 +614,7 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
         assert_eq!(stored.outcome.as_deref(), Some("{\"ok\":true}"));
         assert_eq!(stored.idem_key, prepared.idem_key);
         assert_eq!(stored.inputs_hash, prepared.inputs_hash);
-        let after = store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0);
+        let after = (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64);
         assert_eq!(after - before, 2, "its records commit with it");
 
         // Once the run is cancelled the guard refuses: no outcome, no record, and the row
@@ -595,7 +630,7 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
         assert_eq!(kept.outcome, None);
         assert_eq!(kept.seq, 3);
         assert_eq!(
-            store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0),
+            (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64),
             after,
             "nothing recorded"
         );
@@ -707,7 +742,7 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
             })
         };
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let before = store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0);
+        let before = (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64);
         let (ended, moved) = store
             .end_run(&run.id, RunStatus::Failed, "step 1 failed", &cancels)
             .await
@@ -735,7 +770,7 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
             "a step that ran keeps its end"
         );
         assert!(steps[1..].iter().all(|s| s.status == StepStatus::Cancelled));
-        let after = store.audit_head().await.unwrap().map(|h| h.0).unwrap_or(0);
+        let after = (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64);
         assert_eq!(
             after - before,
             39,
@@ -941,7 +976,7 @@ async fn a_failing_job_fails_alone_and_leaves_the_append_lock_free() {
     let (_, clock) = test_clock();
     each_backend(clock, |store| async move {
         let live = store.create_run(&new_run("acme")).await.unwrap();
-        let before = store.audit_records(1, 10_000).await.unwrap().len();
+        let before = store.audit_in_order(0, 10_000).await.unwrap().len();
         for round in 0..3 {
             let mut tasks = Vec::new();
             for i in 0..9 {
@@ -997,7 +1032,7 @@ async fn a_failing_job_fails_alone_and_leaves_the_append_lock_free() {
         })
         .await;
         assert!(finished.is_ok(), "appends after the failures hung");
-        let records = store.audit_records(1, 10_000).await.unwrap();
+        let records = store.audit_in_order(0, 10_000).await.unwrap();
         assert_eq!(
             records.len(),
             before + 3 * 8 + 32,

@@ -447,7 +447,7 @@ fn content(reply: &Value) -> &Value {
 async fn started(app: &TestApp, tool: &str) -> (String, Value) {
     let record = app
         .store
-        .audit_records(1, 1000)
+        .audit_in_order(0, 1000)
         .await
         .unwrap()
         .into_iter()
@@ -570,7 +570,7 @@ async fn an_irreversible_call_past_the_timeout_is_unknown_and_reconciles_by_key(
         let unknown: Vec<_> = env
             .app
             .store
-            .audit_records(1, 1000)
+            .audit_in_order(0, 1000)
             .await
             .unwrap()
             .into_iter()
@@ -828,7 +828,7 @@ pub(crate) async fn forged_annotations_trial() -> usize {
                 })
                 .collect()
         };
-        let before = trail(env.app.store.audit_records(1, 1000).await.unwrap());
+        let before = trail(env.app.store.audit_in_order(0, 1000).await.unwrap());
         let decided: Vec<_> = before.iter().filter(|(e, _, _)| e == "decided").collect();
         assert!(!decided.is_empty(), "{before:?}");
         for (_, rule, effect) in &decided {
@@ -862,7 +862,7 @@ pub(crate) async fn forged_annotations_trial() -> usize {
             .filter(|(name, _, _)| name == "purge")
             .count();
         assert_eq!(purges, 1, "exactly one purge upstream, after the approval");
-        let after = trail(env.app.store.audit_records(1, 1000).await.unwrap());
+        let after = trail(env.app.store.audit_in_order(0, 1000).await.unwrap());
         let events: Vec<&str> = after.iter().map(|(e, _, _)| e.as_str()).collect();
         let approved = events.iter().position(|e| *e == "approved").unwrap();
         let started = events.iter().position(|e| *e == "started").unwrap();

@@ -127,7 +127,7 @@ async fn decide(
 
 /// The `admin.proposal.*` audit records, in order: (rule suffix, actor).
 async fn proposal_audit(app: &TestApp) -> Vec<(String, String)> {
-    let records: Vec<AuditRecord> = app.store.audit_records(1, 10_000).await.unwrap();
+    let records: Vec<AuditRecord> = app.store.audit_in_order(0, 10_000).await.unwrap();
     records
         .into_iter()
         .filter_map(|r| {
@@ -625,7 +625,7 @@ async fn admin_credentials_and_the_emergency_stop_switch() {
         wait_for(&app, &step2, StepStatus::Done).await;
         let rules: Vec<String> = app
             .store
-            .audit_records(1, 10_000)
+            .audit_in_order(0, 10_000)
             .await
             .unwrap()
             .into_iter()

@@ -424,7 +424,7 @@ async fn serve_signs_checkpoints_by_count_and_age_and_records_the_redaction_key(
             continue;
         };
         // Start-up recorded the key's fingerprint, never the key.
-        let head = app.store.audit_records(1, 10).await.unwrap();
+        let head = app.store.audit_in_order(0, 10).await.unwrap();
         assert_eq!(head.len(), 1, "{head:?}");
         assert_eq!(head[0].event, "operational");
         assert!(

@@ -378,7 +378,7 @@ async fn direct_id_token(issuer: &str, client_id: &str, nonce: &str, redirect_ur
 /// The `sessions.ended` audit records, oldest first.
 async fn sessions_ended(app: &TestApp) -> Vec<Value> {
     app.store
-        .audit_records(1, 10_000)
+        .audit_in_order(0, 10_000)
         .await
         .unwrap()
         .into_iter()

@@ -73,7 +73,7 @@ fn result_for<'a>(answer: &'a Value, step: &str) -> &'a Value {
 }
 
 async fn audit(app: &TestApp) -> Vec<AuditRecord> {
-    app.store.audit_records(1, 100_000).await.unwrap()
+    app.store.audit_in_order(0, 100_000).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

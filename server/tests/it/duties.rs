@@ -225,7 +225,7 @@ async fn the_party_an_agent_acts_for_never_countersigns_its_steps() {
             .unwrap();
         let bound: Vec<_> = app
             .store
-            .audit_records(0, 10_000)
+            .audit_in_order(0, 10_000)
             .await
             .unwrap()
             .into_iter()

@@ -115,7 +115,7 @@ async fn gateway_gated_payment_waits_for_a_person_then_pays_exactly_once() {
 
         let events: Vec<String> = app
             .store
-            .audit_records(1, 1000)
+            .audit_in_order(0, 1000)
             .await
             .unwrap()
             .into_iter()
@@ -274,7 +274,7 @@ async fn gateway_injected_invoice_text_leads_to_no_supplier_call_and_no_effect()
         assert_eq!(payments(&app).await, 0);
         let refused: Vec<_> = app
             .store
-            .audit_records(1, 100)
+            .audit_in_order(0, 100)
             .await
             .unwrap()
             .into_iter()
@@ -433,7 +433,7 @@ async fn gateway_expired_gates_fail_closed() {
         assert_eq!(payments(&app).await, 0);
         let expired = app
             .store
-            .audit_records(1, 100)
+            .audit_in_order(0, 100)
             .await
             .unwrap()
             .into_iter()
@@ -672,7 +672,7 @@ async fn gateway_audit_records_inputs_with_the_iban_hashed_by_the_configured_key
         vendor.call("supplier.update_iban", other).await;
         let decided: Vec<Value> = app
             .store
-            .audit_records(1, 100)
+            .audit_in_order(0, 100)
             .await
             .unwrap()
             .into_iter()
@@ -693,7 +693,7 @@ async fn gateway_audit_records_inputs_with_the_iban_hashed_by_the_configured_key
             "keyed HMAC, not the plain fallback: {a}"
         );
         assert_eq!(a["iban"], b["iban"]);
-        for r in app.store.audit_records(1, 100).await.unwrap() {
+        for r in app.store.audit_in_order(0, 100).await.unwrap() {
             assert!(
                 !r.record.contains(iban),
                 "IBAN in clear in record {}",

@@ -755,7 +755,7 @@ async fn mcp_every_call_outcome_is_audited_and_the_chain_verifies() {
         client.call("payment.schedule", bad).await;
         client.call("invoice.hold", hold(json!(2500.00))).await;
 
-        let records = app.store.audit_records(1, 100).await.unwrap();
+        let records = app.store.audit_in_order(0, 100).await.unwrap();
         let summary: Vec<(String, Option<String>, Option<String>)> = records
             .iter()
             .map(|r| (r.event.clone(), r.tool.clone(), r.rule.clone()))

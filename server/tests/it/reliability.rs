@@ -783,7 +783,7 @@ async fn soak(minutes: u64, kill_every: u64, agents: u64, readers: u64, latency_
     ] {
         statuses.insert(s.as_str().to_string(), store.count_steps(s).await.unwrap());
     }
-    let records = store.audit_records(1, 10_000_000).await.unwrap();
+    let records = store.audit_in_order(0, 10_000_000).await.unwrap();
     let reconciled = records.iter().filter(|r| r.event == "reconciled").count();
     let planned_steps = records.iter().filter(|r| r.event == "started").count();
     let ends = caught_ends(&store, &records, &caught).await;

@@ -444,7 +444,7 @@ pub(crate) async fn crash_at(point: &str) -> usize {
             );
             let reconciled = app
                 .store
-                .audit_records(1, 1000)
+                .audit_in_order(0, 1000)
                 .await
                 .unwrap()
                 .into_iter()
@@ -553,7 +553,7 @@ pub(crate) async fn many_workers(app: &TestApp, workers: usize, steps: usize) {
     assert_eq!(effects(app, "notes.draft").await, steps);
     let started = app
         .store
-        .audit_records(1, 100_000)
+        .audit_in_order(0, 100_000)
         .await
         .unwrap()
         .into_iter()
@@ -1769,13 +1769,12 @@ async fn runs_a_retry_is_not_scheduled_in_a_run_that_ended_meanwhile() {
     .await;
 }
 
-/// A session of its own holding the audit chain's append lock (Postgres): every write of a
-/// step's records waits for [`release_append_lock`].
+/// A session of its own holding every audit chain's head row (Postgres): every write of a
+/// step's records (to a chain that exists) waits for [`release_append_lock`].
 async fn hold_append_lock(app: &TestApp) -> sqlx::PgConnection {
     use sqlx::Connection;
     let mut holder = sqlx::PgConnection::connect(&app.db_url()).await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(countersign_core::audit::PG_AUDIT_LOCK)
+    sqlx::raw_sql("BEGIN; SELECT 1 FROM audit_chains FOR UPDATE")
         .execute(&mut holder)
         .await
         .unwrap();
@@ -1787,7 +1786,7 @@ async fn wait_for_lock_waiter(holder: &mut sqlx::PgConnection, what: &str) {
     let began = Instant::now();
     loop {
         let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted",
         )
         .fetch_one(&mut *holder)
         .await
@@ -1801,9 +1800,5 @@ async fn wait_for_lock_waiter(holder: &mut sqlx::PgConnection, what: &str) {
 }
 
 async fn release_append_lock(holder: &mut sqlx::PgConnection) {
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(countersign_core::audit::PG_AUDIT_LOCK)
-        .execute(holder)
-        .await
-        .unwrap();
+    sqlx::raw_sql("COMMIT").execute(holder).await.unwrap();
 }

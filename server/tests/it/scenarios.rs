@@ -52,7 +52,7 @@ async fn play(bundle: &str, path: &std::path::Path, backend: Backend) -> Vec<Str
     let began = std::time::Instant::now();
     let result = scenario::run(&parsed, &target).await;
     if std::env::var("SCENARIO_DUMP").is_ok() {
-        for r in app.store.audit_records(1, 100_000).await.unwrap() {
+        for r in app.store.audit_in_order(0, 100_000).await.unwrap() {
             eprintln!("{}", r.record);
         }
     }
@@ -236,7 +236,7 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
         );
         let approvals: Vec<_> = app
             .store
-            .audit_records(1, 10_000)
+            .audit_in_order(0, 10_000)
             .await
             .unwrap()
             .into_iter()

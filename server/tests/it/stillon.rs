@@ -914,7 +914,7 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
         assert_eq!(effects(&app, "dining.reservation.modify").await, 1);
         let decided = app
             .store
-            .audit_records(1, 10_000)
+            .audit_in_order(0, 10_000)
             .await
             .unwrap()
             .into_iter()
@@ -929,7 +929,7 @@ async fn stillon_standing_authorizations_come_from_the_store_and_fail_closed() {
         // Every change is in the audit trail, and the chain verifies.
         let changes: Vec<(String, Value)> = app
             .store
-            .audit_records(1, 10_000)
+            .audit_in_order(0, 10_000)
             .await
             .unwrap()
             .into_iter()

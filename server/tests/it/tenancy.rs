@@ -227,7 +227,7 @@ async fn tenancy_the_platform_stop_holds_every_tenant_and_lifting_restores_on_re
         assert!(revoked(&app, &suspect_id).await);
         let restored: Vec<String> = app
             .store
-            .audit_records(1, 10_000)
+            .audit_in_order(0, 10_000)
             .await
             .unwrap()
             .into_iter()
@@ -321,7 +321,7 @@ async fn tenancy_registry_changes_need_the_platform_role_to_apply() {
         );
         let refused: Vec<Option<String>> = app
             .store
-            .audit_records(1, 10_000)
+            .audit_in_order(0, 10_000)
             .await
             .unwrap()
             .into_iter()

@@ -519,7 +519,7 @@ async fn audit_search_filters_pages_by_seq_verifies_the_chain_and_exports_jsonl(
         assert_eq!(lines.len(), 120);
         let stored: Vec<AuditRecord> = app
             .store
-            .audit_records(1, 10_000)
+            .audit_in_order(0, 10_000)
             .await
             .unwrap()
             .into_iter()

@@ -52,7 +52,7 @@ pub async fn export(
                     let mut out = String::new();
                     let mut last = after;
                     for r in &page {
-                        last = r.seq;
+                        last = r.pos;
                         match serde_json::to_string(r) {
                             Ok(line) => {
                                 out.push_str(&line);

@@ -530,9 +530,9 @@ impl Views {
             AuditCursor::Newest | AuditCursor::Before(_) => {
                 records.truncate(limit);
                 let newer = matches!(cursor, AuditCursor::Before(_))
-                    .then(|| records.first().map(|r| r.seq))
+                    .then(|| records.first().map(|r| r.pos))
                     .flatten();
-                (newer, more.then(|| records.last().map(|r| r.seq)).flatten())
+                (newer, more.then(|| records.last().map(|r| r.pos)).flatten())
             }
             AuditCursor::After(_) => {
                 // Newest first: the extra record is the newest one.
@@ -540,8 +540,8 @@ impl Views {
                     records.remove(0);
                 }
                 (
-                    more.then(|| records.first().map(|r| r.seq)).flatten(),
-                    records.last().map(|r| r.seq),
+                    more.then(|| records.first().map(|r| r.pos)).flatten(),
+                    records.last().map(|r| r.pos),
                 )
             }
         };
