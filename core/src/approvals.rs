@@ -507,7 +507,13 @@ impl Store {
         let earlier_sql = format!("SELECT {COLUMNS} FROM approvals WHERE step_id = $1");
         // Every transition `transition` builds is of this step: its records join one chain.
         let chain = self
-            .chain_for(&transition(1).records.iter().map(|(_, r)| r).collect::<Vec<_>>())
+            .chain_for(
+                &transition(1)
+                    .records
+                    .iter()
+                    .map(|(_, r)| r)
+                    .collect::<Vec<_>>(),
+            )
             .await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert_records:path) => {{

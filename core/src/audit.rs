@@ -452,10 +452,9 @@ macro_rules! hold_head {
                 .into());
             }
             None => {
-                return Err($crate::store::StoreError::Conflict(
-                    "audit head not held".into(),
-                )
-                .into());
+                return Err(
+                    $crate::store::StoreError::Conflict("audit head not held".into()).into(),
+                );
             }
         }
     }};
@@ -803,7 +802,9 @@ impl Store {
                         "missing: the chain ends at record {last} but its head is record                          {seq}; the tail was truncated"
                     )
                 } else {
-                    format!("the chain's head says record {seq} ({hash}), not its last record {last}")
+                    format!(
+                        "the chain's head says record {seq} ({hash}), not its last record {last}"
+                    )
                 },
             }));
         }
@@ -872,7 +873,9 @@ pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
 /// step's records find their chain without a query after the run's first. Bounded: cleared
 /// when full.
 #[derive(Clone, Default)]
-pub(crate) struct RunTenants(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>);
+pub(crate) struct RunTenants(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+);
 
 /// How many runs [`RunTenants`] remembers before it starts over.
 const RUN_TENANTS_KEPT: usize = 65_536;

@@ -349,7 +349,7 @@ impl ChainVerifier {
         if self.next_seq.checked_sub(1) == Some(seq) && self.count == 0 {
             if hash != self.prev {
                 return Err(ChainBreak {
-                chain: self.chain.clone(),
+                    chain: self.chain.clone(),
                     seq: self.next_seq,
                     reason: format!(
                         "its prev {} is not the hash {hash} that {source} signed for record {seq}",
@@ -394,7 +394,7 @@ impl ChainVerifier {
                     for e in exps {
                         if e.hash != r.prev {
                             return Err(ChainBreak {
-                chain: self.chain.clone(),
+                                chain: self.chain.clone(),
                                 seq: r.seq,
                                 reason: format!(
                                     "its prev {} is not the hash {} that {} signed for record {s}",
@@ -438,7 +438,7 @@ impl ChainVerifier {
             for e in exps {
                 if e.hash != r.hash {
                     return Err(ChainBreak {
-                chain: self.chain.clone(),
+                        chain: self.chain.clone(),
                         seq: self.last_matched.saturating_add(1),
                         reason: format!(
                             "record {seq} hashes to {} but {} signed {}: a record in {}..={seq} \

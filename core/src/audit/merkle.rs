@@ -110,7 +110,9 @@ mod tests {
     use super::*;
 
     fn leaves(n: usize) -> Vec<Hash> {
-        (0..n).map(|i| leaf_hash(format!("leaf {i}").as_bytes())).collect()
+        (0..n)
+            .map(|i| leaf_hash(format!("leaf {i}").as_bytes()))
+            .collect()
     }
 
     #[test]
@@ -120,12 +122,21 @@ mod tests {
             let r = root(&ls);
             for i in 0..n {
                 let proof = inclusion_proof(&ls, i).unwrap();
-                assert!(verify_inclusion(i as u64, n as u64, &ls[i], &proof, &r), "{n} {i}");
+                assert!(
+                    verify_inclusion(i as u64, n as u64, &ls[i], &proof, &r),
+                    "{n} {i}"
+                );
                 // Another leaf, another index, another size, a changed proof or root: refused.
                 let other = leaf_hash(b"other");
                 assert!(!verify_inclusion(i as u64, n as u64, &other, &proof, &r));
                 if n > 1 {
-                    assert!(!verify_inclusion(((i + 1) % n) as u64, n as u64, &ls[i], &proof, &r));
+                    assert!(!verify_inclusion(
+                        ((i + 1) % n) as u64,
+                        n as u64,
+                        &ls[i],
+                        &proof,
+                        &r
+                    ));
                     let mut bent = proof.clone();
                     bent[0][0] ^= 1;
                     assert!(!verify_inclusion(i as u64, n as u64, &ls[i], &bent, &r));
@@ -135,7 +146,9 @@ mod tests {
                 }
                 let mut bad_root = r;
                 bad_root[31] ^= 1;
-                assert!(!verify_inclusion(i as u64, n as u64, &ls[i], &proof, &bad_root));
+                assert!(!verify_inclusion(
+                    i as u64, n as u64, &ls[i], &proof, &bad_root
+                ));
             }
             assert!(inclusion_proof(&ls, n).is_none());
             assert!(!verify_inclusion(n as u64, n as u64, &ls[0], &[], &r));

@@ -141,7 +141,9 @@ impl CheckpointNote {
         }
         let lines: Vec<&str> = signed.split('\n').collect();
         let [origin, size, root, ext] = lines.as_slice() else {
-            return Err(bad("expected four lines: origin, size, root hash, extension"));
+            return Err(bad(
+                "expected four lines: origin, size, root hash, extension",
+            ));
         };
         if origin.is_empty() || origin.contains(char::is_whitespace) {
             return Err(bad("origin"));

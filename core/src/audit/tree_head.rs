@@ -138,7 +138,10 @@ pub fn check_log(
         if n != wanted {
             return Err(log_failure(
                 wanted,
-                format!("missing: the stored checkpoints go from {} to {n}", wanted - 1),
+                format!(
+                    "missing: the stored checkpoints go from {} to {n}",
+                    wanted - 1
+                ),
             ));
         }
         let keys = keys_for(&th.public_key, trusted).map_err(|e| log_failure(n, e))?;
@@ -233,11 +236,9 @@ impl Store {
     /// Every non-empty chain's head, by chain (one statement: one snapshot).
     pub async fn chain_heads(&self) -> Result<Vec<Leaf>, StoreError> {
         let rows: Vec<Leaf> = crate::store::on_pool!(self, |p| {
-            sqlx::query_as(
-                "SELECT chain, seq, hash FROM audit_chains WHERE seq > 0 ORDER BY chain",
-            )
-            .fetch_all(p)
-            .await?
+            sqlx::query_as("SELECT chain, seq, hash FROM audit_chains WHERE seq > 0 ORDER BY chain")
+                .fetch_all(p)
+                .await?
         });
         Ok(rows)
     }
@@ -273,9 +274,8 @@ impl Store {
         });
         let mut out = Vec::with_capacity(rows.len());
         for (number, note, public_key) in rows {
-            let note = CheckpointNote::parse(&note).map_err(|e| {
-                StoreError::Conflict(format!("stored checkpoint {number}: {e}"))
-            })?;
+            let note = CheckpointNote::parse(&note)
+                .map_err(|e| StoreError::Conflict(format!("stored checkpoint {number}: {e}")))?;
             if note.body.number != number {
                 return Err(StoreError::Conflict(format!(
                     "stored checkpoint {number} says it is number {}",
@@ -369,7 +369,10 @@ impl Store {
                 )));
             }
             for old in &last.leaves {
-                if !leaves.iter().any(|l| l.chain == old.chain && l.seq >= old.seq) {
+                if !leaves
+                    .iter()
+                    .any(|l| l.chain == old.chain && l.seq >= old.seq)
+                {
                     return Err(StoreError::Conflict(format!(
                         "checkpoint {} covers chain {} up to record {}, which it no longer \
                          reaches: run `countersign audit verify`",
@@ -380,12 +383,18 @@ impl Store {
                 }
             }
             if last.leaves == leaves {
-                return Ok(if policy.is_some() { None } else { Some(last.clone()) });
+                return Ok(if policy.is_some() {
+                    None
+                } else {
+                    Some(last.clone())
+                });
             }
         }
         let now = self.clock().now_ms();
         if let Some(policy) = policy
-            && !self.checkpoint_due(last.as_ref(), &leaves, policy, now).await?
+            && !self
+                .checkpoint_due(last.as_ref(), &leaves, policy, now)
+                .await?
         {
             return Ok(None);
         }
@@ -509,7 +518,10 @@ impl InclusionProof {
                     .and_then(|b| Hash::try_from(b.as_slice()).ok())
             })
             .collect();
-        let leaf = self.leaf.hash().map_err(|e| log_failure(n, e.to_string()))?;
+        let leaf = self
+            .leaf
+            .hash()
+            .map_err(|e| log_failure(n, e.to_string()))?;
         let included = proof.is_some_and(|proof| {
             merkle::verify_inclusion(self.index, note.body.size, &leaf, &proof, &note.body.root)
         });
@@ -524,5 +536,98 @@ impl InclusionProof {
             ));
         }
         Ok(note)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(chain: &str, seq: i64) -> Leaf {
+        Leaf {
+            chain: chain.into(),
+            seq,
+            hash: format!("sha256:{chain}{seq}"),
+        }
+    }
+
+    /// A log of checkpoints over `sets` of leaves, each linked to the one before.
+    fn log(signer: &CheckpointSigner, sets: &[Vec<Leaf>]) -> Vec<TreeHead> {
+        let mut out: Vec<TreeHead> = Vec::new();
+        for (i, leaves) in sets.iter().enumerate() {
+            let body = CheckpointBody {
+                origin: signer.origin(),
+                size: leaves.len() as u64,
+                root: merkle::root(&leaf_hashes(leaves).unwrap()),
+                number: i as i64 + 1,
+                at: 1_000 + i as i64,
+                prev: out.last().map_or([0; 32], |p| p.note.body.hash()),
+            };
+            out.push(TreeHead {
+                note: signer.sign_note(body),
+                public_key: signer.public_key().to_string(),
+                leaves: leaves.clone(),
+            });
+        }
+        out
+    }
+
+    fn refused(heads: &[TreeHead], signer: &CheckpointSigner) -> (i64, String) {
+        match check_log(heads, &[], &[signer.public_key()]) {
+            Err(VerifyFailure::Log { number, reason }) => (number, reason),
+            other => panic!("accepted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sound_log_becomes_expectations_on_every_chain() {
+        let s = CheckpointSigner::from_seed(&[3; 32]);
+        let heads = log(&s, &[vec![leaf("a", 2)], vec![leaf("a", 5), leaf("b", 1)]]);
+        let expect = check_log(&heads, &[], &[s.public_key()]).unwrap();
+        assert_eq!(expect["a"].len(), 2);
+        assert_eq!(expect["b"][0].0, 1);
+    }
+
+    #[test]
+    fn a_chain_that_shrinks_or_disappears_between_checkpoints_is_named() {
+        let s = CheckpointSigner::from_seed(&[3; 32]);
+        let back = log(&s, &[vec![leaf("a", 5)], vec![leaf("a", 4)]]);
+        let (n, why) = refused(&back, &s);
+        assert_eq!(n, 2);
+        assert!(
+            why.contains("chain a") && why.contains("truncated"),
+            "{why}"
+        );
+        let gone = log(&s, &[vec![leaf("a", 5), leaf("b", 1)], vec![leaf("a", 6)]]);
+        let (n, why) = refused(&gone, &s);
+        assert_eq!(n, 2);
+        assert!(why.contains("chain b") && why.contains("dropped"), "{why}");
+    }
+
+    #[test]
+    fn a_gap_a_broken_link_or_leaves_off_the_root_are_refused() {
+        let s = CheckpointSigner::from_seed(&[3; 32]);
+        let sets = [vec![leaf("a", 1)], vec![leaf("a", 2)], vec![leaf("a", 3)]];
+        let heads = log(&s, &sets);
+        let mut gap = heads.clone();
+        gap.remove(1);
+        assert_eq!(refused(&gap, &s).0, 2, "number 2 is missing");
+        // Checkpoint 2 re-signed (by the same key) over another predecessor.
+        let mut relinked = heads.clone();
+        let mut body = relinked[1].note.body.clone();
+        body.prev = [1; 32];
+        relinked[1].note = s.sign_note(body);
+        let (n, why) = refused(&relinked, &s);
+        assert_eq!(n, 2);
+        assert!(why.contains("rewritten"), "{why}");
+        // Stored leaves changed under a signed root.
+        let mut moved = heads.clone();
+        moved[2].leaves[0].seq = 9;
+        let (n, why) = refused(&moved, &s);
+        assert_eq!(n, 3);
+        assert!(why.contains("root"), "{why}");
+        // Another key's log.
+        let other = CheckpointSigner::from_seed(&[4; 32]);
+        assert_eq!(refused(&heads, &other).0, 1);
     }
 }

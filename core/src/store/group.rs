@@ -197,7 +197,11 @@ impl Committer {
 
     /// Submits `work` to chain `chain`'s committer (every record of it joins that chain);
     /// `None` when the committer is gone (the caller writes alone).
-    pub(crate) async fn submit(&self, chain: String, work: Work) -> Option<Result<Done, StoreError>> {
+    pub(crate) async fn submit(
+        &self,
+        chain: String,
+        work: Work,
+    ) -> Option<Result<Done, StoreError>> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             work,
@@ -450,14 +454,8 @@ impl Store {
                     let now = self.clock.now_ms();
                     out.push(match &job.work {
                         Work::Transition(t) => {
-                            let records = apply_transition!(
-                                &mut *tx,
-                                $lock,
-                                &mut head,
-                                &chain.name,
-                                t,
-                                now
-                            );
+                            let records =
+                                apply_transition!(&mut *tx, $lock, &mut head, &chain.name, t, now);
                             let reserved = records.is_some() && reserve_with!(&mut *tx, t, now);
                             moved(&mut sealed, records, reserved)
                         }

@@ -429,6 +429,29 @@ impl Store {
         Ok(())
     }
 
+    /// Applies the migrations up to `version` only (tests of upgrades: a database of an
+    /// earlier schema).
+    #[cfg(feature = "test-support")]
+    pub async fn migrate_to(&self, version: i64) -> Result<(), StoreError> {
+        let upto = |m: &Migrator| Migrator {
+            migrations: m
+                .migrations
+                .iter()
+                .filter(|x| x.version <= version)
+                .cloned()
+                .collect::<Vec<_>>()
+                .into(),
+            ignore_missing: m.ignore_missing,
+            locking: m.locking,
+            no_tx: m.no_tx,
+        };
+        match &self.pool {
+            Pool::Sqlite(p) => upto(&SQLITE_MIGRATIONS).run(p).await?,
+            Pool::Postgres(p) => upto(&POSTGRES_MIGRATIONS).run(p).await?,
+        }
+        Ok(())
+    }
+
     /// The highest migration version applied, if any.
     pub async fn schema_version(&self) -> Result<Option<i64>, StoreError> {
         let v: Option<i64> = on_pool!(self, |p| {

@@ -627,7 +627,9 @@ impl Store {
         &self,
         t: &Transition,
     ) -> Result<Option<(Vec<AuditRecord>, bool)>, StoreError> {
-        let chain = self.chain_for(&t.records.iter().map(|(_, r)| r).collect::<Vec<_>>()).await?;
+        let chain = self
+            .chain_for(&t.records.iter().map(|(_, r)| r).collect::<Vec<_>>())
+            .await?;
         if let Some(c) = &self.committer
             && let Some(done) = c
                 .submit(chain, super::group::Work::Transition(Box::new(t.clone())))
@@ -649,7 +651,9 @@ impl Store {
         t: &Transition,
     ) -> Result<Option<(Vec<AuditRecord>, bool)>, StoreError> {
         let now = self.clock.now_ms();
-        let chain = self.chain_for(&t.records.iter().map(|(_, r)| r).collect::<Vec<_>>()).await?;
+        let chain = self
+            .chain_for(&t.records.iter().map(|(_, r)| r).collect::<Vec<_>>())
+            .await?;
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;

@@ -6,8 +6,7 @@ use countersign_core::audit::checkpoint::{
 };
 use countersign_core::audit::tree_head::Leaf;
 use countersign_core::audit::{
-    SYSTEM_CHAIN,
-    AuditEvent, AuditRecord, ChainVerifier, GENESIS, NewAuditRecord, seal, verify,
+    AuditEvent, AuditRecord, ChainVerifier, GENESIS, NewAuditRecord, SYSTEM_CHAIN, seal, verify,
     verify_with_threads,
 };
 use countersign_core::store::testing::each_backend;
@@ -573,7 +572,10 @@ async fn checkpoints_are_signed_when_due_and_pin_the_stored_chain() {
             assert_eq!((report.records, report.checkpoints), (4, 2));
             let other = CheckpointSigner::from_seed(&SEED_B).public_key();
             assert!(matches!(
-                store.verify_audit_full(&[other], &[], &[], None).await.unwrap(),
+                store
+                    .verify_audit_full(&[other], &[], &[], None)
+                    .await
+                    .unwrap(),
                 Err(VerifyFailure::Log { number: 1, .. })
             ));
 
@@ -621,7 +623,11 @@ async fn checkpoints_are_signed_when_due_and_pin_the_stored_chain() {
             }
             set_head(&store, SYSTEM_CHAIN, 3, &chain[2].hash).await;
             assert_eq!(store.verify_audit().await.unwrap(), Ok(3));
-            match store.verify_audit_full(&trusted, &[], &[], None).await.unwrap() {
+            match store
+                .verify_audit_full(&trusted, &[], &[], None)
+                .await
+                .unwrap()
+            {
                 Err(VerifyFailure::Chain(b)) => {
                     assert_eq!(b.seq, 4, "{b}");
                     assert!(b.reason.contains("truncated"), "{b}");
@@ -633,7 +639,11 @@ async fn checkpoints_are_signed_when_due_and_pin_the_stored_chain() {
             let rehashed = store.audit_record(SYSTEM_CHAIN, 3).await.unwrap().unwrap();
             set_head(&store, SYSTEM_CHAIN, 3, &rehashed.hash).await;
             assert_eq!(store.verify_audit().await.unwrap(), Ok(3));
-            match store.verify_audit_full(&trusted, &[], &[], None).await.unwrap() {
+            match store
+                .verify_audit_full(&trusted, &[], &[], None)
+                .await
+                .unwrap()
+            {
                 Err(VerifyFailure::Chain(b)) => {
                     assert_eq!(b.seq, 1, "{b}");
                     assert!(

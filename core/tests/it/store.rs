@@ -170,9 +170,18 @@ async fn the_database_refuses_update_and_delete_on_audit() {
             .unwrap();
         for (sql, why) in [
             (insert(2, genesis, "sha256:1", "t"), "a gap after the head"),
-            (insert(1, "sha256:x", "sha256:1", "t"), "a wrong link to the head"),
-            (insert(1, genesis, "sha256:1", "nohead"), "a chain without a head"),
-            (insert(9, genesis, "sha256:1", "_legacy"), "the frozen legacy chain"),
+            (
+                insert(1, "sha256:x", "sha256:1", "t"),
+                "a wrong link to the head",
+            ),
+            (
+                insert(1, genesis, "sha256:1", "nohead"),
+                "a chain without a head",
+            ),
+            (
+                insert(9, genesis, "sha256:1", "_legacy"),
+                "the frozen legacy chain",
+            ),
         ] {
             let err = store.execute_sql(&sql).await.unwrap_err();
             assert!(
