@@ -542,7 +542,7 @@ impl Store {
             && let Some(done) = c
                 .submit(
                     chain.clone(),
-                    crate::store::group::Work::Append(new.clone(), event),
+                    crate::store::group::Work::Append(Box::new(new.clone()), event),
                 )
                 .await
         {

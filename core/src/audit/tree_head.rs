@@ -415,7 +415,7 @@ impl Store {
             return Ok(Some(th));
         }
         // Another replica signed this number first: theirs stands (verify checks it).
-        Ok(self.latest_tree_head().await?)
+        self.latest_tree_head().await
     }
 
     /// Whether a checkpoint is due: `policy.every` records unsigned across chains, or the

@@ -92,7 +92,7 @@ pub(crate) enum Work {
     /// A step transition with its records ([`Store::transition`]).
     Transition(Box<Transition>),
     /// One audit record ([`Store::append_audit`]).
-    Append(NewAuditRecord, AuditEvent),
+    Append(Box<NewAuditRecord>, AuditEvent),
 }
 
 impl Work {
