@@ -799,7 +799,8 @@ impl Store {
                 seq: last + 1,
                 reason: if seq > last {
                     format!(
-                        "missing: the chain ends at record {last} but its head is record                          {seq}; the tail was truncated"
+                        "missing: the chain ends at record {last} but its head is record {seq}; the \
+                         tail was truncated"
                     )
                 } else {
                     format!(

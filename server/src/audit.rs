@@ -420,13 +420,12 @@ fn verify_file(
     let mut first_seq = None;
     let (mut count, mut chains, mut checkpoints, mut skipped) = (0_i64, 0_usize, 0_usize, 0_usize);
     let mut seen_chains: Vec<String> = Vec::new();
-    let finish = |v: ChainVerifier,
-                      checkpoints_skipped: &mut usize|
-     -> Result<i64, AuditCliError> {
-        *checkpoints_skipped +=
-            v.skipped_checkpoints() + if sparse { v.pending_checkpoints() } else { 0 };
-        v.finish().map_err(|b| refused(b.to_string()))
-    };
+    let finish =
+        |v: ChainVerifier, checkpoints_skipped: &mut usize| -> Result<i64, AuditCliError> {
+            *checkpoints_skipped +=
+                v.skipped_checkpoints() + if sparse { v.pending_checkpoints() } else { 0 };
+            v.finish().map_err(|b| refused(b.to_string()))
+        };
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|e| refused(format!("{}: {e}", path.display())))?;
         if line.trim().is_empty() {

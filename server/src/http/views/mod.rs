@@ -31,8 +31,8 @@ use countersign_app::runs::{
     EventView, RunDetail, RunListPage, RunRow, Runs, RunsSource, StepCounts, StepLinks, StepView,
 };
 use countersign_core::StoreError;
-use countersign_core::audit::checkpoint::{PublicKey, VerifyFailure};
 use countersign_core::audit::chain_of_tenant;
+use countersign_core::audit::checkpoint::{PublicKey, VerifyFailure};
 use countersign_core::audit::tree_head::InclusionProof;
 use countersign_core::audit::{AuditRecord, ChainVerifier};
 use countersign_core::store::{AuditCursor, AuditFilter, Run};
