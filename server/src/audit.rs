@@ -20,7 +20,7 @@ use countersign_core::audit::checkpoint::{
     Checkpoint, CheckpointPolicy, CheckpointSigner, PublicKey, VerifyFailure, expect_checkpoints,
 };
 use countersign_core::audit::note::CheckpointNote;
-use countersign_core::audit::tree_head::{InclusionProof, Leaf};
+use countersign_core::audit::tree_head::{CheckpointLeaves, InclusionProof, Leaf};
 use countersign_core::audit::{
     AuditRecord, ChainBreak, ChainVerifier, LEGACY_CHAIN, SYSTEM_CHAIN, chain_of_tenant,
 };
@@ -343,7 +343,23 @@ async fn export(
             }
             vec![c.clone()]
         }
-        None => store.audit_chain_names().await.map_err(db)?,
+        None => {
+            // Whole chains from record 1: led by the newest checkpoint and all its leaves, so
+            // each chain is pinned offline and a chain left out is noticed.
+            match store.latest_tree_head().await.map_err(db)? {
+                Some(th) if since.is_none() => line(
+                    &mut out,
+                    serde_json::to_string(&CheckpointLeaves::of(&th))
+                        .map_err(|e| refused(format!("cannot serialise the checkpoint: {e}")))?,
+                )?,
+                Some(_) => {}
+                None => eprintln!(
+                    "note: no checkpoint yet (run `countersign audit checkpoint`): the export \
+                     carries none"
+                ),
+            }
+            store.audit_chain_names().await.map_err(db)?
+        }
     };
     let since = since.as_deref().map(parse_since).transpose()?;
     for chain in chains {
@@ -371,10 +387,12 @@ async fn export(
     out.flush().map_err(|e| refused(format!("stdout: {e}")))
 }
 
-/// One line of an export: a record, or (first, in a tenant's export) the proof.
+/// One line of an export: a record, or (first) the checkpoint it carries: a tenant's export's
+/// inclusion proof, or a whole export's leaves.
 enum ExportLine {
     Record(Box<AuditRecord>),
     Proof(Box<InclusionProof>),
+    Leaves(Box<CheckpointLeaves>),
 }
 
 /// Verifies a JSON-lines export offline: chain by chain (records of one chain are
@@ -397,6 +415,11 @@ fn verify_file(
         {
             return Ok(ExportLine::Proof(Box::new(p)));
         }
+        if n == 0
+            && let Ok(l) = serde_json::from_str::<CheckpointLeaves>(line)
+        {
+            return Ok(ExportLine::Leaves(Box::new(l)));
+        }
         let e = serde_json::from_str::<AuditRecord>(line).err();
         Err(refused(format!(
             "{} line {}: not an audit record: {}",
@@ -415,7 +438,8 @@ fn verify_file(
             refused(b.to_string())
         }
     };
-    let mut proven: Option<(Leaf, CheckpointNote)> = None;
+    // The checkpoint the export carries, and the chain heads it pins.
+    let mut proven: Option<(Vec<Leaf>, CheckpointNote)> = None;
     let mut current: Option<ChainVerifier> = None;
     let mut first_seq = None;
     let (mut count, mut chains, mut checkpoints, mut skipped) = (0_i64, 0_usize, 0_usize, 0_usize);
@@ -435,7 +459,13 @@ fn verify_file(
             ExportLine::Proof(p) => {
                 let note = p.verify(trusted).map_err(failure)?;
                 checkpoints += 1;
-                proven = Some((p.leaf.clone(), note));
+                proven = Some((vec![p.leaf.clone()], note));
+                continue;
+            }
+            ExportLine::Leaves(l) => {
+                let note = l.verify(trusted).map_err(failure)?;
+                checkpoints += 1;
+                proven = Some((l.leaves.clone(), note));
                 continue;
             }
             ExportLine::Record(r) => *r,
@@ -468,13 +498,13 @@ fn verify_file(
                 )
                 .map_err(failure)?;
             }
-            if let Some((leaf, note)) = &proven
-                && leaf.chain == r.chain
+            if let Some((leaves, note)) = &proven
+                && let Some(leaf) = leaves.iter().find(|l| l.chain == r.chain)
             {
                 v.expect(
                     leaf.seq,
                     &leaf.hash,
-                    format!("checkpoint {} (the export's proof)", note.body.number),
+                    format!("checkpoint {} (carried by the export)", note.body.number),
                 )
                 .map_err(|b| refused(b.to_string()))?;
             }
@@ -488,29 +518,48 @@ fn verify_file(
         count += finish(v, &mut skipped)?;
         chains += 1;
     }
-    if let Some((leaf, _)) = &proven
-        && !seen_chains.contains(&leaf.chain)
+    if let Some((leaves, note)) = &proven
+        && let Some(leaf) = leaves.iter().find(|l| !seen_chains.contains(&l.chain))
     {
         return Err(refused(format!(
-            "{}: the export's proof covers chain {} up to record {} but holds none of its \
-             records: they were removed",
+            "{}: checkpoint {} covers chain {} up to record {} but the export holds none of \
+             its records: they were removed",
             path.display(),
+            note.body.number,
             leaf.chain,
             leaf.seq
         )));
     }
+    // A checkpoint file given must be checked here, or the verification fails: the export's
+    // own checkpoint (same number: the same text), or the one right after it links to it.
     for (note, label) in &external.notes {
+        let n = note.body.number;
         match &proven {
-            Some((_, mine)) if mine.body.number == note.body.number => {
+            Some((_, mine)) if mine.body.number == n => {
                 if mine.body != note.body {
                     return Err(refused(format!(
-                        "{label} differs from the export's checkpoint {}: the log was forked",
-                        note.body.number
+                        "{label} differs from the export's checkpoint {n}: the log was forked"
                     )));
                 }
                 checkpoints += 1;
             }
-            _ => skipped += 1,
+            Some((_, mine)) if mine.body.number == n + 1 && mine.body.prev == note.body.hash() => {
+                checkpoints += 1;
+            }
+            _ if sparse => skipped += 1,
+            Some((_, mine)) => {
+                return Err(refused(format!(
+                    "{label} is checkpoint {n}, which this export (carrying checkpoint {}) \
+                     cannot check: verify against the database, or export again",
+                    mine.body.number
+                )));
+            }
+            None => {
+                return Err(refused(format!(
+                    "{label} cannot be checked: this export carries no checkpoint (an export \
+                     --since carries none; export whole chains, or verify against the database)"
+                )));
+            }
         }
     }
     if chains == 0 {

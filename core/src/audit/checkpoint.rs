@@ -415,8 +415,16 @@ impl Store {
             chains.insert(super::LEGACY_CHAIN.to_string());
         }
         if let Some(only) = only {
+            if !chains.contains(only) {
+                return Ok(Err(VerifyFailure::Chain(ChainBreak {
+                    chain: only.to_string(),
+                    seq: 1,
+                    reason: "no such chain: no record was ever written to it and no \
+                             checkpoint covers it"
+                        .into(),
+                })));
+            }
             chains.retain(|c| c == only);
-            chains.insert(only.to_string());
         }
         let mut report = VerifyReport {
             records: 0,

@@ -539,6 +539,58 @@ impl InclusionProof {
     }
 }
 
+/// What a whole export opens with: the newest checkpoint and every leaf it covers, so that an
+/// auditor holding the public key checks each chain of the export against it offline, and
+/// notices a chain missing from the export.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointLeaves {
+    /// The checkpoint note, as signed.
+    pub checkpoint: String,
+    /// The signer's public key, hex, as stored (trust it only if it is the one you hold).
+    pub public_key: String,
+    /// Every chain head it covers, in tree order.
+    pub leaves: Vec<Leaf>,
+}
+
+impl CheckpointLeaves {
+    /// The header of a whole export under `th`.
+    pub fn of(th: &TreeHead) -> Self {
+        Self {
+            checkpoint: th.note.text.clone(),
+            public_key: th.public_key.clone(),
+            leaves: th.leaves.clone(),
+        }
+    }
+
+    /// Checks the note's signature (under `trusted`, or when none are given, the key it names)
+    /// and that the leaves, in order and each chain once, hash to the signed root; returns the
+    /// note.
+    ///
+    /// # Errors
+    /// The first thing wrong, as a [`VerifyFailure::Log`].
+    pub fn verify(&self, trusted: &[PublicKey]) -> Result<CheckpointNote, VerifyFailure> {
+        let note = CheckpointNote::parse(&self.checkpoint)
+            .map_err(|e| log_failure(0, format!("the export's checkpoint: {e}")))?;
+        let n = note.body.number;
+        let keys = keys_for(&self.public_key, trusted).map_err(|e| log_failure(n, e))?;
+        note.verify(&keys)
+            .map_err(|e| log_failure(n, format!("the export's checkpoint: {e}")))?;
+        let sorted = self.leaves.windows(2).all(|w| w[0].chain < w[1].chain);
+        let hashes = leaf_hashes(&self.leaves).map_err(|e| log_failure(n, e.to_string()))?;
+        if !sorted
+            || u64::try_from(hashes.len()).ok() != Some(note.body.size)
+            || merkle::root(&hashes) != note.body.root
+        {
+            return Err(log_failure(
+                n,
+                "the export's chain heads do not hash to the signed root",
+            ));
+        }
+        Ok(note)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -613,7 +613,7 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
             insert: Some(Box::new(step.clone())),
             ..Transition::default()
         };
-        let before = (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64);
+        let before = store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64;
         assert!(store.move_step(&closing(&prepared)).await.unwrap());
         let stored = store.get_step(&prepared.id).await.unwrap();
         assert_eq!(stored.status, StepStatus::Done);
@@ -623,7 +623,7 @@ async fn a_prepared_read_is_written_once_by_its_closing_transition_or_as_prepare
         assert_eq!(stored.outcome.as_deref(), Some("{\"ok\":true}"));
         assert_eq!(stored.idem_key, prepared.idem_key);
         assert_eq!(stored.inputs_hash, prepared.inputs_hash);
-        let after = (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64);
+        let after = store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64;
         assert_eq!(after - before, 2, "its records commit with it");
 
         // Once the run is cancelled the guard refuses: no outcome, no record, and the row
@@ -751,7 +751,7 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
             })
         };
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let before = (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64);
+        let before = store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64;
         let (ended, moved) = store
             .end_run(&run.id, RunStatus::Failed, "step 1 failed", &cancels)
             .await
@@ -779,7 +779,7 @@ async fn ending_a_run_cancels_its_unstarted_steps_in_the_same_transaction() {
             "a step that ran keeps its end"
         );
         assert!(steps[1..].iter().all(|s| s.status == StepStatus::Cancelled));
-        let after = (store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64);
+        let after = store.audit_in_order(0, 1_000_000).await.unwrap().len() as i64;
         assert_eq!(
             after - before,
             39,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use countersign_core::audit::checkpoint::CheckpointSigner;
 use countersign_core::audit::note::CheckpointNote;
-use countersign_core::audit::tree_head::{InclusionProof, Leaf, TreeHead};
+use countersign_core::audit::tree_head::{CheckpointLeaves, InclusionProof, Leaf, TreeHead};
 use countersign_core::audit::{AuditEvent, AuditRecord, NewAuditRecord, SYSTEM_CHAIN, seal};
 use countersign_core::store::testing::FreshDb;
 use countersign_core::{Backend, Store, SystemClock};
@@ -160,6 +160,9 @@ fn parse_export(text: &str) -> (Option<InclusionProof>, Vec<AuditRecord>) {
             && let Ok(p) = serde_json::from_str::<InclusionProof>(line)
         {
             proof = Some(p);
+            continue;
+        }
+        if n == 0 && serde_json::from_str::<CheckpointLeaves>(line).is_ok() {
             continue;
         }
         records.push(serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")));
@@ -592,10 +595,15 @@ fn exports(env: &Env, keys: &Keys, cp_text: &str, since_ms: i64) {
     let cp_file = env.path("cp1.note");
     let pub_a = keys.pub_a.as_str();
 
-    // Whole: every chain, chain by chain, from record 1; no proof (it covers every chain).
+    // Whole: every chain, chain by chain, from record 1, led by the newest checkpoint and all
+    // its leaves.
     let all = ok(&env.run(&["audit", "export"], None));
     let (proof, records) = parse_export(&all);
     assert!(proof.is_none());
+    let header: CheckpointLeaves =
+        serde_json::from_str(all.lines().next().unwrap()).expect("a checkpoint header");
+    assert_eq!(header.checkpoint, cp_text);
+    assert_eq!(header.leaves.len(), 3);
     let mut chains = chains_of(&records);
     chains.sort();
     assert_eq!(
@@ -610,9 +618,9 @@ fn exports(env: &Env, keys: &Keys, cp_text: &str, since_ms: i64) {
     let text = ok(&env.run(&["audit", "verify", "--file", &all_file], None));
     says(
         &text,
-        "intact: 16 record(s) in 3 chain(s) from record 1, 0 checkpoint(s) checked",
+        "intact: 16 record(s) in 3 chain(s) from record 1, 1 checkpoint(s) checked",
     );
-    // A note cannot be compared with an export that carries no proof: it says so.
+    // The note the auditor holds is the one the export carries: both checked.
     let text = ok(&env.run(
         &[
             "audit",
@@ -621,10 +629,34 @@ fn exports(env: &Env, keys: &Keys, cp_text: &str, since_ms: i64) {
             &all_file,
             "--from-checkpoint",
             &cp_file,
+            "--public-key",
+            pub_a,
         ],
-        Some(KEY_A),
+        None,
     ));
-    says(&text, "1 given but outside the export and not compared");
+    says(&text, "2 checkpoint(s) checked");
+    // A chain left out of the whole export is noticed from the checkpoint's leaves.
+    let without_globex: Vec<String> = all
+        .lines()
+        .enumerate()
+        .filter(|(i, l)| *i == 0 || !l.contains("\"chain\":\"globex\""))
+        .map(|(_, l)| l.to_string())
+        .collect();
+    let f = env.write("all-without-globex.jsonl", &file_text(&without_globex));
+    broken(
+        &env.run(&["audit", "verify", "--file", &f, "--public-key", pub_a], None),
+        "covers chain globex up to record 2 but the export holds none of its records",
+    );
+    // Leaves that do not hash to the signed root are refused.
+    let mut bent = header.clone();
+    bent.leaves[0].seq += 1;
+    let mut bent_lines: Vec<String> = all.lines().map(str::to_string).collect();
+    bent_lines[0] = serde_json::to_string(&bent).unwrap();
+    let f = env.write("all-bent-leaves.jsonl", &file_text(&bent_lines));
+    broken(
+        &env.run(&["audit", "verify", "--file", &f, "--public-key", pub_a], None),
+        "do not hash to the signed root",
+    );
 
     // Tampering with the whole export: a changed byte, and a record moved out of its chain's
     // run of lines (verified on its own, it would be a valid partial chain).
@@ -633,9 +665,10 @@ fn exports(env: &Env, keys: &Keys, cp_text: &str, since_ms: i64) {
         .iter()
         .position(|r| r.chain == "globex" && r.seq == 3)
         .unwrap();
+    // (Line 0 is the checkpoint header.)
     let mut changed = lines.clone();
-    changed[globex_3] =
-        changed[globex_3].replacen("supplier.update_iban", "supplier.update_ibam", 2);
+    changed[globex_3 + 1] =
+        changed[globex_3 + 1].replacen("supplier.update_iban", "supplier.update_ibam", 2);
     let f = env.write("all-changed.jsonl", &file_text(&changed));
     broken(
         &env.run(&["audit", "verify", "--file", &f], None),
@@ -647,7 +680,7 @@ fn exports(env: &Env, keys: &Keys, cp_text: &str, since_ms: i64) {
         .rposition(|r| r.chain == *first_chain)
         .unwrap();
     let mut moved = lines.clone();
-    let line = moved.remove(last_of_first);
+    let line = moved.remove(last_of_first + 1);
     moved.push(line);
     let f = env.write("all-moved.jsonl", &file_text(&moved));
     broken(
@@ -728,7 +761,7 @@ fn exports(env: &Env, keys: &Keys, cp_text: &str, since_ms: i64) {
     );
     says(
         &err,
-        "that checkpoint 1 (the export's proof) signed for record 4",
+        "that checkpoint 1 (carried by the export) signed for record 4",
     );
 
     // --run: a sparse export of one run's records (acme's 1, 3, 5, 7).
@@ -868,7 +901,7 @@ fn tenant_export(env: &Env, pub_a: &str, cp_text: &str) {
         "intact: 3 record(s) in 1 chain(s) from record 1, 0 checkpoint(s) checked",
     );
     let err = check("cut.jsonl", cut, "audit chain acme broken at record 4");
-    says(&err, "checkpoint 1 (the export's proof) signed record 4");
+    says(&err, "checkpoint 1 (carried by the export) signed record 4");
     says(&err, "truncated");
     // Records rewritten and re-hashed from record 2 on: the chain links, the proof does not.
     let rewritten = jsonl(&rewritten_from(&records, 1, &records[0].hash));
