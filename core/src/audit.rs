@@ -791,7 +791,15 @@ impl Store {
             }
         }
         let last = v.next_seq() - 1;
-        if let Some((seq, hash)) = self.audit_chain_head(&chain).await?
+        let head = self.audit_chain_head(&chain).await?;
+        if head.is_none() && last > 0 {
+            return Ok(Err(ChainBreak {
+                chain,
+                seq: last,
+                reason: "the chain's records have no head row: it was removed".into(),
+            }));
+        }
+        if let Some((seq, hash)) = head
             && (seq != last || (seq > 0 && hash != v.last_hash()))
         {
             return Ok(Err(ChainBreak {

@@ -98,6 +98,15 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
+-- SECURITY DEFINER: it runs as the migrations' role, so a `serve` role that may not UPDATE
+-- `audit_chains` itself still moves heads through it; its search path is this schema (then
+-- pg_catalog, and pg_temp last), so no session's temporary table can stand in for the heads.
+DO $do$
+BEGIN
+    EXECUTE format('ALTER FUNCTION audit_extend_heads() SECURITY DEFINER '
+                   'SET search_path = %I, pg_catalog, pg_temp', current_schema());
+END
+$do$;
 CREATE TRIGGER audit_extend_heads AFTER INSERT ON audit
     REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION audit_extend_heads();
 

@@ -501,6 +501,20 @@ fn verify_file(
             if let Some((leaves, note)) = &proven
                 && let Some(leaf) = leaves.iter().find(|l| l.chain == r.chain)
             {
+                // The pinned record, or the one right after it, must be in the export: a
+                // chain that starts later would be checked against nothing.
+                if r.seq > leaf.seq.saturating_add(1) {
+                    return Err(refused(format!(
+                        "{} line {}: chain {} starts at record {} but checkpoint {} pins record \
+                         {}: the records between are missing",
+                        path.display(),
+                        n + 1,
+                        r.chain,
+                        r.seq,
+                        note.body.number,
+                        leaf.seq
+                    )));
+                }
                 v.expect(
                     leaf.seq,
                     &leaf.hash,
@@ -529,6 +543,18 @@ fn verify_file(
             leaf.chain,
             leaf.seq
         )));
+    }
+    // Legacy checkpoints pin the legacy chain: without its records they check nothing.
+    if !external.legacy.is_empty() && !seen_chains.iter().any(|c| c == LEGACY_CHAIN) {
+        if !sparse {
+            return Err(refused(format!(
+                "{}: {} legacy checkpoint(s) given but the export holds no record of the \
+                 {LEGACY_CHAIN} chain they pin",
+                path.display(),
+                external.legacy.len()
+            )));
+        }
+        skipped += external.legacy.len();
     }
     // A checkpoint file given must be checked here, or the verification fails: the export's
     // own checkpoint (same number: the same text), or the one right after it links to it.

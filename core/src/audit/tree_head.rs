@@ -272,28 +272,39 @@ impl Store {
                 .fetch_all(p)
                 .await?
         });
+        // Every leaf of those checkpoints in one query, in tree order.
+        let leaves: Vec<(i64, String, i64, String)> = crate::store::on_pool!(self, |p| {
+            sqlx::query_as(
+                "SELECT number, chain, seq, hash FROM audit_tree_leaves
+                  WHERE number >= $1 AND number < $2 ORDER BY number, idx",
+            )
+            .bind(from)
+            .bind(from.saturating_add(limit))
+            .fetch_all(p)
+            .await?
+        });
+        let mut by_number: BTreeMap<i64, Vec<Leaf>> = BTreeMap::new();
+        for (number, chain, seq, hash) in leaves {
+            by_number
+                .entry(number)
+                .or_default()
+                .push(Leaf { chain, seq, hash });
+        }
         let mut out = Vec::with_capacity(rows.len());
         for (number, note, public_key) in rows {
-            let note = CheckpointNote::parse(&note)
-                .map_err(|e| StoreError::Conflict(format!("stored checkpoint {number}: {e}")))?;
+            let note = CheckpointNote::parse(&note).map_err(|e| {
+                StoreError::Conflict(format!("stored checkpoint {number}: {e}"))
+            })?;
             if note.body.number != number {
                 return Err(StoreError::Conflict(format!(
                     "stored checkpoint {number} says it is number {}",
                     note.body.number
                 )));
             }
-            let leaves: Vec<Leaf> = crate::store::on_pool!(self, |p| {
-                sqlx::query_as(
-                    "SELECT chain, seq, hash FROM audit_tree_leaves WHERE number = $1 ORDER BY idx",
-                )
-                .bind(number)
-                .fetch_all(p)
-                .await?
-            });
             out.push(TreeHead {
                 note,
                 public_key,
-                leaves,
+                leaves: by_number.remove(&number).unwrap_or_default(),
             });
         }
         Ok(out)

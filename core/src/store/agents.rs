@@ -143,6 +143,9 @@ impl Store {
                 )));
             }
         }
+        if let Err(e) = crate::audit::chain_of_tenant(Some(&new.tenant)) {
+            return Err(CreateAgentError::Invalid(e.to_string()));
+        }
         if new.acts_for.as_deref().is_some_and(|p| p.trim().is_empty()) {
             return Err(CreateAgentError::Invalid(
                 "acts_for must name a party (or be left out)".into(),

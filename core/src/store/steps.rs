@@ -627,6 +627,11 @@ impl Store {
         &self,
         t: &Transition,
     ) -> Result<Option<(Vec<AuditRecord>, bool)>, StoreError> {
+        // A transition without records takes no chain head and touches one row: written
+        // alone, so no chain's committer locks another tenant's step (lock order).
+        if t.records.is_empty() {
+            return self.transition_alone(t).await;
+        }
         let chain = self
             .chain_for(&t.records.iter().map(|(_, r)| r).collect::<Vec<_>>())
             .await?;

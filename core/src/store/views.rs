@@ -110,7 +110,12 @@ fn conditions(f: &AuditFilter, seqs: SeqRange, guard_at: bool) -> (Vec<String>, 
         binds.push(value);
         conds.push(cond.replace('?', &format!("${}", binds.len())));
     }
-    if let Some(t) = &f.tenant {
+    if let Some(t) = &f.tenant
+        && crate::audit::chain_of_tenant(Some(t)).is_err()
+    {
+        // A tenant named like a reserved chain (`_system`, `_legacy`) is no tenant: nothing.
+        conds.push("1 = 0".to_string());
+    } else if let Some(t) = &f.tenant {
         // A record of no run is shown when it names no tenant (a global operational event)
         // or names this one: standing grants and batch approvals carry `"tenant":"T"` in
         // their canonical detail, an agent's refused call ends its actor with ` tenant:T`.

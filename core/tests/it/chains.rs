@@ -77,7 +77,7 @@ async fn records_join_their_tenants_chain_and_each_chain_starts_at_one() {
             assert!(records[0].record.ends_with(",\"v\":2}"), "format version 2");
         }
         assert_eq!(store.verify_audit().await.unwrap(), Ok(6));
-        // A tenant name that would pass for a reserved chain is refused, nothing written.
+        // A tenant name that would pass for a reserved chain is refused, nothing written…
         for bad in ["_system", "_legacy", ""] {
             assert!(
                 store.append_audit(&record(Some(bad), 0)).await.is_err(),
@@ -85,6 +85,31 @@ async fn records_join_their_tenants_chain_and_each_chain_starts_at_one() {
             );
         }
         assert_eq!(store.verify_audit().await.unwrap(), Ok(6));
+        // …no credential is created for it…
+        let refused = store
+            .create_agent(&countersign_core::store::NewAgent {
+                name: "bot".into(),
+                role: "worker.finance".into(),
+                tenant: "_system".into(),
+                created_by: "ops".into(),
+                expires_at: None,
+                acts_for: None,
+                origin: countersign_core::policy::TaskOrigin::User,
+            })
+            .await;
+        assert!(refused.is_err(), "{refused:?}");
+        // …and a person of such a tenant reads no chain through the audit search.
+        use countersign_core::store::{AuditCursor, AuditFilter};
+        for (tenant, expected) in [("acme", 4), ("_system", 0), ("_legacy", 0)] {
+            let f = AuditFilter {
+                tenant: Some(tenant.into()),
+                actor: Some("test".into()),
+                ..AuditFilter::default()
+            };
+            let found = store.search_audit(&f, AuditCursor::Newest, 50).await.unwrap();
+            // (acme sees its 3 and the system record, which names no tenant.)
+            assert_eq!(found.len(), expected, "{tenant}");
+        }
     })
     .await;
 }
@@ -197,6 +222,28 @@ async fn verification_names_a_swapped_chain_id_and_a_dropped_chain() {
         let b = store.verify_audit().await.unwrap().unwrap_err();
         assert_eq!((b.chain.as_str(), b.seq), ("c", 1), "{b}");
         assert!(b.reason.contains("columns disagree"), "{b}");
+
+        // A chain's head row removed: its records no longer verify, even alone.
+        store
+            .execute_sql("DELETE FROM audit_chains WHERE chain = 'a'")
+            .await
+            .unwrap();
+        let b = match store
+            .verify_audit_full(&trusted, &[], &[], Some("a"))
+            .await
+            .unwrap()
+        {
+            Err(VerifyFailure::Chain(b)) => b,
+            other => panic!("{other:?}"),
+        };
+        assert!(b.reason.contains("no head row"), "{b}");
+        store
+            .execute_sql(
+                "INSERT INTO audit_chains (chain, seq, hash, at) \
+                 SELECT chain, seq, hash, at FROM audit WHERE chain = 'a' AND seq = 3",
+            )
+            .await
+            .unwrap();
 
         // Chain b dropped whole (records and head): the chains left verify alone; the
         // checkpoint names b as truncated.

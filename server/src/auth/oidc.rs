@@ -474,11 +474,20 @@ impl Oidc {
         map_roles(claims.get(&self.config.role_claim), &self.config.role_map)
     }
 
+    /// The tenant claim; a name reserved for audit chains (`_…`, or empty) counts as none,
+    /// so such a person sees no tenant's data (fail closed).
     fn tenant(&self, claims: &BTreeMap<String, serde_json::Value>) -> Option<String> {
-        claims
+        let tenant = claims
             .get(&self.config.tenant_claim)
-            .and_then(serde_json::Value::as_str)
-            .map(str::to_string)
+            .and_then(serde_json::Value::as_str)?;
+        if countersign_core::audit::chain_of_tenant(Some(tenant)).is_err() {
+            tracing::warn!(
+                tenant,
+                "a tenant claim names a reserved audit chain: taken as no tenant"
+            );
+            return None;
+        }
+        Some(tenant.to_string())
     }
 
     /// Derives `person`'s roles and tenant from the provider again: a refresh grant when the

@@ -837,6 +837,21 @@ fn tenant_export(env: &Env, pub_a: &str, cp_text: &str) {
         &ok(&verify(&acme_file, &["--from-checkpoint", &cp_file])),
         "intact: 8 record(s) in 1 chain(s) from record 1, 2 checkpoint(s) checked",
     );
+    // Records up to the pinned one (and the one after it) cut from the front: the proof
+    // would check nothing.
+    let late: Vec<String> = acme
+        .lines()
+        .enumerate()
+        .filter(|(i, _)| *i == 0 || *i > 5)
+        .map(|(_, l)| l.to_string())
+        .collect();
+    let f = env.write("acme-late.jsonl", &file_text(&late));
+    broken(&verify(&f, &[]), "the records between are missing");
+    // A legacy checkpoint given with an export that holds no legacy record checks nothing.
+    broken(
+        &verify(&acme_file, &["--from-checkpoint", &env.path("legacy-a.json")]),
+        "holds no record of the _legacy chain",
+    );
     // A note that is not the one in the export's proof (same number, another root).
     let root_file = env.path("forged-root.note");
     broken(
