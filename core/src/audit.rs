@@ -1,36 +1,39 @@
-//! The audit chain: one append-only sequence of records, each holding the hash of the one
-//! before it, so that changing, deleting, reordering or truncating records is detectable.
+//! The audit trail: one append-only hash chain per tenant (and `_system` for records of no
+//! tenant, `_legacy` for those written before chains per tenant), each record holding the hash
+//! of the one before it in its chain, so that changing, deleting, reordering, moving or
+//! truncating records is detectable; and signed checkpoints over every chain's head
+//! ([`tree_head`]).
 //!
 //! Invariants:
 //! * A record's `hash` is `sha256:` + SHA-256 of its canonical JSON (RFC 8785), and that JSON
-//!   embeds `seq` and `prev`; the text stored is exactly the text hashed.
-//! * `seq` starts at 1 and is the head's `seq + 1`; it is the table's primary key, so two
-//!   appenders that read the same head collide and one retries — the chain never forks.
-//!   On Postgres appenders also take a transaction-scoped advisory lock to avoid the retry.
-//! * `at` never decreases along `seq`: an appender holding the head seals at max(now, the
-//!   head's `at`) ([`ChainHead::at_for`]), so a time range is a `seq` range (the audit search
-//!   relies on it). `at` is hashed like every field; only how it is chosen at append differs.
-//! * The database refuses UPDATE, DELETE (and TRUNCATE on Postgres) on the table (migration
-//!   0001 triggers); this module only ever INSERTs.
+//!   embeds `seq`, `prev` and (format [`RECORD_VERSION`]) its `chain`; the text stored is
+//!   exactly the text hashed. The [`LEGACY_CHAIN`]'s records keep format 1 (no chain, no
+//!   version) byte for byte; nothing is sealed onto it (the database refuses it).
+//! * A record's chain is its tenant's ([`chain_of_tenant`]): named by the record, else its
+//!   run's (looked up once per run and cached), else [`SYSTEM_CHAIN`]; a record naming another
+//!   tenant than its run's, or a reserved name, is refused ([`Store::chain_for`]).
+//! * `seq` starts at 1 in each chain and is its head's `seq + 1`; `(chain, seq)` is the key.
+//!   The database refuses a record that does not extend its chain's head row (`audit_chains`)
+//!   and moves the head with it (migration 0016); appenders lock only their chain's head row
+//!   ([`hold_head!`]), so tenants append concurrently and a transaction appends to one chain.
+//! * `at` never decreases along a chain: an appender holding the head seals at max(now, the
+//!   head's `at`) ([`ChainHead::at_for`]), so a time range is a range of the write order
+//!   (`pos`, the readers' order; not hashed) within a clock skew across chains.
+//! * The database refuses UPDATE, DELETE (and TRUNCATE on Postgres) on the table; this module
+//!   only ever INSERTs.
 //! * [`verify`] / [`ChainVerifier`] fail closed: the first record that does not parse, is not
 //!   canonical, does not match its stored hash, skips a `seq`, does not link to its
-//!   predecessor or whose columns disagree with its hashed text is named. Canonical form and
-//!   columns are checked without allocating ([`check`]): a record in the layout [`seal`]
-//!   writes is matched piece by piece against its own columns, with only its `detail` value
-//!   scanned ([`crate::canonical::check_canonical`]); any other goes through one general
-//!   pass ([`crate::canonical::scan_canonical_object`]). Both are equivalent to
-//!   re-canonicalising the parsed text. [`ChainVerifier::push_all`] (and so [`verify`] and
-//!   the store's verification) runs those per-record checks, and the link of each record to
-//!   its neighbour in the same chunk, on several threads over contiguous chunks, then walks
-//!   the chain sequentially: a record proven consistent and linked to the record just
-//!   accepted, with no checkpoint at its `seq`, is accepted without being read again; any
-//!   other goes through the full sequential check, so the first break and its reason are the
-//!   same as record-by-record verification.
-//! * A signed checkpoint ([`checkpoint`]) pins the hash at its `seq`: a chain that no longer
-//!   has it there, or ends before it, is broken even if it links perfectly.
-//! * The record format (what [`seal`] builds) is written in one place, used by the
-//!   `insert_sealed!` macro that every append goes through (alone, in a step transition, or
-//!   in a group-commit batch, [`crate::store`]'s committer).
+//!   predecessor, stands in another chain or whose columns disagree with its hashed text is
+//!   named; a chain that ends short of its head row, or has none, is broken too. Canonical
+//!   form and columns are checked without allocating ([`check`]); [`ChainVerifier::push_all`]
+//!   runs the per-record checks on several threads over contiguous chunks, then walks the
+//!   chain sequentially, so the first break and its reason are those of record-by-record
+//!   verification.
+//! * A signed checkpoint pins the hash at its `seq` in each chain it covers: a chain that no
+//!   longer has it there, or ends before it, is broken even if it links perfectly.
+//! * The record format (what [`seal`] builds) is written in one place; every append seals
+//!   through [`seal_next!`] (alone, in a step transition, or in a group-commit batch,
+//!   [`crate::store`]'s committer).
 //! * Callers pass values already redacted ([`crate::redact`]); nothing here sees secrets.
 
 pub use chain::{
@@ -44,6 +47,7 @@ use crate::store::{Pool, Store, StoreError};
 mod chain;
 mod check;
 pub mod checkpoint;
+mod full;
 pub mod merkle;
 pub mod note;
 pub mod tree_head;

@@ -292,9 +292,8 @@ impl Store {
         }
         let mut out = Vec::with_capacity(rows.len());
         for (number, note, public_key) in rows {
-            let note = CheckpointNote::parse(&note).map_err(|e| {
-                StoreError::Conflict(format!("stored checkpoint {number}: {e}"))
-            })?;
+            let note = CheckpointNote::parse(&note)
+                .map_err(|e| StoreError::Conflict(format!("stored checkpoint {number}: {e}")))?;
             if note.body.number != number {
                 return Err(StoreError::Conflict(format!(
                     "stored checkpoint {number} says it is number {}",

@@ -1,11 +1,12 @@
-//! Group commit for the audit chain.
+//! Group commit for the audit chains.
 //!
-//! Every audit append needs the chain head, so appenders are serialised (the Postgres
-//! advisory lock; SQLite's single writer) and each one holds that lock through its own COMMIT:
-//! alone, the chain advances one fsync at a time however many callers wait. The committer
-//! collects the step transitions and audit appends that callers submit concurrently and
-//! commits them together — one transaction, one lock acquisition, one head read, one INSERT
-//! of all the batch's records and one COMMIT for the batch.
+//! Every audit append needs its chain's head, so appenders of one chain are serialised (the
+//! chain's head row locked on Postgres; SQLite's single writer) and each one holds that lock
+//! through its own COMMIT: alone, a chain advances one fsync at a time however many callers
+//! wait. The committer collects the step transitions and audit appends that callers submit
+//! concurrently and commits them together — one transaction, one head lock, one head read, one
+//! INSERT of all the batch's records and one COMMIT for the batch. There is one committer task
+//! per chain (started with its first job): different chains' batches commit concurrently.
 //!
 //! Invariants:
 //! * A job's writes (status change, key state, its audit records) commit atomically, and its
@@ -18,11 +19,12 @@
 //!   write its records twice). What it wrote, if anything, looks as after a crash.
 //! * Jobs of a batch see each other's writes in batch order, exactly as if committed one
 //!   after the other (a second transition of the same step sees the first's status).
-//! * Lock order: the append lock is taken before any row lock, here and in
-//!   [`Store::transition_alone`]; transitions without records take no append lock and touch
-//!   one row. So batches, lone transitions and other processes' batches cannot deadlock.
-//! * Other processes (workers, replicas) still take the same lock: whole batches interleave,
-//!   never parts of one.
+//! * Lock order: a batch appends to one chain and locks its head row before any other row,
+//!   here and in [`Store::transition_alone`]; transitions without records take no head, never
+//!   come here (they are written alone) and touch one row. So batches, lone transitions and
+//!   other processes' batches cannot deadlock.
+//! * Other processes (workers, replicas) lock the same head rows: whole batches of one chain
+//!   interleave, never parts of one.
 //! * One round trip (Postgres): a batch of transitions of distinct, already written steps and
 //!   appends is sealed on the chain head this committer last wrote or read, and written by one
 //!   autocommitted statement (`countersign_commit_batch`, migration 13) that takes the same
@@ -39,7 +41,7 @@
 //!   committer died between COMMIT and its answer (then a transition finds its step moved
 //!   and reports `None`, as a lost race would).
 //!
-//! Pipelining (Postgres): the append lock is a transaction lock, and Postgres releases it only
+//! Pipelining (Postgres): the append lock (the chain's head row) is a transaction lock, and Postgres releases it only
 //! after the COMMIT's WAL flush, so batches committed synchronously advance the chain one fsync
 //! at a time. Instead a batch COMMITs without waiting for the flush (`synchronous_commit =
 //! off`: the lock is released at once and the next batch runs during the fsync), then a

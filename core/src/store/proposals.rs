@@ -18,8 +18,8 @@
 //!   refusal is audited.
 //! * Approval re-checks, inside one transaction that also stores the new version, that the
 //!   base version is still the newest one; otherwise the proposal becomes `superseded` and
-//!   nothing is applied. The transaction takes the audit chain's lock (Postgres advisory
-//!   lock; SQLite `BEGIN IMMEDIATE`), so two approvals cannot both apply against one base.
+//!   nothing is applied. The transaction takes the system audit chain's head (Postgres
+//!   row lock; SQLite `BEGIN IMMEDIATE`), so two approvals cannot both apply against one base.
 //! * Only a `proposed` proposal changes status, exactly once; every status change commits
 //!   together with its audit record (event `operational`, rule `admin.proposal.*`).
 

@@ -106,7 +106,10 @@ async fn records_join_their_tenants_chain_and_each_chain_starts_at_one() {
                 actor: Some("test".into()),
                 ..AuditFilter::default()
             };
-            let found = store.search_audit(&f, AuditCursor::Newest, 50).await.unwrap();
+            let found = store
+                .search_audit(&f, AuditCursor::Newest, 50)
+                .await
+                .unwrap();
             // (acme sees its 3 and the system record, which names no tenant.)
             assert_eq!(found.len(), expected, "{tenant}");
         }

@@ -1124,11 +1124,22 @@ async fn a_transition_ends_the_lease_of_the_worker_it_names_and_no_other() {
                     .id,
                 a.id
             );
+            // (With a record: a transition without one is written alone, outside the
+            // committer; this one goes through its batches, one trip on Postgres.)
             let touch = |release: &str| Transition {
                 step_id: a.id.clone(),
                 from: vec![StepStatus::Pending],
                 to: Some(StepStatus::Pending),
                 release: Some(release.to_string()),
+                records: vec![(
+                    countersign_core::audit::AuditEvent::Operational,
+                    countersign_core::audit::NewAuditRecord {
+                        event: Some(countersign_core::audit::AuditEvent::Operational),
+                        run_id: Some(run.id.clone()),
+                        step_id: Some(a.id.clone()),
+                        ..Default::default()
+                    },
+                )],
                 ..Transition::default()
             };
             let trips = store.one_trip_batches();

@@ -644,7 +644,10 @@ fn exports(env: &Env, keys: &Keys, cp_text: &str, since_ms: i64) {
         .collect();
     let f = env.write("all-without-globex.jsonl", &file_text(&without_globex));
     broken(
-        &env.run(&["audit", "verify", "--file", &f, "--public-key", pub_a], None),
+        &env.run(
+            &["audit", "verify", "--file", &f, "--public-key", pub_a],
+            None,
+        ),
         "covers chain globex up to record 2 but the export holds none of its records",
     );
     // Leaves that do not hash to the signed root are refused.
@@ -654,7 +657,10 @@ fn exports(env: &Env, keys: &Keys, cp_text: &str, since_ms: i64) {
     bent_lines[0] = serde_json::to_string(&bent).unwrap();
     let f = env.write("all-bent-leaves.jsonl", &file_text(&bent_lines));
     broken(
-        &env.run(&["audit", "verify", "--file", &f, "--public-key", pub_a], None),
+        &env.run(
+            &["audit", "verify", "--file", &f, "--public-key", pub_a],
+            None,
+        ),
         "do not hash to the signed root",
     );
 
@@ -849,7 +855,10 @@ fn tenant_export(env: &Env, pub_a: &str, cp_text: &str) {
     broken(&verify(&f, &[]), "the records between are missing");
     // A legacy checkpoint given with an export that holds no legacy record checks nothing.
     broken(
-        &verify(&acme_file, &["--from-checkpoint", &env.path("legacy-a.json")]),
+        &verify(
+            &acme_file,
+            &["--from-checkpoint", &env.path("legacy-a.json")],
+        ),
         "holds no record of the _legacy chain",
     );
     // A note that is not the one in the export's proof (same number, another root).
