@@ -14,7 +14,7 @@ step() { echo "bench: $*" >&2; }
 
 step "building the benches (release)"
 cargo bench -p countersign --no-run >&2
-cargo bench -p countersign-core --bench decide --bench audit_verify --no-run >&2
+cargo bench -p countersign-core --bench decide --bench audit_verify --bench audit_chains --no-run >&2
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 step "gateway_load"
@@ -27,6 +27,8 @@ step "decide (criterion)"
 cargo bench -p countersign-core --bench decide >"$logs/decide.txt"
 step "audit_verify (criterion)"
 cargo bench -p countersign-core --bench audit_verify >"$logs/audit.txt"
+step "audit_chains (1 vs 8 tenants, 1 vs 2 stores)"
+cargo bench -p countersign-core --bench audit_chains >"$logs/chains.md"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 cpu=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
@@ -62,6 +64,9 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo
   cat "$logs/executor.md"
   echo "Reproduce: \`cargo bench -p countersign --bench executor_steps\` (\`BENCH_STEPS\`, \`BENCH_STEP_TOOL\`)."
+  echo
+  cat "$logs/chains.md"
+  echo "Reproduce: \`cargo bench -p countersign-core --bench audit_chains\` (\`BENCH_CLIENTS\`, \`BENCH_ROUNDS\`, \`BENCH_SECONDS\`)."
   echo
   cat "$logs/render.md"
   echo "Reproduce: \`cargo bench -p countersign --bench render\` (\`BENCH_GATES\`, \`BENCH_AUDIT\`, \`BENCH_RENDERS\`)."

@@ -1,0 +1,184 @@
+//! Audit-heavy appends with one chain per tenant (issue 39): appends/s with 1 tenant vs 8
+//! tenants, through 1 store vs 2 stores over one Postgres (each store has its own pools and
+//! committers, as two `serve` replicas have), and the share of the database's busy sessions
+//! that are waiting for a lock (a chain's head row: the only lock an append waits for).
+//!
+//! Load: `BENCH_CLIENTS` (default 32) tasks, each appending one record at a time in a closed
+//! loop (`Store::append_audit`: a committer batch, durable before it answers), spread evenly
+//! over the tenants and the stores. Workloads run interleaved, `BENCH_ROUNDS` (default 3)
+//! rounds of `BENCH_SECONDS` (default 5) each after a 1 s warm-up; medians and the spread are
+//! printed as a Markdown table. A sampler connection reads `pg_stat_activity` every 5 ms.
+//!
+//! Run with `cargo bench -p countersign-core --bench audit_chains` (Postgres from
+//! `COUNTERSIGN_TEST_POSTGRES_URL`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use countersign_core::audit::{AuditEvent, NewAuditRecord};
+use countersign_core::store::testing::FreshDb;
+use countersign_core::{Backend, Clock, Store, SystemClock};
+use serde_json::json;
+use sqlx::Connection;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn record(tenant: &str, i: u64) -> NewAuditRecord {
+    let mut detail = serde_json::Map::new();
+    detail.insert("kind".into(), json!("bench"));
+    detail.insert("n".into(), json!(i));
+    detail.insert(
+        "inputs".into(),
+        json!({"amount": 4180, "iban": "hmac-sha256:ab", "invoice": format!("INV-{i}")}),
+    );
+    NewAuditRecord {
+        event: Some(AuditEvent::Operational),
+        actor: Some("bench".into()),
+        tool: Some("payment.schedule".into()),
+        detail,
+        tenant: Some(tenant.to_string()),
+        ..NewAuditRecord::default()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Workload {
+    tenants: usize,
+    stores: usize,
+}
+
+/// One window: appends/s, and the share of sampled busy sessions waiting for a lock.
+struct Window {
+    per_sec: f64,
+    lock_share: f64,
+}
+
+async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u64) -> Window {
+    let stop = Arc::new(AtomicBool::new(false));
+    let counted = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..clients as usize {
+        let store = stores[c % w.stores].clone();
+        let tenant = format!("t{}", (c / w.stores) % w.tenants);
+        let (stop, counted, done) = (stop.clone(), counted.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                store.append_audit(&record(&tenant, i)).await.unwrap();
+                i += 1;
+                if counted.load(Ordering::Relaxed) {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    // Warm-up (every chain's head known, connections open), then the measured window.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut sampler = sqlx::PgConnection::connect(url).await.unwrap();
+    counted.store(true, Ordering::Relaxed);
+    let began = Instant::now();
+    let (mut busy, mut waiting) = (0_i64, 0_i64);
+    while began.elapsed() < Duration::from_secs(secs) {
+        let (b, l): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state = 'active'),
+                    count(*) FILTER (WHERE state = 'active' AND wait_event_type = 'Lock')
+               FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut sampler)
+        .await
+        .unwrap();
+        busy += b;
+        waiting += l;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = began.elapsed().as_secs_f64();
+    counted.store(false, Ordering::Relaxed);
+    let n = done.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let _ = sampler.close().await;
+    Window {
+        per_sec: n as f64 / elapsed,
+        lock_share: if busy > 0 {
+            waiting as f64 / busy as f64
+        } else {
+            0.0
+        },
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let clients = env("BENCH_CLIENTS", 32);
+    let rounds = env("BENCH_ROUNDS", 3);
+    let secs = env("BENCH_SECONDS", 5);
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        panic!("the audit chains bench needs Postgres (COUNTERSIGN_TEST_POSTGRES_URL)");
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let stores = vec![db.store(clock.clone()).await, db.store(clock.clone()).await];
+    let url = db.url.expose().clone();
+    let workloads = [
+        Workload { tenants: 1, stores: 1 },
+        Workload { tenants: 8, stores: 1 },
+        Workload { tenants: 1, stores: 2 },
+        Workload { tenants: 8, stores: 2 },
+    ];
+    let mut results: Vec<Vec<Window>> = workloads.iter().map(|_| Vec::new()).collect();
+    for _ in 0..rounds {
+        for (i, w) in workloads.iter().enumerate() {
+            results[i].push(window(&stores[..w.stores], *w, &url, clients, secs).await);
+        }
+    }
+    let base = median(results[0].iter().map(|w| w.per_sec).collect());
+    println!("### Audit appends, one chain per tenant (issue 39)\n");
+    println!(
+        "{clients} tasks appending one audit record at a time (each a committer batch, durable \
+         before it answers) on Postgres, {rounds} interleaved rounds of {secs} s per workload; \
+         medians (min–max). \"Stores\": independent `Store`s (own pools and committers, as \
+         replicas have) in one process. \"Waiting for a lock\": of the database's sessions \
+         sampled busy every 5 ms, the share waiting for a lock — a chain's head row is the \
+         only lock an append takes.\n"
+    );
+    println!(
+        "| tenants | stores | appends/s | vs 1 tenant, 1 store | waiting for a lock (of busy sessions) |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for (w, r) in workloads.iter().zip(&results) {
+        let rates: Vec<f64> = r.iter().map(|x| x.per_sec).collect();
+        let (lo, hi) = (
+            rates.iter().copied().fold(f64::INFINITY, f64::min),
+            rates.iter().copied().fold(0.0, f64::max),
+        );
+        let m = median(rates);
+        let lock = median(r.iter().map(|x| x.lock_share).collect());
+        println!(
+            "| {} | {} | {m:.0} ({lo:.0}–{hi:.0}) | {:.0} % | {:.1} % |",
+            w.tenants,
+            w.stores,
+            100.0 * m / base,
+            100.0 * lock
+        );
+    }
+    println!();
+    for s in &stores {
+        s.close().await;
+    }
+    db.drop_db().await;
+}
