@@ -135,10 +135,22 @@ async fn main() {
     let stores = vec![db.store(clock.clone()).await, db.store(clock.clone()).await];
     let url = db.url.expose().clone();
     let workloads = [
-        Workload { tenants: 1, stores: 1 },
-        Workload { tenants: 8, stores: 1 },
-        Workload { tenants: 1, stores: 2 },
-        Workload { tenants: 8, stores: 2 },
+        Workload {
+            tenants: 1,
+            stores: 1,
+        },
+        Workload {
+            tenants: 8,
+            stores: 1,
+        },
+        Workload {
+            tenants: 1,
+            stores: 2,
+        },
+        Workload {
+            tenants: 8,
+            stores: 2,
+        },
     ];
     let mut results: Vec<Vec<Window>> = workloads.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds {
