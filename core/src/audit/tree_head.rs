@@ -464,6 +464,22 @@ impl Store {
     }
 }
 
+/// The checkpoint note an export carries, its signature checked under `trusted` (or, when none
+/// are given, the key the export names).
+fn export_note(
+    text: &str,
+    public_key: &str,
+    trusted: &[PublicKey],
+) -> Result<CheckpointNote, VerifyFailure> {
+    let note = CheckpointNote::parse(text)
+        .map_err(|e| log_failure(0, format!("the export's checkpoint: {e}")))?;
+    let n = note.body.number;
+    let keys = keys_for(public_key, trusted).map_err(|e| log_failure(n, e))?;
+    note.verify(&keys)
+        .map_err(|e| log_failure(n, format!("the export's checkpoint: {e}")))?;
+    Ok(note)
+}
+
 /// What a tenant's export opens with: the newest checkpoint that covers its chain, and the
 /// inclusion proof of its chain's leaf — enough for its auditor to check, with nothing but the
 /// export and the public key, that the signed checkpoint covers exactly this chain up to
@@ -512,12 +528,8 @@ impl InclusionProof {
     /// The first thing wrong, as a [`VerifyFailure::Log`].
     pub fn verify(&self, trusted: &[PublicKey]) -> Result<CheckpointNote, VerifyFailure> {
         use base64::Engine;
-        let note = CheckpointNote::parse(&self.checkpoint)
-            .map_err(|e| log_failure(0, format!("the export's checkpoint: {e}")))?;
+        let note = export_note(&self.checkpoint, &self.public_key, trusted)?;
         let n = note.body.number;
-        let keys = keys_for(&self.public_key, trusted).map_err(|e| log_failure(n, e))?;
-        note.verify(&keys)
-            .map_err(|e| log_failure(n, format!("the export's checkpoint: {e}")))?;
         let proof: Option<Vec<Hash>> = self
             .proof
             .iter()
@@ -580,12 +592,8 @@ impl CheckpointLeaves {
     /// # Errors
     /// The first thing wrong, as a [`VerifyFailure::Log`].
     pub fn verify(&self, trusted: &[PublicKey]) -> Result<CheckpointNote, VerifyFailure> {
-        let note = CheckpointNote::parse(&self.checkpoint)
-            .map_err(|e| log_failure(0, format!("the export's checkpoint: {e}")))?;
+        let note = export_note(&self.checkpoint, &self.public_key, trusted)?;
         let n = note.body.number;
-        let keys = keys_for(&self.public_key, trusted).map_err(|e| log_failure(n, e))?;
-        note.verify(&keys)
-            .map_err(|e| log_failure(n, format!("the export's checkpoint: {e}")))?;
         let sorted = self.leaves.windows(2).all(|w| w[0].chain < w[1].chain);
         let hashes = leaf_hashes(&self.leaves).map_err(|e| log_failure(n, e.to_string()))?;
         if !sorted
