@@ -7,7 +7,7 @@
 
 use super::checkpoint::{Checkpoint, PublicKey, VerifyFailure, VerifyReport, expect_checkpoints};
 use super::note::CheckpointNote;
-use super::{ChainBreak, ChainVerifier};
+use super::{ChainBreak, ChainVerifier, GENESIS, default_threads};
 use crate::store::{Store, StoreError};
 
 impl Store {
@@ -83,5 +83,124 @@ impl Store {
             return Ok(Err(b.into()));
         }
         Ok(Ok(report))
+    }
+
+    /// Verifies every stored chain in pages (without checkpoints: see
+    /// [`Store::verify_audit_full`]); returns the number of records.
+    pub async fn verify_audit(&self) -> Result<Result<i64, ChainBreak>, StoreError> {
+        let mut total = 0;
+        for chain in self.audit_chain_names().await? {
+            let v = ChainVerifier::new(1, GENESIS)
+                .chain(&chain)
+                .threads(default_threads());
+            match self.verify_audit_with(v).await? {
+                Ok(n) => total += n,
+                Err(b) => return Ok(Err(b)),
+            }
+        }
+        if let Some(b) = self.audit_orphans().await? {
+            return Ok(Err(b));
+        }
+        Ok(Ok(total))
+    }
+
+    /// Every chain with a head row, by name (empty chains included).
+    pub async fn audit_chain_names(&self) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<String> = crate::store::on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT chain FROM audit_chains ORDER BY chain")
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows)
+    }
+
+    /// A chain's head row: its last record's `(seq, hash)` (`(0, GENESIS)` while empty), if
+    /// it has one.
+    pub async fn audit_chain_head(&self, chain: &str) -> Result<Option<(i64, String)>, StoreError> {
+        let row: Option<(i64, String)> = crate::store::on_pool!(self, |p| {
+            sqlx::query_as("SELECT seq, hash FROM audit_chains WHERE chain = $1")
+                .bind(chain)
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(row)
+    }
+
+    /// A break when records are stored outside every chain's walk: in a chain without a head
+    /// row, or below record 1 (the database refuses both; only someone who removed its
+    /// constraints could write them, and per-run readers would show them unverified).
+    pub(crate) async fn audit_orphans(&self) -> Result<Option<ChainBreak>, StoreError> {
+        let row: Option<(String, i64)> = crate::store::on_pool!(self, |p| {
+            sqlx::query_as(
+                "SELECT a.chain, a.seq FROM audit a
+                  WHERE a.seq < 1
+                     OR NOT EXISTS (SELECT 1 FROM audit_chains h WHERE h.chain = a.chain)
+                  LIMIT 1",
+            )
+            .fetch_optional(p)
+            .await?
+        });
+        Ok(row.map(|(chain, seq)| ChainBreak {
+            reason: if seq < 1 {
+                "a record is stored below record 1, outside the chain".into()
+            } else {
+                "records are stored in a chain that has no head: outside every verified chain"
+                    .into()
+            },
+            chain,
+            seq,
+        }))
+    }
+
+    /// Feeds the stored records of `v`'s chain from its next `seq` on, in pages, through `v`,
+    /// then checks that the chain ends where its head row says.
+    pub async fn verify_audit_with(
+        &self,
+        mut v: ChainVerifier,
+    ) -> Result<Result<i64, ChainBreak>, StoreError> {
+        const PAGE: i64 = 10_000;
+        let chain = v.chain_name().to_string();
+        if chain.is_empty() {
+            return Err(StoreError::Conflict(
+                "verifying the store needs the chain to verify".into(),
+            ));
+        }
+        loop {
+            let page = self.audit_records(&chain, v.next_seq(), PAGE).await?;
+            if page.is_empty() {
+                break;
+            }
+            if let Err(b) = v.push_all(&page) {
+                return Ok(Err(b));
+            }
+        }
+        let last = v.next_seq() - 1;
+        let head = self.audit_chain_head(&chain).await?;
+        if head.is_none() && last > 0 {
+            return Ok(Err(ChainBreak {
+                chain,
+                seq: last,
+                reason: "the chain's records have no head row: it was removed".into(),
+            }));
+        }
+        if let Some((seq, hash)) = head
+            && (seq != last || (seq > 0 && hash != v.last_hash()))
+        {
+            return Ok(Err(ChainBreak {
+                chain,
+                seq: last + 1,
+                reason: if seq > last {
+                    format!(
+                        "missing: the chain ends at record {last} but its head is record {seq}; the \
+                         tail was truncated"
+                    )
+                } else {
+                    format!(
+                        "the chain's head says record {seq} ({hash}), not its last record {last}"
+                    )
+                },
+            }));
+        }
+        Ok(v.finish())
     }
 }
