@@ -169,4 +169,21 @@ impl Store {
         }
         Ok(failed)
     }
+
+    /// The first `seq` of chain `chain` whose record is at or after `at_ms`, if any. Exports
+    /// `--since` start there and run to the head, so they are contiguous.
+    pub async fn audit_first_seq_since(
+        &self,
+        chain: &str,
+        at_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let seq: Option<i64> = crate::store::on_pool!(self, |p| {
+            sqlx::query_scalar("SELECT MIN(seq) FROM audit WHERE chain = $1 AND at >= $2")
+                .bind(chain)
+                .bind(at_ms)
+                .fetch_one(p)
+                .await?
+        });
+        Ok(seq)
+    }
 }
