@@ -43,7 +43,6 @@ pub use read::audit_for_step_sql;
 pub(crate) use read::{FAILURE_PAGE, RECENT_EVENTS_SQL, parse_recent_events};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-pub(crate) use tenants::RunTenants;
 
 use crate::store::{Pool, Store, StoreError};
 
@@ -550,4 +549,30 @@ impl Store {
 pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .is_some_and(|d| d.message().contains("database is locked") || d.message().contains("busy"))
+}
+
+/// The tenants of runs, as appenders looked them up (a run's tenant never changes), so that a
+/// step's records find their chain without a query after the run's first. Bounded: cleared
+/// when full.
+#[derive(Clone, Default)]
+pub(crate) struct RunTenants(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+);
+
+/// How many runs [`RunTenants`] remembers before it starts over.
+const RUN_TENANTS_KEPT: usize = 65_536;
+
+impl RunTenants {
+    pub(super) fn get(&self, run: &str) -> Option<String> {
+        self.0.lock().ok()?.get(run).cloned()
+    }
+
+    pub(super) fn put(&self, run: &str, tenant: &str) {
+        if let Ok(mut map) = self.0.lock() {
+            if map.len() >= RUN_TENANTS_KEPT {
+                map.clear();
+            }
+            map.insert(run.to_string(), tenant.to_string());
+        }
+    }
 }

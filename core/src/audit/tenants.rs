@@ -7,32 +7,6 @@
 use super::{NewAuditRecord, SYSTEM_CHAIN, chain_of_tenant};
 use crate::store::{Store, StoreError};
 
-/// The tenants of runs, as appenders looked them up (a run's tenant never changes), so that a
-/// step's records find their chain without a query after the run's first. Bounded: cleared
-/// when full.
-#[derive(Clone, Default)]
-pub(crate) struct RunTenants(
-    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
-);
-
-/// How many runs [`RunTenants`] remembers before it starts over.
-const RUN_TENANTS_KEPT: usize = 65_536;
-
-impl RunTenants {
-    fn get(&self, run: &str) -> Option<String> {
-        self.0.lock().ok()?.get(run).cloned()
-    }
-
-    fn put(&self, run: &str, tenant: &str) {
-        if let Ok(mut map) = self.0.lock() {
-            if map.len() >= RUN_TENANTS_KEPT {
-                map.clear();
-            }
-            map.insert(run.to_string(), tenant.to_string());
-        }
-    }
-}
-
 impl Store {
     /// The one chain `records` join (see [`NewAuditRecord::tenant`]); [`SYSTEM_CHAIN`] when
     /// there are none.
