@@ -52,13 +52,51 @@ fn record(tenant: &str, i: u64) -> NewAuditRecord {
 struct Workload {
     tenants: usize,
     stores: usize,
+    /// Each tenant's callers all on one store (a load balancer with tenant affinity), rather
+    /// than every tenant's callers spread over every store.
+    affinity: bool,
 }
 
-/// One window: appends/s, and the share of sampled busy sessions waiting for a lock.
+/// One window: appends/s, the share of sampled busy sessions waiting for a lock, and the CPU
+/// (in cores) of this process and of every Postgres process.
 struct Window {
     per_sec: f64,
     lock_share: f64,
+    cpu_self: f64,
+    cpu_pg: f64,
 }
+
+/// CPU time (user + system, in clock ticks) of process `pid`, from `/proc` (0 where unreadable).
+fn ticks(pid: &str) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    n(11) + n(12)
+}
+
+/// CPU ticks of this process, and of every process named `postgres` (server and backends).
+fn cpu_ticks() -> (u64, u64) {
+    let mut pg = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = entry.file_name().to_string_lossy().to_string();
+        if pid.bytes().all(|b| b.is_ascii_digit())
+            && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        {
+            pg += ticks(&pid);
+        }
+    }
+    (ticks("self"), pg)
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
+const TICKS_PER_SEC: f64 = 100.0;
 
 async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u64) -> Window {
     let stop = Arc::new(AtomicBool::new(false));
@@ -66,8 +104,12 @@ async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u6
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for c in 0..clients as usize {
-        let store = stores[c % w.stores].clone();
-        let tenant = format!("t{}", (c / w.stores) % w.tenants);
+        let (store, tenant) = if w.affinity {
+            (c % w.tenants % w.stores, c % w.tenants)
+        } else {
+            (c % w.stores, (c / w.stores) % w.tenants)
+        };
+        let (store, tenant) = (stores[store].clone(), format!("t{tenant}"));
         let (stop, counted, done) = (stop.clone(), counted.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let mut i = 0;
@@ -84,6 +126,7 @@ async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u6
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut sampler = sqlx::PgConnection::connect(url).await.unwrap();
     counted.store(true, Ordering::Relaxed);
+    let cpu_before = cpu_ticks();
     let began = Instant::now();
     let (mut busy, mut waiting) = (0_i64, 0_i64);
     while began.elapsed() < Duration::from_secs(secs) {
@@ -102,6 +145,8 @@ async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u6
     }
     let elapsed = began.elapsed().as_secs_f64();
     counted.store(false, Ordering::Relaxed);
+    let cpu_after = cpu_ticks();
+    let cores = |a: u64, b: u64| b.saturating_sub(a) as f64 / TICKS_PER_SEC / elapsed;
     let n = done.load(Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
@@ -115,6 +160,8 @@ async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u6
         } else {
             0.0
         },
+        cpu_self: cores(cpu_before.0, cpu_after.0),
+        cpu_pg: cores(cpu_before.1, cpu_after.1),
     }
 }
 
@@ -138,18 +185,27 @@ async fn main() {
         Workload {
             tenants: 1,
             stores: 1,
+            affinity: false,
         },
         Workload {
             tenants: 8,
             stores: 1,
+            affinity: false,
         },
         Workload {
             tenants: 1,
             stores: 2,
+            affinity: false,
         },
         Workload {
             tenants: 8,
             stores: 2,
+            affinity: false,
+        },
+        Workload {
+            tenants: 8,
+            stores: 2,
+            affinity: true,
         },
     ];
     let mut results: Vec<Vec<Window>> = workloads.iter().map(|_| Vec::new()).collect();
@@ -169,9 +225,9 @@ async fn main() {
          only lock an append takes.\n"
     );
     println!(
-        "| tenants | stores | appends/s | vs 1 tenant, 1 store | waiting for a lock (of busy sessions) |"
+        "| tenants | stores | appends/s | vs 1 tenant, 1 store | waiting for a lock (of busy sessions) | CPU: bench process, Postgres (cores) |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for (w, r) in workloads.iter().zip(&results) {
         let rates: Vec<f64> = r.iter().map(|x| x.per_sec).collect();
         let (lo, hi) = (
@@ -181,11 +237,14 @@ async fn main() {
         let m = median(rates);
         let lock = median(r.iter().map(|x| x.lock_share).collect());
         println!(
-            "| {} | {} | {m:.0} ({lo:.0}–{hi:.0}) | {:.0} % | {:.1} % |",
+            "| {} | {}{} | {m:.0} ({lo:.0}–{hi:.0}) | {:.0} % | {:.1} % | {:.2}, {:.2} |",
             w.tenants,
             w.stores,
+            if w.affinity { " (tenant affinity)" } else { "" },
             100.0 * m / base,
-            100.0 * lock
+            100.0 * lock,
+            median(r.iter().map(|x| x.cpu_self).collect()),
+            median(r.iter().map(|x| x.cpu_pg).collect()),
         );
     }
     println!();

@@ -502,7 +502,9 @@ impl Store {
     ) -> Result<Recorded, StoreError> {
         let now = self.clock.now_ms();
         let insert = format!(
-            "INSERT INTO approvals ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+            "INSERT INTO approvals (tenant, {COLUMNS})
+             VALUES ((SELECT tenant FROM steps WHERE id = $2), $1, $2, $3, $4, $5, $6, $7, $8,
+                     $9, $10)"
         );
         let earlier_sql = format!("SELECT {COLUMNS} FROM approvals WHERE step_id = $1");
         // Every transition `transition` builds is of this step: its records join one chain.

@@ -59,10 +59,10 @@ fn seed_sql(backend: Backend) -> [&'static str; 3] {
              SELECT 'bench-run-' || g, 'acme', 'agent:bench', 'bench gate ' || g, 'active',
                     $1 + g, $1 + g
              FROM generate_series(1, $2::bigint) AS g",
-            "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash,
+            "INSERT INTO steps (tenant, id, run_id, seq, role, tool, effect, inputs, inputs_hash,
                                 idem_key, status, decision, rule, reason, evidence,
                                 created_at, updated_at, expires_at)
-             SELECT 'bench-step-' || g, 'bench-run-' || g, 1, 'worker.finance',
+             SELECT 'acme', 'bench-step-' || g, 'bench-run-' || g, 1, 'worker.finance',
                     'payment.schedule', 'irreversible',
                     '{\"amount\":' || (100 + g % 900) || '.5,\"currency\":\"EUR\",\"invoice_id\":\"INV-'
                       || lpad(g::text, 8, '0') || '\",\"reason\":\"Bench gate waiting for a person\",'
@@ -100,11 +100,11 @@ fn seed_sql(backend: Backend) -> [&'static str; 3] {
              SELECT 'bench-run-' || n, 'acme', 'agent:bench', 'bench gate ' || n, 'active',
                     $1 + n, $1 + n
              FROM g",
-            "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash,
+            "INSERT INTO steps (tenant, id, run_id, seq, role, tool, effect, inputs, inputs_hash,
                                 idem_key, status, decision, rule, reason, evidence,
                                 created_at, updated_at, expires_at)
              WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < $2)
-             SELECT 'bench-step-' || n, 'bench-run-' || n, 1, 'worker.finance',
+             SELECT 'acme', 'bench-step-' || n, 'bench-run-' || n, 1, 'worker.finance',
                     'payment.schedule', 'irreversible',
                     '{\"amount\":' || (100 + n % 900) || '.5,\"currency\":\"EUR\",\"invoice_id\":\"INV-'
                       || printf('%08d', n) || '\",\"reason\":\"Bench gate waiting for a person\",'

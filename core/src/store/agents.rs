@@ -151,7 +151,11 @@ impl Store {
                 "acts_for must name a party (or be left out)".into(),
             ));
         }
-        if self.find_active_agent_by_name(&new.name).await?.is_some() {
+        if self
+            .find_active_agent_by_name(&new.name, Some(&new.tenant))
+            .await?
+            .is_some()
+        {
             return Err(taken(&new.name));
         }
         let token = AgentToken::generate()?;
@@ -215,7 +219,10 @@ impl Store {
             // Another creation took the name meanwhile (the index holds it; a unique
             // violation arrives as a conflict).
             Err(e @ StoreError::Conflict(_)) => {
-                return Err(match self.find_active_agent_by_name(&new.name).await? {
+                let active = self
+                    .find_active_agent_by_name(&new.name, Some(&new.tenant))
+                    .await?;
+                return Err(match active {
                     Some(_) => taken(&new.name),
                     None => CreateAgentError::Store(e),
                 });
@@ -234,17 +241,32 @@ impl Store {
         Ok(row)
     }
 
+    /// The active credential named `name` in `tenant`, or in any tenant (`None`): names are
+    /// unique among a tenant's active credentials, so a name active in several tenants is
+    /// refused as ambiguous rather than answered with one of them.
     async fn find_active_agent_by_name(
         &self,
         name: &str,
+        tenant: Option<&str>,
     ) -> Result<Option<AgentCredential>, StoreError> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM agent_credentials WHERE name = $1 AND revoked_at IS NULL"
+            "SELECT {COLUMNS} FROM agent_credentials
+              WHERE name = $1 AND revoked_at IS NULL AND ($2 IS NULL OR tenant = $2)
+              ORDER BY tenant LIMIT 2"
         );
-        let row: Option<AgentCredential> = on_pool!(self, |p| {
-            sqlx::query_as(&sql).bind(name).fetch_optional(p).await?
+        let mut rows: Vec<AgentCredential> = on_pool!(self, |p| {
+            sqlx::query_as(&sql)
+                .bind(name)
+                .bind(tenant)
+                .fetch_all(p)
+                .await?
         });
-        Ok(row)
+        if rows.len() > 1 {
+            return Err(StoreError::Conflict(format!(
+                "an active credential named {name:?} exists in several tenants; name it by id"
+            )));
+        }
+        Ok(rows.pop())
     }
 
     /// Every credential, newest first.
@@ -450,7 +472,7 @@ impl Store {
         match self.get_agent(id_or_name).await {
             Ok(a) => Ok(a),
             Err(StoreError::NotFound) => self
-                .find_active_agent_by_name(id_or_name)
+                .find_active_agent_by_name(id_or_name, None)
                 .await?
                 .ok_or(StoreError::NotFound),
             Err(e) => Err(e),

@@ -122,10 +122,10 @@ async fn insert_moved(
     }
     let (guard_run, guard_failed, guard_switch) = guard_columns(inserts.iter().map(|(t, _)| *t));
     sqlx::query_scalar(&format!(
-        "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash, idem_key,
-            status, attempts, reason, evidence, observed, trace_id, not_before, created_at,
-            updated_at, agent_id, decision, rule, outcome, expires_at, approval)
-         SELECT v.id, v.run_id,
+        "INSERT INTO steps (tenant, id, run_id, seq, role, tool, effect, inputs, inputs_hash,
+            idem_key, status, attempts, reason, evidence, observed, trace_id, not_before,
+            created_at, updated_at, agent_id, decision, rule, outcome, expires_at, approval)
+         SELECT (SELECT runs.tenant FROM runs WHERE runs.id = v.run_id), v.id, v.run_id,
             (SELECT COALESCE(MAX(s.seq), 0) FROM steps s WHERE s.run_id = v.run_id)
               + row_number() OVER (PARTITION BY v.run_id ORDER BY v.ord),
             v.role, v.tool, v.effect, v.inputs, v.inputs_hash, v.idem_key, v.status, v.attempts,

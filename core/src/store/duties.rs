@@ -196,7 +196,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         on_pool!(self, |p| {
             sqlx::query(
-                "INSERT INTO step_duties (step_id, review_required, assignee) VALUES ($1, $2, $3)",
+                "INSERT INTO step_duties (tenant, step_id, review_required, assignee)
+                 VALUES ((SELECT tenant FROM steps WHERE id = $1), $1, $2, $3)",
             )
             .bind(step_id)
             .bind(review_required)

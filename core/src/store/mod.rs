@@ -505,6 +505,13 @@ impl Store {
         Ok(n)
     }
 
+    /// The first column of every row of raw SQL query `sql`, as text (tests of the schema).
+    #[cfg(feature = "test-support")]
+    pub async fn query_strings(&self, sql: &str) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<String> = on_pool!(self, |p| { sqlx::query_scalar(sql).fetch_all(p).await? });
+        Ok(rows)
+    }
+
     /// Closes the pool, waiting for connections to be returned.
     pub async fn close(&self) {
         on_pool!(self, |p| p.close().await)

@@ -192,7 +192,7 @@ impl Store {
             sqlx::query(
                 "INSERT INTO runs (id, tenant, principal, agent_id, task, status, replan, origin, created_at, updated_at, session_key)
                  VALUES ($1, $2, $3, $4, $5, $6, FALSE, $7, $8, $8, $9)
-                 ON CONFLICT (session_key) DO NOTHING",
+                 ON CONFLICT DO NOTHING",
             )
             .bind(&id)
             .bind(&new.tenant)

@@ -481,8 +481,9 @@ impl Store {
                 "INSERT INTO standing_authorizations
                        (id, tenant, party, tool, conditions, expires_at, reason, granted_by,
                         granted_at, revoked_at, revoked_by, revoke_reason)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, NULL, NULL)
-                     ON CONFLICT (id) DO NOTHING",
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, NULL, NULL
+                      WHERE NOT EXISTS (SELECT 1 FROM standing_authorizations WHERE id = $1)
+                     ON CONFLICT DO NOTHING",
             )
             .bind(&stored.id)
             .bind(&stored.tenant)
@@ -533,12 +534,13 @@ impl Store {
             sqlx::query(
                 "UPDATE standing_authorizations
                         SET revoked_at = $1, revoked_by = $2, revoke_reason = $3
-                      WHERE id = $4 AND revoked_at IS NULL",
+                      WHERE tenant = $5 AND id = $4 AND revoked_at IS NULL",
             )
             .bind(now)
             .bind(by)
             .bind(reason)
             .bind(id)
+            .bind(&current.tenant)
         );
         if !revoked {
             // Revoked by someone else in between.
@@ -549,13 +551,20 @@ impl Store {
             .ok_or_else(|| StandingError::NotFound(id.to_string()))
     }
 
-    /// Grant `id`, whatever its state.
+    /// Grant `id`, whatever its state. A grant's id is free when granted in any tenant, but
+    /// the database keys grants by (tenant, id): should two tenants ever hold one id (two
+    /// grants racing for it), the id names neither and is refused as ambiguous.
     pub async fn get_standing(&self, id: &str) -> Result<Option<Standing>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM standing_authorizations WHERE id = $1");
-        let row: Option<Row> = on_pool!(self, |p| {
-            sqlx::query_as(&sql).bind(id).fetch_optional(p).await?
+        let sql = format!("SELECT {COLUMNS} FROM standing_authorizations WHERE id = $1 LIMIT 2");
+        let mut rows: Vec<Row> = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(id).fetch_all(p).await?
         });
-        Ok(row.map(from_row))
+        if rows.len() > 1 {
+            return Err(StoreError::Conflict(format!(
+                "standing authorization {id:?} exists in several tenants"
+            )));
+        }
+        Ok(rows.pop().map(from_row))
     }
 
     /// Every grant (of `tenant`, if given), in any state, oldest first.

@@ -128,10 +128,10 @@ impl Store {
                 IdemKey::derive(&new.run_id, seq.max(0) as u64, &new.inputs)
             };
             let insert =
-                "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash,
-                    idem_key, status, attempts, reason, evidence, observed, trace_id,
-                    not_before, created_at, updated_at, dedupe, agent_id)
-                 VALUES ($1, $2, CASE WHEN $3 > 0 THEN $3 ELSE
+                "INSERT INTO steps (tenant, id, run_id, seq, role, tool, effect, inputs,
+                    inputs_hash, idem_key, status, attempts, reason, evidence, observed,
+                    trace_id, not_before, created_at, updated_at, dedupe, agent_id)
+                 VALUES ((SELECT tenant FROM runs WHERE id = $2), $1, $2, CASE WHEN $3 > 0 THEN $3 ELSE
                         (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2) END,
                     $4, $5, $6, $7, $8, $9, $10, 0, $11, $12, $13, $14, 0, $15, $15, $16, $17)
                  ON CONFLICT DO NOTHING

@@ -69,8 +69,10 @@ impl Store {
     ) -> Result<(), StoreError> {
         on_pool!(self, |p| {
             sqlx::query(
-                "INSERT INTO stop_revocations (switch, agent_id, revoked_at) VALUES ($1, $2, $3)
-                 ON CONFLICT (switch, agent_id) DO UPDATE SET revoked_at = excluded.revoked_at",
+                "INSERT INTO stop_revocations (tenant, switch, agent_id, revoked_at)
+                 VALUES ((SELECT tenant FROM agent_credentials WHERE id = $2), $1, $2, $3)
+                 ON CONFLICT (tenant, switch, agent_id)
+                 DO UPDATE SET revoked_at = excluded.revoked_at",
             )
             .bind(switch)
             .bind(agent_id)

@@ -6,10 +6,10 @@ use super::StoreError;
 
 /// [reads] The INSERT of a prepared step's row as prepared, its position the run's next;
 /// returns the position. Binds: see [`prepared_insert`].
-pub(crate) const PREPARED_INSERT_SQL: &str = "INSERT INTO steps (id, run_id, seq, role, tool,
-        effect, inputs, inputs_hash, idem_key, status, attempts, reason, evidence, observed,
-        trace_id, not_before, created_at, updated_at, agent_id)
-     VALUES ($1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2), $3, $4,
+pub(crate) const PREPARED_INSERT_SQL: &str = "INSERT INTO steps (tenant, id, run_id, seq, role,
+        tool, effect, inputs, inputs_hash, idem_key, status, attempts, reason, evidence,
+        observed, trace_id, not_before, created_at, updated_at, agent_id)
+     VALUES ((SELECT tenant FROM runs WHERE id = $2), $1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2), $3, $4,
         $5, $6, $7, $8, $9, 0, $10, $11, $12, $13, $14, $15, $15, $16)
      RETURNING CAST(seq AS BIGINT)";
 
@@ -69,11 +69,11 @@ pub(crate) static INSERT_MOVED_SQL: std::sync::LazyLock<String> = std::sync::Laz
 });
 
 pub(crate) const INSERT_MOVED_TEMPLATE: &str =
-    "INSERT INTO steps (id, run_id, seq, role, tool, effect,
+    "INSERT INTO steps (tenant, id, run_id, seq, role, tool, effect,
         inputs, inputs_hash, idem_key, status, attempts, reason, evidence, observed, trace_id,
         not_before, created_at, updated_at, agent_id, decision, rule, outcome, expires_at,
         approval)
-     SELECT $1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2), $3, $4,
+     SELECT (SELECT tenant FROM runs WHERE runs.id = $2), $1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2), $3, $4,
         $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23
       WHERE ($24 IS NULL OR EXISTS (SELECT 1 FROM runs
                 WHERE runs.id = $24 AND (runs.status = 'active' OR runs.status = $25)))
@@ -220,10 +220,10 @@ pub(crate) use apply_transition;
 
 /// The INSERT of a key reserved with its step's transition ([`Transition::reserve`]); a key
 /// that exists is left as it is.
-pub(crate) const RESERVE_SQL: &str = "INSERT INTO idempotency (idem_key, step_id, inputs_hash,
-        state, result, owner, created_at, updated_at)
-     VALUES ($1, $2, $3, 'in_flight', NULL, $4, $5, $5)
-     ON CONFLICT (idem_key) DO NOTHING";
+pub(crate) const RESERVE_SQL: &str = "INSERT INTO idempotency (tenant, idem_key, step_id,
+        inputs_hash, state, result, owner, created_at, updated_at)
+     VALUES ((SELECT tenant FROM steps WHERE id = $2), $1, $2, $3, 'in_flight', NULL, $4, $5, $5)
+     ON CONFLICT DO NOTHING";
 
 /// Inside open transaction `$tx`, after transition `$t` moved its step: reserves its key if it
 /// asks to ([`Transition::reserve`]). Evaluates to whether a key was reserved now (`false`

@@ -4,7 +4,7 @@ use chrono::Duration;
 use countersign_core::Clock;
 use countersign_core::agents::AgentToken;
 use countersign_core::store::testing::each_backend;
-use countersign_core::store::{AuthError, CreateAgentError, NewAgent};
+use countersign_core::store::{AuthError, CreateAgentError, NewAgent, StoreError};
 
 use crate::test_clock;
 
@@ -116,6 +116,34 @@ async fn names_are_unique_among_active_credentials_and_fields_required() {
             Err(CreateAgentError::Invalid(_))
         ));
         assert_eq!(store.list_agents().await.unwrap().len(), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_name_is_unique_within_its_tenant_and_ambiguous_across_tenants() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let (acme, _) = store.create_agent(&agent("ap-bot", None)).await.unwrap();
+        let mut other = agent("ap-bot", None);
+        other.tenant = "globex".into();
+        // Another tenant may use the name (its keys, and the name's index, start with the tenant).
+        let (globex, _) = store.create_agent(&other).await.unwrap();
+        assert_ne!(acme.id, globex.id);
+        // Named without a tenant, it is ambiguous: refused, never one of the two picked.
+        assert!(
+            matches!(
+                store.find_agent("ap-bot").await,
+                Err(StoreError::Conflict(_))
+            ),
+            "{:?}",
+            store.find_agent("ap-bot").await
+        );
+        assert!(store.revoke_agent("ap-bot", "test").await.is_err());
+        // By id, each is found; once one is revoked, the name is no longer ambiguous.
+        assert_eq!(store.find_agent(&acme.id).await.unwrap().tenant, "acme");
+        store.revoke_agent(&globex.id, "test").await.unwrap();
+        assert_eq!(store.find_agent("ap-bot").await.unwrap().id, acme.id);
     })
     .await;
 }

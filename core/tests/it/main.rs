@@ -7,6 +7,7 @@ mod audit;
 mod audit_time;
 mod bundle;
 mod canonical;
+mod catalog;
 mod chains;
 mod keys;
 mod policy;

@@ -153,6 +153,9 @@ async fn standing_grants_without_a_future_expiry_who_why_or_a_free_id_are_refuse
             .unwrap();
         let again = grant(&store, "SA-1", "stillon", "user-999", 2 * HOUR_MS);
         assert!(refused(store.grant_standing(&again).await).contains("exists"));
+        // An id names one grant in every tenant, though the keys start with the tenant.
+        let elsewhere = grant(&store, "SA-1", "globex", "user-123", HOUR_MS);
+        assert!(refused(store.grant_standing(&elsewhere).await).contains("exists"));
         let kept = store.get_standing("SA-1").await.unwrap().unwrap();
         assert_eq!(kept.party, "user-123", "the first grant is untouched");
         // Seeding the same id is a no-op, not an error.

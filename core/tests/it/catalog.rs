@@ -1,0 +1,339 @@
+//! Ready to distribute by tenant (issue 39, item 5), read from Postgres's own catalog: every
+//! table is either tenant-scoped — its tenant column NOT NULL, every primary and unique key
+//! and every foreign key starting with it — or one of the few named global tables; and no
+//! function of the schema, nor any code, takes an advisory lock (audit appends lock only their
+//! own chain's head row).
+
+use std::path::Path;
+
+use countersign_core::Backend;
+use countersign_core::store::testing::FreshDb;
+use sqlx::Connection;
+
+use crate::test_clock;
+
+/// Tenant-scoped tables and their tenant column (the audit tables' `chain` is the tenant, or
+/// `_system` / `_legacy`).
+const TENANT_SCOPED: &[(&str, &str)] = &[
+    ("agent_credentials", "tenant"),
+    ("approvals", "tenant"),
+    ("audit", "chain"),
+    ("audit_chains", "chain"),
+    ("audit_tree_leaves", "chain"),
+    ("idempotency", "tenant"),
+    ("runs", "tenant"),
+    ("standing_authorizations", "tenant"),
+    ("step_duties", "tenant"),
+    ("steps", "tenant"),
+    ("stop_revocations", "tenant"),
+];
+
+/// The global tables (reference tables when distributed), each with why.
+const GLOBAL: &[(&str, &str)] = &[
+    ("_sqlx_migrations", "the schema's version"),
+    (
+        "audit_checkpoints",
+        "legacy v1 checkpoints of the one pre-tenant chain",
+    ),
+    (
+        "audit_tree_heads",
+        "the signed checkpoints over every chain",
+    ),
+    (
+        "demo_effects",
+        "the demo ERP's own effect log (a target system, not Countersign's)",
+    ),
+    (
+        "demo_objects",
+        "the demo ERP's own records (a target system, not Countersign's)",
+    ),
+    ("registry_proposals", "the organisation's registry changes"),
+    ("registry_versions", "the organisation's registry"),
+    (
+        "switches",
+        "the emergency stops (platform and per tenant, by name)",
+    ),
+];
+
+async fn connect() -> Option<(FreshDb, sqlx::PgConnection)> {
+    let db = FreshDb::create(Backend::Postgres).await?;
+    let (_, clock) = test_clock();
+    // Migrated by a store, as `serve` does.
+    let store = db.store(clock).await;
+    store.close().await;
+    let conn = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+    Some((db, conn))
+}
+
+#[tokio::test]
+async fn every_table_is_tenant_scoped_with_tenant_first_keys_or_named_global() {
+    let Some((db, mut conn)) = connect().await else {
+        return;
+    };
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables
+          WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let tenant_of = |t: &str| TENANT_SCOPED.iter().find(|(n, _)| *n == t).map(|(_, c)| *c);
+    for t in &tables {
+        assert!(
+            tenant_of(t).is_some() || GLOBAL.iter().any(|(n, _)| n == t),
+            "table {t} is neither tenant-scoped nor a named global table: classify it here \
+             and in docs/deploy.md"
+        );
+    }
+    for (t, _) in TENANT_SCOPED.iter().chain(GLOBAL) {
+        assert!(
+            tables.iter().any(|x| x == t),
+            "{t} is listed but not in the schema"
+        );
+    }
+    for (table, column) in TENANT_SCOPED {
+        let nullable: String = sqlx::query_scalar(
+            "SELECT is_nullable::text FROM information_schema.columns
+              WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2",
+        )
+        .bind(table)
+        .bind(column)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{table}.{column}: {e}"));
+        assert_eq!(nullable, "NO", "{table}.{column} must be NOT NULL");
+        // Every unique index (primary keys and unique constraints included) starts with the
+        // tenant column.
+        let keys: Vec<(String, String)> = sqlx::query_as(
+            "SELECT i.indexrelid::regclass::text, a.attname::text
+               FROM pg_index i
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+              WHERE i.indrelid = to_regclass($1) AND i.indisunique",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert!(!keys.is_empty(), "{table} has no key");
+        for (index, first) in &keys {
+            assert_eq!(
+                first, column,
+                "{table}: unique key {index} starts with {first}"
+            );
+        }
+        // Every foreign key stays within a tenant: it starts with the tenant column and
+        // points at another tenant-scoped table's tenant-first key.
+        let fks: Vec<(String, String, String, String)> = sqlx::query_as(
+            "SELECT c.conname::text, a.attname::text, c.confrelid::regclass::text, r.attname::text
+               FROM pg_constraint c
+               JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+               JOIN pg_attribute r ON r.attrelid = c.confrelid AND r.attnum = c.confkey[1]
+              WHERE c.conrelid = to_regclass($1) AND c.contype = 'f'",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        for (name, first, parent, parent_first) in &fks {
+            assert_eq!(
+                first, column,
+                "{table}: foreign key {name} starts with {first}"
+            );
+            assert_eq!(
+                tenant_of(parent),
+                Some(parent_first.as_str()),
+                "{table}: foreign key {name} points at {parent}({parent_first}…)"
+            );
+        }
+    }
+    let _ = conn.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_row_whose_tenant_differs_from_its_parents_is_refused() {
+    let Some((db, mut conn)) = connect().await else {
+        return;
+    };
+    sqlx::query(
+        "INSERT INTO runs (id, tenant, principal, task, status, created_at, updated_at)
+         VALUES ('r1', 'acme', 'p', 't', 'active', 0, 0)",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let step = |tenant: &'static str, id: &'static str| {
+        format!(
+            "INSERT INTO steps (tenant, id, run_id, seq, role, tool, effect, inputs, inputs_hash,
+                                idem_key, status, created_at, updated_at)
+             VALUES ('{tenant}', '{id}', 'r1', 1, 'r', 't', 'read', '{{}}', 'h', 'k-{id}',
+                     'pending', 0, 0)"
+        )
+    };
+    let refused = sqlx::query(&step("globex", "s1")).execute(&mut conn).await;
+    assert!(
+        matches!(&refused, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23503")),
+        "a step in another tenant than its run: {refused:?}"
+    );
+    sqlx::query(&step("acme", "s1"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let key = sqlx::query(
+        "INSERT INTO idempotency (tenant, idem_key, step_id, inputs_hash, state, owner,
+                                  created_at, updated_at)
+         VALUES ('globex', 'k', 's1', 'h', 'in_flight', 'w', 0, 0)",
+    )
+    .execute(&mut conn)
+    .await;
+    assert!(
+        matches!(&key, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23503")),
+        "a key in another tenant than its step: {key:?}"
+    );
+    let _ = conn.close().await;
+    db.drop_db().await;
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[tokio::test]
+async fn nothing_takes_an_advisory_lock() {
+    // The code: no crate's sources call an advisory-lock function.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for krate in ["core/src", "server/src", "app/src"] {
+        sources(&root.join(krate), &mut files);
+    }
+    assert!(
+        files.len() > 20,
+        "the sources were not found under {root:?}"
+    );
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            assert!(
+                !code.contains("pg_advisory") && !code.contains("pg_try_advisory"),
+                "{}:{}: takes an advisory lock: {line}",
+                f.display(),
+                n + 1
+            );
+        }
+    }
+    // The schema: no function (the one-trip batch, the triggers) does.
+    let Some((db, mut conn)) = connect().await else {
+        return;
+    };
+    let calling: Vec<String> = sqlx::query_scalar(
+        "SELECT p.proname::text FROM pg_proc p
+          WHERE p.pronamespace = current_schema()::regnamespace AND p.prosrc ILIKE '%advisory%'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        calling.is_empty(),
+        "functions taking an advisory lock: {calling:?}"
+    );
+    let _ = conn.close().await;
+    db.drop_db().await;
+}
+
+/// A database of schema 16 migrates: every row of the tables that gain a tenant gets its
+/// parent's (a step its run's; a key, an approval, a duty its step's; a stop's revocation its
+/// credential's), on both backends, and the store reads them as before.
+#[tokio::test]
+async fn rows_written_before_the_tenant_column_get_their_parents_tenant() {
+    let (_, clock) = test_clock();
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(db) = FreshDb::create(backend).await else {
+            continue;
+        };
+        let store = countersign_core::Store::connect(
+            &db.url,
+            &countersign_core::store::ConnectOptions::default(),
+            clock.clone(),
+        )
+        .await
+        .unwrap();
+        store.migrate_to(16).await.unwrap();
+        for (tenant, n) in [("acme", 1), ("globex", 2)] {
+            for sql in [
+                format!(
+                    "INSERT INTO agent_credentials (id, name, role, tenant, token_hash, created_by,
+                                                    created_at)
+                     VALUES ('a{n}', 'bot{n}', 'r', '{tenant}', 'th{n}', 'admin', 0)"
+                ),
+                format!(
+                    "INSERT INTO runs (id, tenant, principal, task, status, created_at, updated_at,
+                                       agent_id)
+                     VALUES ('r{n}', '{tenant}', 'p', 't', 'active', 0, 0, 'a{n}')"
+                ),
+                format!(
+                    "INSERT INTO steps (id, run_id, seq, role, tool, effect, inputs, inputs_hash,
+                                        idem_key, status, created_at, updated_at)
+                     VALUES ('s{n}', 'r{n}', 1, 'r', 't', 'write', '{{}}', 'h', 'k{n}',
+                             'needs_approval', 0, 0)"
+                ),
+                format!(
+                    "INSERT INTO idempotency (idem_key, step_id, inputs_hash, state, owner,
+                                              created_at, updated_at)
+                     VALUES ('k{n}', 's{n}', 'h', 'in_flight', 'w', 0, 0)"
+                ),
+                format!(
+                    "INSERT INTO approvals (id, step_id, inputs_hash, decision, approver_iss,
+                                            approver_sub, reason, token_hash, decided_at,
+                                            expires_at)
+                     VALUES ('ap{n}', 's{n}', 'h', 'approved', 'iss', 'sub', 'ok', 'at{n}', 0, 1)"
+                ),
+                format!("INSERT INTO step_duties (step_id, assignee) VALUES ('s{n}', 'a{n}')"),
+                format!(
+                    "INSERT INTO stop_revocations (switch, agent_id, revoked_at)
+                     VALUES ('emergency_stop', 'a{n}', 0)"
+                ),
+            ] {
+                store
+                    .execute_sql(&sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{backend:?}: {sql}: {e}"));
+            }
+        }
+        store.migrate().await.unwrap();
+        for (table, key) in [
+            ("steps", "id"),
+            ("idempotency", "idem_key"),
+            ("approvals", "id"),
+            ("step_duties", "step_id"),
+            ("stop_revocations", "agent_id"),
+        ] {
+            let rows = store
+                .query_strings(&format!(
+                    "SELECT {key} || '=' || tenant FROM {table} ORDER BY {key}"
+                ))
+                .await
+                .unwrap();
+            let expected: Vec<String> = match table {
+                "steps" => vec!["s1=acme".into(), "s2=globex".into()],
+                "idempotency" => vec!["k1=acme".into(), "k2=globex".into()],
+                "approvals" => vec!["ap1=acme".into(), "ap2=globex".into()],
+                "step_duties" => vec!["s1=acme".into(), "s2=globex".into()],
+                _ => vec!["a1=acme".into(), "a2=globex".into()],
+            };
+            assert_eq!(rows, expected, "{backend:?}: {table}");
+        }
+        let step = store.get_step("s2").await.unwrap();
+        assert_eq!(step.run_id, "r2", "{backend:?}");
+        store.close().await;
+        db.drop_db().await;
+    }
+}
