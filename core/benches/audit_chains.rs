@@ -64,6 +64,8 @@ struct Window {
     lock_share: f64,
     cpu_self: f64,
     cpu_pg: f64,
+    /// Committer batches written in one round trip, per second.
+    one_trips: f64,
 }
 
 /// CPU time (user + system, in clock ticks) of process `pid`, from `/proc` (0 where unreadable).
@@ -127,6 +129,8 @@ async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u6
     let mut sampler = sqlx::PgConnection::connect(url).await.unwrap();
     counted.store(true, Ordering::Relaxed);
     let cpu_before = cpu_ticks();
+    let trips = || stores.iter().map(Store::one_trip_batches).sum::<u64>();
+    let trips_before = trips();
     let began = Instant::now();
     let (mut busy, mut waiting) = (0_i64, 0_i64);
     while began.elapsed() < Duration::from_secs(secs) {
@@ -146,6 +150,7 @@ async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u6
     let elapsed = began.elapsed().as_secs_f64();
     counted.store(false, Ordering::Relaxed);
     let cpu_after = cpu_ticks();
+    let one_trips = trips().saturating_sub(trips_before) as f64 / elapsed;
     let cores = |a: u64, b: u64| b.saturating_sub(a) as f64 / TICKS_PER_SEC / elapsed;
     let n = done.load(Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
@@ -162,6 +167,7 @@ async fn window(stores: &[Store], w: Workload, url: &str, clients: u64, secs: u6
         },
         cpu_self: cores(cpu_before.0, cpu_after.0),
         cpu_pg: cores(cpu_before.1, cpu_after.1),
+        one_trips,
     }
 }
 
@@ -225,9 +231,9 @@ async fn main() {
          only lock an append takes.\n"
     );
     println!(
-        "| tenants | stores | appends/s | vs 1 tenant, 1 store | waiting for a lock (of busy sessions) | CPU: bench process, Postgres (cores) |"
+        "| tenants | stores | appends/s | vs 1 tenant, 1 store | waiting for a lock (of busy sessions) | CPU: bench process, Postgres (cores) | one-trip batches/s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for (w, r) in workloads.iter().zip(&results) {
         let rates: Vec<f64> = r.iter().map(|x| x.per_sec).collect();
         let (lo, hi) = (
@@ -237,7 +243,7 @@ async fn main() {
         let m = median(rates);
         let lock = median(r.iter().map(|x| x.lock_share).collect());
         println!(
-            "| {} | {}{} | {m:.0} ({lo:.0}–{hi:.0}) | {:.0} % | {:.1} % | {:.2}, {:.2} |",
+            "| {} | {}{} | {m:.0} ({lo:.0}–{hi:.0}) | {:.0} % | {:.1} % | {:.2}, {:.2} | {:.0} |",
             w.tenants,
             w.stores,
             if w.affinity { " (tenant affinity)" } else { "" },
@@ -245,6 +251,7 @@ async fn main() {
             100.0 * lock,
             median(r.iter().map(|x| x.cpu_self).collect()),
             median(r.iter().map(|x| x.cpu_pg).collect()),
+            median(r.iter().map(|x| x.one_trips).collect()),
         );
     }
     println!();

@@ -38,3 +38,7 @@ BEGIN SELECT RAISE(ABORT, 'countersign: stop_revocations.tenant is required'); E
 DROP INDEX agent_credentials_active_name;
 CREATE UNIQUE INDEX agent_credentials_active_name ON agent_credentials (tenant, name)
  WHERE revoked_at IS NULL;
+
+-- A revocation of a credential that no longer exists could never be restored (as on Postgres,
+-- where a foreign key now refuses such rows).
+DELETE FROM stop_revocations WHERE tenant IS NULL;

@@ -197,6 +197,9 @@ enum StandingCommand {
         /// Who revokes it (recorded); defaults to $USER.
         #[arg(long)]
         by: Option<String>,
+        /// The grant's tenant (needed only if two tenants hold grants of this id).
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -625,9 +628,14 @@ async fn standing_command(store: &Store, command: StandingCommand) -> Result<(),
             }
             Ok(())
         }
-        StandingCommand::Revoke { id, reason, by } => {
+        StandingCommand::Revoke {
+            id,
+            reason,
+            by,
+            tenant,
+        } => {
             let g = store
-                .revoke_standing(&id, &who(by), &reason)
+                .revoke_standing(&id, tenant.as_deref(), &who(by), &reason)
                 .await
                 .map_err(refused)?;
             println!("revoked {} ({} for {})", g.id, g.tool, g.party);

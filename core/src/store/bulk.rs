@@ -295,6 +295,29 @@ pub(crate) fn is_one_trip_refusal(e: &sqlx::Error) -> bool {
         if matches!(db.code().as_deref(), Some("CS001" | "CS002" | "CS003")))
 }
 
+/// The head of `chain` a one-trip batch was refused on because the head had moved (another
+/// process appended): the function names it (`seq at hash`, migration 17) so that the batch
+/// can be sealed again on it. `None` for any other error or a detail that does not parse.
+pub(crate) fn moved_head(e: &sqlx::Error, chain: &str) -> Option<crate::audit::ChainHead> {
+    let db = e.as_database_error()?;
+    if db.code().as_deref() != Some("CS001") {
+        return None;
+    }
+    let detail = db
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?
+        .detail()?;
+    let mut parts = detail.splitn(3, ' ');
+    let seq: i64 = parts.next()?.parse().ok()?;
+    let at: i64 = parts.next()?.parse().ok()?;
+    let hash = parts.next()?;
+    (seq >= 0 && !hash.is_empty()).then(|| crate::audit::ChainHead {
+        chain: chain.to_string(),
+        seq: seq + 1,
+        prev: hash.to_string(),
+        at,
+    })
+}
+
 /// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migrations 13
 /// and 16): under chain `chain`'s head lock, only if its head is still `last` (`(seq, hash)`,
 /// `(0, GENESIS)` for an empty chain), every one of `transitions` moves, every key they claim

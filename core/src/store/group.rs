@@ -29,8 +29,11 @@
 //!   appends is sealed on the chain head this committer last wrote or read, and written by one
 //!   autocommitted statement (`countersign_commit_batch`, migration 13) that takes the same
 //!   append lock first and writes nothing unless the chain's last record is still that head
-//!   and every transition moves. Any refusal sends the batch down the multi-statement path
-//!   (which reads the head under the lock); a stale head can never be extended, and the rows
+//!   and every transition moves. A refusal because another process moved the head names the
+//!   head it found (migration 17): the batch is sealed again on it and sent again, up to
+//!   [`ONE_TRIP_ATTEMPTS`] times in all; any other refusal (or the last) sends the batch down
+//!   the multi-statement path (which reads the head under the lock). Each attempt is checked
+//!   by the function under the head lock, so a stale head can never be extended, and the rows
 //!   written are the ones that path writes (its bulk UPDATE is the same SQL function; a lone
 //!   transition's UPDATE, `transition_sql`, writes the same columns). A one-trip statement
 //!   whose connection broke is looked up by its last record: found, it is answered as
@@ -84,6 +87,10 @@ const MAX_BATCH: usize = 128;
 
 /// At most this many committed batches wait for their flush barrier at once (Postgres).
 const IN_FLIGHT: usize = 8;
+
+/// Attempts of a one-trip batch whose head another process moved (each sealed again on the
+/// head its refusal names) before it takes the long path.
+const ONE_TRIP_ATTEMPTS: usize = 3;
 
 /// Attempts of a batch's flush barrier before its jobs are answered with an error.
 const BARRIER_ATTEMPTS: usize = 3;
@@ -486,22 +493,35 @@ impl Store {
                 // lock that fails (lock or statement timeout, cancel) would leave the
                 // connection in an aborted transaction that sqlx does not roll back (it counts
                 // the transaction as begun only once the whole query succeeded).
-                if let Some(head) = chain.head.take()
+                if let Some(mut head) = chain.head.take()
                     && super::bulk::one_trip_applicable(jobs)
                 {
                     let durable = unflushed && jobs.iter().any(|j| !j.work.answer_at_commit());
-                    match self.commit_one_trip_pg(p, durable, jobs, head).await? {
-                        OneTrip::Written(done, head, flushed) => {
-                            chain.head = Some(head);
-                            chain.one_trips.fetch_add(1, Ordering::Relaxed);
-                            return Ok((done, flushed));
-                        }
-                        // The server refused it: nothing of it is written (one statement).
-                        OneTrip::Refused(e) if super::bulk::is_one_trip_refusal(&e) => {
-                            tracing::debug!(error = %e, "one-trip batch refused; the long path");
-                        }
-                        OneTrip::Refused(e) => {
-                            tracing::warn!(error = %e, "one-trip batch failed; the long path");
+                    for attempt in 1..=ONE_TRIP_ATTEMPTS {
+                        match self.commit_one_trip_pg(p, durable, jobs, head).await? {
+                            OneTrip::Written(done, head, flushed) => {
+                                chain.head = Some(head);
+                                chain.one_trips.fetch_add(1, Ordering::Relaxed);
+                                return Ok((done, flushed));
+                            }
+                            // Another process moved the head: sealed again on the head the
+                            // refusal names, the batch goes in one trip again.
+                            OneTrip::Refused(e)
+                                if attempt < ONE_TRIP_ATTEMPTS
+                                    && let Some(moved) =
+                                        super::bulk::moved_head(&e, &chain.name) =>
+                            {
+                                head = moved;
+                            }
+                            // The server refused it: nothing of it is written (one statement).
+                            OneTrip::Refused(e) if super::bulk::is_one_trip_refusal(&e) => {
+                                tracing::debug!(error = %e, "one-trip batch refused; the long path");
+                                break;
+                            }
+                            OneTrip::Refused(e) => {
+                                tracing::warn!(error = %e, "one-trip batch failed; the long path");
+                                break;
+                            }
                         }
                     }
                 }

@@ -498,11 +498,12 @@ impl Store {
         Ok(inserted.then_some(stored))
     }
 
-    /// Revokes grant `id` as `by`, with its audit record in the same transaction. From then on
-    /// it covers nothing.
+    /// Revokes grant `id` (of `tenant`, when given: an id two tenants hold needs it) as `by`,
+    /// with its audit record in the same transaction. From then on it covers nothing.
     pub async fn revoke_standing(
         &self,
         id: &str,
+        tenant: Option<&str>,
         by: &str,
         reason: &str,
     ) -> Result<Standing, StandingError> {
@@ -511,7 +512,7 @@ impl Store {
                 "a revocation needs who and why".into(),
             ));
         }
-        let Some(current) = self.get_standing(id).await? else {
+        let Some(current) = self.find_standing(id, tenant).await? else {
             return Err(StandingError::NotFound(id.to_string()));
         };
         if current.revoked_at.is_some() {
@@ -546,7 +547,7 @@ impl Store {
             // Revoked by someone else in between.
             return Err(StandingError::AlreadyRevoked(id.to_string()));
         }
-        self.get_standing(id)
+        self.find_standing(id, Some(&current.tenant))
             .await?
             .ok_or_else(|| StandingError::NotFound(id.to_string()))
     }
@@ -555,13 +556,29 @@ impl Store {
     /// the database keys grants by (tenant, id): should two tenants ever hold one id (two
     /// grants racing for it), the id names neither and is refused as ambiguous.
     pub async fn get_standing(&self, id: &str) -> Result<Option<Standing>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM standing_authorizations WHERE id = $1 LIMIT 2");
+        self.find_standing(id, None).await
+    }
+
+    /// Grant `id` of `tenant`, or of any tenant (`None`; ambiguous if two hold it).
+    async fn find_standing(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<Option<Standing>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM standing_authorizations
+              WHERE id = $1 AND ($2 IS NULL OR tenant = $2) LIMIT 2"
+        );
         let mut rows: Vec<Row> = on_pool!(self, |p| {
-            sqlx::query_as(&sql).bind(id).fetch_all(p).await?
+            sqlx::query_as(&sql)
+                .bind(id)
+                .bind(tenant)
+                .fetch_all(p)
+                .await?
         });
         if rows.len() > 1 {
             return Err(StoreError::Conflict(format!(
-                "standing authorization {id:?} exists in several tenants"
+                "standing authorization {id:?} exists in several tenants: name the tenant"
             )));
         }
         Ok(rows.pop().map(from_row))

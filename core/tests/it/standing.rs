@@ -8,7 +8,7 @@ use countersign_core::policy::AuthorizationCondition as Cond;
 use countersign_core::policy::TaskOrigin;
 use countersign_core::store::testing::each_backend;
 use countersign_core::store::{
-    GRANTED_RULE, NewAgent, NewStanding, REVOKED_RULE, StandingError, StandingState,
+    GRANTED_RULE, NewAgent, NewStanding, REVOKED_RULE, StandingError, StandingState, StoreError,
 };
 
 use crate::test_clock;
@@ -49,7 +49,7 @@ async fn standing_expired_revoked_and_other_parties_grants_cover_nothing() {
                 store.grant_standing(&g).await.unwrap();
             }
             store
-                .revoke_standing("SA-revoked", "ops@stillon", "the traveller withdrew it")
+                .revoke_standing("SA-revoked", None, "ops@stillon", "the traveller withdrew it")
                 .await
                 .unwrap();
             // A row whose conditions no longer parse (written by hand, or a newer build).
@@ -180,22 +180,24 @@ async fn standing_changes_are_audited_and_a_revoked_grant_stays_revoked() {
         assert_eq!(g.granted_by, "ops@stillon");
         assert!(matches!(
             store
-                .revoke_standing("SA-nope", "ops@stillon", "typo")
+                .revoke_standing("SA-nope", None, "ops@stillon", "typo")
                 .await,
             Err(StandingError::NotFound(_))
         ));
         assert!(matches!(
-            store.revoke_standing("SA-1", "ops@stillon", "").await,
+            store.revoke_standing("SA-1", None, "ops@stillon", "").await,
             Err(StandingError::Invalid(_))
         ));
         let revoked = store
-            .revoke_standing("SA-1", "lead@stillon", "the traveller withdrew it")
+            .revoke_standing("SA-1", None, "lead@stillon", "the traveller withdrew it")
             .await
             .unwrap();
         assert_eq!(revoked.revoked_by.as_deref(), Some("lead@stillon"));
         assert!(revoked.revoked_at.is_some());
         assert!(matches!(
-            store.revoke_standing("SA-1", "lead@stillon", "again").await,
+            store
+                .revoke_standing("SA-1", None, "lead@stillon", "again")
+                .await,
             Err(StandingError::AlreadyRevoked(_))
         ));
         // Re-granting the same id does not revive it.
@@ -272,7 +274,7 @@ async fn a_calls_context_reads_run_stop_party_and_the_partys_grants_exactly_as_s
                 store.grant_standing(&g).await.unwrap();
             }
             store
-                .revoke_standing("SA-revoked", "ops@stillon", "withdrawn")
+                .revoke_standing("SA-revoked", None, "ops@stillon", "withdrawn")
                 .await
                 .unwrap();
             let run = store
@@ -484,4 +486,57 @@ async fn a_planned_calls_read_is_its_run_its_agent_and_that_agents_context() {
         ));
     })
     .await;
+}
+
+/// Grant ids are free across tenants when granted, but the keys start with the tenant: should
+/// two racing grants ever leave one id in two tenants (Postgres), the id alone names neither —
+/// refused as ambiguous — and the tenant names each, so both stay revocable.
+#[tokio::test]
+async fn an_id_two_tenants_hold_is_revoked_by_naming_the_tenant() {
+    let (_, clock) = test_clock();
+    let Some(db) =
+        countersign_core::store::testing::FreshDb::create(countersign_core::Backend::Postgres)
+            .await
+    else {
+        return;
+    };
+    let store = db.store(clock).await;
+    store
+        .grant_standing(&grant(&store, "SA-twin", "stillon", "user-1", HOUR_MS))
+        .await
+        .unwrap();
+    // What the race would leave: the same id in another tenant.
+    store
+        .execute_sql(
+            "INSERT INTO standing_authorizations (id, tenant, party, tool, conditions, expires_at,
+                 reason, granted_by, granted_at)
+             SELECT id, 'globex', party, tool, conditions, expires_at, reason, granted_by,
+                    granted_at FROM standing_authorizations WHERE id = 'SA-twin'",
+        )
+        .await
+        .unwrap();
+    let ambiguous = store
+        .revoke_standing("SA-twin", None, "ops@stillon", "withdrawn")
+        .await;
+    assert!(
+        matches!(
+            &ambiguous,
+            Err(StandingError::Store(StoreError::Conflict(_)))
+        ),
+        "{ambiguous:?}"
+    );
+    let revoked = store
+        .revoke_standing("SA-twin", Some("globex"), "ops@stillon", "withdrawn")
+        .await
+        .unwrap();
+    assert_eq!(revoked.tenant, "globex");
+    assert!(revoked.revoked_at.is_some());
+    let kept = store.list_standing(Some("stillon")).await.unwrap();
+    assert_eq!(kept.len(), 1);
+    assert!(
+        kept[0].revoked_at.is_none(),
+        "the other tenant's grant is untouched"
+    );
+    store.close().await;
+    db.drop_db().await;
 }

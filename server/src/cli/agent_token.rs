@@ -171,6 +171,7 @@ pub(crate) async fn agent_token_command(
                 countersign_core::StoreError::NotFound => CliError::Refused(format!(
                     "no credential with id or active name {id_or_name:?}"
                 )),
+                countersign_core::StoreError::Conflict(why) => CliError::Refused(why),
                 other => CliError::Start(StartError::Database(other)),
             })?;
             let acts_for = match (acts_for, unbind) {
@@ -229,6 +230,7 @@ pub(crate) async fn agent_token_command(
                     countersign_core::StoreError::NotFound => CliError::Refused(format!(
                         "no credential with id or active name {id_or_name:?}"
                     )),
+                    countersign_core::StoreError::Conflict(why) => CliError::Refused(why),
                     other => CliError::Start(StartError::Database(other)),
                 })?;
             println!("revoked {} ({})", cred.id, cred.name);

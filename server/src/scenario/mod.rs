@@ -50,7 +50,7 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
         sessions: BTreeMap::new(),
         vars: BTreeMap::new(),
     };
-    // Each scenario's agents are its own: names are unique among active credentials.
+    // Each scenario's agents are its own: names are unique among a tenant's active credentials.
     let nonce = uuid::Uuid::new_v4().simple().to_string();
     for (name, actor) in &scenario.actors {
         match (&actor.role, &actor.person) {
