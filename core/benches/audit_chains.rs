@@ -5,7 +5,9 @@
 //!
 //! Load: `BENCH_CLIENTS` (default 32) tasks, each appending one record at a time in a closed
 //! loop (`Store::append_audit`: a committer batch, durable before it answers), spread evenly
-//! over the tenants and the stores. Workloads run interleaved, `BENCH_ROUNDS` (default 3)
+//! over the tenants and the stores — every tenant's callers on every store, or (tenant
+//! affinity, as a load balancer routing by tenant gives) each tenant's callers on one store.
+//! CPU is read per process from `/proc` (this process; every `postgres` process). Workloads run interleaved, `BENCH_ROUNDS` (default 3)
 //! rounds of `BENCH_SECONDS` (default 5) each after a 1 s warm-up; medians and the spread are
 //! printed as a Markdown table. A sampler connection reads `pg_stat_activity` every 5 ms.
 //!
@@ -226,9 +228,12 @@ async fn main() {
         "{clients} tasks appending one audit record at a time (each a committer batch, durable \
          before it answers) on Postgres, {rounds} interleaved rounds of {secs} s per workload; \
          medians (min–max). \"Stores\": independent `Store`s (own pools and committers, as \
-         replicas have) in one process. \"Waiting for a lock\": of the database's sessions \
-         sampled busy every 5 ms, the share waiting for a lock — a chain's head row is the \
-         only lock an append takes.\n"
+         replicas have) in one process; \"tenant affinity\": each tenant's callers all on one \
+         store, else every tenant's callers on every store. \"Waiting for a lock\": of the \
+         database's sessions sampled busy every 5 ms, the share waiting for a lock — a chain's \
+         head row is the only lock an append takes. CPU in cores, per process (this bench; \
+         every Postgres process). \"One-trip batches\": committer batches written in one round \
+         trip; appends/s divided by it is about the records per batch.\n"
     );
     println!(
         "| tenants | stores | appends/s | vs 1 tenant, 1 store | waiting for a lock (of busy sessions) | CPU: bench process, Postgres (cores) | one-trip batches/s |"

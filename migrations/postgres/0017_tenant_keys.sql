@@ -177,12 +177,13 @@ BEGIN
 END
 $fn$;
 
--- 7. Generic plans for the batch functions (not the audit trigger: its queries over the
--- inserted rows did no better generic). Under the default `plan_cache_mode` Postgres kept
+-- 7. Generic plans for the batch functions (the audit trigger they fire runs under the same
+-- setting; its statements take no parameters). A later CREATE OR REPLACE of either function
+-- must repeat the setting: core/tests/it/catalog.rs checks it. Under the default `plan_cache_mode` Postgres kept
 -- re-planning their statements on every call (a custom plan looked cheaper than the generic
 -- one), which cost more than the rest of a small batch: measured on the 2-core VM, 0.28 ms
 -- per `countersign_move_steps` call of nothing vs 0.07 ms, and a one-trip batch of 4 records
--- 0.63 ms vs 0.41 ms (docs/performance.md). Their statements take arrays and join on keys, so
+-- 0.63 ms vs 0.41 ms (docs/performance.md, "Audit appends with one chain per tenant"). Their statements take arrays and join on keys, so
 -- one plan fits every batch.
 ALTER FUNCTION countersign_move_steps(bigint, text[], text[], text[], text[], text[], int8[],
     text[], int8[], int8[], text[], text[], text[], text[], text[], text[], text[])

@@ -465,6 +465,10 @@ async fn standing_command(store: &Store, command: StandingCommand) -> Result<(),
     use countersign_core::policy::AuthorizationCondition as Condition;
     use countersign_core::store::{NewStanding, StandingError};
     let refused = |e: StandingError| match e {
+        // An id two tenants hold: the operator names the tenant.
+        StandingError::Store(countersign_core::StoreError::Conflict(why)) => {
+            CliError::Refused(format!("{why} (--tenant T)"))
+        }
         StandingError::Store(e) => CliError::Start(StartError::Database(e)),
         other => CliError::Refused(other.to_string()),
     };

@@ -511,6 +511,7 @@ impl Store {
                                     && let Some(moved) =
                                         super::bulk::moved_head(&e, &chain.name) =>
                             {
+                                tracing::debug!(error = %e, attempt, "one-trip batch met a moved head; sealed again on it");
                                 head = moved;
                             }
                             // The server refused it: nothing of it is written (one statement).

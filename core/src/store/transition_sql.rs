@@ -102,10 +102,7 @@ pub(crate) fn transition_sql(from: usize) -> String {
         } else {
             placeholders.join(", ")
         },
-        super::stops::switch_set_sql(
-            "$13",
-            "(SELECT tenant FROM runs WHERE runs.id = steps.run_id)"
-        )
+        super::stops::switch_set_sql("$13", "steps.tenant")
     )
 }
 

@@ -1658,8 +1658,9 @@ async fn a_one_trip_batch_cut_off_while_waiting_is_never_written_twice() {
 
 /// One round trip (Postgres): once the committer knows the chain head, a batch of transitions
 /// is written by one statement — the same rows and chain as the multi-statement path. A batch
-/// it cannot write that way (another process moved the head; a transition that does not move)
-/// writes nothing there and lands by the long path; the chain stays whole.
+/// refused because another process moved the head is sealed again on the head the refusal
+/// names and goes in one trip again; one it cannot write that way (a transition that does not
+/// move) writes nothing there and lands by the long path; the chain stays whole.
 #[tokio::test]
 async fn committer_batches_go_in_one_round_trip_and_fall_back_whole() {
     use countersign_core::model::{Effect, StepStatus};
@@ -1750,6 +1751,23 @@ async fn committer_batches_go_in_one_round_trip_and_fall_back_whole() {
     );
     assert!(store.move_step(&start(&steps[3].id, 3)).await.unwrap());
     assert_eq!(store.one_trip_batches(), trips + 4, "one trip again");
+    // What a re-sealed batch answers is what it wrote.
+    other.append_audit(&record(8)).await.unwrap();
+    let answered = store.append_audit(&record(9)).await.unwrap();
+    assert_eq!(store.one_trip_batches(), trips + 5);
+    let stored = store
+        .audit_records(&answered.chain, answered.seq, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            stored[0].hash.as_str(),
+            stored[0].prev.as_str(),
+            stored[0].at
+        ),
+        (answered.hash.as_str(), answered.prev.as_str(), answered.at)
+    );
+    let records = records + 2;
     assert_eq!(store.verify_audit().await.unwrap(), Ok(records + 3));
     for s in &steps[2..] {
         assert_eq!(

@@ -226,7 +226,7 @@ fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 }
 
 #[tokio::test]
-async fn nothing_takes_an_advisory_lock() {
+async fn nothing_takes_an_advisory_lock_and_batch_functions_keep_generic_plans() {
     // The code: no crate's sources call an advisory-lock function.
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
@@ -264,6 +264,24 @@ async fn nothing_takes_an_advisory_lock() {
         calling.is_empty(),
         "functions taking an advisory lock: {calling:?}"
     );
+    // The batch functions keep their generic plans (migration 17): re-planned on every call,
+    // they cost more than the rest of a small batch.
+    for f in ["countersign_move_steps", "countersign_commit_batch"] {
+        let config: Vec<String> = sqlx::query_scalar(
+            "SELECT unnest(p.proconfig)::text FROM pg_proc p
+              WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = $1",
+        )
+        .bind(f)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert!(
+            config
+                .iter()
+                .any(|c| c == "plan_cache_mode=force_generic_plan"),
+            "{f}: {config:?}"
+        );
+    }
     let _ = conn.close().await;
     db.drop_db().await;
 }
