@@ -96,8 +96,8 @@ const FINISH: &str = "UPDATE steps SET status = 'done', outcome = $1, updated_at
 /// copy of `audit` with all its indexes and constraints (no triggers), numbered by a
 /// sequence: no chain, no append lock.
 const ROWS: &str = "INSERT INTO audit_shadow
-       (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
-     SELECT nextval('audit_shadow_seq'), m.at, m.e, m.run_id, m.id, m.tool, 'executor:bench',
+       (chain, seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
+     SELECT 'bench', nextval('audit_shadow_seq'), m.at, m.e, m.run_id, m.id, m.tool, 'executor:bench',
             'policy.allow', x.r, '', encode(sha256(convert_to(x.r, 'UTF8')), 'hex')
        FROM m, LATERAL (SELECT json_build_object('event', m.e, 'run', m.run_id, 'step', m.id,
                   'tool', m.tool, 'actor', 'executor:bench', 'rule', 'policy.allow',

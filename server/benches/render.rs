@@ -73,8 +73,9 @@ fn seed_sql(backend: Backend) -> [&'static str; 3] {
                     'Bench gate waiting for a person', '[]',
                     $1 + g, $1 + g, $1 + g + 259200000
              FROM generate_series(1, $2::bigint) AS g",
-            "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
-             SELECT s, at, event, run_id, step_id, tool, actor, rule,
+            "INSERT INTO audit (chain, seq, at, event, run_id, step_id, tool, actor, rule, record,
+                                prev, hash)
+             SELECT 'acme', s, at, event, run_id, step_id, tool, actor, rule,
                     '{\"actor\":\"' || actor || '\",\"at\":' || at || ',\"detail\":{},\"event\":\"'
                       || event || '\",\"prev\":\"' || prev || '\",\"rule\":'
                       || COALESCE('\"' || rule || '\"', 'null') || ',\"run_id\":\"' || run_id
@@ -89,7 +90,8 @@ fn seed_sql(backend: Backend) -> [&'static str; 3] {
                       (ARRAY['invoice.get','note.draft','payment.schedule','invoice.hold'])[1 + g % 4] AS tool,
                       'agent:bench-' || (g % 20) || ' role:worker.finance tenant:acme' AS actor,
                       CASE WHEN g % 5 = 2 THEN 'role.allowed' END AS rule,
-                      'sha256:' || md5('r' || (g - 1)) || md5('s' || (g - 1)) AS prev,
+                      CASE WHEN g = 1 THEN $5
+                           ELSE 'sha256:' || md5('r' || (g - 1)) || md5('s' || (g - 1)) END AS prev,
                       'sha256:' || md5('r' || g) || md5('s' || g) AS hash
                FROM generate_series(1, $2::bigint) AS g
              ) AS rows",
@@ -114,7 +116,8 @@ fn seed_sql(backend: Backend) -> [&'static str; 3] {
                     'Bench gate waiting for a person', '[]',
                     $1 + n, $1 + n, $1 + n + 259200000
              FROM g",
-            "INSERT INTO audit (seq, at, event, run_id, step_id, tool, actor, rule, record, prev, hash)
+            "INSERT INTO audit (chain, seq, at, event, run_id, step_id, tool, actor, rule, record,
+                                prev, hash)
              WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < $2),
              rows AS (
                SELECT n + $3 - 1 AS s, $1 + n AS at,
@@ -127,11 +130,11 @@ fn seed_sql(backend: Backend) -> [&'static str; 3] {
                                  WHEN 2 THEN 'payment.schedule' ELSE 'invoice.hold' END AS tool,
                       'agent:bench-' || (n % 20) || ' role:worker.finance tenant:acme' AS actor,
                       CASE WHEN n % 5 = 2 THEN 'role.allowed' END AS rule,
-                      printf('sha256:r%063d', n - 1) AS prev,
+                      CASE WHEN n = 1 THEN $5 ELSE printf('sha256:r%063d', n - 1) END AS prev,
                       printf('sha256:r%063d', n) AS hash
                FROM g
              )
-             SELECT s, at, event, run_id, step_id, tool, actor, rule,
+             SELECT 'acme', s, at, event, run_id, step_id, tool, actor, rule,
                     '{\"actor\":\"' || actor || '\",\"at\":' || at || ',\"detail\":{},\"event\":\"'
                       || event || '\",\"prev\":\"' || prev || '\",\"rule\":'
                       || COALESCE('\"' || rule || '\"', 'null') || ',\"run_id\":\"' || run_id
@@ -150,14 +153,33 @@ async fn seed(db: &FreshDb, gates: i64, records: i64, base: i64) -> i64 {
     macro_rules! run_on {
         ($conn:expr, $analyze:expr) => {{
             let conn = &mut $conn;
-            let (head, head_at): (i64, i64) = sqlx::query_as(
-                "SELECT CAST(COALESCE(MAX(seq), 0) AS BIGINT), CAST(COALESCE(MAX(at), 0) AS BIGINT) \
-                 FROM audit",
-            )
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-            let audit_base = head_at.max(base);
+            // The records extend tenant acme's chain (the database refuses anything else):
+            // from its head, or from a new head at the genesis hash.
+            let read = "SELECT seq, hash, at FROM audit_chains WHERE chain = 'acme'";
+            let found: Option<(i64, String, i64)> =
+                sqlx::query_as(read).fetch_optional(&mut *conn).await.unwrap();
+            let (head, head_hash, head_at) = match found {
+                Some(h) => h,
+                None => {
+                    sqlx::query(
+                        "INSERT INTO audit_chains (chain, seq, hash, at) VALUES ('acme', 0, $1, $2)",
+                    )
+                    .bind(countersign_core::audit::GENESIS)
+                    .bind(i64::MIN)
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                    (0, countersign_core::audit::GENESIS.to_string(), i64::MIN)
+                }
+            };
+            // After every record so far, in any chain: the search maps a time range to a range
+            // of the write order, which holds while time and write order agree.
+            let newest: i64 =
+                sqlx::query_scalar("SELECT CAST(COALESCE(MAX(at), 0) AS BIGINT) FROM audit")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+            let audit_base = head_at.max(newest).max(base);
             let mut tx = conn.begin().await.unwrap();
             sqlx::query(runs)
                 .bind(base)
@@ -176,6 +198,7 @@ async fn seed(db: &FreshDb, gates: i64, records: i64, base: i64) -> i64 {
                 .bind(records)
                 .bind(head + 1)
                 .bind(gates.max(1))
+                .bind(&head_hash)
                 .execute(&mut *tx)
                 .await
                 .unwrap();
