@@ -254,19 +254,16 @@ impl Store {
               WHERE name = $1 AND revoked_at IS NULL AND ($2 IS NULL OR tenant = $2)
               ORDER BY tenant LIMIT 2"
         );
-        let mut rows: Vec<AgentCredential> = on_pool!(self, |p| {
+        let rows: Vec<AgentCredential> = on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(name)
                 .bind(tenant)
                 .fetch_all(p)
                 .await?
         });
-        if rows.len() > 1 {
-            return Err(StoreError::Conflict(format!(
-                "an active credential named {name:?} exists in several tenants; name it by id"
-            )));
-        }
-        Ok(rows.pop())
+        super::at_most_one(rows, || {
+            format!("an active credential named {name:?} exists in several tenants; name it by id")
+        })
     }
 
     /// Every credential, newest first.

@@ -518,5 +518,17 @@ impl Store {
     }
 }
 
+/// The one row a look-up that must name at most one found (fetched with `LIMIT 2`), or none;
+/// two rows are refused as ambiguous (`why`), never one of them picked.
+pub(crate) fn at_most_one<T>(
+    mut rows: Vec<T>,
+    why: impl FnOnce() -> String,
+) -> Result<Option<T>, StoreError> {
+    if rows.len() > 1 {
+        return Err(StoreError::Conflict(why()));
+    }
+    Ok(rows.pop())
+}
+
 #[cfg(feature = "test-support")]
 pub mod testing;

@@ -569,19 +569,17 @@ impl Store {
             "SELECT {COLUMNS} FROM standing_authorizations
               WHERE id = $1 AND ($2 IS NULL OR tenant = $2) LIMIT 2"
         );
-        let mut rows: Vec<Row> = on_pool!(self, |p| {
+        let rows: Vec<Row> = on_pool!(self, |p| {
             sqlx::query_as(&sql)
                 .bind(id)
                 .bind(tenant)
                 .fetch_all(p)
                 .await?
         });
-        if rows.len() > 1 {
-            return Err(StoreError::Conflict(format!(
-                "standing authorization {id:?} exists in several tenants: name the tenant"
-            )));
-        }
-        Ok(rows.pop().map(from_row))
+        let row = super::at_most_one(rows, || {
+            format!("standing authorization {id:?} exists in several tenants: name the tenant")
+        })?;
+        Ok(row.map(from_row))
     }
 
     /// Every grant (of `tenant`, if given), in any state, oldest first.
