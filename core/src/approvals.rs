@@ -522,7 +522,7 @@ impl Store {
                 let mut tx = $pool.begin_with($begin).await?;
                 let mut head: Option<crate::audit::ChainHead> = None;
                 // The append lock before any row lock (see `store::group`): no lock cycles.
-                crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
+                crate::store::audit_append::hold_head!(&mut *tx, $lock, &mut head, &chain);
                 let earlier: Vec<Approval> = sqlx::query_as(&earlier_sql)
                     .bind(&approval.step_id)
                     .fetch_all(&mut *tx)
@@ -585,9 +585,16 @@ impl Store {
         }
         Ok(match &self.pool {
             Pool::Sqlite(p) => {
-                run_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
+                run_in!(
+                    p,
+                    "BEGIN IMMEDIATE",
+                    false,
+                    crate::store::audit_append::insert_all_sqlite
+                )
             }
-            Pool::Postgres(p) => run_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
+            Pool::Postgres(p) => {
+                run_in!(p, "BEGIN", true, crate::store::audit_append::insert_all_pg)
+            }
         })
     }
 

@@ -44,8 +44,8 @@ impl Store {
             (Some(named), Some(run)) if named != run => Err(StoreError::Conflict(format!(
                 "an audit record names tenant {named:?} but its run belongs to {run:?}"
             ))),
-            (Some(t), _) | (None, Some(t)) => chain_of_tenant(Some(t)),
-            (None, None) => chain_of_tenant(None),
+            (Some(t), _) | (None, Some(t)) => Ok(chain_of_tenant(Some(t))?),
+            (None, None) => Ok(chain_of_tenant(None)?),
         }
     }
 
@@ -62,7 +62,7 @@ impl Store {
                 .await?
         });
         if let Some(t) = &tenant {
-            self.run_tenants.put(run_id, t);
+            self.run_tenants.put(run_id, t.to_string());
         }
         Ok(tenant)
     }

@@ -22,7 +22,7 @@
 
 use std::collections::HashSet;
 
-use super::group::{Job, Work};
+use super::commit_queue::{Job, Work};
 use super::steps::{PREPARED_INSERT_SQL, prepared_insert};
 use super::{Step, Transition};
 use crate::audit::AuditRecord;
@@ -357,7 +357,7 @@ pub(crate) async fn commit_one_trip(
         .bind(claim(|_, k| k.idem_key.clone()))
         .bind(claim(|_, k| k.inputs_hash.clone()))
         .bind(claim(|_, k| k.owner.clone()));
-    let setting = crate::audit::bind_record_arrays!(q, records)
+    let setting = crate::store::audit_append::bind_record_arrays!(q, records)
         .fetch_one(pool)
         .await?;
     Ok(setting != "off")

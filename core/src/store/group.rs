@@ -78,9 +78,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OnceCell, Semaphore, mpsc, oneshot};
 
+use super::commit_queue::{CommitQueue, Done, Job, Submitted, Work};
 use super::steps::{apply_transition, reserve_with, seal_records};
 use super::{Pool, Store, StoreError, Transition};
-use crate::audit::{AuditEvent, AuditRecord, ChainHead, NewAuditRecord, hold_head, seal_next};
+use crate::audit::{AuditRecord, ChainHead};
+use crate::store::audit_append::{hold_head, seal_next};
 
 /// At most this many jobs share one transaction.
 const MAX_BATCH: usize = 128;
@@ -94,39 +96,6 @@ const ONE_TRIP_ATTEMPTS: usize = 3;
 
 /// Attempts of a batch's flush barrier before its jobs are answered with an error.
 const BARRIER_ATTEMPTS: usize = 3;
-
-/// What a caller asks the committer to write.
-#[derive(Debug)]
-pub(crate) enum Work {
-    /// A step transition with its records ([`Store::transition`]).
-    Transition(Box<Transition>),
-    /// One audit record ([`Store::append_audit`]).
-    Append(Box<NewAuditRecord>, AuditEvent),
-}
-
-impl Work {
-    /// Whether the caller asked to be answered at COMMIT ([`Transition::answer_at_commit`]).
-    fn answer_at_commit(&self) -> bool {
-        matches!(self, Work::Transition(t) if t.answer_at_commit)
-    }
-}
-
-/// What was written.
-#[derive(Debug)]
-pub(crate) enum Done {
-    /// The transition's records, or `None` when the step was not in its `from` statuses; and
-    /// whether it reserved its key ([`Transition::reserve`]).
-    Moved(Option<Vec<AuditRecord>>, bool),
-    /// The appended record.
-    Appended(Box<AuditRecord>),
-}
-
-pub(crate) struct Job {
-    pub(crate) work: Work,
-    reply: oneshot::Sender<Result<Done, StoreError>>,
-    /// When the caller submitted it (for [`TIMING`]).
-    submitted: Instant,
-}
 
 /// The `tracing` target of the committer's per-batch timings, emitted at debug level: jobs in
 /// the batch, how long they waited for it on average, how long its statements took (the append
@@ -194,23 +163,9 @@ impl Committer {
         }
     }
 
-    /// Batches this committer wrote in one round trip.
-    pub(crate) fn one_trips(&self) -> u64 {
-        self.shared.one_trips.load(Ordering::Relaxed)
-    }
-
-    /// Flush barriers this committer has run.
-    pub(crate) fn barriers(&self) -> u64 {
-        self.shared.barriers.load(Ordering::Relaxed)
-    }
-
-    /// Submits `work` to chain `chain`'s committer (every record of it joins that chain);
-    /// `None` when the committer is gone (the caller writes alone).
-    pub(crate) async fn submit(
-        &self,
-        chain: String,
-        work: Work,
-    ) -> Option<Result<Done, StoreError>> {
+    /// Queues `work` on chain `chain`'s committer, starting it with its first job; the
+    /// answer, or `None` when the committer is gone.
+    async fn queue(&self, chain: String, work: Work) -> Option<Result<Done, StoreError>> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             work,
@@ -232,6 +187,20 @@ impl Committer {
             jobs.send(job).ok()?;
         }
         answer.await.ok()
+    }
+}
+
+impl CommitQueue for Committer {
+    fn submit(&self, chain: String, work: Work) -> Submitted<'_> {
+        Box::pin(self.queue(chain, work))
+    }
+
+    fn one_trips(&self) -> u64 {
+        self.shared.one_trips.load(Ordering::Relaxed)
+    }
+
+    fn barriers(&self) -> u64 {
+        self.shared.barriers.load(Ordering::Relaxed)
     }
 }
 
@@ -482,7 +451,12 @@ impl Store {
         }
         let done = match &self.pool {
             Pool::Sqlite(p) => {
-                batch_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
+                batch_in!(
+                    p,
+                    "BEGIN IMMEDIATE",
+                    false,
+                    crate::store::audit_append::insert_all_sqlite
+                )
             }
             Pool::Postgres(p) => {
                 let p = match (&self.lazy, unflushed) {
@@ -531,7 +505,7 @@ impl Store {
                     chain.head = Some(head);
                     done
                 } else {
-                    batch_in!(p, "BEGIN", true, crate::audit::insert_all_pg)
+                    batch_in!(p, "BEGIN", true, crate::store::audit_append::insert_all_pg)
                 }
             }
         };
@@ -570,7 +544,7 @@ impl Store {
                 }
             });
         }
-        crate::audit::insert_all_pg(&mut tx, &sealed).await?;
+        crate::store::audit_append::insert_all_pg(&mut tx, &sealed).await?;
         tx.commit().await.map_err(StoreError::from_commit)?;
         let head = head.ok_or_else(|| StoreError::Conflict("audit head not held".into()))?;
         Ok((out, head))

@@ -18,14 +18,20 @@
 //!   code matches on [`Backend`] explicitly and both arms are tested.
 
 mod agents;
+pub(crate) mod audit_append;
 mod bulk;
+mod caches;
+mod commit_queue;
 mod demo;
 mod duties;
+mod error;
 pub(crate) mod group;
+mod handle;
 mod imports;
 mod planned;
 mod proposals;
 mod registry;
+mod run_model;
 mod runs;
 mod standing;
 mod step_model;
@@ -38,10 +44,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::Connection;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{Connection, PgPool, SqlitePool};
 
 use crate::clock::Clock;
 use crate::secret::Secret;
@@ -49,7 +55,11 @@ use crate::secret::Secret;
 pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use duties::{REVIEW_APPROVED_RULE, ReviewError, StepDuties};
+pub use error::StoreError;
+pub(crate) use error::{answered, at_most_one, sent_maybe};
 pub use group::TIMING as COMMITTER_TIMING;
+pub use handle::{Backend, Store};
+pub(crate) use handle::{Pool, on_pool};
 pub use imports::BundleImport;
 pub use planned::PlannedCall;
 pub use proposals::{
@@ -57,7 +67,7 @@ pub use proposals::{
     ProposalError, ProposalStatus, SettingChange, ToolSetting, apply_changes,
 };
 pub use registry::{ImportError, RegistryVersion, registry_sha256};
-pub use runs::{NewRun, Run, RunStatus};
+pub use run_model::{NewRun, Run, RunStatus};
 pub use standing::{
     CallContext, GRANTED_RULE, NewStanding, REVOKED_RULE, Standing, StandingError, StandingState,
 };
@@ -67,145 +77,6 @@ pub use views::{AuditCursor, AuditFilter, approver_parts};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
-
-/// Expands `$body` once per backend with `$pool` bound to the concrete pool.
-macro_rules! on_pool {
-    ($store:expr, |$pool:ident| $body:expr) => {
-        match &$store.pool {
-            $crate::store::Pool::Sqlite($pool) => $body,
-            $crate::store::Pool::Postgres($pool) => $body,
-        }
-    };
-}
-pub(crate) use on_pool;
-
-/// Which database a [`Store`] talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// An embedded SQLite file: one process, one writer.
-    Sqlite,
-    /// A Postgres server: many replicas and workers.
-    Postgres,
-}
-
-impl Backend {
-    /// The backend a database URL names, if any.
-    pub fn from_url(url: &str) -> Option<Self> {
-        if url.starts_with("sqlite:") {
-            Some(Self::Sqlite)
-        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            Some(Self::Postgres)
-        } else {
-            None
-        }
-    }
-
-    /// A short lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sqlite => "sqlite",
-            Self::Postgres => "postgres",
-        }
-    }
-}
-
-#[derive(Clone)]
-pub(crate) enum Pool {
-    Sqlite(SqlitePool),
-    Postgres(PgPool),
-}
-
-/// Errors from the store.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The URL names no backend Countersign supports.
-    #[error("unsupported database URL {url}: expected sqlite://PATH or postgres://…")]
-    UnsupportedUrl {
-        /// The URL with any password hidden.
-        url: String,
-    },
-    /// The URL could not be parsed.
-    #[error("malformed database URL {url}: {source}")]
-    MalformedUrl {
-        /// The URL with any password hidden.
-        url: String,
-        /// What the driver said.
-        source: sqlx::Error,
-    },
-    /// The database could not be reached.
-    #[error("cannot connect to {url}: {source}")]
-    Connect {
-        /// The URL with any password hidden.
-        url: String,
-        /// What the driver said.
-        source: sqlx::Error,
-    },
-    /// Migrations failed.
-    #[error("migrating the database failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    /// A row that was looked up does not exist.
-    #[error("not found")]
-    NotFound,
-    /// A uniqueness or check constraint refused the write.
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// Anything else the database reported.
-    #[error("database error: {0}")]
-    Database(#[source] sqlx::Error),
-    /// A write went out but its connection failed before the server's answer: it may have
-    /// committed, or may still commit. Never retried (a retry could write it twice); what it
-    /// would have written is then found as after a crash (a `running` step is reconciled by
-    /// its key).
-    #[error("outcome unknown: {0}")]
-    OutcomeUnknown(String),
-}
-
-impl StoreError {
-    /// What a failed COMMIT (or autocommitted write) means: an answer from the server is an
-    /// abort (nothing written); no answer, or a session ended by the server, leaves the
-    /// outcome unknown ([`StoreError::OutcomeUnknown`]) unless the write never left
-    /// ([`sent_maybe`]).
-    pub(crate) fn from_commit(e: sqlx::Error) -> Self {
-        if sent_maybe(&e) && !answered(&e) {
-            StoreError::OutcomeUnknown(e.to_string())
-        } else {
-            e.into()
-        }
-    }
-}
-
-/// Whether a failed statement may have reached the server: anything but a failure to get a
-/// connection at all.
-pub(crate) fn sent_maybe(e: &sqlx::Error) -> bool {
-    !matches!(
-        e,
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Configuration(_)
-    )
-}
-
-/// Whether the server answered a statement with an error that aborted it: any database error
-/// but a lost connection (class 08) or a session the server ended (57P01-57P05), which can
-/// come after the commit (a FATAL during a synchronous-standby wait).
-pub(crate) fn answered(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => !db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
-        _ => false,
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        match &e {
-            sqlx::Error::RowNotFound => StoreError::NotFound,
-            sqlx::Error::Database(db) if db.is_unique_violation() || db.is_check_violation() => {
-                StoreError::Conflict(db.message().to_string())
-            }
-            _ => StoreError::Database(e),
-        }
-    }
-}
 
 /// Options for [`Store::connect`].
 #[derive(Debug, Clone)]
@@ -222,33 +93,6 @@ impl Default for ConnectOptions {
             connect_timeout: Duration::from_secs(5),
             max_connections: 16,
         }
-    }
-}
-
-/// The handle every component uses to reach the database. Cheap to clone.
-#[derive(Clone)]
-pub struct Store {
-    pub(crate) pool: Pool,
-    pub(crate) clock: Arc<dyn Clock>,
-    /// Group commit of transitions and audit appends ([`group`]); `None` inside the
-    /// committer itself.
-    pub(crate) committer: Option<group::Committer>,
-    /// Runs of MCP sessions already looked up ([`Store::session_run`]); shared by clones.
-    pub(crate) session_runs: runs::SessionRuns,
-    pub(crate) call_hints: runs::CallHints,
-    /// Tenants of runs, for the audit chain their records join; shared by clones.
-    pub(crate) run_tenants: crate::audit::RunTenants,
-    /// Postgres only: a few connections whose commits do not wait for the WAL flush, for rows
-    /// that a later synchronous commit makes durable (a read's opening step row). Never for
-    /// anything that must survive a crash on its own.
-    pub(crate) lazy: Option<sqlx::PgPool>,
-}
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
-            .field("backend", &self.backend())
-            .finish_non_exhaustive()
     }
 }
 
@@ -393,31 +237,11 @@ impl Store {
             }
             None => return Err(StoreError::UnsupportedUrl { url: shown }),
         };
-        let alone = Self {
-            pool,
-            clock,
-            committer: None,
-            session_runs: runs::SessionRuns::default(),
-            call_hints: runs::CallHints::default(),
-            run_tenants: crate::audit::RunTenants::default(),
-            lazy,
-        };
+        let alone = Self::alone(pool, clock, lazy);
         Ok(Self {
-            committer: Some(group::Committer::start(alone.clone())),
+            committer: Some(Arc::new(group::Committer::start(alone.clone()))),
             ..alone
         })
-    }
-
-    /// Flush barriers this store's committer has run (0 without one; see
-    /// [`crate::store`]'s group commit). For tests and diagnostics.
-    pub fn flush_barriers(&self) -> u64 {
-        self.committer.as_ref().map_or(0, |c| c.barriers())
-    }
-
-    /// Committer batches this store wrote in one round trip (Postgres; see [`crate::store`]'s
-    /// group commit). For tests and diagnostics.
-    pub fn one_trip_batches(&self) -> u64 {
-        self.committer.as_ref().map_or(0, |c| c.one_trips())
     }
 
     /// Applies every migration not yet applied.
@@ -471,19 +295,6 @@ impl Store {
         m.iter().map(|m| m.version).max().unwrap_or(0)
     }
 
-    /// Which backend this store uses.
-    pub fn backend(&self) -> Backend {
-        match &self.pool {
-            Pool::Sqlite(_) => Backend::Sqlite,
-            Pool::Postgres(_) => Backend::Postgres,
-        }
-    }
-
-    /// The clock this store stamps rows with.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.clock
-    }
-
     /// Round-trips a trivial query: the database is reachable and answering.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let one: i32 = on_pool!(self, |p| {
@@ -516,18 +327,6 @@ impl Store {
     pub async fn close(&self) {
         on_pool!(self, |p| p.close().await)
     }
-}
-
-/// The one row a look-up that must name at most one found (fetched with `LIMIT 2`), or none;
-/// two rows are refused as ambiguous (`why`), never one of them picked.
-pub(crate) fn at_most_one<T>(
-    mut rows: Vec<T>,
-    why: impl FnOnce() -> String,
-) -> Result<Option<T>, StoreError> {
-    if rows.len() > 1 {
-        return Err(StoreError::Conflict(why()));
-    }
-    Ok(rows.pop())
 }
 
 #[cfg(feature = "test-support")]

@@ -3,7 +3,7 @@
 //! outcome needs — one statement instead of six.
 
 use super::agents::{AgentCredential, COLUMNS};
-use super::runs::{RUN_COLUMNS, RunRow};
+use super::run_model::{RUN_COLUMNS, RunRow};
 use super::standing::{
     CONTEXT_COLUMNS, CONTEXT_CTE, CONTEXT_GRANTS_JOIN, ContextRow, ContextSql, context_from_rows,
 };

@@ -34,8 +34,9 @@ pub use changes::{
 
 use super::registry::changes as version_diff;
 use super::{Pool, Store, StoreError, on_pool};
-use crate::audit::{AuditEvent, NewAuditRecord, append_in_tx};
+use crate::audit::{AuditEvent, NewAuditRecord};
 use crate::bundle::{Bundle, BundleSources};
+use crate::store::audit_append::append_in_tx;
 
 /// Where a proposal stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -397,7 +398,7 @@ impl Store {
                 // the system chain's), taken before any row lock (the chain's lock order);
                 // SQLite's BEGIN IMMEDIATE already holds the single write lock.
                 let mut head: Option<crate::audit::ChainHead> = None;
-                crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
+                crate::store::audit_append::hold_head!(&mut *tx, $lock, &mut head, &chain);
                 if let Some((version, sources, created_by, diff)) = applied {
                     let newest: Option<i64> =
                         sqlx::query_scalar("SELECT MAX(version) FROM registry_versions")
@@ -444,9 +445,9 @@ impl Store {
                     tx.rollback().await?;
                     return Ok(false);
                 }
-                let h = crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
-                let sealed = crate::audit::seal_next!(h, record, AuditEvent::Operational, now);
-                crate::audit::InsertRecords::insert_records(&mut *tx, std::slice::from_ref(&sealed))
+                let h = crate::store::audit_append::hold_head!(&mut *tx, $lock, &mut head, &chain);
+                let sealed = crate::store::audit_append::seal_next!(h, record, AuditEvent::Operational, now);
+                crate::store::audit_append::InsertRecords::insert_records(&mut *tx, std::slice::from_ref(&sealed))
                     .await?;
                 tx.commit().await?;
                 true

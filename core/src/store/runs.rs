@@ -1,136 +1,9 @@
 //! Runs: one row per agent task. Steps, approvals and audit records hang off a run.
 
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::run_model::{NewRun, RUN_COLUMNS, Run, RunRow, RunStatus};
 use super::{Store, StoreError, on_pool};
-
-/// The lifecycle of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    /// Steps may still be proposed or executed.
-    Active,
-    /// Every step reached a final state successfully.
-    Done,
-    /// A step failed and the run stopped.
-    Failed,
-    /// Cancelled by its agent or a person.
-    Cancelled,
-    /// Halted by the emergency stop.
-    Stopped,
-}
-
-impl RunStatus {
-    /// The stored text.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Active => "active",
-            Self::Done => "done",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-            Self::Stopped => "stopped",
-        }
-    }
-
-    /// Parses the stored text.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "active" => Self::Active,
-            "done" => Self::Done,
-            "failed" => Self::Failed,
-            "cancelled" => Self::Cancelled,
-            "stopped" => Self::Stopped,
-            _ => return None,
-        })
-    }
-}
-
-/// What is needed to open a run.
-#[derive(Debug, Clone)]
-pub struct NewRun {
-    /// The tenant every step of the run is confined to.
-    pub tenant: String,
-    /// Who the run acts for (never its approver).
-    pub principal: String,
-    /// The agent credential that opened it, if an agent did.
-    pub agent_id: Option<String>,
-    /// The task, as the agent or person stated it.
-    pub task: String,
-    /// Where the task came from (`user`, `schedule`, `monitor`, `external`).
-    pub origin: String,
-    /// A plan the executor runs step by step (`plan.submit`), not an agent's direct calls.
-    pub planned: bool,
-}
-
-/// A stored run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Run {
-    /// Run id (UUID text).
-    pub id: String,
-    /// Tenant.
-    pub tenant: String,
-    /// Who the run acts for.
-    pub principal: String,
-    /// Opening agent credential.
-    pub agent_id: Option<String>,
-    /// Task text.
-    pub task: String,
-    /// Lifecycle status.
-    pub status: RunStatus,
-    /// Set when a step failed closed on changed state and the plan must be redone.
-    pub replan: bool,
-    /// Where the task came from (`user`, `schedule`, `monitor`, `external`).
-    pub origin: String,
-    /// Executed by the executor workers, step by step.
-    pub planned: bool,
-    /// Why it stopped, if it did.
-    pub reason: String,
-    /// Unix ms.
-    pub created_at: i64,
-    /// Unix ms.
-    pub updated_at: i64,
-}
-
-#[derive(sqlx::FromRow)]
-pub(super) struct RunRow {
-    id: String,
-    tenant: String,
-    principal: String,
-    agent_id: Option<String>,
-    task: String,
-    status: String,
-    replan: bool,
-    origin: String,
-    planned: bool,
-    reason: String,
-    created_at: i64,
-    updated_at: i64,
-}
-
-impl TryFrom<RunRow> for Run {
-    type Error = StoreError;
-    fn try_from(r: RunRow) -> Result<Self, StoreError> {
-        let status = RunStatus::parse(&r.status)
-            .ok_or_else(|| StoreError::Conflict(format!("unknown run status {:?}", r.status)))?;
-        Ok(Run {
-            id: r.id,
-            tenant: r.tenant,
-            principal: r.principal,
-            agent_id: r.agent_id,
-            task: r.task,
-            status,
-            replan: r.replan,
-            origin: r.origin,
-            planned: r.planned,
-            reason: r.reason,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-        })
-    }
-}
-
-pub(super) const RUN_COLUMNS: &str = "id, tenant, principal, agent_id, task, status, replan, origin, planned, reason, created_at, updated_at";
 
 impl Store {
     /// Opens a new active run.
@@ -167,7 +40,7 @@ impl Store {
             return Ok(run);
         }
         let run = self.session_run_from_db(session_key, new).await?;
-        self.session_runs.put(session_key, &run);
+        self.session_runs.put(session_key, run.clone());
         Ok(run)
     }
 
@@ -373,57 +246,15 @@ impl Store {
     }
 }
 
-/// The remembered session → run mappings of [`Store::session_run`] (a session key names at
-/// most one run for ever, so an entry is never wrong, only possibly stale in its mutable
-/// fields). Bounded: past [`SessionRuns::MAX`] entries it starts afresh.
-#[derive(Clone, Default)]
-pub(crate) struct SessionRuns(
-    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Run>>>,
-);
-
-impl SessionRuns {
-    const MAX: usize = 50_000;
-
-    fn get(&self, key: &str) -> Option<Run> {
-        self.0.lock().ok()?.get(key).cloned()
-    }
-
-    fn put(&self, key: &str, run: &Run) {
-        if let Ok(mut map) = self.0.lock() {
-            if map.len() >= Self::MAX {
-                map.clear();
-            }
-            map.insert(key.to_string(), run.clone());
-        }
-    }
-}
-
-/// [`Store::call_hint`]: which agent and run an MCP session's calls were last seen to be,
-/// keyed by what the `/mcp` guard can compute before it authenticates. Bounded like
-/// [`SessionRuns`]. A hint only chooses what is read with the authentication; it grants
-/// nothing (the read context is used only when the credential and the run it resolves match).
-#[derive(Clone, Default)]
-pub(crate) struct CallHints(
-    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (String, String)>>>,
-);
-
-impl CallHints {
-    const MAX: usize = 50_000;
-}
-
 impl Store {
     /// The `(agent id, run id)` remembered for `key` ([`Store::remember_call_hint`]).
     pub fn call_hint(&self, key: &str) -> Option<(String, String)> {
-        self.call_hints.0.lock().ok()?.get(key).cloned()
+        self.call_hints.get(key)
     }
 
     /// Remembers that calls under `key` were `agent_id`'s, in run `run_id`.
     pub fn remember_call_hint(&self, key: &str, agent_id: &str, run_id: &str) {
-        if let Ok(mut map) = self.call_hints.0.lock() {
-            if map.len() >= CallHints::MAX {
-                map.clear();
-            }
-            map.insert(key.to_string(), (agent_id.to_string(), run_id.to_string()));
-        }
+        self.call_hints
+            .put(key, (agent_id.to_string(), run_id.to_string()));
     }
 }

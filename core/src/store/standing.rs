@@ -367,7 +367,7 @@ macro_rules! write_audited {
                 let mut head: Option<crate::audit::ChainHead> = None;
                 // The chain's head first (lock order), then the row.
                 let held: Result<(), StoreError> = async {
-                    crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
+                    crate::store::audit_append::hold_head!(&mut *tx, $lock, &mut head, &chain);
                     Ok(())
                 }
                 .await;
@@ -382,9 +382,12 @@ macro_rules! write_audited {
                     false
                 } else {
                     let appended: Result<(), StoreError> = async {
-                        let h = crate::audit::hold_head!(&mut *tx, $lock, &mut head, &chain);
-                        let sealed = crate::audit::seal_next!(h, &$audit, $event, $now);
-                        crate::audit::InsertRecords::insert_records(
+                        let h = crate::store::audit_append::hold_head!(
+                            &mut *tx, $lock, &mut head, &chain
+                        );
+                        let sealed =
+                            crate::store::audit_append::seal_next!(h, &$audit, $event, $now);
+                        crate::store::audit_append::InsertRecords::insert_records(
                             &mut *tx,
                             std::slice::from_ref(&sealed),
                         )

@@ -23,9 +23,10 @@ pub(crate) use super::transition_sql::{
 use uuid::Uuid;
 
 use super::{Pool, Store, StoreError, on_pool};
-use crate::audit::{AuditRecord, hold_head};
+use crate::audit::AuditRecord;
 use crate::keys::{IdemKey, InputsHash};
 use crate::model::{Effect, StepStatus};
+use crate::store::audit_append::hold_head;
 
 impl Store {
     /// [reads] A read's step as it will be stored, without writing it: a read has no effect
@@ -637,12 +638,17 @@ impl Store {
             .await?;
         if let Some(c) = &self.committer
             && let Some(done) = c
-                .submit(chain, super::group::Work::Transition(Box::new(t.clone())))
+                .submit(
+                    chain,
+                    super::commit_queue::Work::Transition(Box::new(t.clone())),
+                )
                 .await
         {
             return match done? {
-                super::group::Done::Moved(moved, reserved) => Ok(moved.map(|m| (m, reserved))),
-                super::group::Done::Appended(_) => Err(StoreError::Conflict(
+                super::commit_queue::Done::Moved(moved, reserved) => {
+                    Ok(moved.map(|m| (m, reserved)))
+                }
+                super::commit_queue::Done::Appended(_) => Err(StoreError::Conflict(
                     "committer answered out of kind".into(),
                 )),
             };
@@ -686,9 +692,16 @@ impl Store {
         }
         Ok(match &self.pool {
             Pool::Sqlite(p) => {
-                run_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
+                run_in!(
+                    p,
+                    "BEGIN IMMEDIATE",
+                    false,
+                    crate::store::audit_append::insert_all_sqlite
+                )
             }
-            Pool::Postgres(p) => run_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
+            Pool::Postgres(p) => {
+                run_in!(p, "BEGIN", true, crate::store::audit_append::insert_all_pg)
+            }
         })
     }
 }
@@ -768,9 +781,16 @@ impl Store {
         }
         Ok(match &self.pool {
             Pool::Sqlite(p) => {
-                run_in!(p, "BEGIN IMMEDIATE", false, crate::audit::insert_all_sqlite)
+                run_in!(
+                    p,
+                    "BEGIN IMMEDIATE",
+                    false,
+                    crate::store::audit_append::insert_all_sqlite
+                )
             }
-            Pool::Postgres(p) => run_in!(p, "BEGIN", true, crate::audit::insert_all_pg),
+            Pool::Postgres(p) => {
+                run_in!(p, "BEGIN", true, crate::store::audit_append::insert_all_pg)
+            }
         })
     }
 }

@@ -48,7 +48,9 @@ where
     for _ in 0..8 {
         match attempt().await {
             Err(StoreError::Conflict(msg)) => last = Some(msg),
-            Err(StoreError::Database(e)) if crate::audit::is_busy(&e) => last = Some(e.to_string()),
+            Err(StoreError::Database(e)) if crate::store::audit_append::is_busy(&e) => {
+                last = Some(e.to_string())
+            }
             other => return other,
         }
     }
@@ -255,8 +257,10 @@ macro_rules! seal_records {
         let t: &$crate::store::Transition = $t;
         let mut records = Vec::with_capacity(t.records.len());
         for (event, new) in &t.records {
-            let head = $crate::audit::hold_head!($tx, $lock, $head, $chain);
-            records.push($crate::audit::seal_next!(head, new, *event, $now));
+            let head = $crate::store::audit_append::hold_head!($tx, $lock, $head, $chain);
+            records.push($crate::store::audit_append::seal_next!(
+                head, new, *event, $now
+            ));
         }
         records
     }};

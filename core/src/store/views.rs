@@ -360,8 +360,8 @@ impl Store {
         before: Option<(i64, &str)>,
         limit: i64,
     ) -> Result<Vec<Run>, StoreError> {
-        let cols = super::runs::RUN_COLUMNS;
-        let rows: Vec<super::runs::RunRow> = match before {
+        let cols = super::run_model::RUN_COLUMNS;
+        let rows: Vec<super::run_model::RunRow> = match before {
             None => {
                 let sql = format!(
                     "SELECT {cols} FROM runs WHERE tenant = $1 \
