@@ -31,7 +31,7 @@ RUN_REGISTRY ?= examples/finance
 help:
 	@echo "make run    build the dashboard and serve it (and /mcp) on http://127.0.0.1:3000 with SQLite"
 	@echo "make test   everything CI runs: fmt, clippy, cargo tests (SQLite + Postgres), Playwright"
-	@echo "make layers the import-cycle check alone (strict: fails while a cycle remains; make test holds the known ones from growing)"
+	@echo "make layers the import-cycle check alone (also part of make test), and each crate's floors"
 	@echo "make build  release binary target/release/countersign and site target/site"
 	@echo "make bench  every benchmark (Postgres needed), each next to its baseline; writes docs/benchmarks.md"
 	@echo "make reliability  scenarios + fault tests repeated, a soak with workers killed (Postgres); writes docs/reliability.md"

@@ -11,7 +11,8 @@
 //!   version) byte for byte; nothing is sealed onto it (the database refuses it).
 //! * A record's chain is its tenant's ([`chain_of_tenant`]): named by the record, else its
 //!   run's (looked up once per run and cached), else [`SYSTEM_CHAIN`]; a record naming another
-//!   tenant than its run's, or a reserved name, is refused ([`crate::store::Store::chain_for`]).
+//!   tenant than its run's, or a reserved name, is refused (`Store::chain_for`, in the store's
+//!   `audit_append`).
 //! * `seq` starts at 1 in each chain and is its head's `seq + 1`; `(chain, seq)` is the key.
 //!   The database refuses a record that does not extend its chain's head row (`audit_chains`)
 //!   and moves the head with it (migration 0016); appenders lock only their chain's head row
@@ -35,13 +36,13 @@
 //! * The record format (what [`seal`] builds) is written in one place; every append seals
 //!   through `seal_next!` (alone, in a step transition, or in a group-commit batch,
 //!   [`crate::store`]'s committer).
-//!
-//! Layers (issue 35): `record` (the types, no storage) ← `check`, `chain` (the math) ←
-//! `merkle`, `note`, `checkpoint`'s signing; `crate::store::audit_append` persists what they
-//! seal; the `impl Store` readers here (`read`, `tenants`, `redaction`, `full`, `tree_head`,
-//! `checkpoint`'s storage) sit on the store; the group committer (`crate::store::group`) is on
-//! top. Nothing below points up.
 //! * Callers pass values already redacted ([`crate::redact`]); nothing here sees secrets.
+//!
+//! Layers (issue 35): `record` (the types, no storage) ← `check` ← `chain` (the math);
+//! `merkle` and `note` stand alone; `crate::store::audit_append` persists what `chain` seals
+//! (and resolves which chain a record joins); the `impl Store` readers here (`read`,
+//! `redaction`, `full`, `tree_head`, `checkpoint`'s storage) sit on the store and nothing in
+//! the store uses them; the group committer (`crate::store::group`) is above every writer.
 
 pub use chain::{
     ChainBreak, ChainVerifier, default_threads, hash_text, seal, verify, verify_with_threads,
@@ -63,7 +64,6 @@ pub mod note;
 mod read;
 mod record;
 mod redaction;
-mod tenants;
 pub mod tree_head;
 
 /// Test access to the two halves of the per-record text check (see `check`'s invariant).

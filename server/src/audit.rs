@@ -251,7 +251,8 @@ fn chain_named(tenant: &str) -> Result<String, AuditCliError> {
     if tenant == SYSTEM_CHAIN || tenant == LEGACY_CHAIN {
         return Ok(tenant.to_string());
     }
-    chain_of_tenant(Some(tenant)).map_err(|e| refused(format!("--tenant {tenant:?}: {e}")))
+    chain_of_tenant(Some(tenant))
+        .map_err(|e| refused(format!("--tenant {tenant:?}: {}", StoreError::from(e))))
 }
 
 /// Checkpoints read from files: notes over every chain, and legacy JSON ones.

@@ -23,8 +23,9 @@ pub const SYSTEM_CHAIN: &str = "_system";
 /// byte: the database refuses appends to it (migration 0016).
 pub const LEGACY_CHAIN: &str = "_legacy";
 
-/// The record format [`seal`](super::seal) writes: the version 2 body names its chain and its version
-/// (`"chain"`, `"v":2`); version 1 (the [`LEGACY_CHAIN`]'s records) names neither.
+/// The record format [`seal`](super::seal) writes: the version 2 body names its chain and
+/// its version (`"chain"`, `"v":2`); version 1 (the [`LEGACY_CHAIN`]'s records) names
+/// neither.
 pub const RECORD_VERSION: i64 = 2;
 
 /// The chain a record of `tenant` (or of none) belongs to. Tenants are named by people and

@@ -144,7 +144,7 @@ impl Store {
             }
         }
         if let Err(e) = crate::audit::chain_of_tenant(Some(&new.tenant)) {
-            return Err(CreateAgentError::Invalid(e.to_string()));
+            return Err(CreateAgentError::Invalid(StoreError::from(e).to_string()));
         }
         if new.acts_for.as_deref().is_some_and(|p| p.trim().is_empty()) {
             return Err(CreateAgentError::Invalid(

@@ -108,76 +108,59 @@ fn guard_columns<'a>(ts: impl Iterator<Item = &'a Transition>) -> (Column, Colum
     (run, failed, switch)
 }
 
-/// The read steps' rows, written already moved; returns the ids written (the others' guards
-/// refused them).
+/// The read steps' rows of `inserts`, written already moved, as the JSON array
+/// `countersign_insert_moved` (migration 18) takes: one object a row, in job order (`ord`).
+pub(crate) fn reads_json(inserts: &[(&Transition, &Step)]) -> String {
+    let rows: Vec<serde_json::Value> = inserts
+        .iter()
+        .enumerate()
+        .map(|(ord, (t, s))| {
+            let g = t.guard.as_ref();
+            serde_json::json!({
+                "ord": ord,
+                "id": s.id,
+                "run_id": s.run_id,
+                "role": s.role,
+                "tool": s.tool,
+                "effect": s.effect.as_str(),
+                "inputs": s.inputs,
+                "inputs_hash": s.inputs_hash,
+                "idem_key": s.idem_key,
+                "status": t.to.unwrap_or(s.status).as_str(),
+                "attempts": i64::from(t.bump_attempts),
+                "reason": s.reason,
+                "evidence": s.evidence,
+                "observed": s.observed,
+                "trace_id": s.trace_id,
+                "not_before": t.not_before.unwrap_or(s.not_before),
+                "created_at": s.created_at,
+                "agent_id": s.agent_id,
+                "decision": t.decision,
+                "rule": t.rule,
+                "outcome": t.outcome,
+                "expires_at": t.expires_at,
+                "approval": t.approval,
+                "guard_run": g.map(|g| g.run_id.as_str()),
+                "guard_failed": g.and_then(|g| g.allow_failed.then_some("failed")),
+                "guard_switch": g.and_then(|g| g.unless_switch.as_deref()),
+            })
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+/// The read steps' rows, written already moved (`countersign_insert_moved`, the function the
+/// one-trip batch calls too); returns the ids written (the others' guards refused them).
 async fn insert_moved(
     tx: &mut sqlx::PgConnection,
     inserts: &[(&Transition, &Step)],
     now: i64,
 ) -> Result<Vec<String>, sqlx::Error> {
-    macro_rules! col {
-        ($e:expr) => {
-            inserts.iter().map($e).collect::<Vec<_>>()
-        };
-    }
-    let (guard_run, guard_failed, guard_switch) = guard_columns(inserts.iter().map(|(t, _)| *t));
-    sqlx::query_scalar(&format!(
-        "INSERT INTO steps (tenant, id, run_id, seq, role, tool, effect, inputs, inputs_hash,
-            idem_key, status, attempts, reason, evidence, observed, trace_id, not_before,
-            created_at, updated_at, agent_id, decision, rule, outcome, expires_at, approval)
-         SELECT (SELECT runs.tenant FROM runs WHERE runs.id = v.run_id), v.id, v.run_id,
-            (SELECT COALESCE(MAX(s.seq), 0) FROM steps s WHERE s.run_id = v.run_id)
-              + row_number() OVER (PARTITION BY v.run_id ORDER BY v.ord),
-            v.role, v.tool, v.effect, v.inputs, v.inputs_hash, v.idem_key, v.status, v.attempts,
-            v.reason, v.evidence, v.observed, v.trace_id, v.not_before, v.created_at, $24,
-            v.agent_id, v.decision, v.rule, v.outcome, v.expires_at, v.approval
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                     $7::text[], $8::text[], $9::text[], $10::int8[], $11::text[], $12::text[],
-                     $13::text[], $14::text[], $15::int8[], $16::int8[], $17::text[],
-                     $18::text[], $19::text[], $20::text[], $21::int8[], $22::text[],
-                     $23::text[], $25::text[], $26::text[])
-              WITH ORDINALITY AS v(id, run_id, role, tool, effect, inputs, inputs_hash,
-                  idem_key, status, attempts, reason, evidence, observed, trace_id, not_before,
-                  created_at, agent_id, decision, rule, outcome, expires_at, approval,
-                  guard_run, guard_failed, guard_switch, ord)
-         WHERE (v.guard_run IS NULL OR EXISTS (SELECT 1 FROM runs
-                   WHERE runs.id = v.guard_run
-                     AND (runs.status = 'active' OR runs.status = v.guard_failed)))
-           AND (v.guard_switch IS NULL OR NOT {switched})
-         RETURNING id",
-        switched = super::stops::switch_set_sql(
-            "v.guard_switch",
-            "(SELECT tenant FROM runs WHERE runs.id = v.run_id)"
-        ),
-    ))
-    .bind(col!(|(_, s)| s.id.clone()))
-    .bind(col!(|(_, s)| s.run_id.clone()))
-    .bind(col!(|(_, s)| s.role.clone()))
-    .bind(col!(|(_, s)| s.tool.clone()))
-    .bind(col!(|(_, s)| s.effect.as_str().to_string()))
-    .bind(col!(|(_, s)| s.inputs.clone()))
-    .bind(col!(|(_, s)| s.inputs_hash.clone()))
-    .bind(col!(|(_, s)| s.idem_key.clone()))
-    .bind(col!(|(t, s)| t.to.unwrap_or(s.status).as_str().to_string()))
-    .bind(col!(|(t, _)| i64::from(t.bump_attempts)))
-    .bind(col!(|(_, s)| s.reason.clone()))
-    .bind(col!(|(_, s)| s.evidence.clone()))
-    .bind(col!(|(_, s)| s.observed.clone()))
-    .bind(col!(|(_, s)| s.trace_id.clone()))
-    .bind(col!(|(t, s)| t.not_before.unwrap_or(s.not_before)))
-    .bind(col!(|(_, s)| s.created_at))
-    .bind(col!(|(_, s)| s.agent_id.clone()))
-    .bind(col!(|(t, _)| t.decision.clone()))
-    .bind(col!(|(t, _)| t.rule.clone()))
-    .bind(col!(|(t, _)| t.outcome.clone()))
-    .bind(col!(|(t, _)| t.expires_at))
-    .bind(col!(|(t, _)| t.approval.clone()))
-    .bind(guard_run)
-    .bind(now)
-    .bind(guard_failed)
-    .bind(guard_switch)
-    .fetch_all(&mut *tx)
-    .await
+    sqlx::query_scalar("SELECT * FROM countersign_insert_moved($1, $2::json)")
+        .bind(now)
+        .bind(reads_json(inserts))
+        .fetch_all(&mut *tx)
+        .await
 }
 
 /// The columns of a batch's step transitions, as `countersign_move_steps` takes them (the
@@ -277,12 +260,14 @@ async fn update_moved(
     bind_moves!(q, &moves).fetch_all(&mut *tx).await
 }
 
-/// Whether [`commit_one_trip`] can write `jobs`: transitions of distinct steps already
-/// written (no read written with its outcome) and appends.
+/// Whether [`commit_one_trip`] can write `jobs`: transitions of distinct steps (a read's row
+/// written with its outcome is its own step's) and appends.
 pub(crate) fn one_trip_applicable(jobs: &[Job]) -> bool {
     let mut seen = HashSet::new();
     jobs.iter().all(|job| match &job.work {
-        Work::Transition(t) => t.insert.is_none() && seen.insert(t.step_id.as_str()),
+        Work::Transition(t) => {
+            seen.insert(t.step_id.as_str()) && t.insert.as_ref().is_none_or(|s| s.id == t.step_id)
+        }
         Work::Append(..) => true,
     })
 }
@@ -318,11 +303,13 @@ pub(crate) fn moved_head(e: &sqlx::Error, chain: &str) -> Option<crate::audit::C
     })
 }
 
-/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migrations 13
-/// and 16): under chain `chain`'s head lock, only if its head is still `last` (`(seq, hash)`,
-/// `(0, GENESIS)` for an empty chain), every one of `transitions` moves, every key they claim
+/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migrations 13,
+/// 16 and 18): under chain `chain`'s head lock, only if its head is still `last` (`(seq,
+/// hash)`, `(0, GENESIS)` for an empty chain), every one of `transitions` moves (a read's row
+/// written with its outcome is written, its guard holding), every key they claim
 /// ([`Transition::reserve`]) is reserved and `records` (sealed after `last`, in chain order)
-/// are inserted; otherwise it raises ([`is_one_trip_refusal`]) and writes nothing. `durable`: its COMMIT waits for the WAL flush even on a session whose
+/// are inserted; otherwise it raises ([`is_one_trip_refusal`]) and writes nothing.
+/// `durable`: its COMMIT waits for the WAL flush even on a session whose
 /// commits do not. Returns whether its COMMIT waited for the flush (as the function reports
 /// the `synchronous_commit` it ran under: anything but `off` waits for the local flush).
 pub(crate) async fn commit_one_trip(
@@ -334,7 +321,16 @@ pub(crate) async fn commit_one_trip(
     records: &[AuditRecord],
     now: i64,
 ) -> Result<bool, sqlx::Error> {
-    let moves = Moves::of(transitions);
+    let updates: Vec<&Transition> = transitions
+        .iter()
+        .filter(|t| t.insert.is_none())
+        .copied()
+        .collect();
+    let inserts: Vec<(&Transition, &Step)> = transitions
+        .iter()
+        .filter_map(|t| t.insert.as_deref().map(|s| (*t, s)))
+        .collect();
+    let moves = Moves::of(&updates);
     let claims: Vec<(&Transition, &super::steps::KeyClaim)> = transitions
         .iter()
         .filter_map(|t| t.reserve.as_ref().map(|k| (*t, k)))
@@ -342,7 +338,7 @@ pub(crate) async fn commit_one_trip(
     let q = sqlx::query_scalar::<_, String>(
         "SELECT countersign_commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
-            $29, $30, $31, $32, $33, $34, $35, $36)",
+            $29, $30, $31, $32, $33, $34, $35, $36, $37::json)",
     )
     .bind(chain)
     .bind(last.0)
@@ -358,6 +354,7 @@ pub(crate) async fn commit_one_trip(
         .bind(claim(|_, k| k.inputs_hash.clone()))
         .bind(claim(|_, k| k.owner.clone()));
     let setting = crate::store::audit_append::bind_record_arrays!(q, records)
+        .bind(reads_json(&inserts))
         .fetch_one(pool)
         .await?;
     Ok(setting != "off")

@@ -15,9 +15,9 @@ use crate::audit::{AuditEvent, AuditRecord, NewAuditRecord};
 /// What a caller asks the committer to write.
 #[derive(Debug)]
 pub(crate) enum Work {
-    /// A step transition with its records ([`Store::transition`]).
+    /// A step transition with its records ([`Store::transition`](super::Store::transition)).
     Transition(Box<Transition>),
-    /// One audit record ([`Store::append_audit`]).
+    /// One audit record ([`Store::append_audit`](super::Store::append_audit)).
     Append(Box<NewAuditRecord>, AuditEvent),
 }
 

@@ -108,8 +108,7 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// The handle stores hold; cloning shares the committer tasks, one per audit chain.
-#[derive(Clone)]
+/// The committer a store holds as its [`CommitQueue`]: one task per audit chain.
 pub(crate) struct Committer {
     /// Each chain's task, started when its first job comes.
     chains: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Job>>>>,

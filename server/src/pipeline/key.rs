@@ -4,7 +4,8 @@
 //! transaction: a step is never running without its key (a crash after it leaves both, which
 //! the reconciler settles by key). A key that existed already is an earlier attempt's, which
 //! says what this one may do. [reads] A read has no effect to guard and no key: it is not
-//! taken before its call; its decided and started records commit with its outcome.
+//! taken before its call; its decided and started records are folded into its outcome's
+//! (`outcome::folded`).
 
 use super::answer::Flow;
 use super::answer::Internal;

@@ -30,7 +30,8 @@ pub(super) struct Opening {
 }
 
 /// `t` (a transition out of `running`), or for a read the same transition out of
-/// `pending|failed` carrying its opening's decision, attempt and records first.
+/// `pending|failed` carrying its opening's decision and attempt, its records folded into one
+/// ([`folded`]).
 pub(super) fn closing(opening: Option<Opening>, mut t: Transition) -> Transition {
     if let Some(o) = opening {
         t.from = vec![StepStatus::Pending, StepStatus::Failed];
@@ -39,11 +40,69 @@ pub(super) fn closing(opening: Option<Opening>, mut t: Transition) -> Transition
         t.bump_attempts = true;
         t.guard = Some(o.guard);
         t.insert = o.insert;
-        let mut records = o.records;
-        records.append(&mut t.records);
-        t.records = records;
+        t.records = folded(o.records, std::mem::take(&mut t.records));
     }
     t
+}
+
+/// The detail member that names the events a read's one record stands for.
+pub const FOLDED: &str = "folded";
+
+/// The detail member of a folded record that keeps the decision's rule where the outcome
+/// names another (a read that failed at its target).
+pub const DECISION_RULE: &str = "decision_rule";
+
+/// Whether stored record text `record` is a read's one record standing for an `event` record
+/// too ([`FOLDED`]).
+pub fn folds(record: &str, event: AuditEvent) -> bool {
+    serde_json::from_str::<Value>(record).is_ok_and(|v| {
+        v.get("detail")
+            .and_then(|d| d.get(FOLDED))
+            .and_then(Value::as_array)
+            .is_some_and(|events| events.iter().any(|e| e == event.as_str()))
+    })
+}
+
+/// [reads] A read's records as one: its outcome's record (`succeeded` or `failed`), carrying
+/// every member of the records its opening skipped writing (`decided`: the decision, the
+/// inputs, their hash, the policy; `started`: the key and the attempt), the outcome's own
+/// members winning, and [`FOLDED`] naming those events in order. A read has no effect to
+/// guard, so nothing happens between its decision and its outcome that a separate record
+/// would show; one record is one row and one index entry set instead of three (issue 34).
+/// Anything but one outcome record is kept as it was (the opening's records first).
+fn folded(
+    opening: Vec<(AuditEvent, NewAuditRecord)>,
+    mut outcome: Vec<(AuditEvent, NewAuditRecord)>,
+) -> Vec<(AuditEvent, NewAuditRecord)> {
+    if outcome.len() != 1 || opening.is_empty() {
+        let mut records = opening;
+        records.append(&mut outcome);
+        return records;
+    }
+    let Some((event, mut last)) = outcome.pop() else {
+        return opening;
+    };
+    let mut detail = serde_json::Map::new();
+    let mut events = Vec::with_capacity(opening.len());
+    let mut decision_rule = None;
+    for (e, r) in opening {
+        events.push(e.as_str());
+        if e == AuditEvent::Decided {
+            decision_rule = r.rule;
+        }
+        detail.extend(r.detail);
+    }
+    detail.extend(std::mem::take(&mut last.detail));
+    detail.insert(FOLDED.into(), json!(events));
+    match (&last.rule, decision_rule) {
+        (None, rule) => last.rule = rule,
+        (Some(own), Some(rule)) if *own != rule => {
+            detail.insert(DECISION_RULE.into(), json!(rule));
+        }
+        _ => {}
+    }
+    last.detail = detail;
+    vec![(event, last)]
 }
 
 /// What an adapter's outcome makes of the step, its key, its record and the answer.

@@ -330,7 +330,16 @@ impl Views {
                 "decided" => l.decision = Some(r.seq),
                 "approved" | "rejected" | "expired" => l.approvals.push((r.seq, r.event.clone())),
                 "succeeded" | "failed" | "unknown" | "reconciled" | "refused" | "cancelled"
-                | "compensated" => l.outcome = Some((r.seq, r.event.clone())),
+                | "compensated" => {
+                    l.outcome = Some((r.seq, r.event.clone()));
+                    // A read's one record carries its decision too (`pipeline::FOLDED`).
+                    if crate::pipeline::folds(
+                        &r.record,
+                        countersign_core::audit::AuditEvent::Decided,
+                    ) {
+                        l.decision = Some(r.seq);
+                    }
+                }
                 _ => {}
             }
         }
