@@ -266,7 +266,11 @@ async fn nothing_takes_an_advisory_lock_and_batch_functions_keep_generic_plans()
     );
     // The batch functions keep their generic plans (migration 17): re-planned on every call,
     // they cost more than the rest of a small batch.
-    for f in ["countersign_move_steps", "countersign_commit_batch"] {
+    for f in [
+        "countersign_move_steps",
+        "countersign_commit_batch",
+        "countersign_insert_moved",
+    ] {
         let config: Vec<String> = sqlx::query_scalar(
             "SELECT unnest(p.proconfig)::text FROM pg_proc p
               WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = $1",

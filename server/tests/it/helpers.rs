@@ -172,7 +172,12 @@ pub async fn spawn_app(backend: Backend) -> Option<TestApp> {
 
 /// [`spawn_app`] with extra `COUNTERSIGN_*` settings.
 pub async fn spawn_app_with(backend: Backend, extra: &[(&str, &str)]) -> Option<TestApp> {
-    let db = FreshDb::create(backend).await?;
+    Some(spawn_app_on(FreshDb::create(backend).await?, extra).await)
+}
+
+/// Starts the real server on `db` (which it drops when stopped), with extra `COUNTERSIGN_*`
+/// settings (which may reach `db` another way: `COUNTERSIGN_DATABASE_URL` wins).
+pub async fn spawn_app_on(db: FreshDb, extra: &[(&str, &str)]) -> TestApp {
     let clock = ManualClock::new(chrono::DateTime::from_timestamp(1_781_170_937, 0).unwrap());
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let app = Application::build(test_config(&db, extra), shared)
@@ -189,7 +194,7 @@ pub async fn spawn_app_with(backend: Backend, extra: &[(&str, &str)]) -> Option<
         .await
         .expect("server runs");
     });
-    Some(TestApp {
+    TestApp {
         addr,
         client: reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -201,7 +206,7 @@ pub async fn spawn_app_with(backend: Backend, extra: &[(&str, &str)]) -> Option<
         db: Some(db),
         stop: Some(stop),
         handle: Some(handle),
-    })
+    }
 }
 
 /// Runs `test` against a fresh server on SQLite, then on Postgres.

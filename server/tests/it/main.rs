@@ -7,6 +7,7 @@ mod approvals;
 mod audit;
 mod auth;
 mod batch;
+mod budget;
 mod cli;
 mod config;
 mod dashboard;
