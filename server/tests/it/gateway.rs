@@ -1088,3 +1088,76 @@ async fn concurrent_initializes_cannot_exceed_the_session_limit() {
     })
     .await;
 }
+
+/// A read that ran is audited by one record, its outcome's, which carries what its decision
+/// and its start would have recorded (issue 34: one record a read); a read that fails at its
+/// target keeps the decision's rule beside its own.
+#[tokio::test]
+async fn gateway_a_read_is_audited_by_one_record_carrying_its_decision() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let read = client.call("invoice.get", json!({"invoice_id": INV})).await;
+        assert_eq!(read["result"]["isError"], false, "{read}");
+        let records: Vec<_> = app
+            .store
+            .audit_in_order(0, 1_000_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.tool.as_deref() == Some("invoice.get"))
+            .collect();
+        assert_eq!(records.len(), 1, "{records:?}");
+        let r = &records[0];
+        assert_eq!(r.event, "succeeded");
+        assert_eq!(r.rule.as_deref(), Some("policy.allow"), "{r:?}");
+        assert!(countersign::pipeline::folds(
+            &r.record,
+            countersign_core::audit::AuditEvent::Decided
+        ));
+        let body: Value = serde_json::from_str(&r.record).unwrap();
+        let d = &body["detail"];
+        assert_eq!(d["decision"], "allow", "{d}");
+        assert_eq!(d["inputs"]["invoice_id"], INV, "{d}");
+        assert_eq!(
+            d[countersign::pipeline::FOLDED],
+            json!(["decided", "started"])
+        );
+        for member in [
+            "inputs_hash",
+            "idem_key",
+            "policy_ids",
+            "attempt",
+            "latency_ms",
+        ] {
+            assert!(!d[member].is_null(), "{member} missing: {d}");
+        }
+
+        // Failed at the target: its own rule, and the decision's beside it.
+        let fault = Fault {
+            mode: FaultMode::Unavailable,
+            times: 1,
+        };
+        inject_fault(&app.store, ERP, "invoices.get", &fault)
+            .await
+            .unwrap();
+        let failed = client.call("invoice.get", json!({"invoice_id": INV})).await;
+        assert_eq!(failed["result"]["isError"], true, "{failed}");
+        let last = app.store.audit_in_order(0, 1_000_000).await.unwrap();
+        let r = last.last().unwrap();
+        assert_eq!(r.event, "failed", "{r:?}");
+        assert_eq!(
+            r.rule.as_deref(),
+            Some(countersign::pipeline::TARGET_FAILED)
+        );
+        let body: Value = serde_json::from_str(&r.record).unwrap();
+        assert_eq!(
+            body["detail"][countersign::pipeline::DECISION_RULE],
+            "policy.allow",
+            "{body}"
+        );
+        app
+    })
+    .await;
+}
