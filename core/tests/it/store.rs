@@ -1326,3 +1326,20 @@ async fn reads_go_in_one_trip_and_a_refused_one_is_kept_prepared() {
     store.close().await;
     db.drop_db().await;
 }
+
+/// SQLite keeps temporary tables and statement journals in memory on every pooled connection
+/// (no temp file created and unlinked per write transaction).
+#[tokio::test]
+async fn sqlite_connections_keep_temporary_storage_in_memory() {
+    let (_, clock) = test_clock();
+    let db = FreshDb::create(Backend::Sqlite).await.unwrap();
+    let store = db.store(clock).await;
+    for _ in 0..3 {
+        let mode = store
+            .query_strings("SELECT CAST(temp_store AS TEXT) FROM pragma_temp_store")
+            .await
+            .unwrap();
+        assert_eq!(mode, ["2"], "2 = MEMORY");
+    }
+    store.close().await;
+}
