@@ -145,7 +145,13 @@ impl Erp {
     }
 
     /// Plans the writes of one effect and its result, from the current state.
-    async fn plan(&self, call: &Invocation) -> Result<(Value, Vec<ObjectWrite>), AdapterError> {
+    /// `attempt`: how many plans of this call found the records changed before writing (a
+    /// new note then takes a number no concurrent draft can also take).
+    async fn plan(
+        &self,
+        call: &Invocation,
+        attempt: u32,
+    ) -> Result<(Value, Vec<ObjectWrite>), AdapterError> {
         let args = &call.arguments;
         let tenant = call.tenant.clone();
         let write = |kind: &str, id: &str, data: &Value, expected: Option<i64>| ObjectWrite {
@@ -160,8 +166,14 @@ impl Erp {
             "notes.draft" => {
                 let invoice_id = arg(args, "invoice_id")?;
                 self.must_get("invoice", invoice_id, &tenant).await?;
-                let n = self.count("note").await?;
-                let id = format!("NOTE-{}", seq(n));
+                // The next number; a draft that lost that number to a concurrent one (its
+                // write found the id taken) takes one derived from its own key instead, so
+                // concurrent drafts do not all race for the next number again.
+                let id = if attempt == 0 {
+                    format!("NOTE-{}", seq(self.count("note").await?))
+                } else {
+                    format!("NOTE-{:08}", keyed_number(&call.idem_key, attempt))
+                };
                 let note = json!({"note_id": id, "invoice_id": invoice_id,
                                   "text": arg(args, "text")?, "status": "draft"});
                 Ok((note.clone(), vec![write("note", &id, &note, None)]))
@@ -262,8 +274,8 @@ impl Erp {
         {
             return replayed(&before, call);
         }
-        for _ in 0..8 {
-            let (result, writes) = self.plan(call).await?;
+        for attempt in 0..8 {
+            let (result, writes) = self.plan(call, attempt).await?;
             let effect = DemoEffect {
                 system: ERP.into(),
                 idem_key: call.idem_key.clone(),
@@ -288,6 +300,16 @@ impl Erp {
             "the ERP's records kept changing".into(),
         ))
     }
+}
+
+/// A number below 10^8 derived from `key` and `attempt` (sha256), for ids that concurrent
+/// calls must not share.
+fn keyed_number(key: &str, attempt: u32) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{key}:{attempt}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first) % 100_000_000
 }
 
 const READS: &[&str] = &[

@@ -1025,3 +1025,46 @@ async fn demo_targets_refuse_a_used_key_for_another_request() {
     })
     .await;
 }
+
+/// Concurrent drafts on the demo ERP all land, each under its own note id: a draft that loses
+/// the next number to another takes one derived from its key (before, every loser counted
+/// again and raced for the same next number; the write benchmark lost calls to it).
+#[tokio::test]
+async fn demo_erp_concurrent_drafts_all_land_with_distinct_ids() {
+    use countersign::adapters::Invocation;
+    crate::mcp::each_finance_app(|app| async move {
+        let loaded = app.state.registry.current().unwrap();
+        let erp = loaded.adapters.get("erp").unwrap().clone();
+        const DRAFTS: usize = 24;
+        let calls = (0..DRAFTS).map(|i| {
+            let erp = erp.clone();
+            tokio::spawn(async move {
+                erp.invoke(&Invocation {
+                    tool: "note.draft".into(),
+                    operation: "notes.draft".into(),
+                    arguments: json!({"invoice_id": crate::mcp::INV, "text": format!("n{i}")}),
+                    idem_key: format!("idem:draft-{i}"),
+                    approval_token: None,
+                    trace_id: "t".into(),
+                    tenant: "acme".into(),
+                    acts_for: None,
+                    resend: false,
+                })
+                .await
+            })
+        });
+        let mut ids = std::collections::BTreeSet::new();
+        for call in calls.collect::<Vec<_>>() {
+            let note = call.await.unwrap().expect("every draft lands");
+            let id = note["note_id"].as_str().unwrap().to_string();
+            assert!(
+                id.len() == 13 && id.starts_with("NOTE-"),
+                "the registry's pattern: {id}"
+            );
+            ids.insert(id);
+        }
+        assert_eq!(ids.len(), DRAFTS, "distinct ids: {ids:?}");
+        app
+    })
+    .await;
+}
