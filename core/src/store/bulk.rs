@@ -33,9 +33,7 @@ use crate::audit::AuditRecord;
 pub(crate) fn applicable(jobs: &[Job]) -> bool {
     let mut seen = HashSet::new();
     let distinct = jobs.iter().all(|job| match &job.work {
-        Work::Transition(t) => {
-            seen.insert(t.step_id.as_str()) && t.insert.as_ref().is_none_or(|s| s.id == t.step_id)
-        }
+        Work::Transition(t) => seen.insert(t.step_id.as_str()) && writes_own_row(t),
         Work::Append(..) => true,
     });
     distinct && seen.len() >= 2
@@ -265,11 +263,17 @@ async fn update_moved(
 pub(crate) fn one_trip_applicable(jobs: &[Job]) -> bool {
     let mut seen = HashSet::new();
     jobs.iter().all(|job| match &job.work {
-        Work::Transition(t) => {
-            seen.insert(t.step_id.as_str()) && t.insert.as_ref().is_none_or(|s| s.id == t.step_id)
-        }
+        Work::Transition(t) => seen.insert(t.step_id.as_str()) && writes_own_row(t),
         Work::Append(..) => true,
     })
+}
+
+/// Whether a transition that writes its step's row (a read with its outcome) writes only
+/// that: its own step, and no key (a read has none; the batch paths write none for it).
+fn writes_own_row(t: &Transition) -> bool {
+    t.insert
+        .as_ref()
+        .is_none_or(|s| s.id == t.step_id && t.key.is_none() && t.reserve.is_none())
 }
 
 /// The SQLSTATEs `countersign_commit_batch` raises when it wrote nothing because the batch

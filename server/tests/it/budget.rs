@@ -215,6 +215,7 @@ async fn a_steady_state_read_stays_within_its_statement_budget() {
         }
     };
     const CALLS: usize = 10;
+    let trips = app.store.one_trip_batches();
     let mut best: Option<Counts> = None;
     for _ in 0..4 {
         let audit_before = rows("SELECT COUNT(*)::text FROM audit").await;
@@ -248,6 +249,17 @@ async fn a_steady_state_read_stays_within_its_statement_budget() {
         }
     }
     let best = best.unwrap();
+    // The proxy saw the traffic (an upper bound alone would pass on counting nothing): every
+    // read's batch is one `countersign_commit_batch`, and its request path reached the store.
+    assert_eq!(best.batch.len(), CALLS, "{:?}", best.batch);
+    assert!(
+        best.batch
+            .iter()
+            .all(|s| s.starts_with("SELECT countersign_commit_batch(")),
+        "{:?}",
+        best.batch
+    );
+    assert!(best.request.len() >= CALLS, "{:?}", best.request);
     eprintln!(
         "{CALLS} reads: {} request-path statements (+{} pings on release), {} committer \
          statements (+{} pings); committer: {:?}",
@@ -268,6 +280,10 @@ async fn a_steady_state_read_stays_within_its_statement_budget() {
         "{} committer statements for {CALLS} reads, one batch each (budget 1 a batch):\n{}",
         best.batch.len(),
         best.batch.join("\n")
+    );
+    assert!(
+        app.store.one_trip_batches() >= trips + 4 * CALLS as u64,
+        "every read in one trip"
     );
     app.stop().await;
 }
