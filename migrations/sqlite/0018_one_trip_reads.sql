@@ -1,3 +1,3 @@
--- Postgres only (the one-trip batch also writes reads' rows); kept here so both folders carry
+-- Postgres only (the batch INSERT of reads' rows as a function); kept here so both folders carry
 -- the same migration versions.
 SELECT 1;

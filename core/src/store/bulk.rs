@@ -108,7 +108,7 @@ fn guard_columns<'a>(ts: impl Iterator<Item = &'a Transition>) -> (Column, Colum
 
 /// The read steps' rows of `inserts`, written already moved, as the JSON array
 /// `countersign_insert_moved` (migration 18) takes: one object a row, in job order (`ord`).
-pub(crate) fn reads_json(inserts: &[(&Transition, &Step)]) -> String {
+fn reads_json(inserts: &[(&Transition, &Step)]) -> String {
     let rows: Vec<serde_json::Value> = inserts
         .iter()
         .enumerate()
@@ -147,8 +147,8 @@ pub(crate) fn reads_json(inserts: &[(&Transition, &Step)]) -> String {
     serde_json::Value::Array(rows).to_string()
 }
 
-/// The read steps' rows, written already moved (`countersign_insert_moved`, the function the
-/// one-trip batch calls too); returns the ids written (the others' guards refused them).
+/// The read steps' rows, written already moved (`countersign_insert_moved`); returns the ids
+/// written (the others' guards refused them).
 async fn insert_moved(
     tx: &mut sqlx::PgConnection,
     inserts: &[(&Transition, &Step)],
@@ -258,12 +258,13 @@ async fn update_moved(
     bind_moves!(q, &moves).fetch_all(&mut *tx).await
 }
 
-/// Whether [`commit_one_trip`] can write `jobs`: transitions of distinct steps (a read's row
-/// written with its outcome is its own step's) and appends.
+/// Whether [`commit_one_trip`] can write `jobs`: transitions of distinct steps already
+/// written (no read written with its outcome: measured, reads in one trip did not pay,
+/// docs/performance.md) and appends.
 pub(crate) fn one_trip_applicable(jobs: &[Job]) -> bool {
     let mut seen = HashSet::new();
     jobs.iter().all(|job| match &job.work {
-        Work::Transition(t) => seen.insert(t.step_id.as_str()) && writes_own_row(t),
+        Work::Transition(t) => t.insert.is_none() && seen.insert(t.step_id.as_str()),
         Work::Append(..) => true,
     })
 }
@@ -307,10 +308,9 @@ pub(crate) fn moved_head(e: &sqlx::Error, chain: &str) -> Option<crate::audit::C
     })
 }
 
-/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migrations 13,
-/// 16 and 18): under chain `chain`'s head lock, only if its head is still `last` (`(seq,
-/// hash)`, `(0, GENESIS)` for an empty chain), every one of `transitions` moves (a read's row
-/// written with its outcome is written, its guard holding), every key they claim
+/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migrations 13
+/// and 16): under chain `chain`'s head lock, only if its head is still `last` (`(seq,
+/// hash)`, `(0, GENESIS)` for an empty chain), every one of `transitions` moves, every key they claim
 /// ([`Transition::reserve`]) is reserved and `records` (sealed after `last`, in chain order)
 /// are inserted; otherwise it raises ([`is_one_trip_refusal`]) and writes nothing.
 /// `durable`: its COMMIT waits for the WAL flush even on a session whose
@@ -325,16 +325,7 @@ pub(crate) async fn commit_one_trip(
     records: &[AuditRecord],
     now: i64,
 ) -> Result<bool, sqlx::Error> {
-    let updates: Vec<&Transition> = transitions
-        .iter()
-        .filter(|t| t.insert.is_none())
-        .copied()
-        .collect();
-    let inserts: Vec<(&Transition, &Step)> = transitions
-        .iter()
-        .filter_map(|t| t.insert.as_deref().map(|s| (*t, s)))
-        .collect();
-    let moves = Moves::of(&updates);
+    let moves = Moves::of(transitions);
     let claims: Vec<(&Transition, &super::steps::KeyClaim)> = transitions
         .iter()
         .filter_map(|t| t.reserve.as_ref().map(|k| (*t, k)))
@@ -342,7 +333,7 @@ pub(crate) async fn commit_one_trip(
     let q = sqlx::query_scalar::<_, String>(
         "SELECT countersign_commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
-            $29, $30, $31, $32, $33, $34, $35, $36, $37::json)",
+            $29, $30, $31, $32, $33, $34, $35, $36)",
     )
     .bind(chain)
     .bind(last.0)
@@ -358,7 +349,6 @@ pub(crate) async fn commit_one_trip(
         .bind(claim(|_, k| k.inputs_hash.clone()))
         .bind(claim(|_, k| k.owner.clone()));
     let setting = crate::store::audit_append::bind_record_arrays!(q, records)
-        .bind(reads_json(&inserts))
         .fetch_one(pool)
         .await?;
     Ok(setting != "off")

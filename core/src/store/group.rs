@@ -492,15 +492,6 @@ impl Store {
                                 tracing::debug!(error = %e, "one-trip batch refused; the long path");
                                 break;
                             }
-                            // A read's step took a position another step of its run took
-                            // meanwhile: the long path numbers it again.
-                            OneTrip::Refused(e)
-                                if e.as_database_error()
-                                    .is_some_and(|d| d.is_unique_violation()) =>
-                            {
-                                tracing::debug!(error = %e, "one-trip batch met a taken key; the long path");
-                                break;
-                            }
                             OneTrip::Refused(e) => {
                                 tracing::warn!(error = %e, "one-trip batch failed; the long path");
                                 break;

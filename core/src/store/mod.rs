@@ -28,6 +28,7 @@ mod error;
 pub(crate) mod group;
 mod handle;
 mod imports;
+mod leases;
 mod planned;
 mod proposals;
 mod registry;
