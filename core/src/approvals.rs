@@ -49,6 +49,7 @@ use crate::canonical::CanonicalJson;
 use crate::keys::InputsHash;
 use crate::model::StepStatus;
 use crate::secret::Secret;
+use crate::store::audit_append::{insert_all_pg, insert_all_sqlite};
 use crate::store::{Pool, Step, Store, StoreError, Transition, on_pool};
 
 /// A person's decision on a gated step.
@@ -585,15 +586,10 @@ impl Store {
         }
         Ok(match &self.pool {
             Pool::Sqlite(p) => {
-                run_in!(
-                    p,
-                    "BEGIN IMMEDIATE",
-                    false,
-                    crate::store::audit_append::insert_all_sqlite
-                )
+                run_in!(p, "BEGIN IMMEDIATE", false, insert_all_sqlite)
             }
             Pool::Postgres(p) => {
-                run_in!(p, "BEGIN", true, crate::store::audit_append::insert_all_pg)
+                run_in!(p, "BEGIN", true, insert_all_pg)
             }
         })
     }

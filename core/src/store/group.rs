@@ -82,7 +82,7 @@ use super::commit_queue::{CommitQueue, Done, Job, Submitted, Work};
 use super::steps::{apply_transition, reserve_with, seal_records};
 use super::{Pool, Store, StoreError, Transition};
 use crate::audit::{AuditRecord, ChainHead};
-use crate::store::audit_append::{hold_head, seal_next};
+use crate::store::audit_append::{hold_head, insert_all_pg, insert_all_sqlite, seal_next};
 
 /// At most this many jobs share one transaction.
 const MAX_BATCH: usize = 128;
@@ -450,12 +450,7 @@ impl Store {
         }
         let done = match &self.pool {
             Pool::Sqlite(p) => {
-                batch_in!(
-                    p,
-                    "BEGIN IMMEDIATE",
-                    false,
-                    crate::store::audit_append::insert_all_sqlite
-                )
+                batch_in!(p, "BEGIN IMMEDIATE", false, insert_all_sqlite)
             }
             Pool::Postgres(p) => {
                 let p = match (&self.lazy, unflushed) {
@@ -504,7 +499,7 @@ impl Store {
                     chain.head = Some(head);
                     done
                 } else {
-                    batch_in!(p, "BEGIN", true, crate::store::audit_append::insert_all_pg)
+                    batch_in!(p, "BEGIN", true, insert_all_pg)
                 }
             }
         };
@@ -543,7 +538,7 @@ impl Store {
                 }
             });
         }
-        crate::store::audit_append::insert_all_pg(&mut tx, &sealed).await?;
+        insert_all_pg(&mut tx, &sealed).await?;
         tx.commit().await.map_err(StoreError::from_commit)?;
         let head = head.ok_or_else(|| StoreError::Conflict("audit head not held".into()))?;
         Ok((out, head))

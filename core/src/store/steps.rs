@@ -26,7 +26,7 @@ use super::{Pool, Store, StoreError, on_pool};
 use crate::audit::AuditRecord;
 use crate::keys::{IdemKey, InputsHash};
 use crate::model::{Effect, StepStatus};
-use crate::store::audit_append::hold_head;
+use crate::store::audit_append::{hold_head, insert_all_pg, insert_all_sqlite};
 
 impl Store {
     /// [reads] A read's step as it will be stored, without writing it: a read has no effect
@@ -531,15 +531,10 @@ impl Store {
         }
         Ok(match &self.pool {
             Pool::Sqlite(p) => {
-                run_in!(
-                    p,
-                    "BEGIN IMMEDIATE",
-                    false,
-                    crate::store::audit_append::insert_all_sqlite
-                )
+                run_in!(p, "BEGIN IMMEDIATE", false, insert_all_sqlite)
             }
             Pool::Postgres(p) => {
-                run_in!(p, "BEGIN", true, crate::store::audit_append::insert_all_pg)
+                run_in!(p, "BEGIN", true, insert_all_pg)
             }
         })
     }
@@ -620,15 +615,10 @@ impl Store {
         }
         Ok(match &self.pool {
             Pool::Sqlite(p) => {
-                run_in!(
-                    p,
-                    "BEGIN IMMEDIATE",
-                    false,
-                    crate::store::audit_append::insert_all_sqlite
-                )
+                run_in!(p, "BEGIN IMMEDIATE", false, insert_all_sqlite)
             }
             Pool::Postgres(p) => {
-                run_in!(p, "BEGIN", true, crate::store::audit_append::insert_all_pg)
+                run_in!(p, "BEGIN", true, insert_all_pg)
             }
         })
     }
