@@ -55,12 +55,14 @@ pub const DECISION_RULE: &str = "decision_rule";
 /// Whether stored record text `record` is a read's one record standing for an `event` record
 /// too ([`FOLDED`]).
 pub fn folds(record: &str, event: AuditEvent) -> bool {
-    serde_json::from_str::<Value>(record).is_ok_and(|v| {
-        v.get("detail")
-            .and_then(|d| d.get(FOLDED))
-            .and_then(Value::as_array)
-            .is_some_and(|events| events.iter().any(|e| e == event.as_str()))
-    })
+    // Most records fold nothing: parse only those that name the member.
+    record.contains(&format!("\"{FOLDED}\":"))
+        && serde_json::from_str::<Value>(record).is_ok_and(|v| {
+            v.get("detail")
+                .and_then(|d| d.get(FOLDED))
+                .and_then(Value::as_array)
+                .is_some_and(|events| events.iter().any(|e| e == event.as_str()))
+        })
 }
 
 /// [reads] A read's records as one: its outcome's record (`succeeded` or `failed`), carrying
