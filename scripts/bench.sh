@@ -7,8 +7,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=docs/benchmarks.md
+json=docs/benchmarks.json
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
+
+# Every bench appends its issue-34 figures here, one JSON object per line (see
+# server/benches/common/figures.rs), stamped with this run's date and commit.
+export BENCH_FIGURES="$logs/figures.jsonl"
+BENCH_DATE=$(date -u '+%Y-%m-%dT%H:%MZ')
+BENCH_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs/benchmarks.md' ':!docs/benchmarks.json' || echo '+local')"
+export BENCH_DATE BENCH_COMMIT
+: >"$BENCH_FIGURES"
 
 step() { echo "bench: $*" >&2; }
 
@@ -21,6 +30,25 @@ step "gateway_load"
 cargo bench -p countersign --bench gateway_load >"$logs/gateway.md"
 step "executor_steps"
 cargo bench -p countersign --bench executor_steps >"$logs/executor.md"
+# The ablation run (issue 34): each write-path mechanism off, against everything on.
+ablations="pipeline;one_trip;lazy_pool"
+step "ablation: gateway ($ablations off in turn)"
+BENCH_ABLATE="$ablations" cargo bench -p countersign --bench gateway_load >"$logs/ablate.md"
+step "ablation: executor"
+{
+  echo "Executor at 4 workers ($(printf %s "${BENCH_STEPS:-2000}") no-op steps a round, 3 alternating rounds each"
+  echo "with the guarantees' reference), each configuration in its own run:"
+  echo
+  echo "| mechanism off | executor steps/s | reference steps/s | executor ÷ reference |"
+  echo "|---|---:|---:|---:|"
+  IFS=';'
+  for set in "" $ablations; do
+    BENCH_FIGURES=/dev/null BENCH_PAIRED_ONLY=1 BENCH_STORE_ABLATE="$set" \
+      cargo bench -p countersign --bench executor_steps
+  done
+  unset IFS
+  echo
+} >>"$logs/ablate.md"
 step "render (seeds 10,000 gates and 1,000,000 audit records per backend)"
 cargo bench -p countersign --bench render >"$logs/render.md"
 step "decide (criterion)"
@@ -33,6 +61,15 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 cpu=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 mem=$(awk '/^MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)
+# docs/benchmarks.json (every figure with its two sides) and the summary table of it.
+node -e '
+const fs = require("fs");
+const figures = fs.readFileSync(process.argv[1], "utf8").split("\n").filter(Boolean).map(JSON.parse);
+fs.writeFileSync(process.argv[2], JSON.stringify(figures, null, 2) + "\n");
+const rows = figures.map(f => `| \`${f.figure}\` | ${f.target} | ${f.value === null ? "n/a" : f.value.toFixed(2)} | ${f.met ? "met" : "**missed**"} | ${f.numerator.what}: ${f.numerator.value} ${f.numerator.unit} | ${f.denominator.what}: ${f.denominator.value} ${f.denominator.unit} |`);
+fs.writeFileSync(process.argv[3], ["| figure | target | value | | numerator | denominator |", "|---|---:|---:|---|---|---|", ...rows].join("\n") + "\n");
+' "$BENCH_FIGURES" "$json" "$logs/figures.md"
+
 pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}" -Atc 'SHOW server_version' 2>/dev/null || echo unknown)
 
 {
@@ -46,24 +83,35 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo "## Machine and run"
   echo
   echo "- Date (UTC): $(date -u '+%Y-%m-%d %H:%M')"
-  echo "- Commit: \`$(git rev-parse --short HEAD)\`$(git diff --quiet HEAD -- . ':!docs/benchmarks.md' || echo ' (with local changes)')"
+  echo "- Commit: \`${BENCH_COMMIT}\` (\`+local\`: with local changes)"
   echo "- CPUs (nproc): $(nproc); model: ${cpu}"
   echo "- Memory: ${mem}"
   echo "- Postgres: ${pg} (local, loopback)"
   echo "- Rust: $(rustc --version); profile: \`bench\` (release)"
-  echo "- Load average (1/5/15 min) before: ${load_before}; after: ${load_after}. The machine is shared"
-  echo "  with other builds, so absolute figures are noisy; each ratio's two sides ran minutes apart."
+  echo "- Load average (1/5/15 min) before: ${load_before}; after: ${load_after}. Absolute figures depend"
+  echo "  on the machine and on what else ran; the gateway and executor figures are medians of per-round"
+  echo "  ratios whose two sides ran seconds apart (A B A B …)."
   echo
   echo "Reproduce everything: \`make bench\`. Each section names its own command."
   echo
   echo "What these figures mean, how they moved across runs and machines, and what was tried:"
   echo "[docs/performance.md](performance.md) (hand-written; this file is regenerated whole)."
   echo
+  echo "## Issue 34's figures"
+  echo
+  echo "Also in [benchmarks.json](benchmarks.json), one object per figure with both sides."
+  echo
+  cat "$logs/figures.md"
+  echo
   cat "$logs/gateway.md"
-  echo "Reproduce: \`cargo bench -p countersign --bench gateway_load\` (\`BENCH_SECONDS\`, \`BENCH_CLIENTS\`)."
+  echo "Reproduce: \`cargo bench -p countersign --bench gateway_load\` (\`BENCH_SECONDS\`, \`BENCH_CLIENTS\`, \`BENCH_ROUNDS\`, \`BENCH_BACKENDS\`)."
   echo
   cat "$logs/executor.md"
-  echo "Reproduce: \`cargo bench -p countersign --bench executor_steps\` (\`BENCH_STEPS\`, \`BENCH_STEP_TOOL\`)."
+  echo "Reproduce: \`cargo bench -p countersign --bench executor_steps\` (\`BENCH_STEPS\`, \`BENCH_STEP_TOOL\`, \`BENCH_ROUNDS\`)."
+  echo
+  cat "$logs/ablate.md"
+  echo "Reproduce: \`BENCH_ABLATE='pipeline;one_trip;lazy_pool' cargo bench -p countersign --bench gateway_load\`;"
+  echo "\`BENCH_PAIRED_ONLY=1 BENCH_STORE_ABLATE=one_trip cargo bench -p countersign --bench executor_steps\`."
   echo
   cat "$logs/chains.md"
   echo "Reproduce: \`cargo bench -p countersign-core --bench audit_chains\` (\`BENCH_CLIENTS\`, \`BENCH_ROUNDS\`, \`BENCH_SECONDS\`)."
@@ -93,4 +141,4 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo
   echo "Reproduce: \`cargo bench -p countersign-core --bench audit_verify\`."
 } >"$out"
-step "wrote $out"
+step "wrote $out and $json"

@@ -156,19 +156,63 @@ fn decide(c: &mut Criterion) {
 
 criterion_group!(benches, decide);
 
-/// Median time per call over `samples` batches of `batch` calls.
-fn median_per_call(samples: usize, batch: u32, mut f: impl FnMut()) -> Duration {
-    let mut times: Vec<Duration> = (0..samples)
-        .map(|_| {
-            let start = Instant::now();
-            for _ in 0..batch {
-                f();
-            }
-            start.elapsed() / batch
-        })
-        .collect();
-    times.sort();
-    times[times.len() / 2]
+/// Time per call of one batch of `batch` calls.
+fn per_call(batch: u32, f: &mut impl FnMut()) -> Duration {
+    let start = Instant::now();
+    for _ in 0..batch {
+        f();
+    }
+    start.elapsed() / batch
+}
+
+/// Over `samples` alternating batches of `a` and `b` (A B A B …): the medians of each
+/// side's time per call and of the per-pair ratios.
+fn paired_medians(
+    samples: usize,
+    batch: u32,
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+) -> (Duration, Duration, f64) {
+    let (mut ta, mut tb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples {
+        let x = per_call(batch, &mut a);
+        let y = per_call(batch, &mut b);
+        ratios.push(x.as_secs_f64() / y.as_secs_f64());
+        ta.push(x);
+        tb.push(y);
+    }
+    ta.sort();
+    tb.sort();
+    ratios.sort_by(f64::total_cmp);
+    (ta[samples / 2], tb[samples / 2], ratios[samples / 2])
+}
+
+/// Appends issue 34's `decide_over_bare_cedar` figure to the file `BENCH_FIGURES` names
+/// (one JSON object per line; see the server's benches/common/figures.rs).
+fn record(ours: Duration, bare: Duration, ratio: f64) {
+    use std::io::Write;
+    let Ok(path) = std::env::var("BENCH_FIGURES") else {
+        return;
+    };
+    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| "unknown".into());
+    let line = serde_json::json!({
+        "figure": "decide_over_bare_cedar",
+        "value": (ratio * 1000.0).round() / 1000.0,
+        "target": "≤ 2",
+        "met": ratio <= 2.0,
+        "numerator": {"what": "payment.schedule: validate + canonicalise + decide",
+                      "value": ours.as_secs_f64() * 1e6, "unit": "µs per call"},
+        "denominator": {"what": "bare Cedar is_authorized, same policies",
+                        "value": bare.as_secs_f64() * 1e6, "unit": "µs per call"},
+        "date": env("BENCH_DATE"),
+        "commit": env("BENCH_COMMIT"),
+    });
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("BENCH_FIGURES is writable");
+    writeln!(f, "{line}").expect("BENCH_FIGURES is writable");
 }
 
 fn main() {
@@ -178,11 +222,17 @@ fn main() {
     let (engine, request) = ours();
     let tool = ToolName::parse("payment.schedule").unwrap();
     let b = bare();
-    let ours_median = median_per_call(51, 500, || ours_once(&engine, &tool, &request));
-    let bare_median = median_per_call(51, 500, || bare_once(&b));
-    let ratio = ours_median.as_secs_f64() / bare_median.as_secs_f64();
+    let (ours_median, bare_median, ratio) = paired_medians(
+        51,
+        500,
+        || ours_once(&engine, &tool, &request),
+        || bare_once(&b),
+    );
     println!(
         "payment.schedule decide: ours (validate + canonicalise + decide) median {ours_median:?}, \
-         bare Cedar is_authorized median {bare_median:?}, ratio {ratio:.2}x"
+         bare Cedar is_authorized median {bare_median:?}, ratio {ratio:.2}x \
+         (median of 51 alternating pairs; target ≤ 2.0x: {})",
+        if ratio <= 2.0 { "met" } else { "missed" }
     );
+    record(ours_median, bare_median, ratio);
 }

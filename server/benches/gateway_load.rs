@@ -1,88 +1,241 @@
-//! Gateway load (issue 4): the real server on Postgres, driven over loopback by concurrent
-//! MCP clients, next to a raw baseline measured in the same run.
+//! Gateway load (issues 4 and 34): `countersign serve` in its own process, on Postgres and on
+//! SQLite, driven over loopback by concurrent MCP clients from this process, next to the
+//! references that carry the same guarantees, measured in the same run.
 //!
-//! * Each client is its own MCP session (initialize, notifications/initialized) and calls
-//!   `tools/call` in a closed loop for `BENCH_SECONDS` (default 10) seconds:
-//!   `invoice.get` (an allowed read) and `note.draft` (an allowed write, distinct text per
-//!   call, so every call is a new step with its own key and effect).
-//! * Baseline: the floor for one durable write — `BEGIN; INSERT …; COMMIT` per call through a
-//!   sqlx `PgPool` of the server's size (16), from the same number of concurrent tasks.
-//! * Reference: an authenticated MCP `ping` in the same closed loop (no tool runs): the floor
-//!   that the transport, rmcp's session handling and the guard's authentication set by
-//!   themselves.
-//! * CPU per call: the machine's busy CPU time over each measured window (and the bench
-//!   process's share of it) divided by the calls made; from the read workload's, the most
-//!   reads/s the machine's CPUs could complete — a ceiling on the ratio to the baseline.
+//! * Processes: the server (the release binary), Postgres, an upstream MCP server (this
+//!   binary again) and the load generator (this process) each run apart; CPU is read per
+//!   process from `/proc` (`common::procs`), so "CPU per call" says whose CPU.
+//! * Rounds: every workload runs once per round, in the same order, `BENCH_ROUNDS` (default
+//!   3) rounds of `BENCH_SECONDS` (default 10) s windows after a warm-up; a figure is the
+//!   median over rounds of the ratio of its two sides measured in the same round, shown with
+//!   the rounds' spread.
+//! * Workloads, each `BENCH_CLIENTS` (default 16) clients in closed loops, each client its
+//!   own MCP session and agent:
+//!   - baseline: `BEGIN; INSERT; COMMIT` of a 400-byte row (about one audit record) per call
+//!     through a pool of the server's size and settings (`store::pg_pool_options`,
+//!     `store::sqlite_connect_options`, its own SQLite file beside the server's);
+//!   - `bench.read`: an allowed read of the built-in no-op system — the gateway alone;
+//!   - floor: a `tools/call` of a tool the role is not listed for — transport, credential,
+//!     the role's listing and one chained, durable audit record: the least an audited call
+//!     does;
+//!   - ping: an authenticated MCP `ping` — transport and credential only;
+//!   - `invoice.get` and `note.draft`: a read and a write of the demo ERP (its record read,
+//!     a note drafted with a distinct text per call);
+//!   - through / direct: the upstream's `lookup` through Countersign (`bench.lookup`, a
+//!     provider of kind `mcp`) and called directly by the same client code.
 //!
-//! Run with `cargo bench -p countersign --bench gateway_load` (Postgres from
-//! `COUNTERSIGN_TEST_POSTGRES_URL`, default the local one). Prints a markdown section on
-//! stdout; progress on stderr. `BENCH_CLIENTS` changes the concurrency (default 16).
+//! Writes one markdown section per backend on stdout, progress on stderr, and the issue-34
+//! figures to `BENCH_FIGURES` (`common::figures`). `BENCH_BACKENDS` (default
+//! `postgres,sqlite`) picks the backends; `BENCH_ABLATE` runs the ablation instead
+//! (`gateway/ablate.rs`). Run with `cargo bench -p countersign --bench
+//! gateway_load` (Postgres from `COUNTERSIGN_TEST_POSTGRES_URL`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "gateway/ablate.rs"]
+mod ablate;
 mod common;
+#[path = "gateway/upstream.rs"]
+mod upstream;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{
-    CpuUsed, Mcp, Server, cpu_reading, cpu_used, env_num, fresh_postgres, ms, pct, percentile,
-};
-use countersign_core::store::pg_pool_options;
+use common::figures::{Side, median, ms_per, record, spread};
+use common::procs::{Parties, ServerProcess, Spent, UPSTREAM_ENV, UpstreamProcess};
+use common::{Mcp, env_num, fresh_postgres, ms, percentile};
+use countersign_core::clock::SystemClock;
+use countersign_core::store::testing::FreshDb;
+use countersign_core::store::{ConnectOptions, NewAgent, pg_pool_options, sqlite_connect_options};
+use countersign_core::{Backend, Store};
 use serde_json::json;
 
 const INVOICE: &str = "INV-20260611";
+const ROLE: &str = "worker.finance";
 
-/// What one workload measured.
-struct Measured {
-    name: String,
+/// The workloads, in the order each round runs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    Baseline,
+    Read,
+    Floor,
+    Ping,
+    ErpRead,
+    Write,
+    Through,
+    Direct,
+}
+
+impl Work {
+    const ALL: [Work; 8] = [
+        Work::Baseline,
+        Work::Read,
+        Work::Floor,
+        Work::Ping,
+        Work::ErpRead,
+        Work::Write,
+        Work::Through,
+        Work::Direct,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Work::Baseline => "baseline: INSERT + COMMIT",
+            Work::Read => "`bench.read` (no-op read)",
+            Work::Floor => "floor: unlisted tool (credential + one audit record)",
+            Work::Ping => "reference: MCP ping (transport + credential)",
+            Work::ErpRead => "`invoice.get` (demo ERP read)",
+            Work::Write => "`note.draft` (demo ERP write)",
+            Work::Through => "`bench.lookup` through Countersign",
+            Work::Direct => "upstream `lookup` called directly",
+        }
+    }
+}
+
+/// A raw baseline pool.
+#[derive(Clone)]
+enum Raw {
+    Pg(sqlx::PgPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+impl Raw {
+    async fn insert(&self, c: usize, n: u64, body: &str) {
+        const SQL: &str =
+            "INSERT INTO bench_baseline (client, n, body, created_at) VALUES ($1, $2, $3, $4)";
+        match self {
+            Raw::Pg(p) => {
+                let mut tx = p.begin().await.unwrap();
+                let q = sqlx::query(SQL).bind(c as i64).bind(n as i64).bind(body);
+                q.bind(n as i64).execute(&mut *tx).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+            Raw::Sqlite(p) => {
+                let mut tx = p.begin().await.unwrap();
+                let q = sqlx::query(SQL).bind(c as i64).bind(n as i64).bind(body);
+                q.bind(n as i64).execute(&mut *tx).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+        }
+    }
+}
+
+/// One client of a workload.
+enum Client {
+    Raw(Raw),
+    Mcp(Mcp),
+}
+
+/// One call of `work`; false for a failed (retryable) call, which is counted apart.
+async fn call(work: Work, client: &mut Client, c: usize, n: u64) -> bool {
+    let mcp = match client {
+        Client::Raw(raw) => {
+            raw.insert(c, n, &"x".repeat(400)).await;
+            return true;
+        }
+        Client::Mcp(mcp) => mcp,
+    };
+    match work {
+        Work::Baseline => unreachable!("the baseline has raw clients"),
+        Work::Read => {
+            let r = mcp.call("bench.read", json!({"n": 7})).await;
+            assert_eq!(r["structuredContent"]["status"], json!("ok"), "{r}");
+        }
+        Work::Floor => {
+            let reply = mcp
+                .request(
+                    "tools/call",
+                    json!({"name": "supplier.update_iban", "arguments": {}}),
+                )
+                .await;
+            // The unknown-tool answer (-32602), not an internal error (a failed append).
+            assert_eq!(reply["error"]["code"], json!(-32602), "{reply}");
+        }
+        Work::Ping => {
+            let reply = mcp.request("ping", json!({})).await;
+            assert!(reply["result"].is_object(), "{reply}");
+        }
+        Work::ErpRead => {
+            let r = mcp
+                .call("invoice.get", json!({"invoice_id": INVOICE}))
+                .await;
+            assert!(r["structuredContent"].is_object(), "{r}");
+        }
+        Work::Write => {
+            let text = format!("bench note {c}-{n}-{}", std::process::id());
+            let r = mcp
+                .try_call("note.draft", json!({"invoice_id": INVOICE, "text": text}))
+                .await;
+            if r["isError"] == json!(true) {
+                // Only a retryable failure of the target is tolerated (and counted).
+                assert_eq!(r["structuredContent"]["retryable"], json!(true), "{r}");
+                return false;
+            }
+            assert!(r["structuredContent"].is_object(), "{r}");
+        }
+        Work::Through => {
+            let r = mcp.call("bench.lookup", json!({"id": "r-1"})).await;
+            assert_eq!(r["structuredContent"]["found"], json!(true), "{r}");
+        }
+        Work::Direct => {
+            let r = mcp.call(upstream::TOOL, json!({"id": "r-1"})).await;
+            assert_eq!(r["structuredContent"]["found"], json!(true), "{r}");
+        }
+    }
+    true
+}
+
+/// What one window of one workload measured.
+struct Window {
     calls: usize,
     failed: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
-    /// CPU the machine and the bench process used in the window.
-    cpu: Option<CpuUsed>,
+    cpu: Spent,
 }
 
-impl Measured {
+impl Window {
     fn per_s(&self) -> f64 {
         self.calls as f64 / self.elapsed.as_secs_f64()
     }
+
+    /// CPU per call (ms) of the system under test: server and database; for the direct
+    /// upstream, the upstream.
+    fn system_ms(&self, work: Work) -> f64 {
+        let cpu = if work == Work::Direct {
+            self.cpu.upstream
+        } else {
+            self.cpu.system()
+        };
+        cpu.map_or(f64::NAN, |d| ms_per(d, self.calls + self.failed))
+    }
 }
 
-/// Runs `clients` closed loops of `op` for `secs` seconds (after `warmup`); collects every
-/// call's latency.
-async fn closed_loop<S, F, Fut>(
-    name: &str,
-    clients: Vec<S>,
+/// Runs every client's closed loop of `work` for `secs` after `warmup`; gives the clients
+/// back.
+async fn window(
+    work: Work,
+    clients: Vec<Client>,
     warmup: Duration,
     secs: Duration,
-    op: F,
-) -> Measured
-where
-    S: Send + 'static,
-    F: Fn(S, usize, u64) -> Fut + Send + Sync + Clone + 'static,
-    Fut: std::future::Future<Output = (S, bool)> + Send,
-{
+    parties: Parties,
+) -> (Vec<Client>, Window) {
     let began = Instant::now() + warmup;
     let until = began + secs;
-    let first_reading = tokio::spawn(async move {
+    let first = tokio::spawn(async move {
         tokio::time::sleep_until(began.into()).await;
-        cpu_reading()
+        parties.read()
     });
     let mut tasks = Vec::new();
     for (c, mut client) in clients.into_iter().enumerate() {
-        let op = op.clone();
         tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut failed = 0_usize;
-            let mut n = 0_u64;
+            let (mut lat, mut failed, mut n) = (Vec::new(), 0_usize, 0_u64);
             loop {
                 let start = Instant::now();
                 if start >= until {
                     break;
                 }
-                let (back, ok) = op(client, c, n).await;
-                client = back;
+                let ok = call(work, &mut client, c, n).await;
                 n += 1;
                 if start >= began {
                     if ok {
@@ -92,315 +245,478 @@ where
                     }
                 }
             }
-            (lat, failed)
+            (client, lat, failed)
         }));
     }
-    let mut latencies = Vec::new();
-    let mut failed = 0;
+    let (mut back, mut latencies, mut failed) = (Vec::new(), Vec::new(), 0);
     for t in tasks {
-        let (lat, f) = t.await.unwrap();
+        let (client, lat, f) = t.await.unwrap();
+        back.push(client);
         latencies.extend(lat);
         failed += f;
     }
     // The window closes when the last call that started inside it returns.
     let elapsed = Instant::now().saturating_duration_since(began);
-    let cpu = cpu_used(first_reading.await.ok().flatten(), cpu_reading());
+    let cpu = Spent::between(&first.await.unwrap(), &parties.read());
     latencies.sort();
-    eprintln!(
-        "  {name}: {} calls ({failed} failed) in {elapsed:?}",
-        latencies.len()
-    );
-    Measured {
-        name: name.to_string(),
+    let w = Window {
         calls: latencies.len(),
         failed,
         elapsed,
         latencies,
         cpu,
+    };
+    eprintln!(
+        "  {}: {:.0}/s ({} failed)",
+        work.name(),
+        w.per_s(),
+        w.failed
+    );
+    (back, w)
+}
+
+/// The finance example plus the no-op system, `bench.read` and the upstream's `bench.lookup`,
+/// in the folder `dir`.
+fn bench_registry(dir: &Path, upstream: std::net::SocketAddr) -> PathBuf {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/finance");
+    let reg = dir.join("registry");
+    std::fs::create_dir_all(&reg).unwrap();
+    for file in ["registry.yaml", "policy.cedar", "policy.cedarschema"] {
+        std::fs::copy(example.join(file), reg.join(file)).unwrap();
+    }
+    let bench = format!(
+        r#"
+providers:
+  noop:
+    kind: builtin
+    description: Does nothing (gateway benchmark).
+  upstream:
+    kind: mcp
+    description: The bench's upstream MCP server.
+    url: "http://{upstream}/mcp"
+    allowed_hosts: ["127.0.0.1"]
+tools:
+  bench.read:
+    title: Benchmark no-op read
+    description: Reads nothing at the no-op system (gateway benchmark).
+    effect: read
+    gate: never
+    roles: [{ROLE}]
+    handler: {{provider: noop, operation: noop.read}}
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [n]
+      properties:
+        n: {{type: integer, minimum: 0, maximum: 1000000000}}
+  bench.lookup:
+    title: Benchmark upstream lookup
+    description: Looks a record up at the bench's upstream MCP server.
+    effect: read
+    gate: never
+    roles: [{ROLE}]
+    handler: {{provider: upstream, operation: {tool}}}
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [id]
+      properties:
+        id: {{type: string, maxLength: 40}}
+"#,
+        tool = upstream::TOOL
+    );
+    std::fs::write(reg.join("zz-bench.yaml"), bench).unwrap();
+    reg
+}
+
+/// The baseline's pool and table: on Postgres in the server's database, on SQLite in its own
+/// file beside the server's.
+async fn baseline_pool(db: &FreshDb, dir: &Path, size: u32) -> Raw {
+    const TABLE: &str =
+        "CREATE TABLE bench_baseline (id INTEGER PRIMARY KEY, client BIGINT NOT NULL,
+        n BIGINT NOT NULL, body TEXT NOT NULL, created_at BIGINT NOT NULL)";
+    match db.backend {
+        Backend::Postgres => {
+            let pool = pg_pool_options()
+                .max_connections(size)
+                .connect(db.url.expose())
+                .await
+                .unwrap();
+            let table = TABLE.replace("INTEGER PRIMARY KEY", "BIGSERIAL PRIMARY KEY");
+            sqlx::query(&table).execute(&pool).await.unwrap();
+            Raw::Pg(pool)
+        }
+        Backend::Sqlite => {
+            let url = format!("sqlite://{}", dir.join("baseline.db").display());
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(size)
+                .connect_with(sqlite_connect_options(&url).unwrap())
+                .await
+                .unwrap();
+            sqlx::query(TABLE).execute(&pool).await.unwrap();
+            Raw::Sqlite(pool)
+        }
     }
 }
 
-async fn mcp_clients(server: &Server, clients: usize, role: &str, tag: &str) -> Vec<Mcp> {
+/// `clients` MCP sessions, each its own fresh agent in [`ROLE`] (none for the direct
+/// upstream, which authenticates nobody).
+async fn mcp_clients(
+    store: &Store,
+    addr: std::net::SocketAddr,
+    work: Work,
+    n: usize,
+) -> Vec<Client> {
     let mut out = Vec::new();
-    for i in 0..clients {
-        let token = server.agent(&format!("bench-{tag}-{i}"), role).await;
-        let mut mcp = Mcp::new(server.addr, &token);
+    for i in 0..n {
+        let token = if work == Work::Direct {
+            "none".to_string()
+        } else {
+            let agent = NewAgent {
+                name: format!("bench-{work:?}-{i}").to_lowercase(),
+                role: ROLE.into(),
+                tenant: "acme".into(),
+                created_by: "bench".into(),
+                expires_at: None,
+                acts_for: None,
+                origin: countersign_core::policy::TaskOrigin::User,
+            };
+            let (_, token) = store.create_agent(&agent).await.unwrap();
+            token.reveal().to_string()
+        };
+        let mut mcp = Mcp::new(addr, &token);
         mcp.connect().await;
-        out.push(mcp);
+        out.push(Client::Mcp(mcp));
     }
     out
 }
 
-/// Samples what the server's active sessions on this database wait on between `from` and
-/// `until`: (wait event | statement, count), most frequent first.
-async fn sample_waits(url: String, from: Instant, until: Instant) -> Vec<(String, usize)> {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
-    tokio::time::sleep_until(from.into()).await;
-    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    while Instant::now() < until {
-        let rows: Vec<(String, String)> = sqlx::query_as(
-            "SELECT COALESCE(wait_event_type || ' / ' || wait_event, 'on CPU'),
-                    LEFT(REGEXP_REPLACE(query, '\\s+', ' ', 'g'), 48)
-             FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()",
-        )
-        .fetch_all(&mut conn)
+/// Every workload's windows, round by round, on one backend.
+struct Runs {
+    backend: Backend,
+    clients: usize,
+    secs: Duration,
+    by_work: Vec<(Work, Vec<Window>)>,
+    drafted: usize,
+}
+
+impl Runs {
+    fn of(&self, work: Work) -> &[Window] {
+        &self.by_work.iter().find(|(w, _)| *w == work).unwrap().1
+    }
+
+    /// Per round, `f(a) / f(b)`.
+    fn ratios(&self, a: Work, b: Work, f: impl Fn(Work, &Window) -> f64) -> Vec<f64> {
+        self.of(a)
+            .iter()
+            .zip(self.of(b))
+            .map(|(x, y)| f(a, x) / f(b, y))
+            .collect()
+    }
+}
+
+async fn run_backend(backend: Backend, clients: usize, rounds: usize, secs: Duration) -> Runs {
+    let db = match backend {
+        Backend::Postgres => fresh_postgres().await,
+        Backend::Sqlite => FreshDb::create(Backend::Sqlite).await.unwrap(),
+    };
+    let dir = std::env::temp_dir().join(format!("cs-gateway-bench-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let upstream = UpstreamProcess::start().await;
+    let registry = bench_registry(&dir, upstream.addr);
+    let server =
+        ServerProcess::start(db.url.expose(), &registry, &dir.join("server.log"), &[]).await;
+    let store = Store::connect(&db.url, &ConnectOptions::default(), Arc::new(SystemClock))
         .await
         .unwrap();
-        for (wait, query) in rows {
-            let query = query.replace('|', "\\|");
-            *counts.entry(format!("{wait} | `{query}`")).or_default() += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = conn.close().await;
-    let mut out: Vec<(String, usize)> = counts.into_iter().collect();
-    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    out
-}
-
-#[tokio::main]
-async fn main() {
-    let clients = env_num("BENCH_CLIENTS", 16) as usize;
-    let secs = Duration::from_secs(env_num("BENCH_SECONDS", 10));
-    let warmup = Duration::from_secs(2);
-    let db = fresh_postgres().await;
-    let server = Server::start(&db).await;
+    let parties = Parties {
+        server: Some(server.pid),
+        upstream: Some(upstream.pid),
+        postgres: backend == Backend::Postgres,
+    };
     eprintln!(
-        "gateway_load: {clients} clients, {secs:?} per workload, server on {}",
-        server.addr
+        "gateway_load on {backend:?}: {clients} clients, {rounds} rounds of {secs:?}, server pid {} on {}",
+        server.pid, server.addr
     );
 
-    // Baseline: BEGIN; INSERT; COMMIT per call, 16 pooled connections with the server's own
-    // pool settings (no ping on acquire).
-    let pool = Arc::new(
-        pg_pool_options()
-            .max_connections(16)
-            .connect(db.url.expose())
-            .await
-            .unwrap(),
-    );
-    sqlx::query(
-        "CREATE TABLE bench_baseline (id BIGSERIAL PRIMARY KEY, client BIGINT NOT NULL,
-            n BIGINT NOT NULL, body TEXT NOT NULL, created_at BIGINT NOT NULL)",
-    )
-    .execute(&*pool)
-    .await
-    .unwrap();
-    let body = "x".repeat(400); // about one audit record's size
-    let baseline = closed_loop(
-        "baseline INSERT + COMMIT",
-        vec![(); clients],
-        warmup,
-        secs,
-        {
-            let pool = pool.clone();
-            move |(), c, n| {
-                let pool = pool.clone();
-                let body = body.clone();
-                async move {
-                    let mut tx = pool.begin().await.unwrap();
-                    sqlx::query(
-                        "INSERT INTO bench_baseline (client, n, body, created_at)
-                         VALUES ($1, $2, $3, $4)",
-                    )
-                    .bind(c as i64)
-                    .bind(n as i64)
-                    .bind(&body)
-                    .bind(n as i64)
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                    tx.commit().await.unwrap();
-                    ((), true)
-                }
+    let mut pools = Vec::new();
+    for work in Work::ALL {
+        let cs = match work {
+            Work::Baseline => {
+                let raw = baseline_pool(&db, &dir, 16).await;
+                (0..clients).map(|_| Client::Raw(raw.clone())).collect()
             }
-        },
-    )
-    .await;
-    pool.close().await;
+            Work::Direct => mcp_clients(&store, upstream.addr, work, clients).await,
+            _ => mcp_clients(&store, server.addr, work, clients).await,
+        };
+        pools.push((work, cs, Vec::new()));
+    }
+    for round in 0..rounds {
+        eprintln!(" round {}", round + 1);
+        let warmup = Duration::from_secs(if round == 0 { 2 } else { 1 });
+        for (work, cs, windows) in &mut pools {
+            let (back, w) = window(*work, std::mem::take(cs), warmup, secs, parties).await;
+            *cs = back;
+            windows.push(w);
+        }
+    }
 
-    let readers = mcp_clients(&server, clients, "worker.finance", "reader").await;
-    let sampler = tokio::spawn(sample_waits(
-        db.url.expose().clone(),
-        Instant::now() + warmup,
-        Instant::now() + warmup + secs,
-    ));
-    let reads = closed_loop(
-        "invoice.get (read)",
-        readers,
-        warmup,
-        secs,
-        |mut mcp: Mcp, _c, _n| async move {
-            let result = mcp
-                .call("invoice.get", json!({"invoice_id": INVOICE}))
-                .await;
-            assert!(result["structuredContent"].is_object(), "{result}");
-            (mcp, true)
-        },
-    )
-    .await;
-
-    let waits = sampler.await.unwrap();
-
-    // Reference: an MCP request that reaches no tool — the transport, rmcp's session and the
-    // guard's authentication (one statement). The floor under any `tools/call`.
-    let pingers = mcp_clients(&server, clients, "worker.finance", "pinger").await;
-    let pings = closed_loop(
-        "reference: MCP ping (transport + authentication only)",
-        pingers,
-        warmup,
-        secs,
-        |mut mcp: Mcp, _c, _n| async move {
-            let reply = mcp.request("ping", json!({})).await;
-            assert!(reply["result"].is_object(), "{reply}");
-            (mcp, true)
-        },
-    )
-    .await;
-
-    let writers = mcp_clients(&server, clients, "worker.finance", "writer").await;
-    let writes = closed_loop(
-        "note.draft (write)",
-        writers,
-        warmup,
-        secs,
-        |mut mcp: Mcp, c, n| async move {
-            let text = format!("bench note {c}-{n}");
-            let result = mcp
-                .try_call("note.draft", json!({"invoice_id": INVOICE, "text": text}))
-                .await;
-            let content = &result["structuredContent"];
-            if result["isError"] == json!(true) {
-                // Only a retryable failure of the target is tolerated (and counted).
-                assert_eq!(content["retryable"], json!(true), "{result}");
-                return (mcp, false);
-            }
-            assert!(content.is_object(), "{result}");
-            (mcp, true)
-        },
-    )
-    .await;
-
-    // Every write was one effect at the target: count them (warm-up calls included).
-    let drafted = server
-        .state
-        .store
+    // Every write was one effect at the target (warm-up calls included).
+    let drafted = store
         .demo_effects(countersign::adapters::builtin::ERP, "notes.draft")
         .await
         .unwrap()
         .len();
+    let by_work: Vec<(Work, Vec<Window>)> = pools.into_iter().map(|(w, _, ws)| (w, ws)).collect();
+    let writes: usize = by_work
+        .iter()
+        .filter(|(w, _)| *w == Work::Write)
+        .flat_map(|(_, ws)| ws.iter().map(|w| w.calls))
+        .sum();
     assert!(
-        drafted >= writes.calls,
-        "{drafted} notes drafted for {} measured calls",
-        writes.calls
+        drafted >= writes,
+        "{drafted} notes drafted for {writes} measured calls"
     );
-
-    // (Last: its records would otherwise lengthen the audit log the writes append to.)
-    // Reference: the least any audited call can do — a `tools/call` of a tool the role does
-    // not have: the transport, the guard's credential statement (without the call context a
-    // read's statement also reads), the role's listing and one chained, durable audit record
-    // (`refused`, through the same committer, durably). No schema, policy, target
-    // read or step row. A read cannot be cheaper than this.
-    let refusers = mcp_clients(&server, clients, "worker.finance", "refuser").await;
-    let refusals = closed_loop(
-        "reference: unlisted tool (transport + credential check + one audit record)",
-        refusers,
-        warmup,
-        secs,
-        |mut mcp: Mcp, _c, _n| async move {
-            let reply = mcp
-                .request(
-                    "tools/call",
-                    json!({"name": "supplier.update_iban", "arguments": {}}),
-                )
-                .await;
-            // The unknown-tool answer (-32602), not an internal error (a failed append).
-            assert_eq!(reply["error"]["code"], json!(-32602), "{reply}");
-            (mcp, true)
-        },
-    )
-    .await;
-
+    drop(store);
     server.stop().await;
+    upstream.stop().await;
     db.drop_db().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Runs {
+        backend,
+        clients,
+        secs,
+        by_work,
+        drafted,
+    }
+}
 
-    let base = baseline.per_s();
-    println!("### Gateway over `/mcp` (issue 4)\n");
+/// A name no other run of this bench uses (process id and a counter).
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `d` per call in ms, or `–` without a reading.
+fn cell(d: Option<Duration>, calls: usize) -> String {
+    d.map_or("–".into(), |d| format!("{:.3}", ms_per(d, calls)))
+}
+
+fn print_table(runs: &Runs) {
     println!(
-        "{clients} concurrent MCP clients over loopback, each its own session, closed loop, \
-         {}s per workload after a {}s warm-up; the real server (`countersign::Application`, \
-         finance example) on Postgres. Baseline in the same run: `BEGIN; INSERT; COMMIT` per \
-         call through a 16-connection sqlx `PgPool` from {clients} tasks.\n",
-        secs.as_secs(),
-        warmup.as_secs()
+        "| workload | calls/s (median) | rounds' spread | failed | p50 | p99 | vs baseline | \
+         server | database | upstream | load generator | other |"
     );
-    println!(
-        "| workload | calls | failed (retryable) | calls/s | p50 | p99 | throughput vs baseline \
-         | CPU per call (machine) | of it in the bench process |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for m in [&baseline, &reads, &writes, &pings, &refusals] {
-        let (machine, process) = CpuUsed::cells(m.cpu.as_ref(), m.calls + m.failed);
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let base: Vec<f64> = runs.of(Work::Baseline).iter().map(Window::per_s).collect();
+    for (work, ws) in &runs.by_work {
+        let per_s: Vec<f64> = ws.iter().map(Window::per_s).collect();
+        let vs: Vec<f64> = per_s.iter().zip(&base).map(|(a, b)| a / b).collect();
+        let mut lat: Vec<Duration> = ws.iter().flat_map(|w| w.latencies.clone()).collect();
+        lat.sort();
+        let calls: usize = ws.iter().map(|w| w.calls + w.failed).sum();
+        let sum = |f: fn(&Spent) -> Option<Duration>| -> Option<Duration> {
+            ws.iter().map(|w| f(&w.cpu)).sum()
+        };
         println!(
-            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
-            m.name,
-            m.calls,
-            m.failed,
-            m.per_s(),
-            ms(percentile(&m.latencies, 50.0)),
-            ms(percentile(&m.latencies, 99.0)),
-            pct(m.per_s(), base),
-            machine,
-            process,
+            "| {} | {:.0} | {} | {} | {} | {} | {:.0} % | {} | {} | {} | {} | {} |",
+            work.name(),
+            median(&per_s),
+            spread(&per_s, 0),
+            ws.iter().map(|w| w.failed).sum::<usize>(),
+            ms(percentile(&lat, 50.0)),
+            ms(percentile(&lat, 99.0)),
+            100.0 * median(&vs),
+            cell(sum(|c| c.server), calls),
+            cell(sum(|c| c.database), calls),
+            cell(sum(|c| c.upstream), calls),
+            cell(sum(|c| c.client), calls),
+            cell(sum(|c| c.other), calls),
         );
     }
-    let ratio = reads.per_s() / base;
-    println!(
-        "\nTarget: reads ≥ 50 % of the baseline's throughput at {clients} clients — **{}** ({}).\n",
-        if ratio >= 0.5 { "met" } else { "missed" },
-        pct(reads.per_s(), base)
-    );
-    if let (Some(b), Some(r)) = (baseline.cpu, reads.cpu) {
-        let ceiling = r.ceiling_per_s(reads.calls + reads.failed);
-        println!(
-            "CPU ceiling: a read costs the machine {} of CPU, a baseline call {}. With all {} \
-             CPUs doing nothing but reads, they would complete at most {ceiling:.0} reads/s: \
-             {} of the baseline's measured throughput, however the work is scheduled.\n",
-            CpuUsed::per_call(r.machine, reads.calls + reads.failed),
-            CpuUsed::per_call(b.machine, baseline.calls + baseline.failed),
-            r.cpus,
-            pct(ceiling, base)
-        );
-    }
-    println!(
-        "The reference row is an authenticated MCP `ping` (no tool, no pipeline, no audit \
-         record): what the transport, rmcp's session handling and the guard's one statement \
-         cost by themselves; a read cannot go faster than it. The second reference is a \
-         `tools/call` refused as unlisted: the same plus the role's listing and one chained, \
-         durable audit record (a committer batch, committed durably) — the floor of any audited \
-         call, before schema, policy, the target's read and the step row.\n"
-    );
-    let samples: usize = waits.iter().map(|(_, n)| n).sum();
-    if samples > 0 {
-        println!(
-            "Where the server's busy database sessions were during the read workload \
-             (`pg_stat_activity` sampled every 20 ms; {samples} session samples):\n"
-        );
-        println!("| wait | statement | share |");
-        println!("|---|---|---:|");
-        for (what, n) in waits.iter().take(8) {
-            println!("| {what} | {} |", pct(*n as f64, samples as f64));
+    println!();
+}
+
+/// A figure: the median of its per-round ratios, its spread, printed and recorded.
+struct Figure {
+    name: String,
+    what: String,
+    target: f64,
+    /// Met when the value is at most the target (a cost) rather than at least (a rate).
+    at_most: bool,
+    over: (Work, &'static str),
+    under: (Work, &'static str),
+    /// Calls per second when true, system CPU per call (ms) when false.
+    rate: bool,
+}
+
+fn report(runs: &Runs, figures: &[Figure]) {
+    println!("| figure | target | value (median of rounds) | rounds | met |");
+    println!("|---|---:|---:|---:|---|");
+    for f in figures {
+        let side = |work: Work, w: &Window| {
+            if f.rate { w.per_s() } else { w.system_ms(work) }
+        };
+        let mut ok = true;
+        if f.over.0 == Work::Write {
+            ok = runs.of(Work::Write).iter().all(|w| w.failed == 0);
         }
-        println!();
-    }
-    if writes.failed > 0 {
+        let ratios = runs.ratios(f.over.0, f.under.0, side);
+        let value = median(&ratios);
+        let met = ok
+            && if f.at_most {
+                value <= f.target
+            } else {
+                value >= f.target
+            };
+        let sign = if f.at_most { "≤" } else { "≥" };
         println!(
-            "Writes: {} `note.draft` calls failed retryably (`unavailable`: the demo ERP numbers \
-             notes by counting them, so concurrent drafts collide and give up after 8 tries); \
-             calls/s and latencies count successful calls only.\n",
-            writes.failed
+            "| `{}`: {} | {sign} {} | {value:.2} | {} | {} |",
+            f.name,
+            f.what,
+            f.target,
+            spread(&ratios, 2),
+            if met { "yes" } else { "**no**" }
+        );
+        let sides = |(work, what): (Work, &str)| Side {
+            what: format!("{what} ({:?}, {} clients)", runs.backend, runs.clients),
+            value: median(
+                &runs
+                    .of(work)
+                    .iter()
+                    .map(|w| side(work, w))
+                    .collect::<Vec<_>>(),
+            ),
+            unit: if f.rate { "calls/s" } else { "ms CPU per call" },
+        };
+        record(
+            &f.name,
+            value,
+            &format!("{sign} {}", f.target),
+            met,
+            sides(f.over),
+            sides(f.under),
         );
     }
+    println!();
+}
+
+fn print_backend(runs: &Runs) {
+    let (name, prefix) = match runs.backend {
+        Backend::Postgres => ("Postgres", ""),
+        Backend::Sqlite => ("SQLite", "sqlite_"),
+    };
+    println!("### Gateway over `/mcp` on {name} (issues 4 and 34)\n");
+    println!(
+        "{} concurrent MCP clients over loopback, each its own session, closed loop; {} rounds, \
+         each running every workload for {} s in the order below. CPU columns: ms of CPU per \
+         call (failed calls included) of each process, summed over the rounds; `other` is the \
+         rest of the machine meanwhile (noise when it is not near zero).\n",
+        runs.clients,
+        runs.of(Work::Baseline).len(),
+        runs.secs.as_secs()
+    );
+    print_table(runs);
+    let sqlite = if prefix.is_empty() { "" } else { " (SQLite)" };
+    let named = |s: &str| format!("{prefix}{s}");
+    let what = |s: &str| format!("{s}{sqlite}");
+    let figures = [
+        Figure {
+            name: named("read_over_insert_commit"),
+            what: what("no-op read throughput ÷ raw INSERT + COMMIT"),
+            target: if prefix.is_empty() { 0.35 } else { 0.50 },
+            at_most: false,
+            over: (Work::Read, "bench.read calls/s"),
+            under: (Work::Baseline, "raw INSERT + COMMIT calls/s"),
+            rate: true,
+        },
+        Figure {
+            name: named("read_cpu_over_floor"),
+            what: what("no-op read's server + database CPU ÷ the floor's"),
+            target: 1.5,
+            at_most: true,
+            over: (Work::Read, "bench.read server + database CPU"),
+            under: (Work::Floor, "unlisted-tool floor server + database CPU"),
+            rate: false,
+        },
+        Figure {
+            name: named("write_over_read"),
+            what: what("`note.draft` ÷ `invoice.get` throughput, 0 failures"),
+            target: 0.5,
+            at_most: false,
+            over: (Work::Write, "note.draft calls/s"),
+            under: (Work::ErpRead, "invoice.get calls/s"),
+            rate: true,
+        },
+        Figure {
+            name: named("through_over_direct"),
+            what: what("upstream read through Countersign ÷ called directly"),
+            target: 0.5,
+            at_most: false,
+            over: (Work::Through, "bench.lookup through Countersign calls/s"),
+            under: (Work::Direct, "upstream lookup direct calls/s"),
+            rate: true,
+        },
+    ];
+    report(runs, &figures);
+    let write_failed: usize = runs.of(Work::Write).iter().map(|w| w.failed).sum();
+    println!(
+        "Writes: {} `note.draft` effects at the demo ERP, {write_failed} failed calls.\n",
+        runs.drafted
+    );
+}
+
+/// Whether the machine was busy before the run: the share of one CPU busy over one second.
+fn busy_before() -> f64 {
+    let parties = Parties::default();
+    let a = parties.read();
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = Spent::between(&a, &parties.read());
+    let other = spent.other.unwrap_or_default() + spent.client.unwrap_or_default();
+    other.as_secs_f64() / spent.wall.as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    if std::env::var_os(UPSTREAM_ENV).is_some() {
+        upstream::serve().await;
+        return;
+    }
+    let clients = env_num("BENCH_CLIENTS", 16) as usize;
+    let rounds = env_num("BENCH_ROUNDS", 3).max(1) as usize;
+    let secs = Duration::from_secs(env_num("BENCH_SECONDS", 10));
+    let backends = std::env::var("BENCH_BACKENDS").unwrap_or_else(|_| "postgres,sqlite".into());
+    let busy = busy_before();
+    if let Ok(sets) = std::env::var("BENCH_ABLATE") {
+        ablate::run(&sets, clients, rounds, secs).await;
+        print_busy(busy);
+        return;
+    }
+    for name in backends.split(',') {
+        let backend = match name.trim() {
+            "postgres" => Backend::Postgres,
+            "sqlite" => Backend::Sqlite,
+            other => panic!("BENCH_BACKENDS: unknown backend {other:?}"),
+        };
+        let runs = run_backend(backend, clients, rounds, secs).await;
+        print_backend(&runs);
+    }
+    print_busy(busy);
+}
+
+fn print_busy(busy: f64) {
+    println!(
+        "Before the run {:.0} % of one CPU was busy with other work{}.\n",
+        100.0 * busy,
+        if busy > 0.1 {
+            ": **the machine was not quiet**, absolute figures are low and ratios noisy"
+        } else {
+            ""
+        }
+    );
 }

@@ -83,7 +83,11 @@ pub async fn connect_and_migrate(
     config: &Config,
     clock: Arc<dyn Clock>,
 ) -> Result<Store, StoreError> {
-    let store = Store::connect(&config.database_url, &ConnectOptions::default(), clock).await?;
+    let options = ConnectOptions {
+        ablations: config.store_ablations,
+        ..ConnectOptions::default()
+    };
+    let store = Store::connect(&config.database_url, &options, clock).await?;
     store.migrate().await?;
     Ok(store)
 }

@@ -2,7 +2,11 @@
 
 use std::io::IsTerminal;
 
+use tracing::{Level, Metadata};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{Config, LogFormat};
 
@@ -10,6 +14,8 @@ use crate::config::{Config, LogFormat};
 pub fn init(config: &Config) {
     // The filter was validated when the config loaded; fall back to `info` regardless.
     let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let verbose = asks_for_debug(&config.log_level);
+    let quiet_disconnects = filter_fn(move |meta| verbose || !client_went_away(meta));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -18,10 +24,66 @@ pub fn init(config: &Config) {
             .json()
             .flatten_event(true)
             .with_current_span(false)
+            .finish()
+            .with(quiet_disconnects)
             .try_init(),
         LogFormat::Text => builder
             .with_target(false)
             .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(quiet_disconnects)
             .try_init(),
     };
+}
+
+/// rmcp's session loop (`rmcp::service`, pinned at 3.11.0) logs at ERROR when it cannot hand
+/// an answer to the transport ("fail to response message" and its kin): the client closed
+/// its stream or connection first — a client's doing, not a fault of the server, and on a
+/// busy gateway a flood. Such events are kept out of the log unless its level asks for debug.
+fn client_went_away(meta: &Metadata<'_>) -> bool {
+    meta.is_event() && meta.target() == "rmcp::service" && *meta.level() == Level::ERROR
+}
+
+/// Whether a log-level directive asks for debug (or trace) output anywhere.
+fn asks_for_debug(level: &str) -> bool {
+    let level = level.to_ascii_lowercase();
+    level.contains("debug") || level.contains("trace")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_rmcp_session_errors_count_as_a_client_gone_and_debug_shows_them() {
+        use tracing::callsite::Identifier;
+        use tracing::field::FieldSet;
+        use tracing::metadata::Kind;
+        struct Site;
+        impl tracing::Callsite for Site {
+            fn set_interest(&self, _: tracing::subscriber::Interest) {}
+            fn metadata(&self) -> &Metadata<'_> {
+                unreachable!()
+            }
+        }
+        static SITE: Site = Site;
+        let meta = |target: &'static str, level: Level| {
+            Metadata::new(
+                "event",
+                target,
+                level,
+                None,
+                None,
+                None,
+                FieldSet::new(&["message"], Identifier(&SITE)),
+                Kind::EVENT,
+            )
+        };
+        assert!(client_went_away(&meta("rmcp::service", Level::ERROR)));
+        assert!(!client_went_away(&meta("rmcp::service", Level::WARN)));
+        assert!(!client_went_away(&meta("countersign::mcp", Level::ERROR)));
+        assert!(!client_went_away(&meta("rmcp::transport", Level::ERROR)));
+        assert!(asks_for_debug("info,rmcp=DEBUG"));
+        assert!(!asks_for_debug("info"));
+    }
 }

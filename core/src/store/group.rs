@@ -210,6 +210,7 @@ async fn pipelined(shared: &Shared) -> bool {
         .pipelined
         .get_or_init(|| async {
             match shared.store.lazy {
+                Some(_) if shared.store.ablations.no_pipeline => false,
                 Some(_) => match shared.store.flush_barrier().await {
                     Ok(()) => true,
                     Err(e) => {
@@ -462,6 +463,7 @@ impl Store {
                 // connection in an aborted transaction that sqlx does not roll back (it counts
                 // the transaction as begun only once the whole query succeeded).
                 if let Some(mut head) = chain.head.take()
+                    && !self.ablations.no_one_trip
                     && super::bulk::one_trip_applicable(jobs)
                 {
                     let durable = unflushed && jobs.iter().any(|j| !j.work.answer_at_commit());

@@ -95,6 +95,8 @@ pub struct Store {
     /// that a later synchronous commit makes durable (a read's opening step row). Never for
     /// anything that must survive a crash on its own.
     pub(crate) lazy: Option<sqlx::PgPool>,
+    /// Write-path mechanisms turned off (benchmarks only).
+    pub(crate) ablations: super::Ablations,
 }
 
 impl std::fmt::Debug for Store {
@@ -116,6 +118,7 @@ impl Store {
             call_hints: Bounded::new(CALL_HINTS_KEPT),
             run_tenants: Bounded::new(RUN_TENANTS_KEPT),
             lazy,
+            ablations: super::Ablations::default(),
         }
     }
 

@@ -86,6 +86,48 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Maximum pooled connections.
     pub max_connections: u32,
+    /// Write-path mechanisms turned off (benchmarks only).
+    pub ablations: Ablations,
+}
+
+/// Mechanisms of the Postgres write path that a benchmark may turn off to measure what each
+/// pays (issue 34: what does not pay goes). Every combination keeps every guarantee: what is
+/// left is the plain path each mechanism was added beside — synchronous commits, the
+/// multi-statement batch, the main pool. SQLite has none of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ablations {
+    /// Commit every batch synchronously instead of unflushed with a shared flush barrier.
+    pub no_pipeline: bool,
+    /// Never write a batch as one statement (`countersign_commit_batch`).
+    pub no_one_trip: bool,
+    /// No pool of `synchronous_commit = off` connections (claims, releases and reads' opening
+    /// rows go through the main pool); implies `no_pipeline`, whose unflushed commits use it.
+    pub no_lazy_pool: bool,
+}
+
+impl Ablations {
+    /// The names [`Ablations::parse`] accepts.
+    pub const NAMES: [&'static str; 3] = ["pipeline", "one_trip", "lazy_pool"];
+
+    /// A comma-separated list of [`Ablations::NAMES`] (empty: none); an unknown name is an
+    /// error naming it.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut out = Self::default();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "pipeline" => out.no_pipeline = true,
+                "one_trip" => out.no_one_trip = true,
+                "lazy_pool" => out.no_lazy_pool = true,
+                other => {
+                    return Err(format!(
+                        "unknown mechanism {other:?} (expected some of {})",
+                        Self::NAMES.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Default for ConnectOptions {
@@ -93,6 +135,7 @@ impl Default for ConnectOptions {
         Self {
             connect_timeout: Duration::from_secs(5),
             max_connections: 16,
+            ablations: Ablations::default(),
         }
     }
 }
@@ -159,6 +202,20 @@ pub fn pg_pool_options() -> PgPoolOptions {
         })
 }
 
+/// How every SQLite connection of the store is opened (the benches open their SQLite
+/// baselines' pools with it too): WAL, a 10 s busy timeout, foreign keys on.
+pub fn sqlite_connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
+    Ok(SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10))
+        .foreign_keys(true)
+        // Temporary tables and statement journals in memory: by default SQLite created and
+        // unlinked a temp file (`etilqs_*`) in almost every write transaction (measured from
+        // outside: 3–12 % of the CPU per call went away with it). Nothing durable lives there.
+        .pragma("temp_store", "memory"))
+}
+
 impl Store {
     /// Connects to the database `url` names, creating a SQLite file (and its folder) if
     /// missing. Does not migrate; call [`Store::migrate`].
@@ -180,17 +237,7 @@ impl Store {
         let mut lazy = None;
         let pool = match Backend::from_url(raw) {
             Some(Backend::Sqlite) => {
-                let opts = SqliteConnectOptions::from_str(raw)
-                    .map_err(malformed)?
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .busy_timeout(Duration::from_secs(10))
-                    .foreign_keys(true)
-                    // Temporary tables and statement journals in memory: by default SQLite
-                    // created and unlinked a temp file (`etilqs_*`) in almost every write
-                    // transaction (measured from outside: 3–12 % of the CPU per call went
-                    // away with it). Nothing durable lives there.
-                    .pragma("temp_store", "memory");
+                let opts = sqlite_connect_options(raw).map_err(malformed)?;
                 if let Some(parent) = opts.get_filename().parent()
                     && !parent.as_os_str().is_empty()
                 {
@@ -226,13 +273,13 @@ impl Store {
                 // The lazy pool serves the committer's batches and every worker's claims and
                 // releases (a write's key is reserved with its start, in a committer batch):
                 // at 4 connections it was contended by 4 workers alone.
-                lazy = Some(
+                lazy = (!options.ablations.no_lazy_pool).then(|| {
                     pg_pool_options()
                         .max_connections(options.max_connections.clamp(1, 8))
                         .min_connections(0)
                         .acquire_timeout(options.connect_timeout)
-                        .connect_lazy_with(opts.clone().options([("synchronous_commit", "off")])),
-                );
+                        .connect_lazy_with(opts.clone().options([("synchronous_commit", "off")]))
+                });
                 let pool = pg_pool_options()
                     .max_connections(options.max_connections)
                     .acquire_timeout(options.connect_timeout)
@@ -243,7 +290,10 @@ impl Store {
             }
             None => return Err(StoreError::UnsupportedUrl { url: shown }),
         };
-        let alone = Self::alone(pool, clock, lazy);
+        let alone = Self {
+            ablations: options.ablations,
+            ..Self::alone(pool, clock, lazy)
+        };
         Ok(Self {
             committer: Some(Arc::new(group::Committer::start(alone.clone()))),
             ..alone

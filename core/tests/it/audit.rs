@@ -903,6 +903,74 @@ async fn a_batch_answered_at_commit_runs_no_flush_barrier_of_its_own() {
     db.drop_db().await;
 }
 
+/// Issue 34's ablations: each write-path mechanism turned off leaves the plain path it was
+/// added beside — no flush barrier without the pipeline (or without the lazy pool it
+/// commits on), no one-trip batch without the one-trip statement — and every transition and
+/// record still commits, chained.
+#[tokio::test]
+async fn ablated_mechanisms_leave_the_plain_path_and_lose_nothing() {
+    use countersign_core::model::{Effect, StepStatus};
+    use countersign_core::store::testing::FreshDb;
+    use countersign_core::store::{Ablations, ConnectOptions, Store, Transition};
+
+    let (_, clock) = test_clock();
+    for list in [
+        "pipeline",
+        "one_trip",
+        "lazy_pool",
+        "pipeline,one_trip,lazy_pool",
+    ] {
+        let ablations = Ablations::parse(list).unwrap();
+        let Some(db) = FreshDb::create(Backend::Postgres).await else {
+            return;
+        };
+        let options = ConnectOptions {
+            ablations,
+            ..ConnectOptions::default()
+        };
+        let store = Store::connect(&db.url, &options, clock.clone())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let run = store
+            .create_run(&crate::store::new_run("acme"))
+            .await
+            .unwrap();
+        let (step, _) = store
+            .open_step(&crate::store::new_step(&run.id, Effect::Write, 1))
+            .await
+            .unwrap();
+        let mut started = record(1);
+        started.step_id = Some(step.id.clone());
+        let taken = Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Pending],
+            to: Some(StepStatus::Running),
+            records: vec![(AuditEvent::Started, started.clone())],
+            ..Transition::default()
+        };
+        assert!(store.move_step(&taken).await.unwrap(), "{list}");
+        for i in 2..6 {
+            store.append_audit(&record(i)).await.unwrap();
+        }
+        let pipelined = !ablations.no_pipeline && !ablations.no_lazy_pool;
+        assert_eq!(store.flush_barriers() > 0, pipelined, "{list}: barriers");
+        if ablations.no_one_trip {
+            assert_eq!(store.one_trip_batches(), 0, "{list}: one-trip batches");
+        }
+        assert_eq!(
+            store.get_step(&step.id).await.unwrap().status,
+            StepStatus::Running,
+            "{list}"
+        );
+        assert_eq!(store.verify_audit().await.unwrap(), Ok(5), "{list}");
+        store.close().await;
+        db.drop_db().await;
+    }
+    assert!(Ablations::parse("pipeline, bogus").is_err());
+    assert_eq!(Ablations::parse("").unwrap(), Ablations::default());
+}
+
 /// The chain pushed one record at a time (no precomputed checks): the reference.
 fn verify_one_by_one(records: &[AuditRecord]) -> Result<i64, countersign_core::audit::ChainBreak> {
     let mut v = ChainVerifier::new(1, GENESIS);

@@ -255,6 +255,7 @@ async fn bad_urls_are_refused_with_the_password_hidden() {
     let opts = ConnectOptions {
         connect_timeout: std::time::Duration::from_millis(500),
         max_connections: 1,
+        ..ConnectOptions::default()
     };
     let err = Store::connect(
         &Secret::new("mysql://u:pw@h/db".into()),

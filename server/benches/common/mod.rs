@@ -2,6 +2,9 @@
 //! client over streamable HTTP, and the statistics and markdown they print.
 #![allow(dead_code)]
 
+pub mod figures;
+pub mod procs;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,6 +71,11 @@ impl Server {
             ("COUNTERSIGN_REGISTRY".to_string(), registry),
             ("COUNTERSIGN_WORKERS".to_string(), "0".to_string()),
             ("COUNTERSIGN_DEMO_SIGN_IN".to_string(), "true".to_string()),
+            // The ablation run (scripts/bench.sh) turns write-path mechanisms off.
+            (
+                "COUNTERSIGN_STORE_ABLATE".to_string(),
+                std::env::var("BENCH_STORE_ABLATE").unwrap_or_default(),
+            ),
         ];
         let config = Config::load(None, env).expect("bench config is valid");
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -206,6 +206,12 @@ pub const KEYS: &[KeySpec] = &[
         default: Some("false"),
         help: "offer seeded demo people at /auth/demo (only with no OIDC issuer, on loopback, never through a proxy); `make run` turns it on",
     },
+    KeySpec {
+        name: "store_ablate",
+        secret: false,
+        default: None,
+        help: "benchmarks only: Postgres write-path mechanisms to turn off (pipeline, one_trip, lazy_pool), to measure what each pays; every guarantee holds without them",
+    },
 ];
 
 pub(super) fn env_name(key: &str) -> String {

@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use countersign_core::audit::checkpoint::CheckpointSigner;
 use countersign_core::redact::RedactionKey;
+use countersign_core::store::Ablations;
 use url::Url;
 
 /// Environment variables with this prefix belong to the test harness, not to the server.
@@ -83,6 +84,8 @@ pub struct Config {
     pub site_root: PathBuf,
     /// Executor workers inside `serve`.
     pub workers: usize,
+    /// Write-path mechanisms turned off (benchmarks only).
+    pub store_ablations: Ablations,
     /// Play the finance demo at start when the database has no runs (`serve --demo`).
     pub demo: bool,
     /// Offer the demo sign-in (still only without an issuer, on loopback, never through a
@@ -346,6 +349,9 @@ impl Config {
             .ok()
             .filter(|n| *n <= 64)
             .ok_or_else(|| invalid("workers", "expected a number from 0 to 64".into()))?;
+
+        let store_ablations = Ablations::parse(&get("store_ablate").unwrap_or_default())
+            .map_err(|why| invalid("store_ablate", why))?;
 
         let demo = match get("demo").as_deref() {
             None | Some("" | "false" | "0") => false,
@@ -634,6 +640,7 @@ impl Config {
             log_level,
             site_root,
             workers,
+            store_ablations,
             demo,
             demo_sign_in,
             webhook_urls,

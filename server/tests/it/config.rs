@@ -60,6 +60,31 @@ fn environment_overrides_the_file_which_overrides_defaults() {
     assert_eq!(c.public_url.as_str(), "https://countersign.example.com/");
 }
 
+/// The benchmarks' ablation key: off by default, names only known mechanisms.
+#[test]
+fn store_ablations_are_off_unless_named_and_unknown_ones_stop_the_start() {
+    use countersign_core::store::Ablations;
+    let c = Config::load(Some(&temp_file("")), env(&[])).unwrap();
+    assert_eq!(c.store_ablations, Ablations::default());
+    let c = Config::load(
+        Some(&temp_file("")),
+        env(&[("COUNTERSIGN_STORE_ABLATE", "one_trip,lazy_pool")]),
+    )
+    .unwrap();
+    assert!(c.store_ablations.no_one_trip && c.store_ablations.no_lazy_pool);
+    assert!(!c.store_ablations.no_pipeline);
+    let msg = Config::load(
+        Some(&temp_file("")),
+        env(&[("COUNTERSIGN_STORE_ABLATE", "pipelines")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.contains("COUNTERSIGN_STORE_ABLATE") && msg.contains("pipelines"),
+        "{msg}"
+    );
+}
+
 const METRICS_TOKEN: &str = "metrics-token-of-thirty-two-chars-x";
 const REDACTION_KEY: &str = "a-redaction-key-of-at-least-32-bytes!";
 
