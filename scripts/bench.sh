@@ -31,12 +31,12 @@ cargo bench -p countersign --bench gateway_load >"$logs/gateway.md"
 step "executor_steps"
 cargo bench -p countersign --bench executor_steps >"$logs/executor.md"
 # The ablation run (issue 34): each write-path mechanism off, against everything on.
-ablations="pipeline;one_trip;lazy_pool"
+ablations="one_trip"
 step "ablation: gateway ($ablations off in turn)"
 BENCH_ABLATE="$ablations" cargo bench -p countersign --bench gateway_load >"$logs/ablate.md"
 step "ablation: executor"
 {
-  echo "Executor at 4 workers ($(printf %s "${BENCH_STEPS:-2000}") no-op steps a round, 3 alternating rounds each"
+  echo "Executor at 4 workers (${BENCH_STEPS:-2000} no-op steps a round, ${BENCH_ROUNDS:-3} alternating rounds each"
   echo "with the guarantees' reference), each configuration in its own run:"
   echo
   echo "| mechanism off | executor steps/s | reference steps/s | executor ÷ reference |"
@@ -110,7 +110,7 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo "Reproduce: \`cargo bench -p countersign --bench executor_steps\` (\`BENCH_STEPS\`, \`BENCH_STEP_TOOL\`, \`BENCH_ROUNDS\`)."
   echo
   cat "$logs/ablate.md"
-  echo "Reproduce: \`BENCH_ABLATE='pipeline;one_trip;lazy_pool' cargo bench -p countersign --bench gateway_load\`;"
+  echo "Reproduce: \`BENCH_ABLATE='one_trip' cargo bench -p countersign --bench gateway_load\`;"
   echo "\`BENCH_PAIRED_ONLY=1 BENCH_STORE_ABLATE=one_trip cargo bench -p countersign --bench executor_steps\`."
   echo
   cat "$logs/chains.md"

@@ -5,8 +5,8 @@
 //! * Processes: the server (the release binary), Postgres, an upstream MCP server (this
 //!   binary again) and the load generator (this process) each run apart; CPU is read per
 //!   process from `/proc` (`common::procs`), so "CPU per call" says whose CPU.
-//! * Rounds: every workload runs once per round, in the same order, `BENCH_ROUNDS` (default
-//!   3) rounds of `BENCH_SECONDS` (default 10) s windows after a warm-up; a figure is the
+//! * Rounds: every workload runs once per round, each round starting one workload later in
+//!   the list, `BENCH_ROUNDS` (default 3) rounds of `BENCH_SECONDS` (default 10) s windows after a warm-up; a figure is the
 //!   median over rounds of the ratio of its two sides measured in the same round, shown with
 //!   the rounds' spread.
 //! * Workloads, each `BENCH_CLIENTS` (default 16) clients in closed loops, each client its
@@ -424,8 +424,10 @@ async fn run_backend(backend: Backend, clients: usize, rounds: usize, secs: Dura
     std::fs::create_dir_all(&dir).unwrap();
     let upstream = UpstreamProcess::start().await;
     let registry = bench_registry(&dir, upstream.addr);
+    // Nothing ablated here, whatever the caller's environment holds.
+    let env = [("COUNTERSIGN_STORE_ABLATE", "")];
     let server =
-        ServerProcess::start(db.url.expose(), &registry, &dir.join("server.log"), &[]).await;
+        ServerProcess::start(db.url.expose(), &registry, &dir.join("server.log"), &env).await;
     let store = Store::connect(&db.url, &ConnectOptions::default(), Arc::new(SystemClock))
         .await
         .unwrap();
@@ -454,7 +456,11 @@ async fn run_backend(backend: Backend, clients: usize, rounds: usize, secs: Dura
     for round in 0..rounds {
         eprintln!(" round {}", round + 1);
         let warmup = Duration::from_secs(if round == 0 { 2 } else { 1 });
-        for (work, cs, windows) in &mut pools {
+        // Each round starts one workload later: what one leaves behind (a checkpoint, a
+        // vacuum after the baseline's inserts) does not always land on the same next one.
+        let n = pools.len();
+        for k in 0..n {
+            let (work, cs, windows) = &mut pools[(k + round) % n];
             let (back, w) = window(*work, std::mem::take(cs), warmup, secs, parties).await;
             *cs = back;
             windows.push(w);

@@ -36,12 +36,22 @@ pub fn init(config: &Config) {
     };
 }
 
-/// rmcp's session loop (`rmcp::service`, pinned at 3.11.0) logs at ERROR when it cannot hand
-/// an answer to the transport ("fail to response message" and its kin): the client closed
-/// its stream or connection first — a client's doing, not a fault of the server, and on a
-/// busy gateway a flood. Such events are kept out of the log unless its level asks for debug.
+/// rmcp's session loop (`rmcp::service`) logs at ERROR when the transport refuses an answer
+/// because the client closed its stream or connection first — a client's doing, not a fault
+/// of the server, and on a busy gateway a flood. Such events are kept out of the log unless
+/// its level asks for debug. They are told apart by their call sites, which are fixed because
+/// rmcp is pinned (`=3.11.0`; re-check these lines when it moves): `service.rs` 1578 "fail to
+/// response message", 1642 "fail to send rejection error", 1866 "failed to send pending
+/// response during drain". Its other ERRORs (a send task that panicked, a sink that would not
+/// close) stay in the log.
+const CLIENT_GONE_LINES: [u32; 3] = [1578, 1642, 1866];
+
 fn client_went_away(meta: &Metadata<'_>) -> bool {
-    meta.is_event() && meta.target() == "rmcp::service" && *meta.level() == Level::ERROR
+    meta.is_event()
+        && meta.target() == "rmcp::service"
+        && *meta.level() == Level::ERROR
+        && meta.file().is_some_and(|f| f.ends_with("service.rs"))
+        && meta.line().is_some_and(|l| CLIENT_GONE_LINES.contains(&l))
 }
 
 /// Whether a log-level directive asks for debug (or trace) output anywhere.
@@ -67,22 +77,37 @@ mod tests {
             }
         }
         static SITE: Site = Site;
-        let meta = |target: &'static str, level: Level| {
+        let meta = |target: &'static str, level: Level, line: u32| {
             Metadata::new(
                 "event",
                 target,
                 level,
-                None,
-                None,
+                Some("/registry/rmcp-3.11.0/src/service.rs"),
+                Some(line),
                 None,
                 FieldSet::new(&["message"], Identifier(&SITE)),
                 Kind::EVENT,
             )
         };
-        assert!(client_went_away(&meta("rmcp::service", Level::ERROR)));
-        assert!(!client_went_away(&meta("rmcp::service", Level::WARN)));
-        assert!(!client_went_away(&meta("countersign::mcp", Level::ERROR)));
-        assert!(!client_went_away(&meta("rmcp::transport", Level::ERROR)));
+        assert!(client_went_away(&meta("rmcp::service", Level::ERROR, 1578)));
+        assert!(client_went_away(&meta("rmcp::service", Level::ERROR, 1866)));
+        // A send task that panicked (1558) is a fault: it stays.
+        assert!(!client_went_away(&meta(
+            "rmcp::service",
+            Level::ERROR,
+            1558
+        )));
+        assert!(!client_went_away(&meta("rmcp::service", Level::WARN, 1578)));
+        assert!(!client_went_away(&meta(
+            "countersign::mcp",
+            Level::ERROR,
+            1578
+        )));
+        assert!(!client_went_away(&meta(
+            "rmcp::transport",
+            Level::ERROR,
+            1578
+        )));
         assert!(asks_for_debug("info,rmcp=DEBUG"));
         assert!(!asks_for_debug("info"));
     }

@@ -312,19 +312,17 @@ pub(crate) fn moved_head(e: &sqlx::Error, chain: &str) -> Option<crate::audit::C
 /// and 16): under chain `chain`'s head lock, only if its head is still `last` (`(seq,
 /// hash)`, `(0, GENESIS)` for an empty chain), every one of `transitions` moves, every key they claim
 /// ([`Transition::reserve`]) is reserved and `records` (sealed after `last`, in chain order)
-/// are inserted; otherwise it raises ([`is_one_trip_refusal`]) and writes nothing.
-/// `durable`: its COMMIT waits for the WAL flush even on a session whose
-/// commits do not. Returns whether its COMMIT waited for the flush (as the function reports
-/// the `synchronous_commit` it ran under: anything but `off` waits for the local flush).
+/// are inserted; otherwise it raises ([`is_one_trip_refusal`]) and writes nothing. Its COMMIT
+/// waits for the WAL flush: the function is asked to make sure of it, whatever the session's
+/// `synchronous_commit`.
 pub(crate) async fn commit_one_trip(
     pool: &sqlx::PgPool,
-    durable: bool,
     chain: &str,
     last: (i64, &str),
     transitions: &[&Transition],
     records: &[AuditRecord],
     now: i64,
-) -> Result<bool, sqlx::Error> {
+) -> Result<(), sqlx::Error> {
     let moves = Moves::of(transitions);
     let claims: Vec<(&Transition, &super::steps::KeyClaim)> = transitions
         .iter()
@@ -339,7 +337,7 @@ pub(crate) async fn commit_one_trip(
     .bind(last.0)
     .bind(last.1)
     .bind(now)
-    .bind(durable);
+    .bind(true);
     let claim = |f: fn(&Transition, &super::steps::KeyClaim) -> String| {
         claims.iter().map(|(t, k)| f(t, k)).collect::<Vec<_>>()
     };
@@ -348,8 +346,9 @@ pub(crate) async fn commit_one_trip(
         .bind(claim(|_, k| k.idem_key.clone()))
         .bind(claim(|_, k| k.inputs_hash.clone()))
         .bind(claim(|_, k| k.owner.clone()));
-    let setting = crate::store::audit_append::bind_record_arrays!(q, records)
+    // The function answers the `synchronous_commit` it committed under: `on`, as asked.
+    let _setting = crate::store::audit_append::bind_record_arrays!(q, records)
         .fetch_one(pool)
         .await?;
-    Ok(setting != "off")
+    Ok(())
 }

@@ -21,13 +21,6 @@ pub(crate) enum Work {
     Append(Box<NewAuditRecord>, AuditEvent),
 }
 
-impl Work {
-    /// Whether the caller asked to be answered at COMMIT ([`Transition::answer_at_commit`]).
-    pub(crate) fn answer_at_commit(&self) -> bool {
-        matches!(self, Work::Transition(t) if t.answer_at_commit)
-    }
-}
-
 /// What was written.
 #[derive(Debug)]
 pub(crate) enum Done {
@@ -59,7 +52,4 @@ pub(crate) trait CommitQueue: Send + Sync {
 
     /// Batches this committer wrote in one round trip.
     fn one_trips(&self) -> u64;
-
-    /// Flush barriers this committer has run.
-    fn barriers(&self) -> u64;
 }

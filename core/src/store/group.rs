@@ -44,39 +44,20 @@
 //!   committer died between COMMIT and its answer (then a transition finds its step moved
 //!   and reports `None`, as a lost race would).
 //!
-//! Pipelining (Postgres): the append lock (the chain's head row) is a transaction lock, and Postgres releases it only
-//! after the COMMIT's WAL flush, so batches committed synchronously advance the chain one fsync
-//! at a time. Instead a batch COMMITs without waiting for the flush (`synchronous_commit =
-//! off`: the lock is released at once and the next batch runs during the fsync), then a
-//! *flush barrier* — a synchronous commit of its own that writes WAL
-//! (`pg_logical_emit_message`, transactional) — returns only once the WAL is on disk up to a
-//! point after the batch's commit record. Invariants:
-//! * No job is answered before the barrier after its batch returned: whatever a caller is told
-//!   (and any effect it then starts) is durable. Barriers of different batches share fsyncs.
-//!   The one exception is a transition marked [`Transition::answer_at_commit`] (an executor's
-//!   closing transition after its effect, whose worker starts no effect before another
-//!   barrier): it is answered at COMMIT, and a crash that loses it leaves what a crash just
-//!   before its COMMIT leaves (a `running` step with an `in_flight` key, reconciled by key).
-//! * A batch whose every job was answered at COMMIT runs no barrier of its own: nobody waits
-//!   for it, and the next barrier (before any effect starts) flushes past it.
-//! * A one-trip batch (below) with a job that waits for durability runs no barrier either: its
-//!   COMMIT waits for the flush itself (the append lock held through it) and flushes every
-//!   earlier batch with it (WAL order); its jobs are answered when it returns.
-//! * WAL order: a batch committed before another is flushed no later than it, so a database
-//!   crash can lose only a suffix of the chain (the unanswered batches), never a middle part.
-//! * Other sessions may read a batch's rows during its flush; anything they then commit
-//!   synchronously (a worker's `running` transition before an effect) is flushed after it.
-//! * A barrier that fails (after retries) answers its batch's jobs with an error that is not
-//!   retried: the batch is committed but not known durable (a step then looks as it would after
-//!   a crash: a `running` step is reconciled by key). The barrier is tried once at start; if
-//!   this database refuses it, batches commit synchronously as before.
+//! Durability: every batch COMMITs synchronously (Postgres `synchronous_commit` on, SQLite's
+//! WAL with `synchronous = FULL`): a job is answered only after its batch is on disk, and the
+//! chain's head lock is held through that flush. Batches of one chain are therefore one flush
+//! apart; the callers that wait meanwhile join the next batch. (A pipelined variant — COMMIT
+//! without the flush, a shared flush barrier before answering, a pool of unflushed
+//! connections — was measured against this on 2026-12-06 and paid under 10 % on every figure:
+//! removed, docs/performance.md.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OnceCell, Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::commit_queue::{CommitQueue, Done, Job, Submitted, Work};
 use super::steps::{apply_transition, reserve_with, seal_records};
@@ -87,20 +68,14 @@ use crate::store::audit_append::{hold_head, insert_all_pg, insert_all_sqlite, se
 /// At most this many jobs share one transaction.
 const MAX_BATCH: usize = 128;
 
-/// At most this many committed batches wait for their flush barrier at once (Postgres).
-const IN_FLIGHT: usize = 8;
-
 /// Attempts of a one-trip batch whose head another process moved (each sealed again on the
 /// head its refusal names) before it takes the long path.
 const ONE_TRIP_ATTEMPTS: usize = 3;
 
-/// Attempts of a batch's flush barrier before its jobs are answered with an error.
-const BARRIER_ATTEMPTS: usize = 3;
-
 /// The `tracing` target of the committer's per-batch timings, emitted at debug level: jobs in
-/// the batch, how long they waited for it on average, how long its statements took (the append
-/// lock held), and each flush barrier's time (microseconds). Off unless a subscriber enables
-/// it (the executor benchmark's profile does).
+/// the batch, how long they waited for it on average and how long its statements took (the
+/// append lock held; microseconds). Off unless a subscriber enables it (the executor
+/// benchmark's profile does).
 pub const TIMING: &str = "countersign::committer::timing";
 
 /// Microseconds of `d`, for [`TIMING`].
@@ -118,20 +93,14 @@ pub(crate) struct Committer {
 /// What the chains' committer tasks share.
 struct Shared {
     store: Store,
-    /// Flush barriers run so far (Postgres, pipelined).
-    barriers: Arc<AtomicU64>,
     /// Batches written in one round trip so far (Postgres).
     one_trips: Arc<AtomicU64>,
-    /// Whether batches commit pipelined (the flush barrier works here), tried once.
-    pipelined: OnceCell<bool>,
-    /// Committed batches waiting for their flush barrier, across chains ([`IN_FLIGHT`]).
-    in_flight: Arc<Semaphore>,
 }
 
 /// How a one-trip batch ended ([`Store::commit_one_trip_pg`]).
 enum OneTrip {
-    /// Written: the answers, the head after it, whether its COMMIT waited for the flush.
-    Written(Vec<Done>, ChainHead, bool),
+    /// Written: the answers and the head after it.
+    Written(Vec<Done>, ChainHead),
     /// The server refused it: nothing of it is written.
     Refused(sqlx::Error),
 }
@@ -154,10 +123,7 @@ impl Committer {
             chains: Arc::default(),
             shared: Arc::new(Shared {
                 store,
-                barriers: Arc::new(AtomicU64::new(0)),
                 one_trips: Arc::new(AtomicU64::new(0)),
-                pipelined: OnceCell::new(),
-                in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
             }),
         }
     }
@@ -197,40 +163,12 @@ impl CommitQueue for Committer {
     fn one_trips(&self) -> u64 {
         self.shared.one_trips.load(Ordering::Relaxed)
     }
-
-    fn barriers(&self) -> u64 {
-        self.shared.barriers.load(Ordering::Relaxed)
-    }
-}
-
-/// Whether batches commit pipelined: on Postgres when the flush barrier works (tried once for
-/// all chains).
-async fn pipelined(shared: &Shared) -> bool {
-    *shared
-        .pipelined
-        .get_or_init(|| async {
-            match shared.store.lazy {
-                Some(_) if shared.store.ablations.no_pipeline => false,
-                Some(_) => match shared.store.flush_barrier().await {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "WAL flush barrier refused: audit batches commit synchronously, one fsync at a time");
-                        false
-                    }
-                },
-                None => false,
-            }
-        })
-        .await
 }
 
 /// One chain's committer: batches of its jobs, one after the other. Chains' committers run
 /// concurrently: each locks only its own chain's head.
 async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Job>, mut chain: Chain) {
     let store = &shared.store;
-    let barriers = &shared.barriers;
-    let pipelined = pipelined(&shared).await;
-    let in_flight = &shared.in_flight;
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
@@ -240,9 +178,8 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Job>, mut chai
             }
         }
         let began = Instant::now();
-        // `slot`: the part of the batch's time spent waiting for a barrier slot.
         // (Field values are computed only when a subscriber enables the target.)
-        let timed = |jobs: &[Job], slot: Duration| {
+        let timed = |jobs: &[Job]| {
             tracing::debug!(
                 target: TIMING,
                 batch_jobs = jobs.len() as u64,
@@ -251,79 +188,14 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Job>, mut chai
                         .map(|j| began.saturating_duration_since(j.submitted))
                         .sum()
                 ) / jobs.len().max(1) as u64,
-                batch_slot_us = micros(slot),
-                batch_us = micros(began.elapsed().saturating_sub(slot)),
+                batch_us = micros(began.elapsed()),
                 "committer batch"
             );
         };
-        if pipelined && let Ok(permit) = in_flight.clone().acquire_owned().await {
-            let slot = began.elapsed();
-            match store.commit_batch(&jobs, true, &mut chain).await {
-                // Committed durably in one trip: everyone is answered now, no barrier.
-                Ok((done, true)) => {
-                    timed(&jobs, slot);
-                    drop(permit);
-                    for (job, done) in jobs.into_iter().zip(done) {
-                        let _ = job.reply.send(Ok(done));
-                    }
-                    continue;
-                }
-                Ok((done, false)) => {
-                    timed(&jobs, slot);
-                    // Jobs that asked to be answered at COMMIT are answered now; the others
-                    // after the flush barrier.
-                    let (now, later): (Vec<_>, Vec<_>) = jobs
-                        .into_iter()
-                        .zip(done)
-                        .partition(|(job, _)| job.work.answer_at_commit());
-                    for (job, done) in now {
-                        let _ = job.reply.send(Ok(done));
-                    }
-                    // Nobody waits for this batch's flush: each job was answered at COMMIT,
-                    // and its worker starts no effect before a later barrier, which flushes
-                    // the WAL past this commit too (WAL order). No barrier of its own.
-                    if later.is_empty() {
-                        drop(permit);
-                        continue;
-                    }
-                    let store = store.clone();
-                    let barriers = barriers.clone();
-                    tokio::spawn(async move {
-                        let flushing = Instant::now();
-                        let flushed = store.flush_barrier_retrying().await;
-                        barriers.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(
-                            target: TIMING,
-                            barrier_us = micros(flushing.elapsed()),
-                            "flush barrier"
-                        );
-                        drop(permit);
-                        for (job, done) in later {
-                            let answer = match &flushed {
-                                Ok(()) => Ok(done),
-                                Err(why) => Err(StoreError::Database(sqlx::Error::Protocol(
-                                    format!("committed, but its WAL flush is not confirmed: {why}"),
-                                ))),
-                            };
-                            let _ = job.reply.send(answer);
-                        }
-                    });
-                    continue;
-                }
-                Err(StoreError::OutcomeUnknown(why)) => {
-                    timed(&jobs, slot);
-                    drop(permit);
-                    unknown(jobs, &why);
-                    continue;
-                }
-                // Nothing of the batch is committed: its jobs go one by one (below).
-                Err(e) => tracing::debug!(error = %e, jobs = jobs.len(), "pipelined batch failed"),
-            }
-        }
-        match store.commit_batch(&jobs, false, &mut chain).await {
+        match store.commit_batch(&jobs, &mut chain).await {
             Err(StoreError::OutcomeUnknown(why)) => unknown(jobs, &why),
-            Ok((done, _)) => {
-                timed(&jobs, Duration::ZERO);
+            Ok(done) => {
+                timed(&jobs);
                 for (job, done) in jobs.into_iter().zip(done) {
                     let _ = job.reply.send(Ok(done));
                 }
@@ -337,11 +209,11 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Job>, mut chai
                 tracing::debug!(error = %e, jobs = jobs.len(), "batch failed; committing its jobs one by one");
                 for job in jobs {
                     let done = store
-                        .commit_batch(std::slice::from_ref(&job), false, &mut chain)
+                        .commit_batch(std::slice::from_ref(&job), &mut chain)
                         .await;
                     let _ = job
                         .reply
-                        .send(done.and_then(|(mut d, _)| d.pop().ok_or(StoreError::NotFound)));
+                        .send(done.and_then(|mut d| d.pop().ok_or(StoreError::NotFound)));
                 }
             }
         }
@@ -378,34 +250,7 @@ fn appended(sealed: &mut Vec<AuditRecord>, record: AuditRecord) -> Done {
 }
 
 impl Store {
-    /// A synchronous commit that writes WAL: when it returns, the WAL is on disk up to a point
-    /// after every commit this process had completed before calling it (see the module doc).
-    async fn flush_barrier(&self) -> Result<(), StoreError> {
-        if let Pool::Postgres(p) = &self.pool {
-            sqlx::query("SELECT pg_logical_emit_message(true, 'countersign', 'flush')")
-                .execute(p)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// [`Store::flush_barrier`], tried up to [`BARRIER_ATTEMPTS`] times.
-    async fn flush_barrier_retrying(&self) -> Result<(), String> {
-        let mut last = String::new();
-        for _ in 0..BARRIER_ATTEMPTS {
-            match self.flush_barrier().await {
-                Ok(()) => return Ok(()),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(last)
-    }
-
-    /// Writes `jobs` in one transaction, in order; one answer per job, and whether the batch is
-    /// known flushed already. `unflushed`: on Postgres, COMMIT without waiting for the WAL
-    /// flush (the caller runs the flush barrier before answering anyone) — except a one-trip
-    /// batch with a job that waits for durability, whose COMMIT waits for the flush itself
-    /// (reported flushed: no barrier needed).
+    /// Writes `jobs` in one transaction, in order, committed durably; one answer per job.
     ///
     /// `chain.head`: the chain head this committer last wrote or read, if it still trusts it. On
     /// Postgres a batch sealed on it goes in one round trip ([`Store::commit_one_trip_pg`]),
@@ -413,12 +258,7 @@ impl Store {
     /// otherwise (or without a cache) the batch takes the multi-statement path, which reads
     /// the head under the lock. Either path leaves `chain.head` at the head after its batch, or
     /// `None` when it failed.
-    async fn commit_batch(
-        &self,
-        jobs: &[Job],
-        unflushed: bool,
-        chain: &mut Chain,
-    ) -> Result<(Vec<Done>, bool), StoreError> {
+    async fn commit_batch(&self, jobs: &[Job], chain: &mut Chain) -> Result<Vec<Done>, StoreError> {
         macro_rules! batch_in {
             ($pool:expr, $begin:expr, $lock:expr, $insert:path) => {{
                 let mut tx = $pool.begin_with($begin).await?;
@@ -454,10 +294,6 @@ impl Store {
                 batch_in!(p, "BEGIN IMMEDIATE", false, insert_all_sqlite)
             }
             Pool::Postgres(p) => {
-                let p = match (&self.lazy, unflushed) {
-                    (Some(lazy), true) => lazy,
-                    _ => p,
-                };
                 // BEGIN and the append lock stay two statements: sent as one simple query, a
                 // lock that fails (lock or statement timeout, cancel) would leave the
                 // connection in an aborted transaction that sqlx does not roll back (it counts
@@ -466,13 +302,12 @@ impl Store {
                     && !self.ablations.no_one_trip
                     && super::bulk::one_trip_applicable(jobs)
                 {
-                    let durable = unflushed && jobs.iter().any(|j| !j.work.answer_at_commit());
                     for attempt in 1..=ONE_TRIP_ATTEMPTS {
-                        match self.commit_one_trip_pg(p, durable, jobs, head).await? {
-                            OneTrip::Written(done, head, flushed) => {
+                        match self.commit_one_trip_pg(p, jobs, head).await? {
+                            OneTrip::Written(done, head) => {
                                 chain.head = Some(head);
                                 chain.one_trips.fetch_add(1, Ordering::Relaxed);
-                                return Ok((done, flushed));
+                                return Ok(done);
                             }
                             // Another process moved the head: sealed again on the head the
                             // refusal names, the batch goes in one trip again.
@@ -505,7 +340,7 @@ impl Store {
                 }
             }
         };
-        Ok((done, false))
+        Ok(done)
     }
 
     /// Postgres: [`Store::commit_batch`] for a batch whose jobs touch distinct steps — its
@@ -560,7 +395,6 @@ impl Store {
     async fn commit_one_trip_pg(
         &self,
         pool: &sqlx::PgPool,
-        durable: bool,
         jobs: &[Job],
         mut head: ChainHead,
     ) -> Result<OneTrip, StoreError> {
@@ -586,9 +420,8 @@ impl Store {
                 }
             });
         }
-        let flushed = match super::bulk::commit_one_trip(
+        match super::bulk::commit_one_trip(
             pool,
-            durable,
             &chain,
             (last.0, last.1.as_str()),
             &transitions,
@@ -597,7 +430,7 @@ impl Store {
         )
         .await
         {
-            Ok(flushed) => flushed,
+            Ok(()) => {}
             // The server aborted it: nothing of it is written.
             Err(e) if super::answered(&e) => return Ok(OneTrip::Refused(e)),
             // It never left: the long path may write it.
@@ -627,9 +460,8 @@ impl Store {
                 tracing::warn!(error = %e, "one-trip batch committed before its connection failed");
                 // Visible means committed; a synchronous COMMIT is visible only once
                 // flushed.
-                durable
             }
-        };
-        Ok(OneTrip::Written(out, head, flushed))
+        }
+        Ok(OneTrip::Written(out, head))
     }
 }

@@ -91,12 +91,8 @@ pub struct Store {
     /// Tenants of runs (a run's tenant never changes), so that a step's records find their
     /// audit chain without a query after the run's first. Shared by clones.
     pub(crate) run_tenants: Bounded<String>,
-    /// Postgres only: a few connections whose commits do not wait for the WAL flush, for rows
-    /// that a later synchronous commit makes durable (a read's opening step row). Never for
-    /// anything that must survive a crash on its own.
-    pub(crate) lazy: Option<sqlx::PgPool>,
     /// Write-path mechanisms turned off (benchmarks only).
-    pub(crate) ablations: super::Ablations,
+    pub(crate) ablations: super::ablations::Ablations,
 }
 
 impl std::fmt::Debug for Store {
@@ -109,7 +105,7 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     /// A store over `pool` without a committer (every write alone) and with empty caches.
-    pub(crate) fn alone(pool: Pool, clock: Arc<dyn Clock>, lazy: Option<PgPool>) -> Self {
+    pub(crate) fn alone(pool: Pool, clock: Arc<dyn Clock>) -> Self {
         Self {
             pool,
             clock,
@@ -117,8 +113,7 @@ impl Store {
             session_runs: Bounded::new(SESSION_RUNS_KEPT),
             call_hints: Bounded::new(CALL_HINTS_KEPT),
             run_tenants: Bounded::new(RUN_TENANTS_KEPT),
-            lazy,
-            ablations: super::Ablations::default(),
+            ablations: super::ablations::Ablations::default(),
         }
     }
 
@@ -133,12 +128,6 @@ impl Store {
     /// The clock this store stamps rows with.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
-    }
-
-    /// Flush barriers this store's committer has run (0 without one; see
-    /// [`crate::store`]'s group commit). For tests and diagnostics.
-    pub fn flush_barriers(&self) -> u64 {
-        self.committer.as_ref().map_or(0, |c| c.barriers())
     }
 
     /// Committer batches this store wrote in one round trip (Postgres; see [`crate::store`]'s

@@ -21,11 +21,9 @@ impl Store {
     /// The scan walks `steps_claim` (`not_before, created_at, seq` of pending steps) in the
     /// ORDER BY's own order and stops at the first claimable row.
     ///
-    /// [durability] On Postgres the claim commits without waiting for the WAL flush: a claim
-    /// lost in a crash leaves its step pending and unleased (a worker takes it again), and
-    /// no effect follows the claim before a synchronous commit that makes the claim durable
-    /// with it: a write is taken (`running`) in a commit that waits for the flush, and WAL
-    /// order puts the claim first.
+    /// [durability] The claim commits durably, like every statement of the store (a claim
+    /// lost in a crash would only leave its step pending and unleased for a worker to take
+    /// again).
     pub async fn claim_step(
         &self,
         worker: &str,
@@ -45,10 +43,9 @@ impl Store {
                     .await?
             };
         }
-        let row: Option<StepRow> = match (&self.pool, &self.lazy) {
-            (Pool::Postgres(_), Some(lazy)) => claim!(lazy),
-            (Pool::Postgres(p), None) => claim!(p),
-            (Pool::Sqlite(p), _) => claim!(p),
+        let row: Option<StepRow> = match &self.pool {
+            Pool::Postgres(p) => claim!(p),
+            Pool::Sqlite(p) => claim!(p),
         };
         row.map(Step::try_from).transpose()
     }
@@ -80,19 +77,16 @@ impl Store {
 
     /// Ends `worker`'s lease on a step (after executing it, whatever the outcome).
     ///
-    /// [durability] On Postgres without waiting for the WAL flush: a release lost in a crash
-    /// leaves a lease that expires by itself, and only a pending step looks at leases.
+    /// [durability] Committed durably (a release lost in a crash would leave a lease that
+    /// expires by itself; only a pending step looks at leases).
     pub async fn release_step(&self, id: &str, worker: &str) -> Result<(), StoreError> {
         let sql = "UPDATE steps SET claimed_by = NULL, lease_until = NULL
                    WHERE id = $1 AND claimed_by = $2";
-        match (&self.pool, &self.lazy) {
-            (Pool::Postgres(_), Some(lazy)) => {
-                sqlx::query(sql).bind(id).bind(worker).execute(lazy).await?;
-            }
-            (Pool::Postgres(p), None) => {
+        match &self.pool {
+            Pool::Postgres(p) => {
                 sqlx::query(sql).bind(id).bind(worker).execute(p).await?;
             }
-            (Pool::Sqlite(p), _) => {
+            Pool::Sqlite(p) => {
                 sqlx::query(sql).bind(id).bind(worker).execute(p).await?;
             }
         }
@@ -103,15 +97,14 @@ impl Store {
     /// every step of its run is done ([`Store::release_step`] then
     /// [`Store::step_and_run_done`], in one statement on Postgres).
     ///
-    /// [durability] As [`Store::release_step`]: the release may be lost in a crash; what is
-    /// read back is committed state either way.
+    /// [durability] As [`Store::release_step`]; what is read back is committed state.
     pub async fn release_and_settle(
         &self,
         id: &str,
         worker: &str,
     ) -> Result<(Step, bool), StoreError> {
-        // `lazy` exists on Postgres only; SQLite keeps the two statements.
-        let Some(lazy) = &self.lazy else {
+        // On SQLite the two statements.
+        let Pool::Postgres(p) = &self.pool else {
             self.release_step(id, worker).await?;
             return self.step_and_run_done(id).await;
         };
@@ -126,7 +119,7 @@ impl Store {
         let row: StepAndRunDone = sqlx::query_as(&sql)
             .bind(id)
             .bind(worker)
-            .fetch_one(lazy)
+            .fetch_one(p)
             .await?;
         Ok((row.step.try_into()?, row.run_done))
     }

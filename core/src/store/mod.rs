@@ -17,6 +17,7 @@
 //! * Where the dialects genuinely differ (the queue claim, `FOR UPDATE SKIP LOCKED`), the
 //!   code matches on [`Backend`] explicitly and both arms are tested.
 
+mod ablations;
 mod agents;
 pub(crate) mod audit_append;
 mod bulk;
@@ -53,6 +54,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use crate::clock::Clock;
 use crate::secret::Secret;
 
+pub use ablations::Ablations;
 pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
 pub use duties::{REVIEW_APPROVED_RULE, ReviewError, StepDuties};
@@ -88,46 +90,6 @@ pub struct ConnectOptions {
     pub max_connections: u32,
     /// Write-path mechanisms turned off (benchmarks only).
     pub ablations: Ablations,
-}
-
-/// Mechanisms of the Postgres write path that a benchmark may turn off to measure what each
-/// pays (issue 34: what does not pay goes). Every combination keeps every guarantee: what is
-/// left is the plain path each mechanism was added beside — synchronous commits, the
-/// multi-statement batch, the main pool. SQLite has none of them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Ablations {
-    /// Commit every batch synchronously instead of unflushed with a shared flush barrier.
-    pub no_pipeline: bool,
-    /// Never write a batch as one statement (`countersign_commit_batch`).
-    pub no_one_trip: bool,
-    /// No pool of `synchronous_commit = off` connections (claims, releases and reads' opening
-    /// rows go through the main pool); implies `no_pipeline`, whose unflushed commits use it.
-    pub no_lazy_pool: bool,
-}
-
-impl Ablations {
-    /// The names [`Ablations::parse`] accepts.
-    pub const NAMES: [&'static str; 3] = ["pipeline", "one_trip", "lazy_pool"];
-
-    /// A comma-separated list of [`Ablations::NAMES`] (empty: none); an unknown name is an
-    /// error naming it.
-    pub fn parse(list: &str) -> Result<Self, String> {
-        let mut out = Self::default();
-        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            match name {
-                "pipeline" => out.no_pipeline = true,
-                "one_trip" => out.no_one_trip = true,
-                "lazy_pool" => out.no_lazy_pool = true,
-                other => {
-                    return Err(format!(
-                        "unknown mechanism {other:?} (expected some of {})",
-                        Self::NAMES.join(", ")
-                    ));
-                }
-            }
-        }
-        Ok(out)
-    }
 }
 
 impl Default for ConnectOptions {
@@ -234,7 +196,6 @@ impl Store {
             url: shown.clone(),
             source,
         };
-        let mut lazy = None;
         let pool = match Backend::from_url(raw) {
             Some(Backend::Sqlite) => {
                 let opts = sqlite_connect_options(raw).map_err(malformed)?;
@@ -270,16 +231,6 @@ impl Store {
                 .map_err(|_| connect(sqlx::Error::PoolTimedOut))?
                 .map_err(connect)?;
                 let _ = probe.close().await;
-                // The lazy pool serves the committer's batches and every worker's claims and
-                // releases (a write's key is reserved with its start, in a committer batch):
-                // at 4 connections it was contended by 4 workers alone.
-                lazy = (!options.ablations.no_lazy_pool).then(|| {
-                    pg_pool_options()
-                        .max_connections(options.max_connections.clamp(1, 8))
-                        .min_connections(0)
-                        .acquire_timeout(options.connect_timeout)
-                        .connect_lazy_with(opts.clone().options([("synchronous_commit", "off")]))
-                });
                 let pool = pg_pool_options()
                     .max_connections(options.max_connections)
                     .acquire_timeout(options.connect_timeout)
@@ -292,7 +243,7 @@ impl Store {
         };
         let alone = Self {
             ablations: options.ablations,
-            ..Self::alone(pool, clock, lazy)
+            ..Self::alone(pool, clock)
         };
         Ok(Self {
             committer: Some(Arc::new(group::Committer::start(alone.clone()))),

@@ -313,13 +313,6 @@ pub struct Transition {
     /// before its call): written `in_flight` unless the key exists already
     /// ([`Store::start_step`] says which).
     pub reserve: Option<KeyClaim>,
-    /// Answer at COMMIT, before the batch's WAL flush is confirmed (group commit on Postgres;
-    /// see [`crate::store`]'s committer). Only for an executor's closing transition after its
-    /// effect: the worker starts no effect before a later barrier (which flushes the WAL past
-    /// this commit), and a crash that loses the unflushed commit leaves the step `running`
-    /// with its key `in_flight`, which the reconciler settles by key — the state a crash just
-    /// before this COMMIT leaves. Never for an answer a caller outside this process sees.
-    pub answer_at_commit: bool,
 }
 
 /// A key reservation made with a transition ([`Transition::reserve`]).

@@ -158,22 +158,9 @@ impl Store {
                         .bind(&new.agent_id)
                 };
             }
-            let taken: Option<i64> = match (&self.pool, &self.lazy) {
-                // A read's opening row need not reach disk before its outcome does: its
-                // closing transition commits synchronously, and WAL order makes this row
-                // durable with it. A crash before that loses a row with no effect and no
-                // record. So it commits on a connection that does not wait for the WAL flush.
-                (Pool::Postgres(_), Some(lazy)) if read => {
-                    bound!(sqlx::query_scalar(insert))
-                        .fetch_optional(lazy)
-                        .await?
-                }
-                (Pool::Postgres(p), _) => {
-                    bound!(sqlx::query_scalar(insert)).fetch_optional(p).await?
-                }
-                (Pool::Sqlite(p), _) => {
-                    bound!(sqlx::query_scalar(insert)).fetch_optional(p).await?
-                }
+            let taken: Option<i64> = match &self.pool {
+                Pool::Postgres(p) => bound!(sqlx::query_scalar(insert)).fetch_optional(p).await?,
+                Pool::Sqlite(p) => bound!(sqlx::query_scalar(insert)).fetch_optional(p).await?,
             };
             if let Some(seq) = taken {
                 let step = Step {
@@ -370,15 +357,13 @@ impl Store {
                     .rows_affected()
             };
         }
-        // [durability] On Postgres without waiting for the WAL flush: the step was taken
-        // (`running`) in a flushed commit before this, and a reservation lost in a database
-        // crash leaves exactly what a crash between the two leaves — a running step without a
-        // key, which the reconciler asks the target about by key. Other callers see the
-        // reservation as soon as it commits, so duplicates are still refused.
-        let n = match (&self.pool, &self.lazy) {
-            (Pool::Postgres(_), Some(lazy)) => reserve!(lazy),
-            (Pool::Postgres(p), None) => reserve!(p),
-            (Pool::Sqlite(p), _) => reserve!(p),
+        // [durability] Committed durably, after the step was taken (`running`) in a commit of
+        // its own: a crash between the two leaves a running step without a key, which the
+        // reconciler asks the target about by key. Other callers see the reservation as soon
+        // as it commits, so duplicates are still refused.
+        let n = match &self.pool {
+            Pool::Postgres(p) => reserve!(p),
+            Pool::Sqlite(p) => reserve!(p),
         };
         if n == 1 {
             return Ok(Reservation::Reserved);

@@ -833,93 +833,17 @@ async fn racing_transitions_across_committers_move_each_step_once() {
     }
 }
 
-/// Group commit on Postgres: a job answered before its batch's flush (an executor's closing
-/// transition, `answer_at_commit`) costs no flush barrier of its own; any other job waits for
-/// one. Both commit, and the chain holds both records in order.
+/// Issue 34's ablation switch: with the one-trip statement turned off, every batch takes the
+/// multi-statement path; with it on, a batch sealed on the head the committer knows goes in
+/// one trip. Either way every transition and record commits, chained.
 #[tokio::test]
-async fn a_batch_answered_at_commit_runs_no_flush_barrier_of_its_own() {
-    use countersign_core::model::{Effect, StepStatus};
-    use countersign_core::store::Transition;
-    use countersign_core::store::testing::FreshDb;
-
-    let (_, clock) = test_clock();
-    let Some(db) = FreshDb::create(Backend::Postgres).await else {
-        return;
-    };
-    let store = db.store(clock.clone()).await;
-    let run = store
-        .create_run(&crate::store::new_run("acme"))
-        .await
-        .unwrap();
-    let (step, _) = store
-        .open_step(&crate::store::new_step(&run.id, Effect::Write, 1))
-        .await
-        .unwrap();
-    let mut started = record(1);
-    started.step_id = Some(step.id.clone());
-    let before = store.flush_barriers();
-    // Taking the step: answered only once its commit is on disk.
-    let taken = Transition {
-        step_id: step.id.clone(),
-        from: vec![StepStatus::Pending],
-        to: Some(StepStatus::Running),
-        records: vec![(AuditEvent::Started, started.clone())],
-        ..Transition::default()
-    };
-    assert!(store.move_step(&taken).await.unwrap());
-    assert_eq!(
-        store.flush_barriers(),
-        before + 1,
-        "a barrier before the answer"
-    );
-    // Closing it, answered at COMMIT: no barrier of its own, now or later.
-    let closed = Transition {
-        step_id: step.id.clone(),
-        from: vec![StepStatus::Running],
-        to: Some(StepStatus::Done),
-        records: vec![(AuditEvent::Succeeded, started)],
-        answer_at_commit: true,
-        ..Transition::default()
-    };
-    assert!(store.move_step(&closed).await.unwrap());
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert_eq!(
-        store.flush_barriers(),
-        before + 1,
-        "no barrier for the closing batch"
-    );
-    // The next job that waits for durability goes in one trip, its COMMIT waiting for the
-    // flush (flushing both): no barrier either.
-    let trips = store.one_trip_batches();
-    store.append_audit(&record(2)).await.unwrap();
-    assert_eq!(store.one_trip_batches(), trips + 1);
-    assert_eq!(store.flush_barriers(), before + 1);
-    assert_eq!(
-        store.get_step(&step.id).await.unwrap().status,
-        StepStatus::Done
-    );
-    assert_eq!(store.verify_audit().await.unwrap(), Ok(3));
-    store.close().await;
-    db.drop_db().await;
-}
-
-/// Issue 34's ablations: each write-path mechanism turned off leaves the plain path it was
-/// added beside — no flush barrier without the pipeline (or without the lazy pool it
-/// commits on), no one-trip batch without the one-trip statement — and every transition and
-/// record still commits, chained.
-#[tokio::test]
-async fn ablated_mechanisms_leave_the_plain_path_and_lose_nothing() {
+async fn the_one_trip_ablation_leaves_the_multi_statement_path_and_loses_nothing() {
     use countersign_core::model::{Effect, StepStatus};
     use countersign_core::store::testing::FreshDb;
     use countersign_core::store::{Ablations, ConnectOptions, Store, Transition};
 
     let (_, clock) = test_clock();
-    for list in [
-        "pipeline",
-        "one_trip",
-        "lazy_pool",
-        "pipeline,one_trip,lazy_pool",
-    ] {
+    for list in ["", "one_trip"] {
         let ablations = Ablations::parse(list).unwrap();
         let Some(db) = FreshDb::create(Backend::Postgres).await else {
             return;
@@ -949,25 +873,34 @@ async fn ablated_mechanisms_leave_the_plain_path_and_lose_nothing() {
             records: vec![(AuditEvent::Started, started.clone())],
             ..Transition::default()
         };
-        assert!(store.move_step(&taken).await.unwrap(), "{list}");
+        assert!(store.move_step(&taken).await.unwrap(), "{list:?}");
         for i in 2..6 {
             store.append_audit(&record(i)).await.unwrap();
         }
-        let pipelined = !ablations.no_pipeline && !ablations.no_lazy_pool;
-        assert_eq!(store.flush_barriers() > 0, pipelined, "{list}: barriers");
-        if ablations.no_one_trip {
-            assert_eq!(store.one_trip_batches(), 0, "{list}: one-trip batches");
-        }
+        let closed = Transition {
+            step_id: step.id.clone(),
+            from: vec![StepStatus::Running],
+            to: Some(StepStatus::Done),
+            records: vec![(AuditEvent::Succeeded, started)],
+            ..Transition::default()
+        };
+        assert!(store.move_step(&closed).await.unwrap(), "{list:?}");
+        assert_eq!(
+            store.one_trip_batches() == 0,
+            ablations.no_one_trip,
+            "{list:?}: one-trip batches {}",
+            store.one_trip_batches()
+        );
         assert_eq!(
             store.get_step(&step.id).await.unwrap().status,
-            StepStatus::Running,
-            "{list}"
+            StepStatus::Done,
+            "{list:?}"
         );
-        assert_eq!(store.verify_audit().await.unwrap(), Ok(5), "{list}");
+        assert_eq!(store.verify_audit().await.unwrap(), Ok(6), "{list:?}");
         store.close().await;
         db.drop_db().await;
     }
-    assert!(Ablations::parse("pipeline, bogus").is_err());
+    assert!(Ablations::parse("one_trip, pipeline").is_err());
     assert_eq!(Ablations::parse("").unwrap(), Ablations::default());
 }
 

@@ -31,7 +31,10 @@ fn pid_ticks(pid: u32) -> Option<u64> {
 }
 
 /// Ticks of every process whose command name is `comm` (Postgres: the postmaster, whose
-/// children's ticks include every backend that exited, and each live backend).
+/// children's ticks include every backend that exited, and each live backend). Every
+/// Postgres process of the machine counts, whatever database it serves: the bench wants a
+/// quiet machine. A backend that exits between the scan's reading of the postmaster and of
+/// itself is missed by that reading (rare: the benches' pools keep their connections).
 fn comm_ticks(comm: &str) -> Option<u64> {
     let mut sum = None;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -78,6 +81,8 @@ pub struct Parties {
 
 #[derive(Clone, Copy, Debug)]
 pub struct Reading {
+    /// Whether a database process was to be read (Postgres).
+    postgres: bool,
     server: Option<u64>,
     upstream: Option<u64>,
     database: Option<u64>,
@@ -89,6 +94,7 @@ pub struct Reading {
 impl Parties {
     pub fn read(&self) -> Reading {
         Reading {
+            postgres: self.postgres,
             server: self.server.and_then(pid_ticks),
             upstream: self.upstream.and_then(pid_ticks),
             database: if self.postgres {
@@ -106,6 +112,8 @@ impl Parties {
 /// CPU time each party spent between two readings.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Spent {
+    /// Whether the database runs in processes of its own (Postgres) that had to be read.
+    pub postgres: bool,
     pub server: Option<Duration>,
     pub upstream: Option<Duration>,
     pub database: Option<Duration>,
@@ -128,6 +136,7 @@ impl Spent {
         let client = d(a.client, b.client);
         let ours: Duration = [server, upstream, database, client].iter().flatten().sum();
         Self {
+            postgres: a.postgres,
             server,
             upstream,
             database,
@@ -137,11 +146,15 @@ impl Spent {
         }
     }
 
-    /// The system under test: the server and its database (and the upstream when it is
-    /// the system called directly).
+    /// The system under test: the server and, on Postgres, its database. `None` when a
+    /// part of it could not be read (never a partial sum under the whole's name).
     pub fn system(&self) -> Option<Duration> {
-        Some(self.server.unwrap_or_default() + self.database.unwrap_or_default())
-            .filter(|_| self.server.is_some() || self.database.is_some())
+        let database = if self.postgres {
+            self.database?
+        } else {
+            Duration::ZERO
+        };
+        Some(self.server? + database)
     }
 }
 

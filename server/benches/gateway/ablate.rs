@@ -2,7 +2,10 @@
 //! pays, on vs off, in one run). One `countersign serve` per configuration, each on its own
 //! fresh Postgres database: everything on, then each set of `BENCH_ABLATE` (`;`-separated
 //! values of `COUNTERSIGN_STORE_ABLATE`) off. Rounds interleave the configurations: per
-//! round, each runs the no-op read, the floor and the demo ERP write in turn.
+//! round, each runs the no-op read, the floor and the demo ERP write in turn. All servers
+//! stay up (idle between their windows), each holding up to 16 connections: Postgres needs
+//! room for about 16 per configuration. Database CPU is every Postgres process's, idle
+//! servers' included (their registry polls: a few statements a second).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,16 +27,20 @@ struct Config {
 }
 
 pub async fn run(sets: &str, clients: usize, rounds: usize, secs: Duration) {
+    let labels: Vec<String> = std::iter::once(String::new())
+        .chain(sets.split(';').map(|s| s.trim().to_string()))
+        .collect();
+    // The databases first: without Postgres the bench exits before it starts a process.
+    let mut dbs = Vec::new();
+    for _ in &labels {
+        dbs.push(fresh_postgres().await);
+    }
     let dir = std::env::temp_dir().join(format!("cs-ablate-bench-{}", uuid_like()));
     std::fs::create_dir_all(&dir).unwrap();
     let upstream = UpstreamProcess::start().await;
     let registry = bench_registry(&dir, upstream.addr);
-    let labels: Vec<String> = std::iter::once(String::new())
-        .chain(sets.split(';').map(|s| s.trim().to_string()))
-        .collect();
     let mut live = Vec::new();
-    for (i, label) in labels.iter().enumerate() {
-        let db = fresh_postgres().await;
+    for ((i, label), db) in labels.iter().enumerate().zip(dbs) {
         let log = dir.join(format!("server-{i}.log"));
         let env = [("COUNTERSIGN_STORE_ABLATE", label.as_str())];
         let server = ServerProcess::start(db.url.expose(), &registry, &log, &env).await;
@@ -62,7 +69,11 @@ pub async fn run(sets: &str, clients: usize, rounds: usize, secs: Duration) {
     for round in 0..rounds {
         eprintln!(" ablation round {}", round + 1);
         let warmup = Duration::from_secs(if round == 0 { 2 } else { 1 });
-        for (i, (_, _, parties, pools)) in live.iter_mut().enumerate() {
+        // Each round starts one configuration later (see the main run's rounds).
+        let n = live.len();
+        for k in 0..n {
+            let i = (k + round) % n;
+            let (_, _, parties, pools) = &mut live[i];
             eprintln!("  off: {:?}", configs[i].label);
             for (j, (work, cs)) in pools.iter_mut().enumerate() {
                 let (back, w) = window(*work, std::mem::take(cs), warmup, secs, *parties).await;

@@ -67,8 +67,14 @@ pub async fn serve() {
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default(),
     );
+    use axum::serve::ListenerExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!("listening {}", listener.local_addr().unwrap());
+    // As Countersign's own listener: without TCP_NODELAY an SSE answer's last segment waits
+    // for the client's delayed ACK (~40 ms a call).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, Router::new().route_service("/mcp", service))
         .await
         .unwrap();

@@ -210,7 +210,7 @@ pub const KEYS: &[KeySpec] = &[
         name: "store_ablate",
         secret: false,
         default: None,
-        help: "benchmarks only: Postgres write-path mechanisms to turn off (pipeline, one_trip, lazy_pool), to measure what each pays; every guarantee holds without them",
+        help: "benchmarks only: Postgres write-path mechanisms to turn off (one_trip), to measure what each pays; every guarantee holds without them",
     },
 ];
 

@@ -222,9 +222,6 @@ pub(super) async fn finish(
                 outcome: stored.clone(),
                 key: dedupe.then_some((key, stored)),
                 records: vec![record],
-                // A worker's closing write needs no flush before it goes on: its next effect
-                // waits for its own start's barrier. An agent is told only what is durable.
-                answer_at_commit: ctx.caller.executor.is_some(),
                 // A worker's lease ends with it (no separate release).
                 release: ctx.caller.executor.clone(),
                 ..Transition::default()
