@@ -39,8 +39,8 @@ pub(crate) struct Job {
     pub(crate) submitted: Instant,
 }
 
-/// A committer's answer to one submitted job, once its batch committed (and is durable,
-/// unless the job asked to be answered at COMMIT); `None` when the committer is gone.
+/// A committer's answer to one submitted job, once its batch committed durably; `None` when
+/// the committer is gone.
 pub(crate) type Submitted<'a> =
     Pin<Box<dyn Future<Output = Option<Result<Done, StoreError>>> + Send + 'a>>;
 

@@ -221,6 +221,15 @@ impl Store {
                 if !opts.get_options().is_some_and(|o| o.contains("jit")) {
                     opts = opts.options([("jit", "off")]);
                 }
+                // Every commit waits for the WAL flush (a job is answered only once durable:
+                // store::group), whatever the database's or role's default — unless the
+                // URL's own `options` say otherwise (`remote_apply` with standbys, say).
+                if !opts
+                    .get_options()
+                    .is_some_and(|o| o.contains("synchronous_commit"))
+                {
+                    opts = opts.options([("synchronous_commit", "on")]);
+                }
                 // One direct connection first: the pool's acquire timeout would hide the
                 // cause ("connection refused", "password authentication failed").
                 let probe = tokio::time::timeout(

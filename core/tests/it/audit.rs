@@ -984,70 +984,45 @@ fn parallel_verify_accepts_an_intact_long_chain() {
     }
 }
 
-/// A database that refuses the WAL flush barrier (`pg_logical_emit_message` revoked from the
-/// role Countersign connects as): the group committer notices at start and commits every
-/// batch synchronously. Without that fallback every pipelined batch would be answered "not
-/// known durable" and no append would succeed.
+/// Every batch is answered only after a durable commit, so the store's sessions commit
+/// synchronously even on a database whose default is `synchronous_commit = off` (a URL's own
+/// `options` may still set it).
 #[tokio::test]
-async fn a_refused_flush_barrier_falls_back_to_synchronous_batches() {
+async fn the_store_commits_synchronously_whatever_the_database_default() {
     use countersign_core::store::testing::FreshDb;
-    use countersign_core::store::{ConnectOptions, Store};
     use sqlx::Connection;
 
     let (_, clock) = test_clock();
     let Some(db) = FreshDb::create(Backend::Postgres).await else {
         return;
     };
-    // Migrated by the admin, then used by a role that may not write the barrier.
-    db.store(clock.clone()).await.close().await;
-    let role = format!("cs_nobarrier_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
-    for sql in [
-        format!("CREATE ROLE {role} LOGIN PASSWORD 'nobarrier'"),
-        format!("GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"),
-        format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"),
-        // Function privileges live in this database's own catalog: other databases keep theirs.
-        "DO $$ DECLARE f regprocedure; BEGIN \
-           FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' \
-           LOOP EXECUTE 'REVOKE EXECUTE ON FUNCTION ' || f || ' FROM PUBLIC'; END LOOP; END $$"
-            .to_string(),
-    ] {
-        sqlx::query(&sql).execute(&mut admin).await.unwrap();
-    }
-    let mut url = url::Url::parse(db.url.expose()).unwrap();
-    url.set_username(&role).unwrap();
-    url.set_password(Some("nobarrier")).unwrap();
-    let url = Secret::new(url.to_string());
-
-    // The barrier is refused for this role.
-    let mut probe = sqlx::PgConnection::connect(url.expose()).await.unwrap();
-    let refused = sqlx::query("SELECT pg_logical_emit_message(true, 'countersign', 'flush')")
-        .execute(&mut probe)
-        .await;
-    assert!(
-        refused.is_err(),
-        "the barrier should be refused: {refused:?}"
-    );
-    let _ = probe.close().await;
-
-    let store = Store::connect(&url, &ConnectOptions::default(), clock)
+    let mut conn = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+    sqlx::query(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = off', \
+         current_database()); END $$",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let _ = conn.close().await;
+    let mut plain = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+    let default: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&mut plain)
         .await
         .unwrap();
-    append_concurrently(&store, 24).await;
-    assert_eq!(store.verify_audit().await.unwrap(), Ok(24));
-    store.close().await;
-    let _ = admin.close().await;
-    db.drop_db().await;
-    // Roles belong to the cluster: dropped once the database holding its grants is gone.
-    let mut cluster =
-        sqlx::PgConnection::connect(&countersign_core::store::testing::postgres_admin_url())
+    assert_eq!(default, "off", "the database's own default");
+    let _ = plain.close().await;
+    let store = db.store(clock.clone()).await;
+    assert_eq!(
+        store
+            .query_strings("SHOW synchronous_commit")
             .await
-            .unwrap();
-    sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
-        .execute(&mut cluster)
-        .await
-        .unwrap();
-    let _ = cluster.close().await;
+            .unwrap(),
+        vec!["on".to_string()]
+    );
+    store.append_audit(&record(1)).await.unwrap();
+    store.close().await;
+    db.drop_db().await;
 }
 
 /// Sessions the server ends under the store (an administrator's `pg_terminate_backend`, a
@@ -1084,8 +1059,7 @@ async fn sessions_ended_under_the_store_are_replaced() {
     pause().await;
     append_concurrently(&store, 24).await;
     // Ended right after a burst: an append at once may fail (a connection that broke fails
-    // its statement) or be answered "committed, but not known durable"; an answered one is
-    // in the chain.
+    // its statement); an answered one is in the chain.
     append_concurrently(&store, 24).await;
     end_sessions(&mut admin).await;
     let mut answered: i64 = 0;
