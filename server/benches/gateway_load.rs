@@ -162,7 +162,11 @@ async fn call(work: Work, client: &mut Client, c: usize, n: u64) -> bool {
             assert!(r["structuredContent"].is_object(), "{r}");
         }
         Work::Write => {
-            let text = format!("bench note {c}-{n}-{}", std::process::id());
+            // Distinct across windows and rounds too: a repeated text is the same call,
+            // answered from its first outcome (no new effect), which is not a write.
+            static NOTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let note = NOTES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let text = format!("bench note {c}-{n}-{note}-{}", std::process::id());
             let r = mcp
                 .try_call("note.draft", json!({"invoice_id": INVOICE, "text": text}))
                 .await;
