@@ -51,6 +51,10 @@ use countersign_core::{Backend, Store};
 use serde_json::json;
 
 const INVOICE: &str = "INV-20260611";
+
+/// The baseline's row body: about one audit record's size (built once, not per call on the
+/// load generator's side of the measurement).
+static BASELINE_BODY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "x".repeat(400));
 const ROLE: &str = "worker.finance";
 
 /// The workloads, in the order each round runs them.
@@ -130,7 +134,7 @@ enum Client {
 async fn call(work: Work, client: &mut Client, c: usize, n: u64) -> bool {
     let mcp = match client {
         Client::Raw(raw) => {
-            raw.insert(c, n, &"x".repeat(400)).await;
+            raw.insert(c, n, &BASELINE_BODY).await;
             return true;
         }
         Client::Mcp(mcp) => mcp,

@@ -331,15 +331,7 @@ impl CpuUsed {
 /// The current counters; `None` off Linux or when `/proc` is unreadable.
 pub fn cpu_reading() -> Option<CpuReading> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = stat.lines().next()?.strip_prefix("cpu ")?;
-    let f: Vec<u64> = line
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is inside user).
-    let [user, nice, system, idle, iowait, irq, softirq, steal] = *f.get(..8)? else {
-        return None;
-    };
+    let [user, nice, system, idle, iowait, irq, softirq, steal] = procs::all_cpus(&stat)?;
     let own = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the command name (which may hold spaces) start at field 3; utime and
     // stime are fields 14 and 15.

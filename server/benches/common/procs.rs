@@ -58,16 +58,20 @@ fn comm_ticks(comm: &str) -> Option<u64> {
 
 /// Busy ticks of all CPUs (user, nice, system, irq, softirq; steal is time nothing here ran).
 fn machine_busy() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, _steal] =
+        all_cpus(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    Some(user + nice + system + irq + softirq)
+}
+
+/// The all-CPUs line of `/proc/stat` (`stat`, the file's text): user, nice, system, idle,
+/// iowait, irq, softirq, steal ticks (guest time is inside user).
+pub fn all_cpus(stat: &str) -> Option<[u64; 8]> {
     let line = stat.lines().next()?.strip_prefix("cpu ")?;
     let f: Vec<u64> = line
         .split_whitespace()
         .filter_map(|x| x.parse().ok())
         .collect();
-    let [user, nice, system, _idle, _iowait, irq, softirq] = *f.get(..7)? else {
-        return None;
-    };
-    Some(user + nice + system + irq + softirq)
+    f.get(..8)?.try_into().ok()
 }
 
 /// Which processes a reading covers.
