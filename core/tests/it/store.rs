@@ -161,6 +161,15 @@ async fn the_database_refuses_update_and_delete_on_audit() {
                  VALUES ('{chain}', {seq}, 0, 'proposed', '{{}}', '{prev}', '{hash}')"
             )
         };
+        // Several records in one statement: each follows the one before it (Postgres checks
+        // the statement's records together, SQLite row by row).
+        let insert_two = |second_seq: i64, second_prev: &str| {
+            format!(
+                "INSERT INTO audit (chain, seq, at, event, record, prev, hash) \
+                 VALUES ('t', 1, 0, 'proposed', '{{}}', '{genesis}', 'sha256:1'), \
+                        ('t', {second_seq}, 0, 'proposed', '{{}}', '{second_prev}', 'sha256:2')"
+            )
+        };
         // (The head row of a chain is written by its first appender.)
         store
             .execute_sql(&format!(
@@ -181,6 +190,11 @@ async fn the_database_refuses_update_and_delete_on_audit() {
             (
                 insert(9, genesis, "sha256:1", "_legacy"),
                 "the frozen legacy chain",
+            ),
+            (insert_two(3, "sha256:1"), "a gap inside the statement"),
+            (
+                insert_two(2, "sha256:x"),
+                "a wrong link inside the statement",
             ),
         ] {
             let err = store.execute_sql(&sql).await.unwrap_err();
