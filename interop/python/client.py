@@ -1,6 +1,7 @@
 """Interop client: drives Countersign's /mcp with the official MCP Python SDK.
 
 Usage: client.py URL TOKEN SCRIPT_JSON   (or env MCP_URL, MCP_TOKEN, MCP_SCRIPT)
+       MCP_MODE=legacy forces the initialize handshake (default: the SDK's own, "auto").
 
 SCRIPT_JSON is a list of operations:
   {"op": "list"}                                  -> tools/list
@@ -44,7 +45,9 @@ async def main() -> None:
     url, token, script = arg(1, "MCP_URL"), arg(2, "MCP_TOKEN"), json.loads(arg(3, "MCP_SCRIPT"))
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
     out: dict = {"sdk": f"python mcp {version('mcp')}", "results": []}
-    async with http, Client(streamable_http_client(url, http_client=http), raise_exceptions=True) as client:
+    mode = os.environ.get("MCP_MODE", "auto")
+    client = Client(streamable_http_client(url, http_client=http), mode=mode, raise_exceptions=True)
+    async with http, client:
         session = client.session
         out["protocolVersion"] = client.protocol_version
         out["era"] = "modern" if session.discover_result is not None else "handshake"

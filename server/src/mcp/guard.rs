@@ -13,7 +13,12 @@
 //!   for a session that does not exist (404), whatever token it carries.
 //! * One agent credential holds at most [`MAX_SESSIONS_PER_AGENT`] live sessions in a
 //!   process: a further `initialize` is refused (429) until it ends one, so one token cannot
-//!   grow the server's memory without bound.
+//!   grow the server's memory without bound. Only `initialize` opens a session: a session-less
+//!   POST is read before rmcp sees it and counts as opening one when it is `initialize` or
+//!   cannot be read as one other request (a batch, not JSON: fail closed). A 2026-07-28
+//!   request or `server/discover` opens none and meets no limit.
+//! * Ending a session answers 204 (rmcp answers 202, which the official Python SDK logs as a
+//!   failed termination); nothing else about the answer changes.
 //! * The call context read with the authentication ([`Admission::prefetched`]) is chosen by an
 //!   in-memory hint and grants nothing: it is read in the same statement as the credential,
 //!   only for the agent the token proves to be, and the pipeline uses it only for the run the
@@ -89,6 +94,8 @@ pub struct GuardState {
     pub owners: Arc<SessionOwners>,
     /// rmcp's sessions (to forget owners of sessions that ended).
     pub sessions: Arc<LocalSessionManager>,
+    /// The largest POST body rmcp accepts (the guard reads no more of a session-less one).
+    pub max_body: usize,
 }
 
 /// Session id → the id of the agent credential that opened it, and per agent the
@@ -162,7 +169,16 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
     }
     let agent = credential.id.clone();
-    let opening = session.is_none() && req.method() == axum::http::Method::POST;
+    let opening = if session.is_none() && req.method() == axum::http::Method::POST {
+        let (read, opens) = match opens_session(req, state.max_body).await {
+            Ok(read) => read,
+            Err(too_large) => return too_large,
+        };
+        req = read;
+        opens
+    } else {
+        false
+    };
     if opening
         && !state
             .owners
@@ -184,7 +200,10 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
     req.headers_mut().remove(AUTHORIZATION);
     req.extensions_mut().insert(credential);
     req.extensions_mut().insert(admission);
-    let response = next.run(req).await;
+    let mut response = next.run(req).await;
+    if ending && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
     if !response.status().is_success() {
         if opening {
             state.owners.release(&agent);
@@ -217,6 +236,36 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         state.owners.release(&agent);
     }
     response
+}
+
+/// Reads a session-less POST's body to tell whether it opens a session: `true` unless it is
+/// one JSON-RPC message whose method is not `initialize` (a batch, or a body that is not
+/// JSON, counts as opening: the limit applies). Gives the request back whole for rmcp; a
+/// body larger than rmcp accepts is refused here as rmcp would (413).
+async fn opens_session(req: Request, max_body: usize) -> Result<(Request, bool), Response> {
+    /// The one field read.
+    #[derive(serde::Deserialize)]
+    struct Message {
+        method: Option<String>,
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, max_body).await else {
+        return Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Json(json!({"error": "request body too large"})),
+        )
+            .into_response());
+    };
+    let opens = match serde_json::from_slice::<Message>(&bytes) {
+        Ok(Message {
+            method: Some(method),
+        }) => method == "initialize",
+        _ => true,
+    };
+    Ok((
+        Request::from_parts(parts, axum::body::Body::from(bytes)),
+        opens,
+    ))
 }
 
 /// How many of this process's live MCP sessions `agent` opened (owners of sessions that

@@ -12,9 +12,12 @@
 //!   exists nowhere gets.
 //! * With no bundle in force, no tool exists for anyone (fail closed).
 //! * Internal errors reach the agent as an opaque "internal error", their cause only the log.
-//! * Only the protocol revisions in [`PROTOCOL_REVISIONS`] are spoken (both have the
-//!   `initialize` handshake and a session); anything newer rmcp knows (the session-less
-//!   2026-07-28 draft and its `server/discover`) is refused, so a client falls back to them.
+//! * Only the protocol revisions in [`PROTOCOL_REVISIONS`] are spoken: 2025-06-18 and
+//!   2025-11-25 with the `initialize` handshake and a session, and 2026-07-28 without either
+//!   (`server/discover`, then each request stands alone, its revision and client in its
+//!   `_meta`; rmcp routes it and answers it as plain JSON). Every revision reaches the same
+//!   handler: the same guard, role-filtered listing, pipeline and refusals. A session-less
+//!   call belongs to the agent's session-less run ([`crate::pipeline`]).
 
 pub mod call;
 pub mod guard;
@@ -42,8 +45,11 @@ use crate::AppState;
 pub const PATH: &str = "/mcp";
 
 /// The MCP revisions the gateway speaks, oldest first.
-pub const PROTOCOL_REVISIONS: &[ProtocolVersion] =
-    &[ProtocolVersion::V_2025_06_18, ProtocolVersion::V_2025_11_25];
+pub const PROTOCOL_REVISIONS: &[ProtocolVersion] = &[
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
 
 /// How many tools one `tools/list` page holds.
 pub const TOOLS_PAGE_SIZE: usize = 50;
@@ -53,15 +59,18 @@ pub fn routes(state: AppState) -> Router<AppState> {
     let handler_state = state.clone();
     let sessions = Arc::new(LocalSessionManager::default());
     state.metrics.track_mcp_sessions(&sessions);
+    let config = transport_config(&state);
+    let max_body = config.max_request_body_bytes;
     let service = StreamableHttpService::new(
         move || Ok(Gateway::new(handler_state.clone())),
         sessions.clone(),
-        transport_config(&state),
+        config,
     );
     let guarded = guard::GuardState {
         app: state,
         owners: Arc::default(),
         sessions,
+        max_body,
     };
     Router::new()
         .route_service(PATH, service)
@@ -81,7 +90,10 @@ fn transport_config(state: &AppState) -> StreamableHttpServerConfig {
     }
     let mut config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
-        .disable_allowed_origins();
+        .disable_allowed_origins()
+        // A session-less (2026-07-28) answer that is one message comes as `application/json`,
+        // not an event stream (rmcp falls back to a stream when a handler sends more).
+        .with_json_response(true);
     // Shutdown ends every session and its stream (see `Application::run_until`).
     config.cancellation_token = state.shutdown.clone();
     config

@@ -1,7 +1,10 @@
 //! Interop: `/mcp` driven by MCP clients nobody here wrote — the official Python SDK (PyPI
 //! `mcp`, pinned in interop/python/requirements.txt, venv from `make interop-tools`) and the
 //! official TypeScript SDK (npm `@modelcontextprotocol/sdk`, pinned in package.json) — each
-//! run as a real process against the finance example on both backends.
+//! run as a real process against the finance example on both backends. The Python SDK runs
+//! twice: with its defaults it settles on the session-less 2026-07-28 revision
+//! (`server/discover`); forced to the handshake (`mode="legacy"`) it opens a session at
+//! 2025-11-25. The TypeScript SDK knows no revision after 2025-11-25.
 //!
 //! Each client (interop/python/client.py, interop/node/client.mjs) connects with its SDK's
 //! defaults, runs a JSON script of operations and prints one JSON document of what the SDK
@@ -22,12 +25,17 @@ use crate::helpers::{TestApp, example, spawn_app_with};
 
 const INV: &str = "INV-20260611";
 const REASON: &str = "Invoice approved by AP, due in four days";
-/// The handshake revisions Countersign speaks; an SDK must settle on one of them.
+/// The handshake revisions Countersign speaks; a handshake client must settle on one of them.
 const REVISIONS: [&str; 2] = ["2025-06-18", "2025-11-25"];
+/// The session-less revision Countersign speaks.
+const MODERN: &str = "2026-07-28";
 
 #[derive(Clone, Copy, Debug)]
 enum Sdk {
+    /// The Python SDK with its defaults (a `server/discover` probe first).
     Python,
+    /// The Python SDK forced to the `initialize` handshake.
+    PythonHandshake,
     TypeScript,
 }
 
@@ -60,7 +68,7 @@ fn missing(sdk: Sdk, why: &str) -> Option<Command> {
 fn client_command(sdk: Sdk) -> Option<Command> {
     let root = repo_root();
     match sdk {
-        Sdk::Python => {
+        Sdk::Python | Sdk::PythonHandshake => {
             let python = std::env::var_os("COUNTERSIGN_TEST_PYTHON")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| root.join(".venv-interop/bin/python"));
@@ -80,6 +88,9 @@ fn client_command(sdk: Sdk) -> Option<Command> {
             }
             let mut cmd = Command::new(python);
             cmd.arg(root.join("interop/python/client.py"));
+            if matches!(sdk, Sdk::PythonHandshake) {
+                cmd.env("MCP_MODE", "legacy");
+            }
             Some(cmd)
         }
         Sdk::TypeScript => {
@@ -169,15 +180,20 @@ fn result(out: &Value, i: usize) -> &Value {
     r
 }
 
-/// The SDK settled on a revision Countersign speaks, over the `initialize` handshake (the
-/// Python SDK first probes `server/discover` at the 2026-07-28 draft and must fall back).
+/// The SDK settled on the revision expected of it: the Python SDK's defaults on the
+/// session-less 2026-07-28 (through `server/discover`), the others on a handshake revision.
 fn assert_negotiated(sdk: Sdk, out: &Value) {
     let rev = out["protocolVersion"].as_str().unwrap_or_default();
-    assert!(
-        REVISIONS.contains(&rev),
-        "{sdk:?} negotiated {rev:?}: {out:#}"
-    );
-    assert_eq!(out["era"], "handshake", "{sdk:?}: {out:#}");
+    if matches!(sdk, Sdk::Python) {
+        assert_eq!(rev, MODERN, "{sdk:?}: {out:#}");
+        assert_eq!(out["era"], "modern", "{sdk:?}: {out:#}");
+    } else {
+        assert!(
+            REVISIONS.contains(&rev),
+            "{sdk:?} negotiated {rev:?}: {out:#}"
+        );
+        assert_eq!(out["era"], "handshake", "{sdk:?}: {out:#}");
+    }
     eprintln!(
         "interop {sdk:?}: {} negotiated {rev} ({})",
         out["sdk"], out["era"]
@@ -346,47 +362,11 @@ async fn interop_python_sdk() {
 }
 
 #[tokio::test]
-async fn interop_typescript_sdk() {
-    interop(Sdk::TypeScript).await;
+async fn interop_python_sdk_handshake() {
+    interop(Sdk::PythonHandshake).await;
 }
 
-/// The probe the Python SDK opens with: `server/discover` at the session-less 2026-07-28 draft.
-/// Countersign does not speak that revision, so the probe is refused naming only the
-/// revisions it does speak — the answer the SDKs read as "fall back to `initialize`".
 #[tokio::test]
-async fn interop_discover_probe_at_the_draft_revision_is_refused() {
-    let registry = example("finance");
-    for backend in [Backend::Sqlite, Backend::Postgres] {
-        let Some(app) =
-            spawn_app_with(backend, &[("COUNTERSIGN_REGISTRY", registry.as_str())]).await
-        else {
-            continue;
-        };
-        let token = agent(&app, "fin-1", "worker.finance").await;
-        let probe = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-            "io.modelcontextprotocol/clientInfo": {"name": "it", "version": "0"},
-        }}});
-        let resp = app
-            .client
-            .post(app.url("/mcp"))
-            .bearer_auth(&token)
-            .header("Accept", "application/json, text/event-stream")
-            .header("MCP-Protocol-Version", "2026-07-28")
-            .header("Mcp-Method", "server/discover")
-            .json(&probe)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status();
-        let body = resp.text().await.unwrap();
-        assert!(!body.contains("supportedVersions"), "{status}: {body}");
-        assert!(body.contains("-32022"), "{status}: {body}");
-        assert!(
-            body.contains(r#""supported":["2025-06-18","2025-11-25"]"#),
-            "{status}: {body}"
-        );
-        app.stop().await;
-    }
+async fn interop_typescript_sdk() {
+    interop(Sdk::TypeScript).await;
 }

@@ -18,6 +18,7 @@ mod helpers;
 mod inbox;
 mod interop;
 mod mcp;
+mod modern;
 mod registry;
 mod reliability;
 mod runs;
