@@ -213,6 +213,29 @@ async fn the_database_refuses_update_and_delete_on_audit() {
             Some((1, "sha256:1".to_string())),
             "the insert moved the head"
         );
+        // One statement extending two chains, two records on one of them, moves both heads.
+        store
+            .execute_sql(&format!(
+                "INSERT INTO audit_chains (chain, seq, hash, at) VALUES ('u', 0, '{genesis}', 0)"
+            ))
+            .await
+            .unwrap();
+        store
+            .execute_sql(&format!(
+                "INSERT INTO audit (chain, seq, at, event, record, prev, hash) \
+                 VALUES ('u', 1, 0, 'proposed', '{{}}', '{genesis}', 'sha256:u1'), \
+                        ('t', 2, 0, 'proposed', '{{}}', 'sha256:1', 'sha256:2'), \
+                        ('u', 2, 0, 'proposed', '{{}}', 'sha256:u1', 'sha256:u2')"
+            ))
+            .await
+            .unwrap();
+        for (chain, head) in [("t", (2, "sha256:2")), ("u", (2, "sha256:u2"))] {
+            assert_eq!(
+                store.audit_chain_head(chain).await.unwrap(),
+                Some((head.0, head.1.to_string())),
+                "{chain}"
+            );
+        }
         // The head moves only forward, with its records; it is never deleted.
         for sql in [
             "UPDATE audit_chains SET seq = 0 WHERE chain = 't'",

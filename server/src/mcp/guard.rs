@@ -15,8 +15,10 @@
 //!   process: a further `initialize` is refused (429) until it ends one, so one token cannot
 //!   grow the server's memory without bound. Only `initialize` opens a session: a session-less
 //!   POST is read before rmcp sees it and counts as opening one when it is `initialize` or
-//!   cannot be read as one other request (a batch, not JSON: fail closed). A 2026-07-28
-//!   request or `server/discover` opens none and meets no limit.
+//!   cannot be read as one JSON object naming another method (a batch, not JSON, a repeated
+//!   `method`: fail closed). A 2026-07-28 request or `server/discover` opens none and meets no
+//!   limit. A slot taken for an `initialize` is given back however the request ends (the
+//!   client may go away before its answer).
 //! * Ending a session answers 204 (rmcp answers 202, which the official Python SDK logs as a
 //!   failed termination); nothing else about the answer changes.
 //! * The call context read with the authentication ([`Admission::prefetched`]) is chosen by an
@@ -172,18 +174,19 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
     let opening = if session.is_none() && req.method() == axum::http::Method::POST {
         let (read, opens) = match opens_session(req, state.max_body).await {
             Ok(read) => read,
-            Err(too_large) => return too_large,
+            Err(unread) => return unread,
         };
         req = read;
         opens
     } else {
         false
     };
-    if opening
-        && !state
-            .owners
-            .reserve(&agent, sessions_held(&state, &agent).await)
-    {
+    let reserved = if opening {
+        Reservation::take(&state.owners, &agent, sessions_held(&state, &agent).await)
+    } else {
+        None
+    };
+    if opening && reserved.is_none() {
         tracing::info!(agent = %agent, "mcp: session limit reached");
         return (
             StatusCode::TOO_MANY_REQUESTS,
@@ -205,9 +208,6 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         *response.status_mut() = StatusCode::NO_CONTENT;
     }
     if !response.status().is_success() {
-        if opening {
-            state.owners.release(&agent);
-        }
         return response;
     }
     match (&session, response.headers().get(SESSION_HEADER)) {
@@ -231,17 +231,40 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         }
         _ => {}
     }
-    // The slot reserved for an `initialize` is now a recorded session (or was never used).
-    if opening {
-        state.owners.release(&agent);
-    }
+    // The slot reserved for an `initialize` is now a recorded session (or was never used):
+    // `reserved` gives it back as it drops.
+    drop(reserved);
     response
 }
 
+/// A slot of [`SessionOwners`] taken for an `initialize` under way, given back when dropped:
+/// on every way out of the guard, including the client going away mid-request.
+struct Reservation {
+    owners: Arc<SessionOwners>,
+    agent: String,
+}
+
+impl Reservation {
+    /// One of `agent`'s slots, if one is free (`held` sessions are live already).
+    fn take(owners: &Arc<SessionOwners>, agent: &str, held: usize) -> Option<Self> {
+        owners.reserve(agent, held).then(|| Self {
+            owners: owners.clone(),
+            agent: agent.to_string(),
+        })
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.owners.release(&self.agent);
+    }
+}
+
 /// Reads a session-less POST's body to tell whether it opens a session: `true` unless it is
-/// one JSON-RPC message whose method is not `initialize` (a batch, or a body that is not
-/// JSON, counts as opening: the limit applies). Gives the request back whole for rmcp; a
-/// body larger than rmcp accepts is refused here as rmcp would (413).
+/// one JSON object whose method is not `initialize` (a batch, a body that is not JSON or
+/// names `method` twice counts as opening: the limit applies). Gives the request back whole
+/// for rmcp; a body larger than rmcp accepts is refused here as rmcp would (413), one that
+/// cannot be read (the client went away) with 400.
 async fn opens_session(req: Request, max_body: usize) -> Result<(Request, bool), Response> {
     /// The one field read.
     #[derive(serde::Deserialize)]
@@ -249,17 +272,24 @@ async fn opens_session(req: Request, max_body: usize) -> Result<(Request, bool),
         method: Option<String>,
     }
     let (parts, body) = req.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, max_body).await else {
-        return Err((
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Json(json!({"error": "request body too large"})),
-        )
-            .into_response());
+    let bytes = match axum::body::to_bytes(body, max_body).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return Err(if too_large {
+                (StatusCode::PAYLOAD_TOO_LARGE, "Payload Too Large").into_response()
+            } else {
+                (StatusCode::BAD_REQUEST, "Bad Request: unreadable body").into_response()
+            });
+        }
     };
+    // Only an object is a message rmcp serves (serde would also read `Message` from an array).
+    let object = bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
     let opens = match serde_json::from_slice::<Message>(&bytes) {
         Ok(Message {
             method: Some(method),
-        }) => method == "initialize",
+        }) if object => method == "initialize",
         _ => true,
     };
     Ok((

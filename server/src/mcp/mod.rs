@@ -246,17 +246,26 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let credential = credential(&context)?;
+        // A session-less (2026-07-28) request has no session whatever header it carries: rmcp
+        // checks none on that path, so a made-up `Mcp-Session-Id` would let the client pick
+        // (and multiply) its runs.
+        let session_less = context
+            .meta
+            .protocol_version()
+            .is_some_and(|v| !v.has_initialize());
         let session = context
             .extensions
             .get::<axum::http::request::Parts>()
             .and_then(|parts| parts.headers.get("mcp-session-id"))
             .and_then(|v| v.to_str().ok())
+            .filter(|_| !session_less)
             .map(str::to_string);
         let admission = context
             .extensions
             .get::<axum::http::request::Parts>()
             .and_then(|parts| parts.extensions.get::<crate::pipeline::Admission>())
-            .cloned();
+            .cloned()
+            .filter(|_| !session_less);
         let traceparent = context
             .extensions
             .get::<axum::http::request::Parts>()

@@ -85,7 +85,7 @@ impl Session {
         read_response(resp, id).await
     }
 
-    /// Ends the session (`DELETE /mcp` with its id): the server answers 202 and forgets it.
+    /// Ends the session (`DELETE /mcp` with its id): the server answers 204 and forgets it.
     /// A session the server no longer has (404) or a credential it no longer accepts (401:
     /// revoked or expired during the play) has nothing left to close from this side.
     pub(super) async fn close(self) -> Result<(), String> {
@@ -102,7 +102,7 @@ impl Session {
             .await
             .map_err(|e| format!("closing the session: {e}"))?;
         match resp.status() {
-            reqwest::StatusCode::ACCEPTED
+            reqwest::StatusCode::NO_CONTENT
             | reqwest::StatusCode::NOT_FOUND
             | reqwest::StatusCode::UNAUTHORIZED => Ok(()),
             other => Err(format!("closing the session answered {other}")),

@@ -19,7 +19,20 @@ async fn post_at(
     token: Option<&str>,
     revision: &str,
     method: &str,
+    params: Value,
+) -> reqwest::Response {
+    post_naming(app, token, revision, method, params, None).await
+}
+
+/// [`post_at`], naming `session` in an `Mcp-Session-Id` header (which a session-less
+/// revision has no use for).
+async fn post_naming(
+    app: &TestApp,
+    token: Option<&str>,
+    revision: &str,
+    method: &str,
     mut params: Value,
+    session: Option<&str>,
 ) -> reqwest::Response {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": revision,
@@ -41,13 +54,27 @@ async fn post_at(
     if let Some(token) = token {
         req = req.bearer_auth(token);
     }
+    if let Some(session) = session {
+        req = req.header("Mcp-Session-Id", session);
+    }
     req.send().await.unwrap()
 }
 
 /// A session-less request at 2026-07-28 that must succeed: its JSON-RPC answer, which came
 /// as plain JSON and opened no session.
 async fn modern(app: &TestApp, token: &str, method: &str, params: Value) -> Value {
-    let resp = post_at(app, Some(token), MODERN, method, params).await;
+    modern_naming(app, token, method, params, None).await
+}
+
+/// [`modern`] with an `Mcp-Session-Id` header naming `session`.
+async fn modern_naming(
+    app: &TestApp,
+    token: &str,
+    method: &str,
+    params: Value,
+    session: Option<&str>,
+) -> Value {
+    let resp = post_naming(app, Some(token), MODERN, method, params, session).await;
     let status = resp.status();
     let kind = resp
         .headers()
@@ -168,6 +195,25 @@ async fn session_less_requests_do_not_meet_the_session_limit_and_ending_a_sessio
             .try_request("initialize", initialize.clone())
             .await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        // An `initialize` the guard cannot read as one other request meets the limit too.
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"initialize","params":{}}"#
+                .to_string(),
+            format!(r#"[{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{initialize}}}]"#),
+        ] {
+            let resp = app
+                .client
+                .post(app.url("/mcp"))
+                .bearer_auth(&token)
+                .header("Accept", "application/json, text/event-stream")
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{body}");
+            assert!(resp.headers().get("mcp-session-id").is_none(), "{body}");
+        }
         // ... not for requests that open none.
         for _ in 0..3 {
             modern(&app, &token, "tools/list", json!({})).await;
@@ -187,6 +233,33 @@ async fn session_less_requests_do_not_meet_the_session_limit_and_ending_a_sessio
             .try_request("initialize", initialize)
             .await;
         assert_eq!(status, StatusCode::OK);
+        app
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_session_header_on_a_session_less_call_does_not_choose_its_run() {
+    each_finance_app(|app| async move {
+        let (agent_id, token) = agent(&app, "fin-1", "worker.finance").await;
+        let read = json!({"name": "invoice.get", "arguments": {"invoice_id": crate::mcp::INV}});
+        for session in [None, Some("made-up-1"), Some("made-up-2")] {
+            let reply = modern_naming(&app, &token, "tools/call", read.clone(), session).await;
+            assert_eq!(reply["result"]["isError"], false, "{session:?}: {reply:#}");
+        }
+        let runs: Vec<_> = app
+            .store
+            .list_runs("acme", 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.agent_id.as_deref() == Some(agent_id.as_str()))
+            .collect();
+        assert_eq!(
+            runs.len(),
+            1,
+            "one session-less run per credential: {runs:?}"
+        );
         app
     })
     .await;

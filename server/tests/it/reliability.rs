@@ -1121,7 +1121,7 @@ async fn reliability_closed_mcp_sessions_are_freed() {
         .send()
         .await
         .unwrap();
-    assert_eq!(delete.status(), reqwest::StatusCode::ACCEPTED);
+    assert_eq!(delete.status(), reqwest::StatusCode::NO_CONTENT);
     assert_eq!(sessions_gauge(&app).await, 0, "a closed session is freed");
     let (status, _) = client.try_request("tools/list", json!({})).await;
     assert_eq!(
