@@ -1021,17 +1021,10 @@ async fn shutdown_ends_open_mcp_streams_instead_of_waiting_for_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_credential_holds_a_bounded_number_of_mcp_sessions() {
-    use countersign::mcp::guard::MAX_SESSIONS_PER_AGENT;
     each_finance_app(|app| async move {
         let (_, token) = agent(&app, "fin-1", "worker.finance").await;
-        let mut open = Vec::new();
-        for _ in 0..MAX_SESSIONS_PER_AGENT {
-            let mut c = Client::new(&app, &token);
-            c.connect().await;
-            open.push(c.session().unwrap());
-        }
-        let initialize = json!({"protocolVersion": crate::mcp::PROTOCOL, "capabilities": {},
-                                "clientInfo": {"name": "it", "version": "0"}});
+        let open = crate::mcp::fill_sessions(&app, &token).await;
+        let initialize = crate::mcp::initialize_params();
         let mut extra = Client::new(&app, &token);
         let (status, _) = extra.try_request("initialize", initialize.clone()).await;
         assert_eq!(status, reqwest::StatusCode::TOO_MANY_REQUESTS);
@@ -1062,8 +1055,7 @@ async fn concurrent_initializes_cannot_exceed_the_session_limit() {
     use countersign::mcp::guard::MAX_SESSIONS_PER_AGENT;
     each_finance_app(|app| async move {
         let (_, token) = agent(&app, "fin-1", "worker.finance").await;
-        let initialize = json!({"protocolVersion": crate::mcp::PROTOCOL, "capabilities": {},
-                                "clientInfo": {"name": "it", "version": "0"}});
+        let initialize = crate::mcp::initialize_params();
         let attempts = (0..MAX_SESSIONS_PER_AGENT + 12).map(|_| {
             let initialize = initialize.clone();
             let app = &app;

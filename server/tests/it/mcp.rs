@@ -59,6 +59,23 @@ pub async fn agent(app: &TestApp, name: &str, role: &str) -> (String, String) {
     (cred.id, token.reveal().to_string())
 }
 
+/// Opens as many sessions as one credential may hold (`token`'s); returns their ids.
+pub async fn fill_sessions(app: &TestApp, token: &str) -> Vec<String> {
+    let mut open = Vec::new();
+    for _ in 0..countersign::mcp::guard::MAX_SESSIONS_PER_AGENT {
+        let mut c = Client::new(app, token);
+        c.connect().await;
+        open.push(c.session().unwrap());
+    }
+    open
+}
+
+/// The params of an `initialize` at [`PROTOCOL`].
+pub fn initialize_params() -> Value {
+    json!({"protocolVersion": PROTOCOL, "capabilities": {},
+           "clientInfo": {"name": "it", "version": "0"}})
+}
+
 /// A minimal MCP client over streamable HTTP.
 pub struct Client<'a> {
     app: &'a TestApp,

@@ -8,7 +8,7 @@ use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 
 use crate::helpers::TestApp;
-use crate::mcp::{Client, agent, each_finance_app};
+use crate::mcp::{Client, agent, each_finance_app, fill_sessions, initialize_params};
 
 const MODERN: &str = "2026-07-28";
 
@@ -179,18 +179,11 @@ async fn a_session_less_request_sees_its_roles_tools_and_the_same_refusals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_less_requests_do_not_meet_the_session_limit_and_ending_a_session_answers_204() {
-    use countersign::mcp::guard::MAX_SESSIONS_PER_AGENT;
     each_finance_app(|app| async move {
         let (_, token) = agent(&app, "fin-1", "worker.finance").await;
-        let mut open = Vec::new();
-        for _ in 0..MAX_SESSIONS_PER_AGENT {
-            let mut c = Client::new(&app, &token);
-            c.connect().await;
-            open.push(c.session().unwrap());
-        }
+        let open = fill_sessions(&app, &token).await;
         // The limit is reached for sessions ...
-        let initialize = json!({"protocolVersion": crate::mcp::PROTOCOL, "capabilities": {},
-                                "clientInfo": {"name": "it", "version": "0"}});
+        let initialize = initialize_params();
         let (status, _) = Client::new(&app, &token)
             .try_request("initialize", initialize.clone())
             .await;
