@@ -27,7 +27,8 @@
 //! Writes one markdown section per backend on stdout, progress on stderr, and the issue-34
 //! figures to `BENCH_FIGURES` (`common::figures`). `BENCH_BACKENDS` (default
 //! `postgres,sqlite`) picks the backends; `BENCH_ABLATE` runs the ablation instead
-//! (`gateway/ablate.rs`). Run with `cargo bench -p countersign --bench
+//! (`gateway/ablate.rs`); `BENCH_MCP=2026-07-28` makes the clients of Countersign speak the
+//! session-less revision (no session; answers as JSON) instead of 2025-06-18. Run with `cargo bench -p countersign --bench
 //! gateway_load` (Postgres from `COUNTERSIGN_TEST_POSTGRES_URL`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -87,7 +88,9 @@ impl Work {
             Work::Baseline => "baseline: INSERT + COMMIT",
             Work::Read => "`bench.read` (no-op read)",
             Work::Floor => "floor: unlisted tool (credential + one audit record)",
-            Work::Ping => "reference: MCP ping (transport + credential)",
+            Work::Ping => {
+                "reference: MCP ping or, at 2026-07-28, server/discover (transport + credential)"
+            }
             Work::ErpRead => "`invoice.get` (demo ERP read)",
             Work::Write => "`note.draft` (demo ERP write)",
             Work::Through => "`bench.lookup` through Countersign",
@@ -156,7 +159,13 @@ async fn call(work: Work, client: &mut Client, c: usize, n: u64) -> bool {
             assert_eq!(reply["error"]["code"], json!(-32602), "{reply}");
         }
         Work::Ping => {
-            let reply = mcp.request("ping", json!({})).await;
+            // 2026-07-28 has no `ping`: `server/discover` is its no-op request.
+            let method = if mcp.speaks_session_less() {
+                "server/discover"
+            } else {
+                "ping"
+            };
+            let reply = mcp.request(method, json!({})).await;
             assert!(reply["result"].is_object(), "{reply}");
         }
         Work::ErpRead => {
@@ -393,6 +402,10 @@ async fn mcp_clients(
             token.reveal().to_string()
         };
         let mut mcp = Mcp::new(addr, &token);
+        // The bench's own upstream is spoken to with a session whatever BENCH_MCP says.
+        if common::session_less() && work != Work::Direct {
+            mcp = mcp.session_less();
+        }
         mcp.connect().await;
         out.push(Client::Mcp(mcp));
     }

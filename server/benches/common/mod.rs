@@ -18,6 +18,14 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 const PROTOCOL: &str = "2025-06-18";
+/// The session-less revision, spoken when `BENCH_MCP` names it.
+const SESSION_LESS: &str = "2026-07-28";
+
+/// Whether the bench's MCP clients speak the session-less revision (`BENCH_MCP=2026-07-28`)
+/// rather than open a session.
+pub fn session_less() -> bool {
+    std::env::var("BENCH_MCP").is_ok_and(|v| v == SESSION_LESS)
+}
 
 /// An environment variable as a number, or `default`.
 pub fn env_num(name: &str, default: u64) -> u64 {
@@ -136,6 +144,8 @@ pub struct Mcp {
     token: String,
     session: Option<String>,
     next_id: u64,
+    /// Speaks 2026-07-28: no session, each request's revision in its `_meta`.
+    modern: bool,
 }
 
 impl Mcp {
@@ -149,7 +159,19 @@ impl Mcp {
             token: token.to_string(),
             session: None,
             next_id: 1,
+            modern: false,
         }
+    }
+
+    /// Whether this client speaks 2026-07-28.
+    pub fn speaks_session_less(&self) -> bool {
+        self.modern
+    }
+
+    /// A client of the session-less revision 2026-07-28 (`connect` sends `server/discover`).
+    pub fn session_less(mut self) -> Self {
+        self.modern = true;
+        self
     }
 
     fn post(&self, body: &Value) -> reqwest::RequestBuilder {
@@ -168,11 +190,28 @@ impl Mcp {
     }
 
     /// A JSON-RPC request; the response (from a JSON body or an SSE stream).
-    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+    pub async fn request(&mut self, method: &str, mut params: Value) -> Value {
         let id = self.next_id;
         self.next_id += 1;
+        let tool = params["name"].as_str().map(str::to_string);
+        if self.modern {
+            params["_meta"] = json!({
+                "io.modelcontextprotocol/protocolVersion": SESSION_LESS,
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "0"},
+            });
+        }
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let mut resp = self.post(&body).send().await.unwrap();
+        let mut req = self.post(&body);
+        if self.modern {
+            req = req
+                .header("MCP-Protocol-Version", SESSION_LESS)
+                .header("Mcp-Method", method);
+            if let Some(tool) = tool {
+                req = req.header("Mcp-Name", tool);
+            }
+        }
+        let mut resp = req.send().await.unwrap();
         assert_eq!(resp.status(), reqwest::StatusCode::OK, "{method}");
         if let Some(session) = resp.headers().get("mcp-session-id") {
             self.session = Some(session.to_str().unwrap().to_string());
@@ -204,8 +243,15 @@ impl Mcp {
         }
     }
 
-    /// initialize + notifications/initialized: a new MCP session.
+    /// initialize + notifications/initialized: a new MCP session (`server/discover` for a
+    /// session-less client).
     pub async fn connect(&mut self) {
+        if self.modern {
+            let found = self.request("server/discover", json!({})).await;
+            let versions = found["result"]["supportedVersions"].to_string();
+            assert!(versions.contains(SESSION_LESS), "{found}");
+            return;
+        }
         let init = self
             .request(
                 "initialize",
