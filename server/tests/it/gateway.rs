@@ -776,7 +776,7 @@ async fn gateway_gate_notifications_are_retried_and_never_block_the_call() {
 }
 
 /// The runs `agent_id` has in tenant acme.
-async fn runs_of(app: &TestApp, agent_id: &str) -> Vec<countersign_core::store::Run> {
+pub async fn runs_of(app: &TestApp, agent_id: &str) -> Vec<countersign_core::store::Run> {
     app.store
         .list_runs("acme", 100)
         .await

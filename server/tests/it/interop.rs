@@ -28,7 +28,7 @@ const REASON: &str = "Invoice approved by AP, due in four days";
 /// The handshake revisions Countersign speaks; a handshake client must settle on one of them.
 const REVISIONS: [&str; 2] = ["2025-06-18", "2025-11-25"];
 /// The session-less revision Countersign speaks.
-const MODERN: &str = "2026-07-28";
+const MODERN: &str = crate::mcp::SESSION_LESS;
 
 #[derive(Clone, Copy, Debug)]
 enum Sdk {

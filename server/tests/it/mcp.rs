@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, example, spawn_app_with};
 
 pub const PROTOCOL: &str = "2025-06-18";
+/// The session-less revision (no `initialize`, no session).
+pub const SESSION_LESS: &str = "2026-07-28";
 pub const INV: &str = "INV-20260611";
 pub const REASON: &str = "Invoice approved by AP, due in four days";
 

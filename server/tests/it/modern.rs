@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::helpers::TestApp;
 use crate::mcp::{Client, agent, each_finance_app, fill_sessions, initialize_params};
 
-const MODERN: &str = "2026-07-28";
+const MODERN: &str = crate::mcp::SESSION_LESS;
 
 /// POSTs one session-less request at `revision` with the `_meta` and headers the revision
 /// asks for.
@@ -240,14 +240,7 @@ async fn a_session_header_on_a_session_less_call_does_not_choose_its_run() {
             let reply = modern_naming(&app, &token, "tools/call", read.clone(), session).await;
             assert_eq!(reply["result"]["isError"], false, "{session:?}: {reply:#}");
         }
-        let runs: Vec<_> = app
-            .store
-            .list_runs("acme", 100)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.agent_id.as_deref() == Some(agent_id.as_str()))
-            .collect();
+        let runs = crate::gateway::runs_of(&app, &agent_id).await;
         assert_eq!(
             runs.len(),
             1,
