@@ -182,21 +182,14 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         false
     };
     let reserved = if opening {
-        Reservation::take(&state.owners, &agent, sessions_held(&state, &agent).await)
+        let held = sessions_held(&state, &agent).await;
+        match Reservation::take(&state.owners, &agent, held) {
+            Some(slot) => Some(slot),
+            None => return session_limit_reached(&agent),
+        }
     } else {
         None
     };
-    if opening && reserved.is_none() {
-        tracing::info!(agent = %agent, "mcp: session limit reached");
-        return (
-            StatusCode::TOO_MANY_REQUESTS,
-            Json(json!({"error": format!(
-                "this credential holds {MAX_SESSIONS_PER_AGENT} open MCP sessions; end one \
-                 (DELETE /mcp) before opening another"
-            )})),
-        )
-            .into_response();
-    }
     let ending = req.method() == axum::http::Method::DELETE;
     // The token has done its job: nothing behind the guard (rmcp, handlers, their logs) ever
     // holds it.
@@ -235,6 +228,19 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
     // `reserved` gives it back as it drops.
     drop(reserved);
     response
+}
+
+/// The answer to an `initialize` over the limit (429).
+fn session_limit_reached(agent: &str) -> Response {
+    tracing::info!(agent = %agent, "mcp: session limit reached");
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        Json(json!({"error": format!(
+            "this credential holds {MAX_SESSIONS_PER_AGENT} open MCP sessions; end one \
+             (DELETE /mcp) before opening another"
+        )})),
+    )
+        .into_response()
 }
 
 /// A slot of [`SessionOwners`] taken for an `initialize` under way, given back when dropped:
