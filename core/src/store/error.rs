@@ -34,6 +34,18 @@ pub enum StoreError {
     /// Migrations failed.
     #[error("migrating the database failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database was migrated by a newer Countersign: this binary does not start on it
+    /// (docs/deploy.md, "Rolling a new version").
+    #[error(
+        "the database's schema has migration {found}, newer than this binary knows (up to \
+         {known}): run a Countersign at least as new as the one that migrated it"
+    )]
+    SchemaNewer {
+        /// The first applied migration this binary does not know.
+        found: i64,
+        /// The newest migration this binary knows.
+        known: i64,
+    },
     /// A row that was looked up does not exist.
     #[error("not found")]
     NotFound,

@@ -30,6 +30,7 @@ pub(crate) mod group;
 mod handle;
 mod imports;
 mod leases;
+mod mcp_sessions;
 mod planned;
 mod proposals;
 mod registry;
@@ -261,12 +262,30 @@ impl Store {
     }
 
     /// Applies every migration not yet applied.
+    ///
+    /// A database that has a migration this binary does not know (a newer Countersign
+    /// migrated it) is refused with [`StoreError::SchemaNewer`], before anything is applied:
+    /// mixed versions run only while the older ones were started first (docs/deploy.md).
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        match &self.pool {
-            Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await?,
-            Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await?,
+        let known = match &self.pool {
+            Pool::Sqlite(_) => &SQLITE_MIGRATIONS,
+            Pool::Postgres(_) => &POSTGRES_MIGRATIONS,
+        };
+        let newest = self.latest_migration();
+        let result = match &self.pool {
+            Pool::Sqlite(p) => known.run(p).await,
+            Pool::Postgres(p) => known.run(p).await,
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(sqlx::migrate::MigrateError::VersionMissing(found)) => {
+                Err(StoreError::SchemaNewer {
+                    found,
+                    known: newest,
+                })
+            }
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 
     /// Applies the migrations up to `version` only (tests of upgrades: a database of an

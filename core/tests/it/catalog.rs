@@ -21,6 +21,7 @@ const TENANT_SCOPED: &[(&str, &str)] = &[
     ("audit_chains", "chain"),
     ("audit_tree_leaves", "chain"),
     ("idempotency", "tenant"),
+    ("mcp_sessions", "tenant"),
     ("runs", "tenant"),
     ("standing_authorizations", "tenant"),
     ("step_duties", "tenant"),

@@ -10,6 +10,7 @@ mod canonical;
 mod catalog;
 mod chains;
 mod keys;
+mod mcp_sessions;
 mod policy;
 mod policy_tables;
 mod redact;

@@ -113,6 +113,33 @@ async fn migrations_reach_the_latest_version_and_are_idempotent() {
 }
 
 #[tokio::test]
+async fn a_database_migrated_by_a_newer_binary_is_refused() {
+    let (_, clock) = test_clock();
+    each_backend(clock, |store| async move {
+        let latest = store.latest_migration();
+        let checksum = match store.backend() {
+            Backend::Sqlite => "X'00'",
+            Backend::Postgres => "'\\x00'::bytea",
+        };
+        store
+            .execute_sql(&format!(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+                 execution_time) VALUES ({}, 'from a newer Countersign', TRUE, {checksum}, 0)",
+                latest + 1
+            ))
+            .await
+            .unwrap();
+        match store.migrate().await {
+            Err(StoreError::SchemaNewer { found, known }) => {
+                assert_eq!((found, known), (latest + 1, latest));
+            }
+            other => panic!("a newer schema was not refused: {other:?}"),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn runs_round_trip_with_the_injected_clock() {
     let (manual, clock) = test_clock();
     each_backend(clock, move |store| {

@@ -11,24 +11,28 @@
 //! * An MCP session belongs to the agent whose `initialize` opened it: a request naming
 //!   another agent's session (to resume its stream, end it or send into it) is answered as
 //!   for a session that does not exist (404), whatever token it carries.
-//! * One agent credential holds at most [`MAX_SESSIONS_PER_AGENT`] live sessions in a
-//!   process: a further `initialize` is refused (429) until it ends one, so one token cannot
-//!   grow the server's memory without bound. Only `initialize` opens a session: a session-less
+//! * One agent credential holds at most [`MAX_SESSIONS_PER_AGENT`] live sessions on all
+//!   replicas together (counted in the database, plus this process's `initialize` requests
+//!   under way): a further `initialize` is refused (429) until it ends one, so one token
+//!   cannot grow the servers' memory without bound. Only `initialize` opens a session: a session-less
 //!   POST is read before rmcp sees it and counts as opening one when it is `initialize` or
 //!   cannot be read as one JSON object naming another method (a batch, not JSON, a repeated
 //!   `method`: fail closed). A 2026-07-28 request or `server/discover` opens none and meets no
 //!   limit. A slot taken for an `initialize` is given back however the request ends (the
 //!   client may go away before its answer).
 //! * Ending a session answers 204 (rmcp answers 202, which the official Python SDK logs as a
-//!   failed termination); nothing else about the answer changes.
+//!   failed termination) when it ended it or it was the caller's session here; 404 when it
+//!   was no live session of the caller's anywhere.
+//! * Sessions live in the database ([`super::sessions`]): this process's owner map is a
+//!   cache, and rmcp restores a session it has not seen only through the session store, which
+//!   answers only for the caller's own live sessions.
 //! * The call context read with the authentication ([`Admission::prefetched`]) is chosen by an
 //!   in-memory hint and grants nothing: it is read in the same statement as the credential,
 //!   only for the agent the token proves to be, and the pipeline uses it only for the run the
 //!   call resolves to on its own; otherwise it reads the context itself.
 
 pub use crate::pipeline::Admission;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Request, State};
@@ -42,6 +46,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use super::sessions::{self, Done, Known, Owners, Reservation, Scope};
 use crate::AppState;
 use crate::config::parse_origin;
 
@@ -83,68 +88,20 @@ impl IntoResponse for Refusal {
 /// The MCP session header.
 const SESSION_HEADER: &str = "mcp-session-id";
 
-/// The most live MCP sessions one agent credential may hold in this process.
-pub const MAX_SESSIONS_PER_AGENT: usize = 32;
+pub use super::sessions::MAX_SESSIONS_PER_AGENT;
 
-/// What the guard works with: the application, and which agent opened each of this
-/// process's MCP sessions.
+/// What the guard works with: the application, and what this process knows of MCP sessions
+/// (the database holds them: [`super::sessions`]).
 #[derive(Clone)]
 pub struct GuardState {
     /// The application.
     pub app: AppState,
-    /// The sessions' owners.
-    pub owners: Arc<SessionOwners>,
-    /// rmcp's sessions (to forget owners of sessions that ended).
+    /// The owners of the sessions this process serves.
+    pub owners: Arc<Owners>,
+    /// rmcp's sessions in this process (to forget owners of sessions that ended).
     pub sessions: Arc<LocalSessionManager>,
     /// The largest POST body rmcp accepts (the guard reads no more of a session-less one).
     pub max_body: usize,
-}
-
-/// Session id → the id of the agent credential that opened it, and per agent the
-/// `initialize` requests under way (counted against the limit before their session exists).
-#[derive(Debug, Default)]
-pub struct SessionOwners(
-    Mutex<HashMap<String, String>>,
-    Mutex<HashMap<String, usize>>,
-);
-
-impl SessionOwners {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        match self.0.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    fn opening(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
-        match self.1.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Takes one of `agent`'s session slots for an `initialize` under way, if one is free
-    /// (`held` sessions are live already).
-    fn reserve(&self, agent: &str, held: usize) -> bool {
-        let mut opening = self.opening();
-        let pending = opening.entry(agent.to_string()).or_default();
-        if held + *pending >= MAX_SESSIONS_PER_AGENT {
-            return false;
-        }
-        *pending += 1;
-        true
-    }
-
-    /// Gives back a slot taken by [`SessionOwners::reserve`].
-    fn release(&self, agent: &str) {
-        let mut opening = self.opening();
-        if let Some(n) = opening.get_mut(agent) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                opening.remove(agent);
-            }
-        }
-    }
 }
 
 /// Axum middleware: checks `Origin`, authenticates the bearer token, keeps each session to
@@ -159,18 +116,15 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let foreign = session.as_ref().is_some_and(|id| {
-        state
-            .owners
-            .lock()
-            .get(id)
-            .is_some_and(|owner| *owner != credential.id)
-    });
-    if foreign {
-        tracing::info!(agent = %credential.id, "mcp: request names another agent's session");
-        return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
-    }
-    let agent = credential.id.clone();
+    let (agent, tenant) = (credential.id.clone(), credential.tenant.clone());
+    let scope = Scope::new(&tenant, &agent);
+    let known = match &session {
+        Some(id) => match check_session(&state, &scope, id).await {
+            Ok(known) => known,
+            Err(refused) => return refused,
+        },
+        None => Known::Unknown,
+    };
     let opening = if session.is_none() && req.method() == axum::http::Method::POST {
         let (read, opens) = match opens_session(req, state.max_body).await {
             Ok(read) => read,
@@ -182,11 +136,19 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         false
     };
     let reserved = if opening {
-        let held = sessions_held(&state, &agent).await;
-        match Reservation::take(&state.owners, &agent, held) {
-            Some(slot) => Some(slot),
-            None => return session_limit_reached(&agent),
+        // The slot first, then the count (see `Reservation::take`).
+        let (slot, pending) = Reservation::take(&state.owners, &agent);
+        let held = match sessions::held(&state.app.store, &tenant, &agent).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::error!(error = %e, "mcp: counting an agent's sessions failed");
+                return Refusal::Internal.into_response();
+            }
+        };
+        if held + pending > MAX_SESSIONS_PER_AGENT {
+            return session_limit_reached(&agent);
         }
+        Some(slot)
     } else {
         None
     };
@@ -196,38 +158,52 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
     req.headers_mut().remove(AUTHORIZATION);
     req.extensions_mut().insert(credential);
     req.extensions_mut().insert(admission);
-    let mut response = next.run(req).await;
+    let response = scope.run(next.run(req)).await;
+    let done = scope.done();
     if ending && response.status() == StatusCode::ACCEPTED {
-        *response.status_mut() = StatusCode::NO_CONTENT;
+        if let Some(id) = &session {
+            state.owners.remove(id);
+        }
+        return ended(&known, done);
     }
     if !response.status().is_success() {
         return response;
     }
-    match (&session, response.headers().get(SESSION_HEADER)) {
-        // `initialize` opened a session: it is this agent's.
-        (None, Some(opened)) => {
-            if let Ok(opened) = opened.to_str() {
-                let opened = opened.to_string();
-                let live = state.sessions.sessions.read().await.len();
-                let owned = {
-                    let mut owners = state.owners.lock();
-                    owners.insert(opened, agent.clone());
-                    owners.len()
-                };
-                if owned > 2 * live + 64 {
-                    forget_ended(&state).await;
-                }
-            }
+    if let (None, Some(opened)) = (&session, response.headers().get(SESSION_HEADER)) {
+        // `initialize` opened a session: it is this agent's, recorded in the database or not
+        // opened at all.
+        let opened = opened.to_str().unwrap_or_default().to_string();
+        if done.opened != Some(true) {
+            tracing::error!("mcp: an opened session could not be recorded; closing it");
+            sessions::close_here(&state.sessions, &state.owners, &opened).await;
+            sessions::end_row(&state.app.store, &tenant, &opened, &agent).await;
+            return Refusal::Internal.into_response();
         }
-        (Some(id), _) if ending => {
-            state.owners.lock().remove(id);
-        }
-        _ => {}
+        state.owners.insert(&opened, &agent);
     }
     // The slot reserved for an `initialize` is now a recorded session (or was never used):
     // `reserved` gives it back as it drops.
     drop(reserved);
     response
+}
+
+/// The answer to `DELETE /mcp` once rmcp has closed this process's copy: 204 when the
+/// session ended in the database now or was this agent's here (ended elsewhere a moment
+/// ago), 404 when it was no live session of this agent anywhere, 500 when the database could
+/// not be asked.
+fn ended(known: &Known, done: Done) -> Response {
+    if done.failed {
+        return Refusal::Internal.into_response();
+    }
+    match (done.ended, known) {
+        (Some(true), _) | (_, Known::Own { .. }) => StatusCode::NO_CONTENT.into_response(),
+        _ => session_not_found(),
+    }
+}
+
+/// rmcp's answer for a session that does not exist (or is not the caller's).
+fn session_not_found() -> Response {
+    (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
 }
 
 /// The answer to an `initialize` over the limit (429).
@@ -241,29 +217,6 @@ fn session_limit_reached(agent: &str) -> Response {
         )})),
     )
         .into_response()
-}
-
-/// A slot of [`SessionOwners`] taken for an `initialize` under way, given back when dropped:
-/// on every way out of the guard, including the client going away mid-request.
-struct Reservation {
-    owners: Arc<SessionOwners>,
-    agent: String,
-}
-
-impl Reservation {
-    /// One of `agent`'s slots, if one is free (`held` sessions are live already).
-    fn take(owners: &Arc<SessionOwners>, agent: &str, held: usize) -> Option<Self> {
-        owners.reserve(agent, held).then(|| Self {
-            owners: owners.clone(),
-            agent: agent.to_string(),
-        })
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.owners.release(&self.agent);
-    }
 }
 
 /// Reads a session-less POST's body to tell whether it opens a session: `true` unless it is
@@ -304,36 +257,39 @@ async fn opens_session(req: Request, max_body: usize) -> Result<(Request, bool),
     ))
 }
 
-/// How many of this process's live MCP sessions `agent` opened (owners of sessions that
-/// ended by themselves are forgotten first when the count reaches the limit).
-async fn sessions_held(state: &GuardState, agent: &str) -> usize {
-    let count = || {
-        state
-            .owners
-            .lock()
-            .values()
-            .filter(|owner| *owner == agent)
-            .count()
-    };
-    let held = count();
-    if held < MAX_SESSIONS_PER_AGENT {
-        return held;
+/// What session `id`, named by the request in `scope`, is: refused (404) when it is another
+/// agent's, or not live in the database; the database is asked when this process has not
+/// tied the session to the caller yet, and then at most every `TOUCH_EVERY`.
+async fn check_session(state: &GuardState, scope: &Scope, id: &str) -> Result<Known, Response> {
+    let (tenant, agent) = (scope.tenant(), scope.agent());
+    let known = state.owners.known(id, agent);
+    match known {
+        Known::Foreign => {
+            tracing::info!(agent = %agent, "mcp: request names another agent's session");
+            return Err(session_not_found());
+        }
+        Known::Own { touch: false } => return Ok(known),
+        Known::Unknown | Known::Own { touch: true } => {}
     }
-    forget_ended(state).await;
-    count()
-}
-
-/// Forgets the owners of sessions that ended by themselves (rmcp's idle timeout).
-async fn forget_ended(state: &GuardState) {
-    let live: std::collections::HashSet<String> = state
-        .sessions
-        .sessions
-        .read()
-        .await
-        .keys()
-        .map(|k| k.to_string())
-        .collect();
-    state.owners.lock().retain(|id, _| live.contains(id));
+    match sessions::touch(&state.app.store, tenant, id, agent).await {
+        Ok(Some(params)) => {
+            state.owners.insert(id, agent);
+            scope.stash(id, params);
+            Ok(Known::Own { touch: false })
+        }
+        Ok(None) => {
+            if known != Known::Unknown {
+                // Ended elsewhere, or idle: this process's copy goes too.
+                sessions::close_here(&state.sessions, &state.owners, id).await;
+            }
+            tracing::info!(agent = %agent, "mcp: request names no live session of its agent");
+            Err(session_not_found())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "mcp: reading a session failed");
+            Err(Refusal::Internal.into_response())
+        }
+    }
 }
 
 /// The key [`Admission::hint_key`] is: a digest of the token's hash and the MCP session id, so

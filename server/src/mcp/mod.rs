@@ -21,6 +21,7 @@
 
 pub mod call;
 pub mod guard;
+pub mod sessions;
 
 pub use call::{internal_error, unknown_tool};
 use std::borrow::Cow;
@@ -59,7 +60,18 @@ pub fn routes(state: AppState) -> Router<AppState> {
     let handler_state = state.clone();
     let sessions = Arc::new(LocalSessionManager::default());
     state.metrics.track_mcp_sessions(&sessions);
-    let config = transport_config(&state);
+    let owners = Arc::new(sessions::Owners::default());
+    let mut config = transport_config(&state);
+    config.session_store = Some(Arc::new(sessions::DbSessions::new(
+        state.store.clone(),
+        owners.clone(),
+    )));
+    sessions::spawn_ended_poll(
+        state.store.clone(),
+        sessions.clone(),
+        owners.clone(),
+        state.shutdown.clone(),
+    );
     let max_body = config.max_request_body_bytes;
     let service = StreamableHttpService::new(
         move || Ok(Gateway::new(handler_state.clone())),
@@ -68,7 +80,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
     );
     let guarded = guard::GuardState {
         app: state,
-        owners: Arc::default(),
+        owners,
         sessions,
         max_body,
     };

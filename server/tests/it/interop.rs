@@ -1,12 +1,14 @@
 //! Interop: `/mcp` driven by MCP clients nobody here wrote — the official Python SDK (PyPI
 //! `mcp`, pinned in interop/python/requirements.txt, venv from `make interop-tools`) and the
-//! official TypeScript SDK (npm `@modelcontextprotocol/sdk`, pinned in package.json) — each
-//! run as a real process against the finance example on both backends. The Python SDK runs
-//! twice: with its defaults it settles on the session-less 2026-07-28 revision
-//! (`server/discover`); forced to the handshake (`mode="legacy"`) it opens a session at
-//! 2025-11-25. The TypeScript SDK knows no revision after 2025-11-25.
+//! official TypeScript SDK (npm `@modelcontextprotocol/sdk` 1.x and its successor
+//! `@modelcontextprotocol/client` 2.x, pinned in package.json) — each run as a real process
+//! against the finance example on both backends. The Python SDK runs twice: with its defaults
+//! it settles on the session-less 2026-07-28 revision (`server/discover`); forced to the
+//! handshake (`mode="legacy"`) it opens a session at 2025-11-25. The TypeScript SDK 1.x knows
+//! no revision after 2025-11-25; 2.x negotiates 2026-07-28 when asked to
+//! (`versionNegotiation: {mode: "auto"}`; its default is still the handshake).
 //!
-//! Each client (interop/python/client.py, interop/node/client.mjs) connects with its SDK's
+//! Each client (interop/python/client.py, interop/node/client.mjs, client-v2.mjs) connects with its SDK's
 //! defaults, runs a JSON script of operations and prints one JSON document of what the SDK
 //! handed back. Assertions are on `isError`, `structuredContent.status`/`rule` and error
 //! messages only, not on whole result bodies.
@@ -31,12 +33,14 @@ const REVISIONS: [&str; 2] = ["2025-06-18", "2025-11-25"];
 const MODERN: &str = crate::mcp::SESSION_LESS;
 
 #[derive(Clone, Copy, Debug)]
-enum Sdk {
+pub(crate) enum Sdk {
     /// The Python SDK with its defaults (a `server/discover` probe first).
     Python,
     /// The Python SDK forced to the `initialize` handshake.
     PythonHandshake,
     TypeScript,
+    /// The TypeScript SDK 2.x, negotiating (`server/discover` first).
+    TypeScriptModern,
 }
 
 fn repo_root() -> PathBuf {
@@ -65,7 +69,7 @@ fn missing(sdk: Sdk, why: &str) -> Option<Command> {
 }
 
 /// The command that runs `sdk`'s client, or `None` when it cannot run here (outside CI).
-fn client_command(sdk: Sdk) -> Option<Command> {
+pub(crate) fn client_command(sdk: Sdk) -> Option<Command> {
     let root = repo_root();
     match sdk {
         Sdk::Python | Sdk::PythonHandshake => {
@@ -105,19 +109,36 @@ fn client_command(sdk: Sdk) -> Option<Command> {
             cmd.arg(root.join("interop/node/client.mjs"));
             Some(cmd)
         }
+        Sdk::TypeScriptModern => {
+            let sdk_dir = root.join("node_modules/@modelcontextprotocol/client");
+            if !sdk_dir.join("package.json").is_file() {
+                return missing(sdk, &format!("{} is not installed", sdk_dir.display()));
+            }
+            if let Err(e) = Command::new("node").arg("--version").output() {
+                return missing(sdk, &format!("node does not run: {e}"));
+            }
+            let mut cmd = Command::new("node");
+            cmd.arg(root.join("interop/node/client-v2.mjs"));
+            Some(cmd)
+        }
     }
 }
 
 /// Runs `sdk`'s client as a process against `/mcp` with `token` and `script`; returns the JSON
 /// it printed.
-async fn run_client(
+async fn run_client(cmd: Command, sdk: Sdk, app: &TestApp, token: &str, script: Value) -> Value {
+    run_client_at(cmd, sdk, &app.url("/mcp"), token, script).await
+}
+
+/// [`run_client`] against the `/mcp` endpoint at `url`.
+pub(crate) async fn run_client_at(
     mut cmd: Command,
     sdk: Sdk,
-    app: &TestApp,
+    url: &str,
     token: &str,
     script: Value,
 ) -> Value {
-    cmd.arg(app.url("/mcp"))
+    cmd.arg(url)
         .arg(token)
         .arg(script.to_string())
         .current_dir(repo_root());
@@ -155,7 +176,7 @@ async fn agent(app: &TestApp, name: &str, role: &str) -> String {
     token.reveal().to_string()
 }
 
-fn call(name: &str, arguments: Value) -> Value {
+pub(crate) fn call(name: &str, arguments: Value) -> Value {
     json!({"op": "call", "name": name, "arguments": arguments})
 }
 
@@ -168,12 +189,12 @@ fn payment(amount: Value) -> Value {
 }
 
 /// The script's result at `i`, with the whole output in any failure message.
-fn at(out: &Value, i: usize) -> &Value {
+pub(crate) fn at(out: &Value, i: usize) -> &Value {
     &out["results"][i]
 }
 
 /// A tool result the SDK accepted (no protocol or client-side error).
-fn result(out: &Value, i: usize) -> &Value {
+pub(crate) fn result(out: &Value, i: usize) -> &Value {
     let r = at(out, i);
     assert!(r.get("error").is_none(), "call {i} raised: {out:#}");
     assert!(r["isError"].is_boolean(), "call {i}: {out:#}");
@@ -182,9 +203,9 @@ fn result(out: &Value, i: usize) -> &Value {
 
 /// The SDK settled on the revision expected of it: the Python SDK's defaults on the
 /// session-less 2026-07-28 (through `server/discover`), the others on a handshake revision.
-fn assert_negotiated(sdk: Sdk, out: &Value) {
+pub(crate) fn assert_negotiated(sdk: Sdk, out: &Value) {
     let rev = out["protocolVersion"].as_str().unwrap_or_default();
-    if matches!(sdk, Sdk::Python) {
+    if matches!(sdk, Sdk::Python | Sdk::TypeScriptModern) {
         assert_eq!(rev, MODERN, "{sdk:?}: {out:#}");
         assert_eq!(out["era"], "modern", "{sdk:?}: {out:#}");
     } else {
@@ -369,4 +390,9 @@ async fn interop_python_sdk_handshake() {
 #[tokio::test]
 async fn interop_typescript_sdk() {
     interop(Sdk::TypeScript).await;
+}
+
+#[tokio::test]
+async fn interop_typescript_sdk_v2() {
+    interop(Sdk::TypeScriptModern).await;
 }

@@ -80,7 +80,9 @@ pub fn initialize_params() -> Value {
 
 /// A minimal MCP client over streamable HTTP.
 pub struct Client<'a> {
-    app: &'a TestApp,
+    http: reqwest::Client,
+    url: String,
+    app: std::marker::PhantomData<&'a TestApp>,
     protocol: &'static str,
     token: String,
     session: Option<String>,
@@ -89,8 +91,15 @@ pub struct Client<'a> {
 
 impl<'a> Client<'a> {
     pub fn new(app: &'a TestApp, token: &str) -> Self {
+        Self::at(app.client.clone(), &app.url("/mcp"), token)
+    }
+
+    /// A client of the `/mcp` endpoint at `url` (another process's, a proxy's).
+    pub fn at(http: reqwest::Client, url: &str, token: &str) -> Self {
         Self {
-            app,
+            http,
+            url: url.to_string(),
+            app: std::marker::PhantomData,
             protocol: PROTOCOL,
             token: token.to_string(),
             session: None,
@@ -100,9 +109,8 @@ impl<'a> Client<'a> {
 
     fn post(&self, body: &Value) -> reqwest::RequestBuilder {
         let mut req = self
-            .app
-            .client
-            .post(self.app.url("/mcp"))
+            .http
+            .post(&self.url)
             .bearer_auth(&self.token)
             .header("Accept", "application/json, text/event-stream")
             .json(body);
@@ -132,6 +140,19 @@ impl<'a> Client<'a> {
             self.session = Some(session.to_str().unwrap().to_string());
         }
         (status, Some(read_response(resp, id).await))
+    }
+
+    /// Sends a request; `Err` (never a panic) when no JSON-RPC answer comes back: the
+    /// connection failed, the status was not 200, or the stream ended first.
+    pub async fn send(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let resp = self.post(&body).send().await.map_err(|e| e.to_string())?;
+        if resp.status() != StatusCode::OK {
+            return Err(format!("status {}", resp.status()));
+        }
+        try_read_response(resp, id).await
     }
 
     pub async fn request(&mut self, method: &str, params: Value) -> Value {
@@ -199,29 +220,34 @@ impl<'a> Client<'a> {
 }
 
 /// The JSON-RPC response with `id`, from a JSON body or an SSE stream (read until it comes).
-pub async fn read_response(mut resp: reqwest::Response, id: u64) -> Value {
+pub async fn read_response(resp: reqwest::Response, id: u64) -> Value {
+    try_read_response(resp, id).await.unwrap()
+}
+
+/// [`read_response`], `Err` when the body breaks off or the stream ends before the answer.
+pub async fn try_read_response(mut resp: reqwest::Response, id: u64) -> Result<Value, String> {
     let sse = resp
         .headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if !sse {
-        return resp.json().await.unwrap();
+        return resp.json().await.map_err(|e| e.to_string());
     }
     let mut buf = String::new();
     loop {
         let chunk = resp
             .chunk()
             .await
-            .unwrap()
-            .unwrap_or_else(|| panic!("stream ended before response {id}: {buf}"));
+            .map_err(|e| format!("stream broke before response {id}: {e}"))?
+            .ok_or_else(|| format!("stream ended before response {id}: {buf}"))?;
         buf.push_str(&String::from_utf8_lossy(&chunk));
         for line in buf.lines() {
             if let Some(data) = line.strip_prefix("data:")
                 && let Ok(msg) = serde_json::from_str::<Value>(data.trim())
                 && msg["id"] == json!(id)
             {
-                return msg;
+                return Ok(msg);
             }
         }
     }

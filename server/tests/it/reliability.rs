@@ -38,12 +38,12 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// What the targets and the steps say.
 #[derive(Debug, Default, Clone)]
-struct Tally {
-    effects: usize,
-    duplicated: usize,
-    lost: usize,
-    unknown: usize,
-    by_operation: BTreeMap<String, usize>,
+pub(crate) struct Tally {
+    pub(crate) effects: usize,
+    pub(crate) duplicated: usize,
+    pub(crate) lost: usize,
+    pub(crate) unknown: usize,
+    pub(crate) by_operation: BTreeMap<String, usize>,
 }
 
 impl Tally {
@@ -58,7 +58,7 @@ impl Tally {
     }
 }
 
-async fn tally(store: &Store) -> Tally {
+pub(crate) async fn tally(store: &Store) -> Tally {
     let mut t = Tally::default();
     let mut by_request: BTreeMap<(String, String, String), usize> = BTreeMap::new();
     let mut by_key: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -284,7 +284,48 @@ async fn faults(repeat: usize) -> Vec<Row> {
         app.stop().await;
     }
     rows.push(race);
+    rows.push(replica_kills(repeat).await);
     rows
+}
+
+/// The replica-kill row: `crate::replicas::replica_kill` played `repeat` times, larger than
+/// in `make test` (`RELIABILITY_REPLICA_AGENTS` agents, `RELIABILITY_REPLICA_CALLS` writes
+/// each); a play whose checks fail counts as failed, its tally unknown.
+async fn replica_kills(repeat: usize) -> Row {
+    let agents = usize::try_from(env_u64("RELIABILITY_REPLICA_AGENTS", 8)).unwrap();
+    let calls = usize::try_from(env_u64("RELIABILITY_REPLICA_CALLS", 50)).unwrap();
+    let mut row = Row {
+        what: "replica kill".into(),
+        tried: format!(
+            "two `countersign serve` behind a round-robin proxy (Postgres); {agents} agents \
+             (half in one MCP session each, half session-less) hold {calls} invoices each, \
+             the Python SDK of both eras, a payment gated on one replica and approved on the \
+             other; one replica SIGKILLed a third of the way in"
+        ),
+        times: 0,
+        failed: 0,
+        tally: Tally::default(),
+    };
+    for _ in 0..repeat {
+        let played = tokio::spawn(crate::replicas::replica_kill(crate::replicas::Size {
+            agents,
+            calls,
+        }))
+        .await;
+        row.times += 1;
+        match played {
+            Ok(Some(out)) => {
+                eprintln!(
+                    "reliability: replica kill: {} calls, {} sent again, {} failovers",
+                    out.calls, out.resent, out.failovers
+                );
+                row.tally.add(&out.tally);
+            }
+            Ok(None) => panic!("the report needs Postgres"),
+            Err(_) => row.failed += 1,
+        }
+    }
+    row
 }
 
 /// `/proc/<pid>/status` VmRSS in KiB.
@@ -296,7 +337,7 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -304,7 +345,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-struct Child(std::process::Child);
+pub(crate) struct Child(pub(crate) std::process::Child);
 
 impl Drop for Child {
     fn drop(&mut self) {
@@ -1039,7 +1080,8 @@ async fn reliability_report() {
         + s.tally.lost
         + s.tally.duplicated
         + s.tally.unknown
-        + s.ends.other.len();
+        + s.ends.other.len()
+        + fault_rows.iter().map(|r| r.failed).sum::<usize>();
     assert_eq!(
         bad, 0,
         "lost, duplicated or unreconciled effects: see {path}"
