@@ -18,6 +18,7 @@
 #   RELIABILITY_RACE_STEPS       steps in the many-workers race (default 400)
 #   RELIABILITY_REPLICA_AGENTS   scripted agents in each replica-kill play (default 8)
 #   RELIABILITY_REPLICA_CALLS    writes per agent in each replica-kill play (default 50)
+#   RELIABILITY_REPLICA_LATENCY_MS  how long each of those writes takes at the target (400)
 #   RELIABILITY_CONCURRENT       1: play the scenarios and fault tests while the soak runs
 #                                (default 0: after it)
 #   COUNTERSIGN_TEST_POSTGRES_URL  (default postgres://postgres@127.0.0.1:5432/postgres)

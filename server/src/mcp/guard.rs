@@ -111,10 +111,13 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         Ok(admitted) => admitted,
         Err(refusal) => return refusal.into_response(),
     };
+    // A request at a session-less revision has no session, whatever header it carries (rmcp
+    // routes it past every session).
     let session = req
         .headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
+        .filter(|_| !session_less(req.headers()))
         .map(str::to_string);
     let (agent, tenant) = (credential.id.clone(), credential.tenant.clone());
     let scope = Scope::new(&tenant, &agent);
@@ -199,6 +202,21 @@ fn ended(known: &Known, done: Done) -> Response {
         (Some(true), _) | (_, Known::Own { .. }) => StatusCode::NO_CONTENT.into_response(),
         _ => session_not_found(),
     }
+}
+
+/// Whether the request names, in its `MCP-Protocol-Version` header, a revision without the
+/// `initialize` handshake (2026-07-28 on).
+fn session_less(headers: &HeaderMap) -> bool {
+    headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            serde_json::from_value::<rmcp::model::ProtocolVersion>(serde_json::Value::String(
+                v.to_string(),
+            ))
+            .ok()
+        })
+        .is_some_and(|v| !v.has_initialize())
 }
 
 /// rmcp's answer for a session that does not exist (or is not the caller's).

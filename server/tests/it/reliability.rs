@@ -294,22 +294,25 @@ async fn faults(repeat: usize) -> Vec<Row> {
 async fn replica_kills(repeat: usize) -> Row {
     let agents = usize::try_from(env_u64("RELIABILITY_REPLICA_AGENTS", 8)).unwrap();
     let calls = usize::try_from(env_u64("RELIABILITY_REPLICA_CALLS", 50)).unwrap();
+    let latency_ms = env_u64("RELIABILITY_REPLICA_LATENCY_MS", 400);
     let mut row = Row {
         what: "replica kill".into(),
         tried: format!(
             "two `countersign serve` behind a round-robin proxy (Postgres); {agents} agents \
              (half in one MCP session each, half session-less) hold {calls} invoices each, \
              the Python SDK of both eras, a payment gated on one replica and approved on the \
-             other; one replica SIGKILLed a third of the way in"
+             other; one replica SIGKILLed a third of the way in, holds taking {latency_ms} ms"
         ),
         times: 0,
         failed: 0,
         tally: Tally::default(),
     };
+    let (mut calls_made, mut resent, mut failovers) = (0, 0, 0);
     for _ in 0..repeat {
         let played = tokio::spawn(crate::replicas::replica_kill(crate::replicas::Size {
             agents,
             calls,
+            latency_ms,
         }))
         .await;
         row.times += 1;
@@ -320,11 +323,22 @@ async fn replica_kills(repeat: usize) -> Row {
                     out.calls, out.resent, out.failovers
                 );
                 row.tally.add(&out.tally);
+                (calls_made, resent, failovers) = (
+                    calls_made + out.calls,
+                    resent + out.resent,
+                    failovers + out.failovers,
+                );
             }
             Ok(None) => panic!("the report needs Postgres"),
             Err(_) => row.failed += 1,
         }
     }
+    let _ = write!(
+        row.tried,
+        "; in all {calls_made} agent calls answered, {resent} sent again by the agent (no \
+         answer, or `in_flight` until the step settled), {failovers} requests the proxy sent \
+         to the other replica"
+    );
     row
 }
 

@@ -25,6 +25,8 @@ use countersign_core::{Backend, StepStatus, Store, SystemClock};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use countersign::adapters::builtin::{ERP, Latency, set_latency};
+
 use crate::helpers::{countersign_on, example};
 use crate::interop::{self, Sdk};
 use crate::mcp::{Client, REASON, SESSION_LESS, try_read_response};
@@ -470,6 +472,9 @@ pub(crate) struct Size {
     pub(crate) agents: usize,
     /// Writes (holds of distinct invoices) per agent.
     pub(crate) calls: usize,
+    /// How long the demo ERP takes to hold an invoice, half before the effect and half after
+    /// (so the kill lands mid-call, on either side of the effect).
+    pub(crate) latency_ms: u64,
 }
 
 /// What a replica-kill run counted.
@@ -552,6 +557,17 @@ pub(crate) async fn replica_kill(size: Size) -> Option<Outcome> {
     let served_before = proxy.served[0].load(Ordering::SeqCst);
 
     // Scripted agents of both eras; A is killed once a third of their calls are answered.
+    set_latency(
+        &store,
+        ERP,
+        "invoices.hold",
+        Latency {
+            before_ms: size.latency_ms / 2,
+            after_ms: size.latency_ms - size.latency_ms / 2,
+        },
+    )
+    .await
+    .unwrap();
     let invoices = seed_invoices(&store, "INV-9", size.agents * size.calls).await;
     let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut drivers = Vec::new();
@@ -674,7 +690,8 @@ pub(crate) async fn replica_kill(size: Size) -> Option<Outcome> {
 async fn replicas_share_sessions_and_survive_a_kill() {
     let Some(out) = replica_kill(Size {
         agents: 4,
-        calls: 30,
+        calls: 20,
+        latency_ms: 200,
     })
     .await
     else {
