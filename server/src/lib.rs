@@ -14,6 +14,7 @@ pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod notify;
+pub mod oauth;
 pub mod pipeline;
 pub mod provenance;
 pub mod registry;

@@ -122,14 +122,16 @@ impl Store {
         &self,
         new: &NewAgent,
     ) -> Result<(AgentCredential, AgentToken), CreateAgentError> {
-        self.insert_agent(new, None).await
+        self.insert_agent(new, None, None).await
     }
 
-    /// [`Store::create_agent`], optionally as the execution credential of run `run_id`.
+    /// [`Store::create_agent`], optionally as the execution credential of run `run_id`, or
+    /// for the OAuth client `oauth` (issuer, client id) of an authorization server.
     pub(crate) async fn insert_agent(
         &self,
         new: &NewAgent,
         run_id: Option<&str>,
+        oauth: Option<(&str, &str)>,
     ) -> Result<(AgentCredential, AgentToken), CreateAgentError> {
         for (field, value) in [
             ("name", &new.name),
@@ -184,6 +186,11 @@ impl Store {
                 .detail
                 .insert("created_by".into(), json!(new.created_by));
         }
+        if let Some((issuer, client)) = oauth {
+            audit.detail.insert("oauth_issuer".into(), json!(issuer));
+            audit.detail.insert("oauth_client".into(), json!(client));
+        }
+        let (oauth_issuer, oauth_client) = oauth.unzip();
         let inserted: Result<bool, StoreError> = async {
             Ok(write_audited!(
                 self,
@@ -192,8 +199,8 @@ impl Store {
                 sqlx::query(
                     "INSERT INTO agent_credentials
                        (id, name, role, tenant, token_hash, created_by, created_at, expires_at,
-                        revoked_at, acts_for, origin, run_id)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11)",
+                        revoked_at, acts_for, origin, run_id, oauth_issuer, oauth_client)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12, $13)",
                 )
                 .bind(&id)
                 .bind(&new.name)
@@ -206,6 +213,8 @@ impl Store {
                 .bind(&new.acts_for)
                 .bind(new.origin.as_str())
                 .bind(run_id)
+                .bind(oauth_issuer)
+                .bind(oauth_client)
             ))
         }
         .await;

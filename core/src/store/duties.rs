@@ -102,7 +102,7 @@ impl Store {
             origin: TaskOrigin::parse(&planner.origin).unwrap_or(TaskOrigin::External),
         };
         // The token is dropped here: it was never shown, so nobody can present it.
-        let (cred, _token) = self.insert_agent(&new, Some(&run.id)).await?;
+        let (cred, _token) = self.insert_agent(&new, Some(&run.id), None).await?;
         Ok(cred)
     }
 

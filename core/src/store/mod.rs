@@ -31,6 +31,7 @@ mod handle;
 mod imports;
 mod leases;
 mod mcp_sessions;
+mod oauth_agents;
 mod planned;
 mod proposals;
 mod registry;
@@ -65,6 +66,7 @@ pub use group::TIMING as COMMITTER_TIMING;
 pub use handle::{Backend, Store};
 pub(crate) use handle::{Pool, on_pool};
 pub use imports::BundleImport;
+pub use oauth_agents::OAuthRegistration;
 pub use planned::PlannedCall;
 pub use proposals::{
     ApproveOutcome, BundleChange, Change, ChangeOp, ListingChange, NewProposal, Proposal,

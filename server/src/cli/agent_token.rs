@@ -13,7 +13,9 @@ use crate::{CliError, who};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum AgentTokenCommand {
-    /// Create a credential and print its token once (only its hash is stored).
+    /// Create a credential and print its token once (only its hash is stored). With
+    /// --oauth-issuer and --oauth-client, register that OAuth client instead: the agent then
+    /// presents access tokens from that authorization server (no token is printed).
     Create {
         /// A name for the agent, unique among active credentials.
         #[arg(long)]
@@ -40,6 +42,12 @@ pub(crate) enum AgentTokenCommand {
         /// agent that reads inbound e-mail). Policy sees it; the agent cannot change it.
         #[arg(long, default_value = "user")]
         origin: String,
+        /// The authorization server (exactly as in agent_oauth_issuers) whose client this is.
+        #[arg(long, requires = "oauth_client")]
+        oauth_issuer: Option<String>,
+        /// The client id (the access token's client_id, else sub) to register.
+        #[arg(long, requires = "oauth_issuer")]
+        oauth_client: Option<String>,
     },
     /// Set who a credential acts for and where its tasks come from (audited, agent.bound).
     Bind {
@@ -92,6 +100,8 @@ pub(crate) async fn agent_token_command(
             by,
             acts_for,
             origin,
+            oauth_issuer,
+            oauth_client,
         } => {
             let creator = who(by);
             let origin = parse_origin(&origin)?;
@@ -141,16 +151,29 @@ pub(crate) async fn agent_token_command(
                     Some(store.clock().now_ms() + span.to_chrono().num_milliseconds())
                 }
             };
+            let new = NewAgent {
+                name,
+                role,
+                tenant,
+                created_by: creator,
+                expires_at,
+                acts_for,
+                origin,
+            };
+            if let (Some(issuer), Some(client)) = (oauth_issuer, oauth_client) {
+                let cred = store
+                    .register_oauth_agent(&new, &issuer, &client)
+                    .await
+                    .map_err(|e| CliError::Refused(e.to_string()))?;
+                println!(
+                    "registered OAuth client {client:?} of {issuer} as agent credential {} ({}, \
+                     role {}, tenant {})",
+                    cred.id, cred.name, cred.role, cred.tenant
+                );
+                return Ok(());
+            }
             let (cred, token) = store
-                .create_agent(&NewAgent {
-                    name,
-                    role,
-                    tenant,
-                    created_by: creator,
-                    expires_at,
-                    acts_for,
-                    origin,
-                })
+                .create_agent(&new)
                 .await
                 .map_err(|e| CliError::Refused(e.to_string()))?;
             eprintln!(
@@ -198,6 +221,13 @@ pub(crate) async fn agent_token_command(
         }
         AgentTokenCommand::List => {
             let now = store.clock().now_ms();
+            let oauth: std::collections::HashMap<String, (String, String)> = store
+                .oauth_registrations()
+                .await
+                .map_err(StartError::Database)?
+                .into_iter()
+                .map(|(id, issuer, client)| (id, (issuer, client)))
+                .collect();
             for a in store.list_agents().await.map_err(StartError::Database)? {
                 let state = match (a.revoked_at, a.expires_at) {
                     (Some(_), _) => "revoked",
@@ -217,6 +247,9 @@ pub(crate) async fn agent_token_command(
                     a.run_id
                         .as_deref()
                         .map(|r| format!(" run={r}"))
+                        .or_else(|| oauth
+                            .get(&a.id)
+                            .map(|(i, c)| format!(" oauth={c}@{i}")))
                         .unwrap_or_default()
                 );
             }

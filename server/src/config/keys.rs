@@ -138,6 +138,24 @@ pub const KEYS: &[KeySpec] = &[
         help: "how long an http/mcp provider call may take (e.g. 15s, 800ms); longer = unknown",
     },
     KeySpec {
+        name: "agent_oauth_issuers",
+        secret: false,
+        default: None,
+        help: "comma-separated authorization servers whose OAuth access tokens agents may present on /mcp (exactly as their tokens' iss)",
+    },
+    KeySpec {
+        name: "agent_token_kinds",
+        secret: false,
+        default: None,
+        help: "which agent tokens /mcp accepts: countersign, oauth or both (default: countersign, plus oauth when agent_oauth_issuers is set)",
+    },
+    KeySpec {
+        name: "agent_oauth_scope",
+        secret: false,
+        default: Some("mcp:tools"),
+        help: "the scope an agent's OAuth access token must grant",
+    },
+    KeySpec {
         name: "oidc_issuer",
         secret: false,
         default: None,

@@ -7,9 +7,11 @@
 //! default. Errors name the key and where it came from; values of secret keys are never
 //! printed (they are held in [`Secret`]).
 
+mod agent_auth;
 mod keys;
 mod parse;
 
+pub use agent_auth::AgentAuth;
 pub use keys::{CONFIG_ENV, DEFAULT_CONFIG_FILE, KEYS, KeySpec};
 use keys::{env_name, known_keys};
 use parse::parse_duration;
@@ -113,6 +115,8 @@ pub struct Config {
     pub redaction_key: Option<Arc<RedactionKey>>,
     /// The bearer token `/metrics` requires; `None`: `/metrics` answers anyone.
     pub metrics_token: Option<Secret<String>>,
+    /// How agents authenticate on `/mcp` (their tokens, OAuth access tokens, or both).
+    pub agent_auth: AgentAuth,
 }
 
 /// Limits on one planned run, enforced before each of its steps starts.
@@ -622,6 +626,13 @@ impl Config {
             Some(t) => Some(Secret::new(t)),
         };
 
+        let agent_auth = agent_auth::parse(
+            get("agent_oauth_issuers"),
+            get("agent_token_kinds"),
+            get("agent_oauth_scope"),
+        )
+        .map_err(|(key, why)| invalid(key, why))?;
+
         secure_off_loopback(
             &listen,
             &public_url,
@@ -654,6 +665,7 @@ impl Config {
             audit_checkpoint_minutes,
             redaction_key,
             metrics_token,
+            agent_auth,
         })
     }
 }

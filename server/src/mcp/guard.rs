@@ -18,7 +18,9 @@
 //!   POST is read before rmcp sees it and counts as opening one when it is `initialize` or
 //!   cannot be read as one JSON object naming another method (a batch, not JSON, a repeated
 //!   `method`: fail closed). A 2026-07-28 request or `server/discover` opens none and meets no
-//!   limit. A slot taken for an `initialize` is given back however the request ends (the
+//!   limit, and a POST at a session-less revision (its `MCP-Protocol-Version` header) names no
+//!   session whatever header it carries — unless it is an `initialize`, which rmcp always
+//!   takes into a session: that keeps its session and every check of it. A slot taken for an `initialize` is given back however the request ends (the
 //!   client may go away before its answer).
 //! * Ending a session answers 204 (rmcp answers 202, which the official Python SDK logs as a
 //!   failed termination) when it ended it or it was the caller's session here; 404 when it
@@ -49,6 +51,7 @@ use sha2::{Digest, Sha256};
 use super::sessions::{self, Done, Known, Owners, Reservation, Scope};
 use crate::AppState;
 use crate::config::parse_origin;
+use crate::oauth::Refused;
 
 /// The challenge sent with every 401.
 pub const CHALLENGE: &str = r#"Bearer realm="countersign""#;
@@ -58,8 +61,12 @@ pub const CHALLENGE: &str = r#"Bearer realm="countersign""#;
 enum Refusal {
     #[error("origin not allowed")]
     Origin,
+    /// 401 with this `WWW-Authenticate` challenge.
     #[error("unauthorized")]
-    Unauthorized,
+    Unauthorized(String),
+    /// 403 with this `WWW-Authenticate` challenge (an access token without the scope).
+    #[error("insufficient scope")]
+    InsufficientScope(String),
     #[error("internal error")]
     Internal,
 }
@@ -70,10 +77,16 @@ impl IntoResponse for Refusal {
             Self::Origin => {
                 (StatusCode::FORBIDDEN, Json(json!({"error": "forbidden"}))).into_response()
             }
-            Self::Unauthorized => (
+            Self::Unauthorized(challenge) => (
                 StatusCode::UNAUTHORIZED,
-                [(WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE))],
+                [(WWW_AUTHENTICATE, header_value(challenge))],
                 Json(json!({"error": "unauthorized"})),
+            )
+                .into_response(),
+            Self::InsufficientScope(challenge) => (
+                StatusCode::FORBIDDEN,
+                [(WWW_AUTHENTICATE, header_value(challenge))],
+                Json(json!({"error": "insufficient_scope"})),
             )
                 .into_response(),
             Self::Internal => (
@@ -83,6 +96,11 @@ impl IntoResponse for Refusal {
                 .into_response(),
         }
     }
+}
+
+/// `text` as a header value (a challenge built from configuration; the plain one if not).
+fn header_value(text: String) -> HeaderValue {
+    HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(CHALLENGE))
 }
 
 /// The MCP session header.
@@ -102,25 +120,22 @@ pub struct GuardState {
     pub sessions: Arc<LocalSessionManager>,
     /// The largest POST body rmcp accepts (the guard reads no more of a session-less one).
     pub max_body: usize,
+    /// `/mcp` as an OAuth resource server, when `agent_oauth_issuers` is set.
+    pub oauth: Option<Arc<crate::oauth::ResourceServer>>,
 }
 
 /// Axum middleware: checks `Origin`, authenticates the bearer token, keeps each session to
 /// the agent that opened it, and stores the credential in the request's extensions.
-pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next) -> Response {
-    let (credential, admission) = match admit(&state.app, req.headers()).await {
+pub async fn guard(State(state): State<GuardState>, req: Request, next: Next) -> Response {
+    let (credential, admission) = match admit(&state, req.headers()).await {
         Ok(admitted) => admitted,
         Err(refusal) => return refusal.into_response(),
     };
-    // A request at a session-less revision has no session, whatever header it carries (rmcp
-    // routes it past every session).
-    let session = req
-        .headers()
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|_| !session_less(req.headers()))
-        .map(str::to_string);
-    let (agent, tenant) = (credential.id.clone(), credential.tenant.clone());
-    let scope = Scope::new(&tenant, &agent);
+    let scope = Scope::new(&credential.tenant, &credential.id);
+    let (mut req, session, opening) = match read_session(&state, req).await {
+        Ok(read) => read,
+        Err(unread) => return unread,
+    };
     let known = match &session {
         Some(id) => match check_session(&state, &scope, id).await {
             Ok(known) => known,
@@ -128,30 +143,11 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
         },
         None => Known::Unknown,
     };
-    let opening = if session.is_none() && req.method() == axum::http::Method::POST {
-        let (read, opens) = match opens_session(req, state.max_body).await {
-            Ok(read) => read,
-            Err(unread) => return unread,
-        };
-        req = read;
-        opens
-    } else {
-        false
-    };
-    let reserved = if opening {
-        // The slot first, then the count (see `Reservation::take`).
-        let (slot, pending) = Reservation::take(&state.owners, &agent);
-        let held = match sessions::held(&state.app.store, &tenant, &agent).await {
-            Ok(held) => held,
-            Err(e) => {
-                tracing::error!(error = %e, "mcp: counting an agent's sessions failed");
-                return Refusal::Internal.into_response();
-            }
-        };
-        if held + pending > MAX_SESSIONS_PER_AGENT {
-            return session_limit_reached(&agent);
+    let slot = if opening {
+        match reserve_slot(&state, &scope).await {
+            Ok(slot) => Some(slot),
+            Err(refused) => return refused,
         }
-        Some(slot)
     } else {
         None
     };
@@ -161,32 +157,92 @@ pub async fn guard(State(state): State<GuardState>, mut req: Request, next: Next
     req.headers_mut().remove(AUTHORIZATION);
     req.extensions_mut().insert(credential);
     req.extensions_mut().insert(admission);
+    if let Some(slot) = slot {
+        // rmcp opens the session and the guard keeps it (or closes it) in a task of its own:
+        // a client going away mid-request cannot leave a session half kept.
+        let opened = tokio::spawn(open_session(state, scope, next, req, slot));
+        return opened
+            .await
+            .unwrap_or_else(|_| Refusal::Internal.into_response());
+    }
     let response = scope.run(next.run(req)).await;
-    let done = scope.done();
     if ending && response.status() == StatusCode::ACCEPTED {
         if let Some(id) = &session {
             state.owners.remove(id);
         }
-        return ended(&known, done);
+        return ended(&known, scope.done());
     }
-    if !response.status().is_success() {
-        return response;
+    response
+}
+
+/// The session a request names, and whether it opens one. A POST without a session, or at a
+/// session-less revision, is read first ([`opens_session`]). A session-less request has no
+/// session, whatever header it carries (rmcp routes it past every session); an `initialize`
+/// is never session-less to rmcp, so one naming a session keeps it, and its checks.
+async fn read_session(
+    state: &GuardState,
+    req: Request,
+) -> Result<(Request, Option<String>, bool), Response> {
+    let named = req
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let post = req.method() == axum::http::Method::POST;
+    if !post || (named.is_some() && !session_less(req.headers())) {
+        return Ok((req, named, false));
     }
-    if let (None, Some(opened)) = (&session, response.headers().get(SESSION_HEADER)) {
-        // `initialize` opened a session: it is this agent's, recorded in the database or not
-        // opened at all.
-        let opened = opened.to_str().unwrap_or_default().to_string();
-        if done.opened != Some(true) {
+    let (req, opens) = opens_session(req, state.max_body).await?;
+    Ok(match named {
+        Some(id) if opens => (req, Some(id), false),
+        Some(_) => (req, None, false),
+        None => (req, None, opens),
+    })
+}
+
+/// One of the caller's session slots for an `initialize`, or the 429 (or 500) answer.
+async fn reserve_slot(state: &GuardState, scope: &Scope) -> Result<Reservation, Response> {
+    // The slot first, then the count (see `Reservation::take`).
+    let (slot, pending) = Reservation::take(&state.owners, scope.agent());
+    let held = match sessions::held(&state.app.store, scope.tenant(), scope.agent()).await {
+        Ok(held) => held,
+        Err(e) => {
+            tracing::error!(error = %e, "mcp: counting an agent's sessions failed");
+            return Err(Refusal::Internal.into_response());
+        }
+    };
+    if held + pending > MAX_SESSIONS_PER_AGENT {
+        return Err(session_limit_reached(scope.agent()));
+    }
+    Ok(slot)
+}
+
+/// Serves an `initialize` under `slot`: the session rmcp opens is the caller's, recorded in
+/// the database, or not opened at all (closed, its row ended, 500).
+async fn open_session(
+    state: GuardState,
+    scope: Arc<Scope>,
+    next: Next,
+    req: Request,
+    slot: Reservation,
+) -> Response {
+    let response = scope.run(next.run(req)).await;
+    let opened = response
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let (true, Some(opened)) = (response.status().is_success(), opened) {
+        if scope.done().opened != Some(true) {
             tracing::error!("mcp: an opened session could not be recorded; closing it");
             sessions::close_here(&state.sessions, &state.owners, &opened).await;
-            sessions::end_row(&state.app.store, &tenant, &opened, &agent).await;
+            sessions::end_row(&state.app.store, scope.tenant(), &opened, scope.agent()).await;
             return Refusal::Internal.into_response();
         }
-        state.owners.insert(&opened, &agent);
+        state.owners.insert(&opened, scope.agent());
     }
-    // The slot reserved for an `initialize` is now a recorded session (or was never used):
-    // `reserved` gives it back as it drops.
-    drop(reserved);
+    // The slot is now a recorded session (or was never used).
+    drop(slot);
     response
 }
 
@@ -321,9 +377,14 @@ fn hint_key(token: &AgentToken, session: &str) -> String {
 }
 
 async fn admit(
-    state: &AppState,
+    guard: &GuardState,
     headers: &HeaderMap,
 ) -> Result<(AgentCredential, Admission), Refusal> {
+    let state = &guard.app;
+    let challenge = || match &guard.oauth {
+        Some(rs) => rs.challenge(),
+        None => CHALLENGE.to_string(),
+    };
     if let Some(origin) = headers.get(ORIGIN) {
         let allowed = origin
             .to_str()
@@ -335,10 +396,36 @@ async fn admit(
             return Err(Refusal::Origin);
         }
     }
-    let Some(token) = bearer(headers) else {
+    let Some(presented) = bearer(headers) else {
         tracing::info!("mcp: request without a bearer token");
-        return Err(Refusal::Unauthorized);
+        return Err(Refusal::Unauthorized(challenge()));
     };
+    let ours = presented.starts_with(countersign_core::agents::TOKEN_PREFIX);
+    let kinds = &state.config.agent_auth;
+    match (&guard.oauth, ours) {
+        (_, true) if kinds.countersign_tokens => {}
+        (Some(rs), false) => {
+            return match rs.admit(&state.store, presented).await {
+                Ok(credential) => Ok((
+                    credential,
+                    Admission {
+                        hint_key: None,
+                        prefetched: None,
+                    },
+                )),
+                Err(Refused::Unauthorized) => Err(Refusal::Unauthorized(challenge())),
+                Err(Refused::InsufficientScope) => {
+                    Err(Refusal::InsufficientScope(rs.insufficient_scope()))
+                }
+                Err(Refused::Internal) => Err(Refusal::Internal),
+            };
+        }
+        _ => {
+            tracing::info!("mcp: a kind of token this server does not accept");
+            return Err(Refusal::Unauthorized(challenge()));
+        }
+    }
+    let token = AgentToken::presented(presented);
     // [perf] When this session's calls were seen before, the call's context (its run, the
     // stop, the party and its grants) is read in the same statement as the credential.
     let hint_key = headers
@@ -382,7 +469,7 @@ async fn admit(
         Ok(Ok(admitted)) => Ok(admitted),
         Ok(Err(reason)) => {
             tracing::info!(%reason, "mcp: agent credential refused");
-            Err(Refusal::Unauthorized)
+            Err(Refusal::Unauthorized(challenge()))
         }
         Err(e) => {
             tracing::error!(error = %e, "mcp: authenticating an agent failed");
@@ -392,9 +479,9 @@ async fn admit(
 }
 
 /// The token of an `Authorization: Bearer …` header; `None` when absent or malformed.
-fn bearer(headers: &HeaderMap) -> Option<AgentToken> {
+fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.trim().split_once(' ')?;
-    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty())
-        .then(|| AgentToken::presented(token))
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }

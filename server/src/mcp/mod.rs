@@ -78,15 +78,31 @@ pub fn routes(state: AppState) -> Router<AppState> {
         sessions.clone(),
         config,
     );
+    let oauth = match crate::oauth::ResourceServer::from_config(&state.config, &state.store) {
+        Ok(oauth) => oauth,
+        Err(e) => {
+            // INVARIANT: only an HTTP client that cannot be built lands here; OAuth then
+            // admits nobody (fail closed) and says why.
+            tracing::error!(error = %e, "mcp: the OAuth resource server could not start");
+            None
+        }
+    };
     let guarded = guard::GuardState {
         app: state,
         owners,
         sessions,
         max_body,
+        oauth,
     };
+    let metadata = crate::oauth::METADATA_PATHS
+        .iter()
+        .fold(Router::new(), |r, path| {
+            r.route(path, axum::routing::get(crate::oauth::metadata))
+        });
     Router::new()
         .route_service(PATH, service)
         .layer(axum::middleware::from_fn_with_state(guarded, guard::guard))
+        .merge(metadata)
 }
 
 /// rmcp's transport settings: `Host` checked against the public URL's host and loopback;

@@ -125,20 +125,15 @@ impl Owners {
         self.len() == 0
     }
 
-    /// What session `id` is to `agent`; a touch is due (and counted as done) once every
-    /// [`TOUCH_EVERY`].
+    /// What session `id` is to `agent`; a touch is due once every [`TOUCH_EVERY`] (a touch
+    /// that succeeds is recorded by [`Owners::insert`]).
     pub fn known(&self, id: &str, agent: &str) -> Known {
-        let mut owners = locked(&self.owners);
-        match owners.get_mut(id) {
+        match locked(&self.owners).get(id) {
             None => Known::Unknown,
             Some(o) if o.agent != agent => Known::Foreign,
-            Some(o) => {
-                let touch = o.touched.elapsed() >= TOUCH_EVERY;
-                if touch {
-                    o.touched = Instant::now();
-                }
-                Known::Own { touch }
-            }
+            Some(o) => Known::Own {
+                touch: o.touched.elapsed() >= TOUCH_EVERY,
+            },
         }
     }
 

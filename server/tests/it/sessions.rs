@@ -107,6 +107,23 @@ async fn sessions_continue_on_another_replica_and_end_everywhere() {
             StatusCode::NOT_FOUND
         );
         assert_eq!(delete(&a, &other, &session).await, StatusCode::NOT_FOUND);
+        // Nor can it push an `initialize` into it by naming a session-less revision in its
+        // header (rmcp takes every `initialize` into a session).
+        let pushed = a
+            .client
+            .post(a.url("/mcp"))
+            .bearer_auth(&other)
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", crate::mcp::SESSION_LESS)
+            .header("Mcp-Session-Id", &session)
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": crate::mcp::SESSION_LESS, "capabilities": {},
+                "clientInfo": {"name": "it", "version": "0"}}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(pushed.status(), StatusCode::NOT_FOUND, "{backend:?}");
+        assert_eq!(list_status(&a, &token, &session).await, StatusCode::OK);
         assert_eq!(list_status(&b, &token, &session).await, StatusCode::OK);
 
         // Ended on B: B refuses it at once, A once its poll has seen the end.

@@ -1,0 +1,433 @@
+//! An agent's OAuth access token (a JWT, RFC 9068) checked against the authorization servers
+//! the operator trusts (`agent_oauth_issuers`).
+//!
+//! Invariants:
+//! * Only asymmetric signatures are accepted ([`ALGORITHMS`]), each only with a key of its own
+//!   family: `alg: none`, HMAC (whatever its key, the issuer's public key included) and a key
+//!   of another type than the `alg` names are refused before any signature is computed.
+//! * The issuer must be one of the configured ones, compared exactly; its keys come only from
+//!   its own metadata (RFC 8414, else OpenID discovery), whose `issuer` must equal it. The
+//!   unverified payload is read for one thing only: which configured issuer's keys to try.
+//! * The token must be typed `at+jwt`, name this resource in `aud`, carry `exp` (and honour
+//!   `nbf`), both against the server's clock with [`LEEWAY_MS`], and grant the required scope.
+//! * A `kid` the cached key set lacks refetches the issuer's keys at most once per
+//!   [`REFRESH_EVERY`] per issuer; a kid still unknown is refused. A key set that cannot be
+//!   fetched refuses every token of that issuer (fail closed).
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use countersign_core::Clock;
+use jsonwebtoken::jwk::{AlgorithmParameters, Jwk, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// The signature algorithms accepted (asymmetric only).
+pub const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::RS256,
+    Algorithm::PS256,
+    Algorithm::ES256,
+    Algorithm::EdDSA,
+];
+
+/// How far `exp` and `nbf` may be off the server's clock.
+pub const LEEWAY_MS: i64 = 30_000;
+
+/// The least time between two fetches of one issuer's keys for an unknown `kid`.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
+
+/// How long one fetch of metadata or keys may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a token was refused (each is logged and audited; the caller only learns 401 or 403).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// Not a JWT, or its header or claims do not parse.
+    #[error("malformed token")]
+    Malformed,
+    /// Not typed `at+jwt`.
+    #[error("not an access token (typ)")]
+    Type,
+    /// `none`, HMAC, or an algorithm not accepted, or one its key cannot have.
+    #[error("algorithm not accepted")]
+    Algorithm,
+    /// An issuer that is not configured.
+    #[error("issuer not trusted")]
+    Issuer,
+    /// A `kid` the issuer does not publish (after refetching its keys).
+    #[error("unknown signing key")]
+    UnknownKey,
+    /// The signature does not verify.
+    #[error("bad signature")]
+    Signature,
+    /// Issued for another resource.
+    #[error("audience is not this resource")]
+    Audience,
+    /// Past `exp`.
+    #[error("expired")]
+    Expired,
+    /// Before `nbf`.
+    #[error("not yet valid")]
+    NotYetValid,
+    /// The required scope is not granted.
+    #[error("scope {0} not granted")]
+    Scope(String),
+    /// The issuer's keys could not be fetched.
+    #[error("keys unavailable: {0}")]
+    KeysUnavailable(String),
+}
+
+impl Rejection {
+    /// A short code for logs and audit records.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::Type => "type",
+            Self::Algorithm => "algorithm",
+            Self::Issuer => "issuer",
+            Self::UnknownKey => "unknown_key",
+            Self::Signature => "signature",
+            Self::Audience => "audience",
+            Self::Expired => "expired",
+            Self::NotYetValid => "not_yet_valid",
+            Self::Scope(_) => "scope",
+            Self::KeysUnavailable(_) => "keys_unavailable",
+        }
+    }
+}
+
+/// What a verified token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The issuer (as configured).
+    pub issuer: String,
+    /// The client the token was issued to (`client_id`, else `sub`).
+    pub client: String,
+    /// Unix ms.
+    pub expires_at: i64,
+}
+
+/// The claims read from a token whose signature verified.
+#[derive(Debug, Deserialize)]
+struct Claims {
+    exp: i64,
+    nbf: Option<i64>,
+    sub: Option<String>,
+    client_id: Option<String>,
+    scope: Option<String>,
+}
+
+/// One trusted issuer and its cached keys.
+struct Issuer {
+    url: String,
+    keys: tokio::sync::Mutex<Cached>,
+}
+
+#[derive(Default)]
+struct Cached {
+    set: Option<JwkSet>,
+    fetched: Option<Instant>,
+}
+
+/// Checks agents' access tokens for one resource.
+pub struct Verifier {
+    resource: String,
+    scope: String,
+    issuers: Vec<Issuer>,
+    http: reqwest::Client,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("resource", &self.resource)
+            .field("issuers", &self.issuers.iter().map(|i| &i.url).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Verifier {
+    /// A verifier of tokens for `resource` granting `scope`, issued by one of `issuers`.
+    pub fn new(
+        resource: &str,
+        scope: &str,
+        issuers: &[String],
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            resource: resource.to_string(),
+            scope: scope.to_string(),
+            issuers: issuers
+                .iter()
+                .map(|url| Issuer {
+                    url: url.clone(),
+                    keys: tokio::sync::Mutex::default(),
+                })
+                .collect(),
+            http,
+            clock,
+        })
+    }
+
+    /// The resource tokens must be issued for.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The scope tokens must grant.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The trusted issuers.
+    pub fn issuers(&self) -> impl Iterator<Item = &str> {
+        self.issuers.iter().map(|i| i.url.as_str())
+    }
+
+    /// Checks `token`; what it proves, or why it is refused.
+    pub async fn verify(&self, token: &str) -> Result<Verified, Rejection> {
+        let (header, claimed_issuer) = peek(token)?;
+        let alg = accepted_algorithm(&header)?;
+        let issuer = self
+            .issuers
+            .iter()
+            .find(|i| i.url == claimed_issuer)
+            .ok_or(Rejection::Issuer)?;
+        let kid = header.kid.as_deref().ok_or(Rejection::UnknownKey)?;
+        let jwk = self.key(issuer, kid).await?;
+        let key = decoding_key(&jwk, alg)?;
+        let mut validation = Validation::new(alg);
+        validation.algorithms = vec![alg];
+        validation.set_issuer(&[issuer.url.as_str()]);
+        validation.set_audience(&[self.resource.as_str()]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        // Time is checked below against the server's clock, not the system's.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.leeway = 0;
+        let claims = jsonwebtoken::decode::<Claims>(token, &key, &validation)
+            .map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::InvalidSignature => Rejection::Signature,
+                jsonwebtoken::errors::ErrorKind::InvalidAudience => Rejection::Audience,
+                jsonwebtoken::errors::ErrorKind::InvalidIssuer => Rejection::Issuer,
+                jsonwebtoken::errors::ErrorKind::InvalidAlgorithm
+                | jsonwebtoken::errors::ErrorKind::InvalidKeyFormat => Rejection::Algorithm,
+                _ => Rejection::Malformed,
+            })?
+            .claims;
+        let now = self.clock.now_ms();
+        let expires_at = claims.exp.saturating_mul(1000);
+        if expires_at + LEEWAY_MS <= now {
+            return Err(Rejection::Expired);
+        }
+        if claims.nbf.is_some_and(|nbf| nbf.saturating_mul(1000) - LEEWAY_MS > now) {
+            return Err(Rejection::NotYetValid);
+        }
+        let granted = claims
+            .scope
+            .as_deref()
+            .is_some_and(|s| s.split(' ').any(|g| g == self.scope));
+        if !granted {
+            return Err(Rejection::Scope(self.scope.clone()));
+        }
+        let client = claims
+            .client_id
+            .or(claims.sub)
+            .filter(|c| !c.is_empty())
+            .ok_or(Rejection::Malformed)?;
+        Ok(Verified {
+            issuer: issuer.url.clone(),
+            client,
+            expires_at,
+        })
+    }
+
+    /// The key `kid` of `issuer`, refetching its key set (at most once per `REFRESH_EVERY`)
+    /// when the cached one lacks it.
+    async fn key(&self, issuer: &Issuer, kid: &str) -> Result<Jwk, Rejection> {
+        let mut cached = issuer.keys.lock().await;
+        if let Some(jwk) = cached.set.as_ref().and_then(|s| s.find(kid)) {
+            return Ok(jwk.clone());
+        }
+        let may_fetch = cached.fetched.is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
+        if !may_fetch {
+            return Err(Rejection::UnknownKey);
+        }
+        cached.fetched = Some(Instant::now());
+        let set = fetch_keys(&self.http, &issuer.url)
+            .await
+            .map_err(Rejection::KeysUnavailable)?;
+        let found = set.find(kid).cloned();
+        cached.set = Some(set);
+        found.ok_or(Rejection::UnknownKey)
+    }
+}
+
+/// The parts of a JWT header checked before anything else.
+#[derive(Debug, Deserialize)]
+struct Header {
+    alg: String,
+    typ: Option<String>,
+    kid: Option<String>,
+}
+
+/// The token's header and the issuer its payload names (not yet trusted).
+fn peek(token: &str) -> Result<(Header, String), Rejection> {
+    #[derive(Deserialize)]
+    struct Iss {
+        iss: String,
+    }
+    let mut parts = token.split('.');
+    let (Some(h), Some(p), Some(_), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(Rejection::Malformed);
+    };
+    let decode = |s: &str| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s)
+            .map_err(|_| Rejection::Malformed)
+    };
+    let header: Header = serde_json::from_slice(&decode(h)?).map_err(|_| Rejection::Malformed)?;
+    let Iss { iss } = serde_json::from_slice(&decode(p)?).map_err(|_| Rejection::Malformed)?;
+    Ok((header, iss))
+}
+
+/// The header's algorithm, if accepted, for a token typed as an access token.
+fn accepted_algorithm(header: &Header) -> Result<Algorithm, Rejection> {
+    let alg = ALGORITHMS
+        .into_iter()
+        .find(|a| format!("{a:?}") == header.alg)
+        .ok_or(Rejection::Algorithm)?;
+    let typ = header.typ.as_deref().map(str::to_ascii_lowercase);
+    if !matches!(typ.as_deref(), Some("at+jwt" | "application/at+jwt")) {
+        return Err(Rejection::Type);
+    }
+    Ok(alg)
+}
+
+/// `jwk` as a key for `alg`, only when the key is of `alg`'s own family.
+fn decoding_key(jwk: &Jwk, alg: Algorithm) -> Result<DecodingKey, Rejection> {
+    let fits = matches!(
+        (&jwk.algorithm, alg),
+        (AlgorithmParameters::RSA(_), Algorithm::RS256 | Algorithm::PS256)
+            | (AlgorithmParameters::EllipticCurve(_), Algorithm::ES256)
+            | (AlgorithmParameters::OctetKeyPair(_), Algorithm::EdDSA)
+    );
+    if !fits {
+        return Err(Rejection::Algorithm);
+    }
+    DecodingKey::from_jwk(jwk).map_err(|_| Rejection::Algorithm)
+}
+
+/// The key set of `issuer`, found through its metadata.
+async fn fetch_keys(http: &reqwest::Client, issuer: &str) -> Result<JwkSet, String> {
+    #[derive(Deserialize)]
+    struct Metadata {
+        issuer: String,
+        jwks_uri: String,
+    }
+    let mut last = String::from("no metadata");
+    for url in metadata_urls(issuer) {
+        let fetched = async {
+            let resp = http.get(&url).send().await.map_err(|e| e.to_string())?;
+            if !resp.status().is_success() {
+                return Err(format!("{url}: {}", resp.status()));
+            }
+            resp.json::<Metadata>().await.map_err(|e| format!("{url}: {e}"))
+        }
+        .await;
+        match fetched {
+            Ok(meta) if meta.issuer == issuer => {
+                let resp = http
+                    .get(&meta.jwks_uri)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !resp.status().is_success() {
+                    return Err(format!("{}: {}", meta.jwks_uri, resp.status()));
+                }
+                return resp
+                    .json::<JwkSet>()
+                    .await
+                    .map_err(|e| format!("{}: {e}", meta.jwks_uri));
+            }
+            Ok(meta) => {
+                return Err(format!(
+                    "{url} names issuer {:?}, not {issuer:?}",
+                    meta.issuer
+                ));
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Where `issuer`'s metadata may be: RFC 8414's well-known URL (the issuer's path after it),
+/// then OpenID discovery's (after the issuer's path).
+fn metadata_urls(issuer: &str) -> Vec<String> {
+    let trimmed = issuer.trim_end_matches('/');
+    let (origin, path) = match trimmed.find("://").map(|i| i + 3) {
+        Some(start) => match trimmed[start..].find('/') {
+            Some(slash) => trimmed.split_at(start + slash),
+            None => (trimmed, ""),
+        },
+        None => (trimmed, ""),
+    };
+    vec![
+        format!("{origin}/.well-known/oauth-authorization-server{path}"),
+        format!("{trimmed}/.well-known/openid-configuration"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_is_looked_for_where_rfc_8414_and_openid_say() {
+        assert_eq!(
+            metadata_urls("https://as.example"),
+            [
+                "https://as.example/.well-known/oauth-authorization-server",
+                "https://as.example/.well-known/openid-configuration"
+            ]
+        );
+        assert_eq!(
+            metadata_urls("https://as.example/tenant1"),
+            [
+                "https://as.example/.well-known/oauth-authorization-server/tenant1",
+                "https://as.example/tenant1/.well-known/openid-configuration"
+            ]
+        );
+    }
+
+    #[test]
+    fn only_asymmetric_access_tokens_pass_the_header_check() {
+        let header = |alg: &str, typ: Option<&str>| Header {
+            alg: alg.into(),
+            typ: typ.map(str::to_string),
+            kid: None,
+        };
+        for alg in ["none", "HS256", "HS512", "RS384", ""] {
+            assert_eq!(
+                accepted_algorithm(&header(alg, Some("at+jwt"))),
+                Err(Rejection::Algorithm),
+                "{alg}"
+            );
+        }
+        assert_eq!(accepted_algorithm(&header("RS256", Some("JWT"))), Err(Rejection::Type));
+        assert_eq!(accepted_algorithm(&header("RS256", None)), Err(Rejection::Type));
+        assert_eq!(
+            accepted_algorithm(&header("ES256", Some("application/at+jwt"))),
+            Ok(Algorithm::ES256)
+        );
+    }
+}
