@@ -2,6 +2,9 @@
 
 Usage: client.py URL TOKEN SCRIPT_JSON   (or env MCP_URL, MCP_TOKEN, MCP_SCRIPT)
        MCP_MODE=legacy forces the initialize handshake (default: the SDK's own, "auto").
+       MCP_OAUTH_ISSUER, MCP_OAUTH_CLIENT, MCP_OAUTH_SECRET: authenticate with OAuth client
+       credentials instead of TOKEN (the SDK discovers the protected resource metadata and
+       the authorization server, and obtains the access token itself); TOKEN is then ignored.
 
 SCRIPT_JSON is a list of operations:
   {"op": "list"}                                  -> tools/list
@@ -23,6 +26,7 @@ import sys
 from importlib.metadata import version
 
 from mcp import Client
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
@@ -41,9 +45,40 @@ def error(kind: str, exc: BaseException, code=None) -> dict:
     return {"kind": kind, "code": code, "message": str(getattr(exc, "message", None) or exc)}
 
 
+class MemoryStorage:
+    """Token storage for one run (the SDK's storage protocol)."""
+
+    def __init__(self):
+        self.tokens = None
+        self.client_info = None
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens):
+        self.tokens = tokens
+
+    async def get_client_info(self):
+        return self.client_info
+
+    async def set_client_info(self, client_info):
+        self.client_info = client_info
+
+
 async def main() -> None:
     url, token, script = arg(1, "MCP_URL"), arg(2, "MCP_TOKEN"), json.loads(arg(3, "MCP_SCRIPT"))
-    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    issuer = os.environ.get("MCP_OAUTH_ISSUER")
+    if issuer:
+        auth = ClientCredentialsOAuthProvider(
+            server_url=url,
+            storage=MemoryStorage(),
+            client_id=os.environ["MCP_OAUTH_CLIENT"],
+            client_secret=os.environ["MCP_OAUTH_SECRET"],
+            issuer=issuer,
+        )
+        http = create_mcp_http_client(auth=auth)
+    else:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
     out: dict = {"sdk": f"python mcp {version('mcp')}", "results": []}
     mode = os.environ.get("MCP_MODE", "auto")
     client = Client(streamable_http_client(url, http_client=http), mode=mode, raise_exceptions=True)

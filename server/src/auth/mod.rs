@@ -130,9 +130,17 @@ pub fn routes() -> Router<AppState> {
 /// Paths that need no session.
 fn exempt(path: &str) -> bool {
     let prefixed = |p: &str| path == p || path.starts_with(&format!("{p}/"));
-    if ["/auth", "/healthz", "/metrics", "/mcp", "/pkg"]
-        .iter()
-        .any(|p| prefixed(p))
+    // (`/.well-known/oauth-protected-resource`: the metadata agents read before any token.)
+    if [
+        "/auth",
+        "/healthz",
+        "/metrics",
+        "/mcp",
+        "/pkg",
+        crate::oauth::METADATA_PATHS[0],
+    ]
+    .iter()
+    .any(|p| prefixed(p))
     {
         return true;
     }

@@ -247,9 +247,7 @@ pub(crate) async fn agent_token_command(
                     a.run_id
                         .as_deref()
                         .map(|r| format!(" run={r}"))
-                        .or_else(|| oauth
-                            .get(&a.id)
-                            .map(|(i, c)| format!(" oauth={c}@{i}")))
+                        .or_else(|| oauth.get(&a.id).map(|(i, c)| format!(" oauth={c}@{i}")))
                         .unwrap_or_default()
                 );
             }

@@ -125,7 +125,10 @@ mod tests {
         assert_eq!(parse(None, None, None), Ok(AgentAuth::default()));
         let both = parse(some("https://as.example, http://127.0.0.1:9"), None, None).unwrap();
         assert!(both.countersign_tokens && both.oauth());
-        assert_eq!(both.oauth_issuers, ["https://as.example", "http://127.0.0.1:9"]);
+        assert_eq!(
+            both.oauth_issuers,
+            ["https://as.example", "http://127.0.0.1:9"]
+        );
         let only = parse(some("https://as.example"), some("oauth"), some("agents")).unwrap();
         assert!(!only.countersign_tokens && only.oauth());
         assert_eq!(only.oauth_scope, "agents");
@@ -138,11 +141,26 @@ mod tests {
         for (issuers, kinds, scope, key) in [
             (some("http://as.example"), None, None, "agent_oauth_issuers"),
             (some("not a url"), None, None, "agent_oauth_issuers"),
-            (some("https://as.example?x=1"), None, None, "agent_oauth_issuers"),
+            (
+                some("https://as.example?x=1"),
+                None,
+                None,
+                "agent_oauth_issuers",
+            ),
             (None, some("oauth"), None, "agent_token_kinds"),
             (None, some("passwords"), None, "agent_token_kinds"),
-            (some("https://as.example"), some(" , "), None, "agent_token_kinds"),
-            (some("https://as.example"), None, some("a b"), "agent_oauth_scope"),
+            (
+                some("https://as.example"),
+                some(" , "),
+                None,
+                "agent_token_kinds",
+            ),
+            (
+                some("https://as.example"),
+                None,
+                some("a b"),
+                "agent_oauth_scope",
+            ),
         ] {
             let err = parse(issuers.clone(), kinds.clone(), scope).unwrap_err();
             assert_eq!(err.0, key, "{issuers:?} {kinds:?}: {err:?}");

@@ -131,7 +131,10 @@ impl ResourceServer {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            if audited.get(&key).is_some_and(|at| at.elapsed() < AUDIT_EVERY) {
+            if audited
+                .get(&key)
+                .is_some_and(|at| at.elapsed() < AUDIT_EVERY)
+            {
                 return;
             }
             if audited.len() > 10_000 {

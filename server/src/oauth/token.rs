@@ -35,7 +35,7 @@ pub const ALGORITHMS: [Algorithm; 4] = [
 pub const LEEWAY_MS: i64 = 30_000;
 
 /// The least time between two fetches of one issuer's keys for an unknown `kid`.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
+pub const REFRESH_EVERY: Duration = Duration::from_secs(5);
 
 /// How long one fetch of metadata or keys may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -143,7 +143,10 @@ impl std::fmt::Debug for Verifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Verifier")
             .field("resource", &self.resource)
-            .field("issuers", &self.issuers.iter().map(|i| &i.url).collect::<Vec<_>>())
+            .field(
+                "issuers",
+                &self.issuers.iter().map(|i| &i.url).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -227,7 +230,10 @@ impl Verifier {
         if expires_at + LEEWAY_MS <= now {
             return Err(Rejection::Expired);
         }
-        if claims.nbf.is_some_and(|nbf| nbf.saturating_mul(1000) - LEEWAY_MS > now) {
+        if claims
+            .nbf
+            .is_some_and(|nbf| nbf.saturating_mul(1000) - LEEWAY_MS > now)
+        {
             return Err(Rejection::NotYetValid);
         }
         let granted = claims
@@ -256,7 +262,9 @@ impl Verifier {
         if let Some(jwk) = cached.set.as_ref().and_then(|s| s.find(kid)) {
             return Ok(jwk.clone());
         }
-        let may_fetch = cached.fetched.is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
+        let may_fetch = cached
+            .fetched
+            .is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
         if !may_fetch {
             return Err(Rejection::UnknownKey);
         }
@@ -285,7 +293,8 @@ fn peek(token: &str) -> Result<(Header, String), Rejection> {
         iss: String,
     }
     let mut parts = token.split('.');
-    let (Some(h), Some(p), Some(_), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(h), Some(p), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(Rejection::Malformed);
     };
@@ -316,8 +325,10 @@ fn accepted_algorithm(header: &Header) -> Result<Algorithm, Rejection> {
 fn decoding_key(jwk: &Jwk, alg: Algorithm) -> Result<DecodingKey, Rejection> {
     let fits = matches!(
         (&jwk.algorithm, alg),
-        (AlgorithmParameters::RSA(_), Algorithm::RS256 | Algorithm::PS256)
-            | (AlgorithmParameters::EllipticCurve(_), Algorithm::ES256)
+        (
+            AlgorithmParameters::RSA(_),
+            Algorithm::RS256 | Algorithm::PS256
+        ) | (AlgorithmParameters::EllipticCurve(_), Algorithm::ES256)
             | (AlgorithmParameters::OctetKeyPair(_), Algorithm::EdDSA)
     );
     if !fits {
@@ -340,7 +351,9 @@ async fn fetch_keys(http: &reqwest::Client, issuer: &str) -> Result<JwkSet, Stri
             if !resp.status().is_success() {
                 return Err(format!("{url}: {}", resp.status()));
             }
-            resp.json::<Metadata>().await.map_err(|e| format!("{url}: {e}"))
+            resp.json::<Metadata>()
+                .await
+                .map_err(|e| format!("{url}: {e}"))
         }
         .await;
         match fetched {
@@ -423,8 +436,14 @@ mod tests {
                 "{alg}"
             );
         }
-        assert_eq!(accepted_algorithm(&header("RS256", Some("JWT"))), Err(Rejection::Type));
-        assert_eq!(accepted_algorithm(&header("RS256", None)), Err(Rejection::Type));
+        assert_eq!(
+            accepted_algorithm(&header("RS256", Some("JWT"))),
+            Err(Rejection::Type)
+        );
+        assert_eq!(
+            accepted_algorithm(&header("RS256", None)),
+            Err(Rejection::Type)
+        );
         assert_eq!(
             accepted_algorithm(&header("ES256", Some("application/at+jwt"))),
             Ok(Algorithm::ES256)

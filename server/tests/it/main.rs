@@ -19,6 +19,7 @@ mod inbox;
 mod interop;
 mod mcp;
 mod modern;
+mod oauth;
 mod registry;
 mod reliability;
 mod replicas;

@@ -116,9 +116,11 @@ async fn sessions_continue_on_another_replica_and_end_everywhere() {
             .header("Accept", "application/json, text/event-stream")
             .header("MCP-Protocol-Version", crate::mcp::SESSION_LESS)
             .header("Mcp-Session-Id", &session)
-            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": crate::mcp::SESSION_LESS, "capabilities": {},
-                "clientInfo": {"name": "it", "version": "0"}}}))
+                "clientInfo": {"name": "it", "version": "0"}}}),
+            )
             .send()
             .await
             .unwrap();
