@@ -742,9 +742,15 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
                         <option value="external">"external (reads inbound content)"</option>
                     </select>
                 </label>
+                <label class="flex flex-col text-sm">
+                    "OAuth issuer (optional)" <input name="oauth_issuer" type="url" class=INPUT/>
+                </label>
+                <label class="flex flex-col text-sm">
+                    "OAuth client id (optional)" <input name="oauth_client" class=INPUT/>
+                </label>
                 <button type="submit" class=BUTTON>"Create credential"</button>
             </form>
-            <p class="text-sm text-slate-600">"The token is shown once, on the next page. Store it in the agent's secret store."</p>
+            <p class="text-sm text-slate-600">"The token is shown once, on the next page. Store it in the agent's secret store. With an OAuth issuer and client id, the agent presents that authorization server's access tokens instead, and no token is shown."</p>
         </section>
     }
     .into_any()

@@ -180,23 +180,49 @@ async fn agents_authenticate_with_oauth_access_tokens_and_bad_ones_are_refused()
     else {
         return;
     };
-    let registered = app
-        .store
-        .register_oauth_agent(
-            &NewAgent {
-                name: "fin-oauth".into(),
-                role: "worker.finance".into(),
-                tenant: "acme".into(),
-                created_by: "person:https://idp.example#admin".into(),
-                expires_at: None,
-                acts_for: None,
-                origin: countersign_core::policy::TaskOrigin::User,
-            },
-            &auth.main,
-            "fin-agent",
-        )
-        .await
-        .unwrap();
+    // An admin registers the client on the admin page (an issuer not configured is refused).
+    let ada = app.demo_client("ada").await;
+    let register = |issuer: String| {
+        let ada = ada.clone();
+        let url = app.url("/admin/agents");
+        let public = public.clone();
+        async move {
+            ada.post(url)
+                .header("origin", public)
+                .form(&[
+                    ("name", "fin-oauth"),
+                    ("role", "worker.finance"),
+                    ("tenant", "acme"),
+                    ("oauth_issuer", issuer.as_str()),
+                    ("oauth_client", "fin-agent"),
+                ])
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let untrusted = register(auth.other.clone()).await;
+    assert_ne!(untrusted.status(), StatusCode::OK);
+    assert!(app.store.list_agents().await.unwrap().is_empty());
+    let page = register(auth.main.clone()).await;
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(
+        page.text()
+            .await
+            .unwrap()
+            .contains("OAuth client registered")
+    );
+    let registered = app.store.list_agents().await.unwrap().remove(0);
+    assert_eq!(registered.created_by, "person:urn:countersign:demo#ada");
+    let created = app.store.audit_records("acme", 1, 100).await.unwrap();
+    assert!(
+        created
+            .iter()
+            .any(|r| r.rule.as_deref() == Some("agent.created")
+                && r.record.contains("fin-agent")
+                && r.record.contains(&auth.main)),
+        "the registration is audited with its client"
+    );
 
     // The metadata, and the challenge that points at it.
     let meta: Value = app

@@ -261,7 +261,8 @@ pub async fn decide(
 }
 
 /// `POST /admin/agents` (form: `name`, `role`, `tenant`, optional `expires` like `30d`):
-/// creates a credential and shows its token once.
+/// creates a credential and shows its token once; with `oauth_issuer` (one of
+/// `agent_oauth_issuers`) and `oauth_client`, registers that OAuth client instead.
 pub async fn create_agent(
     State(state): State<AppState>,
     admin: RequireRole<AdminRole>,
@@ -298,18 +299,23 @@ pub async fn create_agent(
     let Some((acts_for, origin)) = binding_fields(&form) else {
         return back(None, Some("agent"));
     };
-    let created = state
-        .store
-        .create_agent(&NewAgent {
-            name: field(&form, "name").trim().to_string(),
-            role,
-            tenant,
-            created_by: format!("person:{}", identity(&person)),
-            expires_at,
-            acts_for,
-            origin,
-        })
-        .await;
+    let new = NewAgent {
+        name: field(&form, "name").trim().to_string(),
+        role,
+        tenant,
+        created_by: format!("person:{}", identity(&person)),
+        expires_at,
+        acts_for,
+        origin,
+    };
+    let (issuer, client) = (
+        field(&form, "oauth_issuer").trim(),
+        field(&form, "oauth_client").trim(),
+    );
+    if !issuer.is_empty() || !client.is_empty() {
+        return register_oauth_client(&state, &person, &new, issuer, client).await;
+    }
+    let created = state.store.create_agent(&new).await;
     match created {
         Ok((cred, token)) => {
             tracing::info!(credential = %cred.id, sub = %person.sub, "agent credential created");
@@ -333,6 +339,51 @@ pub async fn create_agent(
         }
         Err(e) => {
             tracing::info!(error = %e, "admin: credential refused");
+            back(None, Some("agent"))
+        }
+    }
+}
+
+/// Registers OAuth client `client` of `issuer` (a configured issuer) as the agent `new`.
+async fn register_oauth_client(
+    state: &AppState,
+    person: &Person,
+    new: &NewAgent,
+    issuer: &str,
+    client: &str,
+) -> Response {
+    let trusted = state
+        .config
+        .agent_auth
+        .oauth_issuers
+        .iter()
+        .any(|i| i == issuer);
+    if !trusted || client.is_empty() {
+        return back(None, Some("agent"));
+    }
+    match state.store.register_oauth_agent(new, issuer, client).await {
+        Ok(cred) => {
+            tracing::info!(credential = %cred.id, sub = %person.sub, "OAuth client registered");
+            page(
+                StatusCode::OK,
+                "OAuth client registered",
+                &format!(
+                    "<p>Client <code>{client}</code> of <code>{issuer}</code> is now agent \
+                     <strong>{name}</strong> (role <code>{role}</code>, tenant {tenant}). It \
+                     presents that authorization server's access tokens for this server's \
+                     <code>/mcp</code>; no token is shown here.</p>\
+                     <p><a href=\"/admin\">Back to admin</a></p>",
+                    client = escape(client),
+                    issuer = escape(issuer),
+                    name = escape(&cred.name),
+                    role = escape(&cred.role),
+                    tenant = escape(&cred.tenant),
+                ),
+                state.auth.demo(),
+            )
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "admin: OAuth registration refused");
             back(None, Some("agent"))
         }
     }
