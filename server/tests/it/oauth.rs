@@ -9,7 +9,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
 use countersign_core::Clock;
-use countersign_core::store::NewAgent;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
