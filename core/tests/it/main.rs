@@ -11,6 +11,7 @@ mod catalog;
 mod chains;
 mod keys;
 mod mcp_sessions;
+mod oauth_agents;
 mod policy;
 mod policy_tables;
 mod redact;

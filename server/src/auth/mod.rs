@@ -130,17 +130,16 @@ pub fn routes() -> Router<AppState> {
 /// Paths that need no session.
 fn exempt(path: &str) -> bool {
     let prefixed = |p: &str| path == p || path.starts_with(&format!("{p}/"));
-    // (`/.well-known/oauth-protected-resource`: the metadata agents read before any token.)
-    if [
-        "/auth",
-        "/healthz",
-        "/metrics",
-        "/mcp",
-        "/pkg",
-        crate::oauth::METADATA_PATHS[0],
-    ]
-    .iter()
-    .any(|p| prefixed(p))
+    if ["/auth", "/healthz", "/metrics", "/mcp", "/pkg"]
+        .iter()
+        .any(|p| prefixed(p))
+    {
+        return true;
+    }
+    // The metadata agents read before they hold any token (the root form and `/mcp`'s only).
+    if path
+        .strip_prefix(crate::oauth::METADATA_ROOT)
+        .is_some_and(|rest| rest.is_empty() || rest == "/mcp")
     {
         return true;
     }

@@ -80,8 +80,13 @@ pub(super) fn parse(
     let oauth_scope = scope
         .filter(|s| !s.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_SCOPE.into());
-    if oauth_scope.contains(char::is_whitespace) {
-        return Err(("agent_oauth_scope", "one scope, without spaces".into()));
+    // RFC 6749's scope-token: printable ASCII but space, `"` and `\\`.
+    let scope_token = |c: char| c.is_ascii_graphic() && c != '"' && c != '\\';
+    if !oauth_scope.chars().all(scope_token) {
+        return Err((
+            "agent_oauth_scope",
+            "one scope: printable ASCII without spaces, quotes or backslashes".into(),
+        ));
     }
     Ok(AgentAuth {
         countersign_tokens,

@@ -58,6 +58,7 @@ pub const TOOLS_PAGE_SIZE: usize = 50;
 /// The `/mcp` routes with the guard in front, ready to merge into the main router.
 pub fn routes(state: AppState) -> Router<AppState> {
     let handler_state = state.clone();
+    let config_of_state = state.config.clone();
     let sessions = Arc::new(LocalSessionManager::default());
     state.metrics.track_mcp_sessions(&sessions);
     let owners = Arc::new(sessions::Owners::default());
@@ -78,7 +79,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         sessions.clone(),
         config,
     );
-    let oauth = match crate::oauth::ResourceServer::from_config(&state.config, &state.store) {
+    let oauth = match crate::oauth::ResourceServer::from_config(&state.config, &state.store, PATH) {
         Ok(oauth) => oauth,
         Err(e) => {
             // INVARIANT: only an HTTP client that cannot be built lands here; OAuth then
@@ -94,11 +95,18 @@ pub fn routes(state: AppState) -> Router<AppState> {
         max_body,
         oauth,
     };
-    let metadata = crate::oauth::METADATA_PATHS
-        .iter()
-        .fold(Router::new(), |r, path| {
-            r.route(path, axum::routing::get(crate::oauth::metadata))
-        });
+    let metadata = [
+        crate::oauth::METADATA_ROOT.to_string(),
+        format!("{}{PATH}", crate::oauth::METADATA_ROOT),
+    ]
+    .into_iter()
+    .fold(Router::new(), |r, path| {
+        let config = config_of_state.clone();
+        r.route(
+            &path,
+            axum::routing::get(move || async move { crate::oauth::metadata(&config, PATH) }),
+        )
+    });
     Router::new()
         .route_service(PATH, service)
         .layer(axum::middleware::from_fn_with_state(guarded, guard::guard))

@@ -25,7 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use countersign_core::Store;
@@ -41,11 +40,9 @@ pub const REFUSED_RULE: &str = "agent.oauth_refused";
 /// flood of bad tokens writes one record a minute per kind, not one per request.
 pub const AUDIT_EVERY: Duration = Duration::from_secs(60);
 
-/// The Protected Resource Metadata paths (root, and suffixed with the resource's path).
-pub const METADATA_PATHS: [&str; 2] = [
-    "/.well-known/oauth-protected-resource",
-    "/.well-known/oauth-protected-resource/mcp",
-];
+/// Where Protected Resource Metadata is served: here, and here followed by the resource's
+/// path (RFC 9728 §3.1).
+pub const METADATA_ROOT: &str = "/.well-known/oauth-protected-resource";
 
 /// What the resource server needs at run time.
 pub struct ResourceServer {
@@ -53,7 +50,8 @@ pub struct ResourceServer {
     pub verifier: token::Verifier,
     /// The metadata URL the challenges name.
     pub metadata_url: String,
-    audited: Mutex<HashMap<(String, String), Instant>>,
+    /// (reason, issuer#client) → when last recorded, and how many since went unrecorded.
+    audited: Mutex<HashMap<(String, String), (Instant, u64)>>,
 }
 
 impl std::fmt::Debug for ResourceServer {
@@ -64,35 +62,31 @@ impl std::fmt::Debug for ResourceServer {
     }
 }
 
-/// The `/mcp` resource's URL (the audience its tokens must name).
-pub fn resource_url(config: &Config) -> String {
-    format!(
-        "{}{}",
-        config.public_url.as_str().trim_end_matches('/'),
-        crate::mcp::PATH
-    )
+/// The URL of the resource served at `path` (the audience its tokens must name).
+pub fn resource_url(config: &Config, path: &str) -> String {
+    format!("{}{path}", config.public_url.as_str().trim_end_matches('/'))
 }
 
 impl ResourceServer {
-    /// The resource server `config` describes, if OAuth is on.
-    pub fn from_config(config: &Config, store: &Store) -> Result<Option<Arc<Self>>, String> {
+    /// The resource server `config` describes for the resource at `path`, if OAuth is on.
+    pub fn from_config(
+        config: &Config,
+        store: &Store,
+        path: &str,
+    ) -> Result<Option<Arc<Self>>, String> {
         let auth = &config.agent_auth;
         if !auth.oauth() {
             return Ok(None);
         }
         let verifier = token::Verifier::new(
-            &resource_url(config),
+            &resource_url(config, path),
             &auth.oauth_scope,
             &auth.oauth_issuers,
             store.clock().clone(),
         )?;
         Ok(Some(Arc::new(Self {
             verifier,
-            metadata_url: format!(
-                "{}{}",
-                config.public_url.as_str().trim_end_matches('/'),
-                METADATA_PATHS[1]
-            ),
+            metadata_url: resource_url(config, &format!("{METADATA_ROOT}{path}")),
             audited: Mutex::default(),
         })))
     }
@@ -115,8 +109,10 @@ impl ResourceServer {
         )
     }
 
-    /// Records that a token was refused for `reason` (a client it names, if any, in `tenant`
-    /// when known), unless the same refusal was recorded within [`AUDIT_EVERY`].
+    /// Records that a token was refused for `reason` (the issuer it claims and the client
+    /// it names, if known, in `tenant` when known). The same refusal (reason, issuer,
+    /// client) is recorded at most once per [`AUDIT_EVERY`]; the next record says how many
+    /// were not (`suppressed_before`).
     pub async fn audit_refusal(
         &self,
         store: &Store,
@@ -125,28 +121,34 @@ impl ResourceServer {
         client: Option<&str>,
         tenant: Option<&str>,
     ) {
-        let key = (reason.to_string(), client.unwrap_or_default().to_string());
-        {
+        let key = (
+            reason.to_string(),
+            format!(
+                "{}#{}",
+                issuer.unwrap_or_default(),
+                client.unwrap_or_default()
+            ),
+        );
+        let suppressed = {
             let mut audited = match self.audited.lock() {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            if audited
-                .get(&key)
-                .is_some_and(|at| at.elapsed() < AUDIT_EVERY)
-            {
-                return;
+            match audited.get_mut(&key) {
+                Some((at, n)) if at.elapsed() < AUDIT_EVERY => {
+                    *n += 1;
+                    return;
+                }
+                Some((_, n)) => *n,
+                None => 0,
             }
-            if audited.len() > 10_000 {
-                audited.clear();
-            }
-            audited.insert(key, Instant::now());
-        }
+        };
         let mut detail = serde_json::Map::new();
         detail.insert("kind".into(), json!("agent_token_refused"));
         detail.insert("reason".into(), json!(reason));
         detail.insert("issuer".into(), json!(issuer));
         detail.insert("client".into(), json!(client));
+        detail.insert("suppressed_before".into(), json!(suppressed));
         let record = NewAuditRecord {
             event: Some(AuditEvent::Operational),
             run_id: None,
@@ -157,20 +159,31 @@ impl ResourceServer {
             detail,
             tenant: tenant.map(str::to_string),
         };
-        if let Err(e) = store.append_audit(&record).await {
-            tracing::warn!(error = %e, "mcp: auditing a refused access token failed");
+        match store.append_audit(&record).await {
+            Ok(_) => {
+                let mut audited = match self.audited.lock() {
+                    Ok(g) => g,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                if audited.len() > 10_000 {
+                    audited.clear();
+                }
+                audited.insert(key, (Instant::now(), 0));
+            }
+            Err(e) => tracing::warn!(error = %e, "mcp: auditing a refused access token failed"),
         }
     }
 }
 
-/// The Protected Resource Metadata document (RFC 9728); 404 when OAuth is off.
-pub async fn metadata(State(state): State<crate::AppState>) -> Response {
-    let auth = &state.config.agent_auth;
+/// The Protected Resource Metadata document (RFC 9728) of the resource at `path`; 404 when
+/// OAuth is off.
+pub fn metadata(config: &Config, path: &str) -> Response {
+    let auth = &config.agent_auth;
     if !auth.oauth() {
         return StatusCode::NOT_FOUND.into_response();
     }
     Json(json!({
-        "resource": resource_url(&state.config),
+        "resource": resource_url(config, path),
         "authorization_servers": auth.oauth_issuers,
         "scopes_supported": [auth.oauth_scope],
         "bearer_methods_supported": ["header"],
@@ -203,7 +216,8 @@ impl ResourceServer {
             Ok(verified) => verified,
             Err(rejection) => {
                 tracing::info!(reason = %rejection, "mcp: agent access token refused");
-                self.audit_refusal(store, rejection.code(), None, None, None)
+                let claimed = token::claimed_issuer(token);
+                self.audit_refusal(store, rejection.code(), claimed.as_deref(), None, None)
                     .await;
                 return Err(match rejection {
                     token::Rejection::Scope(_) => Refused::InsufficientScope,

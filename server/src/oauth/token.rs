@@ -9,10 +9,15 @@
 //!   its own metadata (RFC 8414, else OpenID discovery), whose `issuer` must equal it. The
 //!   unverified payload is read for one thing only: which configured issuer's keys to try.
 //! * The token must be typed `at+jwt`, name this resource in `aud`, carry `exp` (and honour
-//!   `nbf`), both against the server's clock with [`LEEWAY_MS`], and grant the required scope.
+//!   `nbf`), both against the server's clock with [`LEEWAY_MS`], grant the required scope and
+//!   name its client in `client_id` (RFC 9068; never `sub`, which may name a person).
 //! * A `kid` the cached key set lacks refetches the issuer's keys at most once per
-//!   [`REFRESH_EVERY`] per issuer; a kid still unknown is refused. A key set that cannot be
-//!   fetched refuses every token of that issuer (fail closed).
+//!   [`REFRESH_EVERY`] per issuer; a kid still unknown is refused. A key set is trusted for
+//!   [`KEYS_MAX_AGE`] at most (a key the issuer withdrew stops working by then); one that
+//!   cannot be fetched refuses every token of that issuer needing it (fail closed). Keys come
+//!   from an `https` URL (or `http` on loopback), a bounded body, within [`FETCH_TIMEOUT`];
+//!   one fetch per issuer at a time, and tokens whose key is cached never wait for it.
+//! * Only keys meant for signatures (`use` absent or `sig`) are used.
 
 use std::time::{Duration, Instant};
 
@@ -37,8 +42,14 @@ pub const LEEWAY_MS: i64 = 30_000;
 /// The least time between two fetches of one issuer's keys for an unknown `kid`.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(5);
 
-/// How long one fetch of metadata or keys may take.
-const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one fetch of an issuer's metadata and keys may take, in all.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a fetched key set is trusted before it is fetched again.
+pub const KEYS_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// The largest metadata or key set document read.
+const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
 
 /// Why a token was refused (each is logged and audited; the caller only learns 401 or 403).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,7 +113,7 @@ impl Rejection {
 pub struct Verified {
     /// The issuer (as configured).
     pub issuer: String,
-    /// The client the token was issued to (`client_id`, else `sub`).
+    /// The client the token was issued to (`client_id`).
     pub client: String,
     /// Unix ms.
     pub expires_at: i64,
@@ -113,7 +124,6 @@ pub struct Verified {
 struct Claims {
     exp: i64,
     nbf: Option<i64>,
-    sub: Option<String>,
     client_id: Option<String>,
     scope: Option<String>,
 }
@@ -121,13 +131,48 @@ struct Claims {
 /// One trusted issuer and its cached keys.
 struct Issuer {
     url: String,
-    keys: tokio::sync::Mutex<Cached>,
+    /// The keys as last fetched (read under a short lock; never held across a fetch).
+    keys: std::sync::Mutex<Cached>,
+    /// Held by the one fetch under way.
+    fetching: tokio::sync::Mutex<()>,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Cached {
     set: Option<JwkSet>,
+    /// When the set was fetched (or a fetch last failed).
     fetched: Option<Instant>,
+}
+
+impl Issuer {
+    fn cached(&self) -> Cached {
+        match self.keys.lock() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn store(&self, cached: Cached) {
+        match self.keys.lock() {
+            Ok(mut g) => *g = cached,
+            Err(poisoned) => *poisoned.into_inner() = cached,
+        }
+    }
+}
+
+/// The signing key `kid` of `set`, if it has one.
+fn signing_key(set: &JwkSet, kid: &str) -> Option<Jwk> {
+    use jsonwebtoken::jwk::PublicKeyUse;
+    set.keys
+        .iter()
+        .find(|k| {
+            k.common.key_id.as_deref() == Some(kid)
+                && matches!(
+                    k.common.public_key_use,
+                    None | Some(PublicKeyUse::Signature)
+                )
+        })
+        .cloned()
 }
 
 /// Checks agents' access tokens for one resource.
@@ -171,7 +216,8 @@ impl Verifier {
                 .iter()
                 .map(|url| Issuer {
                     url: url.clone(),
-                    keys: tokio::sync::Mutex::default(),
+                    keys: std::sync::Mutex::default(),
+                    fetching: tokio::sync::Mutex::default(),
                 })
                 .collect(),
             http,
@@ -227,12 +273,12 @@ impl Verifier {
             .claims;
         let now = self.clock.now_ms();
         let expires_at = claims.exp.saturating_mul(1000);
-        if expires_at + LEEWAY_MS <= now {
+        if expires_at.saturating_add(LEEWAY_MS) <= now {
             return Err(Rejection::Expired);
         }
         if claims
             .nbf
-            .is_some_and(|nbf| nbf.saturating_mul(1000) - LEEWAY_MS > now)
+            .is_some_and(|nbf| nbf.saturating_mul(1000).saturating_sub(LEEWAY_MS) > now)
         {
             return Err(Rejection::NotYetValid);
         }
@@ -245,7 +291,6 @@ impl Verifier {
         }
         let client = claims
             .client_id
-            .or(claims.sub)
             .filter(|c| !c.is_empty())
             .ok_or(Rejection::Malformed)?;
         Ok(Verified {
@@ -255,26 +300,55 @@ impl Verifier {
         })
     }
 
-    /// The key `kid` of `issuer`, refetching its key set (at most once per `REFRESH_EVERY`)
-    /// when the cached one lacks it.
+    /// The key `kid` of `issuer`: from the cached set while it is younger than
+    /// `KEYS_MAX_AGE`, else (or for a kid it lacks, at most once per `REFRESH_EVERY`) from a
+    /// fresh fetch that replaces it.
     async fn key(&self, issuer: &Issuer, kid: &str) -> Result<Jwk, Rejection> {
-        let mut cached = issuer.keys.lock().await;
-        if let Some(jwk) = cached.set.as_ref().and_then(|s| s.find(kid)) {
-            return Ok(jwk.clone());
+        let fresh = |c: &Cached| c.fetched.is_some_and(|at| at.elapsed() < KEYS_MAX_AGE);
+        let cached = issuer.cached();
+        if fresh(&cached)
+            && let Some(jwk) = cached.set.as_ref().and_then(|s| signing_key(s, kid))
+        {
+            return Ok(jwk);
         }
-        let may_fetch = cached
-            .fetched
-            .is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
+        // One fetch at a time; whoever waited finds its result.
+        let _fetching = issuer.fetching.lock().await;
+        let cached = issuer.cached();
+        if fresh(&cached)
+            && let Some(jwk) = cached.set.as_ref().and_then(|s| signing_key(s, kid))
+        {
+            return Ok(jwk);
+        }
+        let may_fetch = !fresh(&cached)
+            || cached
+                .fetched
+                .is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
         if !may_fetch {
             return Err(Rejection::UnknownKey);
         }
-        cached.fetched = Some(Instant::now());
-        let set = fetch_keys(&self.http, &issuer.url)
+        let fetched = tokio::time::timeout(FETCH_TIMEOUT, fetch_keys(&self.http, &issuer.url))
             .await
-            .map_err(Rejection::KeysUnavailable)?;
-        let found = set.find(kid).cloned();
-        cached.set = Some(set);
-        found.ok_or(Rejection::UnknownKey)
+            .unwrap_or_else(|_| Err("timed out".into()));
+        match fetched {
+            Ok(set) => {
+                let found = signing_key(&set, kid);
+                issuer.store(Cached {
+                    set: Some(set),
+                    fetched: Some(Instant::now()),
+                });
+                found.ok_or(Rejection::UnknownKey)
+            }
+            Err(e) => {
+                // Nothing stale is trusted past its age; the next try waits REFRESH_EVERY.
+                let still_fresh = fresh(&cached);
+                let set = cached.set.filter(|_| still_fresh);
+                issuer.store(Cached {
+                    fetched: set.as_ref().and(cached.fetched).or(Some(Instant::now())),
+                    set,
+                });
+                Err(Rejection::KeysUnavailable(e))
+            }
+        }
     }
 }
 
@@ -284,6 +358,11 @@ struct Header {
     alg: String,
     typ: Option<String>,
     kid: Option<String>,
+}
+
+/// The issuer `token` claims (unverified: for the audit record of a refusal only).
+pub fn claimed_issuer(token: &str) -> Option<String> {
+    peek(token).ok().map(|(_, iss)| iss)
 }
 
 /// The token's header and the issuer its payload names (not yet trusted).
@@ -346,30 +425,15 @@ async fn fetch_keys(http: &reqwest::Client, issuer: &str) -> Result<JwkSet, Stri
     }
     let mut last = String::from("no metadata");
     for url in metadata_urls(issuer) {
-        let fetched = async {
-            let resp = http.get(&url).send().await.map_err(|e| e.to_string())?;
-            if !resp.status().is_success() {
-                return Err(format!("{url}: {}", resp.status()));
-            }
-            resp.json::<Metadata>()
-                .await
-                .map_err(|e| format!("{url}: {e}"))
-        }
-        .await;
-        match fetched {
+        match get_json::<Metadata>(http, &url).await {
             Ok(meta) if meta.issuer == issuer => {
-                let resp = http
-                    .get(&meta.jwks_uri)
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if !resp.status().is_success() {
-                    return Err(format!("{}: {}", meta.jwks_uri, resp.status()));
+                if !secure_url(&meta.jwks_uri) {
+                    return Err(format!(
+                        "jwks_uri {:?} is neither https nor on loopback",
+                        meta.jwks_uri
+                    ));
                 }
-                return resp
-                    .json::<JwkSet>()
-                    .await
-                    .map_err(|e| format!("{}: {e}", meta.jwks_uri));
+                return get_json::<JwkSet>(http, &meta.jwks_uri).await;
             }
             Ok(meta) => {
                 return Err(format!(
@@ -381,6 +445,43 @@ async fn fetch_keys(http: &reqwest::Client, issuer: &str) -> Result<JwkSet, Stri
         }
     }
     Err(last)
+}
+
+/// `url`'s JSON body, read up to `MAX_DOCUMENT_BYTES`.
+async fn get_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<T, String> {
+    let mut resp = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("{url}: {}", resp.status()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+        if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
+            return Err(format!("{url}: larger than {MAX_DOCUMENT_BYTES} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("{url}: {e}"))
+}
+
+/// An `https` URL, or an `http` one on a loopback host.
+fn secure_url(text: &str) -> bool {
+    let Ok(url) = url::Url::parse(text) else {
+        return false;
+    };
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    url.scheme() == "https" || (url.scheme() == "http" && loopback)
 }
 
 /// Where `issuer`'s metadata may be: RFC 8414's well-known URL (the issuer's path after it),
@@ -420,6 +521,46 @@ mod tests {
                 "https://as.example/tenant1/.well-known/openid-configuration"
             ]
         );
+    }
+
+    #[test]
+    fn a_key_serves_only_its_own_algorithm_family_and_only_signatures() {
+        let rsa: JwkSet = serde_json::from_value(serde_json::json!({"keys": [
+            {"kty": "RSA", "kid": "r", "n": "sXch", "e": "AQAB"},
+            {"kty": "RSA", "kid": "enc", "use": "enc", "n": "sXch", "e": "AQAB"},
+            {"kty": "oct", "kid": "h", "k": "c2VjcmV0"}
+        ]}))
+        .unwrap();
+        let r = signing_key(&rsa, "r").unwrap();
+        assert!(decoding_key(&r, Algorithm::RS256).is_ok());
+        for alg in [Algorithm::ES256, Algorithm::EdDSA, Algorithm::HS256] {
+            assert_eq!(
+                decoding_key(&r, alg).err(),
+                Some(Rejection::Algorithm),
+                "{alg:?}"
+            );
+        }
+        assert!(
+            signing_key(&rsa, "enc").is_none(),
+            "an encryption key never verifies"
+        );
+        let h = signing_key(&rsa, "h").unwrap();
+        for alg in ALGORITHMS {
+            assert_eq!(
+                decoding_key(&h, alg).err(),
+                Some(Rejection::Algorithm),
+                "{alg:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn keys_come_only_from_https_or_loopback() {
+        assert!(secure_url("https://as.example/jwks"));
+        assert!(secure_url("http://127.0.0.1:8080/jwks"));
+        assert!(secure_url("http://localhost/jwks"));
+        assert!(!secure_url("http://as.example/jwks"));
+        assert!(!secure_url("file:///etc/keys"));
     }
 
     #[test]
