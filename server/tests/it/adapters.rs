@@ -44,6 +44,7 @@ struct Seen {
     trace: Option<String>,
     tenant: Option<String>,
     approval: Option<String>,
+    authorization: Option<String>,
     body: Value,
 }
 
@@ -97,6 +98,7 @@ async fn bank_call(
         trace: header(&headers, "x-countersign-trace"),
         tenant: header(&headers, "x-countersign-tenant"),
         approval: header(&headers, "x-countersign-approval"),
+        authorization: header(&headers, "authorization"),
         body: body.clone(),
     });
     match op.as_str() {
@@ -486,6 +488,10 @@ async fn http_adapter_sends_the_derived_key_and_a_repeated_write_reaches_the_ban
         );
         assert_eq!(seen[0].tenant.as_deref(), Some("acme"));
         assert_eq!(seen[0].approval, None, "no approval, no header");
+        assert_eq!(
+            seen[0].authorization, None,
+            "the agent's token goes no further than the guard"
+        );
         assert_eq!(seen[0].body, args, "the canonical arguments are the body");
 
         // The identical write again (with a key of the client's own, ignored): stored outcome.

@@ -44,8 +44,12 @@ where
 
 /// Creates an agent credential in `role` and returns (credential id, token).
 pub async fn agent(app: &TestApp, name: &str, role: &str) -> (String, String) {
-    let (cred, token) = app
-        .store
+    agent_on(&app.store, name, role).await
+}
+
+/// [`agent`] on `store` (of a server in another process).
+pub async fn agent_on(store: &countersign_core::Store, name: &str, role: &str) -> (String, String) {
+    let (cred, token) = store
         .create_agent(&NewAgent {
             name: name.into(),
             role: role.into(),

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use countersign_core::store::NewAgent;
 use countersign_core::store::testing::FreshDb;
 use countersign_core::{Backend, StepStatus, Store, SystemClock};
 use reqwest::StatusCode;
@@ -166,19 +165,7 @@ async fn agent(store: &Store, name: &str) -> String {
 }
 
 async fn agent_in(store: &Store, name: &str, role: &str) -> String {
-    let (_, token) = store
-        .create_agent(&NewAgent {
-            name: name.into(),
-            role: role.into(),
-            tenant: "acme".into(),
-            created_by: "person:https://idp.example#admin".into(),
-            expires_at: None,
-            acts_for: None,
-            origin: countersign_core::policy::TaskOrigin::User,
-        })
-        .await
-        .unwrap();
-    token.reveal().to_string()
+    crate::mcp::agent_on(store, name, role).await.1
 }
 
 /// Seeds `n` approved invoices named `prefix` + a number (copies of the demo's INV-20260611).
