@@ -45,7 +45,7 @@ pub(crate) enum AgentTokenCommand {
         /// The authorization server (exactly as in agent_oauth_issuers) whose client this is.
         #[arg(long, requires = "oauth_client")]
         oauth_issuer: Option<String>,
-        /// The client id (the access token's client_id, else sub) to register.
+        /// The client id (the access token's `client_id`) to register.
         #[arg(long, requires = "oauth_issuer")]
         oauth_client: Option<String>,
     },

@@ -46,7 +46,7 @@ fn start_as(resource: &str) -> Option<As> {
         .is_file()
     {
         assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
+            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
             "OAuth tests need node_modules/oidc-provider (npm ci)"
         );
         eprintln!("\n!!! SKIPPING OAuth tests: node_modules/oidc-provider is missing !!!\n");
@@ -363,6 +363,11 @@ async fn agents_authenticate_with_oauth_access_tokens_and_bad_ones_are_refused()
         .await
         .unwrap();
     tokio::time::sleep(countersign::oauth::token::REFRESH_EVERY).await;
+    // Past the window, an unknown kid makes the verifier fetch the keys again: the new set
+    // lacks it too (refused), and holds the rotated key the next token names — which is
+    // then accepted without another fetch (one would not be allowed this soon).
+    let ghost = signed(&auth.main, claims(json!({})), "unknown-kid").await;
+    assert_eq!(list_with(&app, &ghost).await.0, StatusCode::UNAUTHORIZED);
     let fresh = token_for(&auth.main, "fin-agent", &resource, Some("mcp:tools")).await;
     let header: Value = {
         use base64::Engine as _;

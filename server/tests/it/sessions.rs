@@ -232,3 +232,78 @@ async fn an_initialize_whose_session_cannot_be_recorded_opens_none() {
         app.stop().await;
     }
 }
+
+/// What an operator changes through one replica reaches the other: a registry version within
+/// the registry poll, the emergency stop and a revocation at the next request (docs/deploy.md,
+/// "What converges how fast across replicas").
+#[tokio::test]
+async fn what_operators_change_through_one_replica_reaches_the_other() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some((a, b)) = two_replicas(backend).await else {
+            continue;
+        };
+        let (id, token) = agent(&a, "fin-1", "worker.finance").await;
+        let mut on_b = Client::new(&b, &token);
+        on_b.connect().await;
+        let description = |list: &serde_json::Value| {
+            list["result"]["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == "invoice.hold")
+                .map(|t| t["description"].as_str().unwrap_or_default().to_string())
+                .unwrap_or_default()
+        };
+        let before = description(&on_b.request("tools/list", json!({})).await);
+        assert!(
+            before.starts_with("Hold an invoice"),
+            "{backend:?}: {before}"
+        );
+
+        // A registry version put in force through A: B lists it within its poll.
+        crate::helpers::use_finance_registry_with(
+            &a,
+            "description: Hold an invoice from payment",
+            "description: Converged. Hold an invoice from payment",
+        )
+        .await;
+        let began = Instant::now();
+        loop {
+            let now = description(&on_b.request("tools/list", json!({})).await);
+            if now.starts_with("Converged.") {
+                break;
+            }
+            assert!(
+                began.elapsed() < countersign::REGISTRY_POLL * 3,
+                "{backend:?}: B still lists {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        // The emergency stop set through A's database: B refuses the next call.
+        a.store
+            .set_switch(countersign::stop::EMERGENCY_STOP, "test", "ops")
+            .await
+            .unwrap();
+        let held = on_b.call("invoice.hold", crate::mcp::hold(json!(50))).await;
+        assert_eq!(held["result"]["isError"], true, "{backend:?}: {held}");
+        assert_eq!(
+            held["result"]["structuredContent"]["rule"], "emergency.stop",
+            "{backend:?}: {held}"
+        );
+        a.store
+            .clear_switch(countersign::stop::EMERGENCY_STOP)
+            .await
+            .unwrap();
+
+        // A revocation through A: B refuses the next request.
+        a.store
+            .revoke_agent(&id, "person:https://idp.example#admin")
+            .await
+            .unwrap();
+        let (status, _) = on_b.try_request("tools/list", json!({})).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{backend:?}");
+        b.stop().await;
+        a.stop().await;
+    }
+}
