@@ -152,6 +152,13 @@ pub(super) async fn decide(
             .await?
     };
     let origin = task_origin(run, credential);
+    let now = store.clock().now();
+    let inputs = policy_inputs(
+        now.timestamp_millis(),
+        world,
+        approval.is_some(),
+        &resources,
+    );
     let report = ctx.loaded.bundle.policy.decide(&Request {
         principal: Principal {
             kind: PrincipalKind::Agent,
@@ -170,7 +177,7 @@ pub(super) async fn decide(
         } else {
             ApprovalState::None
         },
-        now: store.clock().now(),
+        now,
         authorizations: world.grants.clone(),
     });
     if !report.errors.is_empty() {
@@ -191,6 +198,7 @@ pub(super) async fn decide(
             ("registry_version", json!(ctx.loaded.version)),
             ("task_origin", json!(origin.as_str())),
             ("declared", ctx.provenance.declared().unwrap_or(Value::Null)),
+            (POLICY_INPUTS, inputs),
         ]),
     );
     Ok(Decided {
@@ -200,6 +208,30 @@ pub(super) async fn decide(
         approval,
         record,
         movable: vec![step.status],
+    })
+}
+
+/// The member of a `decided` record that holds what policy decided on beyond the step's own
+/// row (its arguments, role, tool and origin are recorded already): enough to decide the same
+/// call again under another bundle (an impact preview), at the instant it was decided.
+pub const POLICY_INPUTS: &str = "policy_inputs";
+
+/// [`POLICY_INPUTS`]: the instant (`now_ms`), the party the agent acted for, whether an
+/// approval of exactly these inputs was in hand, the resource facts the target system gave,
+/// and the standing authorizations the party held (their ids; the grants are rows).
+fn policy_inputs(
+    now_ms: i64,
+    world: &CallContext,
+    approved: bool,
+    resources: &[ResourceFact],
+) -> Value {
+    json!({
+        "v": 1,
+        "now_ms": now_ms,
+        "party": world.party,
+        "approval": if approved { "approved" } else { "none" },
+        "resources": resources,
+        "grants": world.grants.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
     })
 }
 

@@ -375,3 +375,59 @@ async fn a_gated_read_repeated_in_its_run_continues_its_step_and_runs_once_appro
     })
     .await;
 }
+
+/// Every decision records what policy decided on beyond the step's own row (issue 33's impact
+/// preview replays it): the instant, the party, whether an approval was in hand, the resource
+/// facts and the grants — before and after the approval of a gated payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_record_the_inputs_policy_decided_on() {
+    each_finance_app(|app| async move {
+        let (_, fin) = agent(&app, "fin-1", "worker.finance").await;
+        let mut client = Client::new(&app, &fin);
+        client.connect().await;
+        let args = payment_for("INV-20260615", json!(1860.50));
+        let reply = client.call("payment.schedule", args.clone()).await;
+        let step = content(&reply)["step_id"].as_str().unwrap().to_string();
+        let now = app.store.clock().now_ms();
+        let rules = finance_rules("payment.schedule", &args);
+        app.store
+            .decide_step(
+                &step,
+                &person("ana", &["approver"], now),
+                &rules,
+                Verdict::Approved,
+                "ok",
+            )
+            .await
+            .unwrap();
+        let paid = client.call("payment.schedule", args).await;
+        assert_eq!(content(&paid)["status"], "scheduled", "{paid}");
+        let decided: Vec<Value> = app
+            .store
+            .audit_records("acme", 1, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "decided" && r.step_id.as_deref() == Some(step.as_str()))
+            .map(|r| {
+                let record: Value = serde_json::from_str(&r.record).unwrap();
+                record["detail"][countersign::pipeline::POLICY_INPUTS].clone()
+            })
+            .collect();
+        assert_eq!(decided.len(), 2, "{decided:?}");
+        for (inputs, approval) in decided.iter().zip(["none", "approved"]) {
+            assert_eq!(inputs["v"], 1, "{inputs}");
+            assert_eq!(inputs["now_ms"], now, "{inputs}");
+            assert_eq!(inputs["approval"], approval, "{inputs}");
+            assert_eq!(inputs["party"], Value::Null, "{inputs}");
+            assert_eq!(inputs["grants"], json!([]), "{inputs}");
+            let invoice = &inputs["resources"][0];
+            assert_eq!(invoice["kind"], "invoice", "{inputs}");
+            assert_eq!(invoice["id"], "INV-20260615", "{inputs}");
+            assert!(invoice["attrs"]["amount"].is_number(), "{inputs}");
+            assert_eq!(invoice["attrs"]["status"], "approved", "{inputs}");
+        }
+        app
+    })
+    .await;
+}
