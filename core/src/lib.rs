@@ -15,6 +15,7 @@ pub mod keys;
 pub mod model;
 pub mod people;
 pub mod policy;
+pub mod preview;
 pub mod redact;
 pub mod registry;
 pub mod schema;
