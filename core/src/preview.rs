@@ -8,6 +8,10 @@
 //!   transition is the proposed change's doing, never drift between then and now.
 //! * A call is listed, then validated against the tool's schema, then decided by policy,
 //!   exactly the order of the pipeline; an unlisted or invalid call is its own outcome.
+//! * A step counts once, by its first recorded decision (the question its gate was asked);
+//!   a later attempt of the same step (after an approval) is not another call.
+//! * A change of outcome is a change of its kind (`allow->deny`); the same kind under another
+//!   rule is counted apart (`rule_changed`).
 
 use std::collections::BTreeMap;
 
@@ -55,6 +59,11 @@ pub struct RecordedCall {
 /// The policy inputs recorded with a decision beyond the step's row.
 #[derive(Debug, Clone, Default)]
 pub struct RecordedInputs {
+    /// The decision's own instant (the record's time can be later: a read's outcome record).
+    pub now: Option<DateTime<Utc>>,
+    /// The resource facts were withheld (a tool that redacts its inputs): replayed without
+    /// them, and counted as approximate.
+    pub resources_withheld: bool,
     /// The party the agent acted for.
     pub party: Option<String>,
     /// Whether an approval of exactly these inputs was in hand.
@@ -123,8 +132,10 @@ pub struct Report {
     pub replayed: usize,
     /// Calls whose outcome the proposal changes.
     pub changed: usize,
-    /// Calls replayed without their recorded policy inputs (older records).
+    /// Calls replayed without all their policy inputs (older records, withheld facts).
     pub approximate: usize,
+    /// Calls whose outcome keeps its kind under another rule.
+    pub rule_changed: usize,
     /// Changed calls per transition (`allow->deny`, …).
     pub transitions: BTreeMap<String, usize>,
     /// Per tool, changed calls per transition.
@@ -171,7 +182,7 @@ pub fn outcome(bundle: &Bundle, call: &RecordedCall) -> Outcome {
         } else {
             ApprovalState::None
         },
-        now: call.at,
+        now: inputs.now.unwrap_or(call.at),
         authorizations: inputs.grants,
     });
     match report.decision {
@@ -184,13 +195,20 @@ pub fn outcome(bundle: &Bundle, call: &RecordedCall) -> Outcome {
 /// Replays `calls` through `base` and `proposed`; what changes, counted and exemplified.
 pub fn replay(base: &Bundle, proposed: &Bundle, calls: &[RecordedCall]) -> Report {
     let mut report = Report::default();
+    let mut seen = std::collections::HashSet::new();
     for call in calls {
+        if !seen.insert(call.step_id.as_str()) {
+            continue;
+        }
         report.replayed += 1;
-        if call.inputs.is_none() {
+        if call.inputs.as_ref().is_none_or(|i| i.resources_withheld) {
             report.approximate += 1;
         }
         let (before, after) = (outcome(base, call), outcome(proposed, call));
-        if before == after {
+        if before.name() == after.name() {
+            if before != after {
+                report.rule_changed += 1;
+            }
             continue;
         }
         report.changed += 1;
@@ -330,6 +348,53 @@ mod tests {
         assert_eq!(
             report.by_tool["invoice.hold"],
             BTreeMap::from([("require_approval->invalid".into(), 1)])
+        );
+    }
+
+    #[test]
+    fn recorded_resource_facts_decide_both_sides_and_a_step_counts_once() {
+        let base = finance(|_| {});
+        let without = finance(|s| {
+            let changed = s.policies.replace(
+                "forbid (principal, action == Action::\"invoice.hold\", resource is Invoice)",
+                "forbid (principal, action == Action::\"invoice.hold\", resource is Invoice)\nunless { true }",
+            );
+            assert_ne!(changed, s.policies);
+            s.policies = changed;
+        });
+        let invoice = ResourceFact {
+            kind: "invoice".into(),
+            id: "INV-20260611".into(),
+            tenant: "acme".into(),
+            owner: None,
+            attrs: serde_json::from_value(json!({"amount": 1500.0, "currency": "EUR"}))
+                .expect("attrs"),
+        };
+        let mut over = hold("s1", 2000.0);
+        over.inputs = Some(RecordedInputs {
+            resources: vec![invoice],
+            ..RecordedInputs::default()
+        });
+        // The disputed amount exceeds the recorded invoice's: the base denies.
+        assert_eq!(
+            outcome(&base, &over),
+            Outcome::Deny("amount.exceeds_invoice".into())
+        );
+        // Without the facts it would only be gated: the recorded facts are what decide.
+        assert_eq!(
+            outcome(&base, &hold("s1", 2000.0)).name(),
+            "require_approval"
+        );
+        let mut later_attempt = over.clone();
+        later_attempt.inputs = Some(RecordedInputs {
+            approved: true,
+            ..RecordedInputs::default()
+        });
+        let report = replay(&base, &without, &[over, later_attempt]);
+        assert_eq!(report.replayed, 1, "a step counts once");
+        assert_eq!(
+            report.transitions,
+            BTreeMap::from([("deny->require_approval".into(), 1)])
         );
     }
 

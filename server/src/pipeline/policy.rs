@@ -157,7 +157,7 @@ pub(super) async fn decide(
         now.timestamp_millis(),
         world,
         approval.is_some(),
-        &resources,
+        ctx.tool.redact.is_empty().then_some(resources.as_slice()),
     );
     let report = ctx.loaded.bundle.policy.decide(&Request {
         principal: Principal {
@@ -219,11 +219,14 @@ pub const POLICY_INPUTS: &str = "policy_inputs";
 /// [`POLICY_INPUTS`]: the instant (`now_ms`), the party the agent acted for, whether an
 /// approval of exactly these inputs was in hand, the resource facts the target system gave,
 /// and the standing authorizations the party held (their ids; the grants are rows).
+/// Resource facts are `null` for a tool that redacts any of its inputs: a fact's id is an
+/// argument and its attributes come from the target, and the audit never holds what the
+/// tool's redaction keeps out of it (a preview replays such calls as approximate).
 fn policy_inputs(
     now_ms: i64,
     world: &CallContext,
     approved: bool,
-    resources: &[ResourceFact],
+    resources: Option<&[ResourceFact]>,
 ) -> Value {
     json!({
         "v": 1,

@@ -431,3 +431,37 @@ async fn decisions_record_the_inputs_policy_decided_on() {
     })
     .await;
 }
+
+/// A tool that redacts its inputs never has its resource facts recorded (a fact's id is an
+/// argument; its attributes come from the target): the audit holds nothing redaction keeps out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redacting_tools_resource_facts_are_withheld_from_the_audit() {
+    each_finance_app(|app| async move {
+        let (_, vm) = agent(&app, "vm-1", "worker.vendor_master").await;
+        let mut client = Client::new(&app, &vm);
+        client.connect().await;
+        let reply = client
+            .call(
+                "supplier.update_iban",
+                json!({"supplier_id": "SUP-000042", "iban": "DE89370400440532013000",
+                       "reason": REASON}),
+            )
+            .await;
+        let step = content(&reply)["step_id"].as_str().unwrap().to_string();
+        let records = app.store.audit_records("acme", 1, 1000).await.unwrap();
+        let decided = records
+            .iter()
+            .find(|r| r.event == "decided" && r.step_id.as_deref() == Some(step.as_str()))
+            .expect("a decided record");
+        let record: Value = serde_json::from_str(&decided.record).unwrap();
+        let inputs = &record["detail"][countersign::pipeline::POLICY_INPUTS];
+        assert_eq!(inputs["v"], 1, "{record}");
+        assert_eq!(inputs["resources"], Value::Null, "{record}");
+        assert!(
+            !decided.record.contains("DE89370400440532013000"),
+            "{record}"
+        );
+        app
+    })
+    .await;
+}
