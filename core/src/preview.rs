@@ -151,18 +151,18 @@ pub fn outcome(bundle: &Bundle, call: &RecordedCall) -> Outcome {
     let Ok(role) = RoleName::parse(&call.role) else {
         return Outcome::Unlisted;
     };
-    let (Some(tool), Ok(name)) = (
-        bundle.registry.tool_for_role(&role, &call.tool),
+    let (Some(facts), Ok(name)) = (
+        bundle.tool_facts(&role, &call.tool),
         ToolName::parse(&call.tool),
     ) else {
         return Outcome::Unlisted;
     };
+    if !facts.listed_for_role {
+        return Outcome::Unlisted;
+    }
     if bundle.registry.validate(&name, &call.arguments).is_err() {
         return Outcome::Invalid;
     }
-    let Some(facts) = bundle.tool_facts(&role, tool.name.as_str()) else {
-        return Outcome::Unlisted;
-    };
     let inputs = call.inputs.clone().unwrap_or_default();
     let report = bundle.policy.decide(&Request {
         principal: Principal {

@@ -8,27 +8,10 @@
 // initialize handshake): the SDK's default is still the handshake, so an agent built on it
 // opts in with this one option.
 
-import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
 import { Client, ProtocolError, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
+import { args, play, sdkVersion } from "./script.mjs";
 
-function arg(i, env) {
-  const value = process.argv[2 + i] ?? process.env[env];
-  if (value === undefined) {
-    console.error(`usage: client-v2.mjs URL TOKEN SCRIPT_JSON (or set ${env})`);
-    process.exit(2);
-  }
-  return value;
-}
-
-function sdkVersion() {
-  const require = createRequire(import.meta.url);
-  const main = require.resolve("@modelcontextprotocol/client");
-  const root = main.slice(0, main.lastIndexOf("/dist/"));
-  return JSON.parse(readFileSync(`${root}/package.json`, "utf8")).version;
-}
-
-const [url, token, script] = [arg(0, "MCP_URL"), arg(1, "MCP_TOKEN"), JSON.parse(arg(2, "MCP_SCRIPT"))];
+const [url, token, script] = args("client-v2.mjs");
 const transport = new StreamableHTTPClientTransport(new URL(url), {
   requestInit: { headers: { Authorization: `Bearer ${token}` } },
 });
@@ -39,34 +22,15 @@ const client = new Client(
 await client.connect(transport);
 
 const out = {
-  sdk: `typescript @modelcontextprotocol/client ${sdkVersion()}`,
+  sdk: `typescript @modelcontextprotocol/client ${sdkVersion("@modelcontextprotocol/client")}`,
   protocolVersion: client.getNegotiatedProtocolVersion(),
   era: client.getProtocolEra() === "modern" ? "modern" : "handshake",
-  results: [],
+  results: await play(client, script, (e) =>
+    e instanceof ProtocolError
+      ? { kind: "protocol", code: e.code, message: e.message }
+      : // The SDK's own checks (e.g. of structuredContent against the outputSchema).
+        { kind: "client", code: e.code ?? null, message: String(e.message ?? e) },
+  ),
 };
-for (const op of script) {
-  if (op.op === "list") {
-    const listed = await client.listTools();
-    out.results.push({ op: "list", tools: listed.tools.map((t) => t.name) });
-  } else if (op.op === "call") {
-    const entry = { op: "call", name: op.name };
-    try {
-      const result = await client.callTool({ name: op.name, arguments: op.arguments ?? {} });
-      entry.isError = result.isError ?? false;
-      entry.structuredContent = result.structuredContent ?? null;
-    } catch (e) {
-      if (!(e instanceof ProtocolError)) {
-        // The SDK's own checks (e.g. of structuredContent against the outputSchema).
-        entry.error = { kind: "client", code: e.code ?? null, message: String(e.message ?? e) };
-      } else {
-        entry.error = { kind: "protocol", code: e.code, message: e.message };
-      }
-    }
-    out.results.push(entry);
-  } else {
-    console.error(`unknown op ${op.op}`);
-    process.exit(2);
-  }
-}
 await client.close();
 process.stdout.write(JSON.stringify(out) + "\n");

@@ -5,7 +5,7 @@
 use super::oidc::{self, IdpSession, Oidc};
 use super::pages::page;
 use super::store::{DbSessionStore, EXPIRES_AT};
-use crate::config::Config;
+use crate::config::{Config, loopback_host};
 use axum::http::StatusCode;
 use axum::response::Response;
 use countersign_core::{Person, Store};
@@ -76,16 +76,6 @@ pub fn mode_for(config: &Config, store: &Store) -> Result<Mode, oidc::SignInErro
             Ok(Mode::Demo)
         }
         None => Ok(Mode::Off),
-    }
-}
-
-/// Whether `url` names a loopback host.
-pub(super) fn loopback_host(url: &url::Url) -> bool {
-    match url.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        None => false,
     }
 }
 

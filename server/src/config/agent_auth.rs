@@ -101,20 +101,16 @@ fn check_issuer(issuer: &str) -> Result<(), (&'static str, String)> {
     let Ok(url) = Url::parse(issuer) else {
         return bad("not a URL");
     };
-    let loopback = match url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => return bad("no host"),
-    };
+    if url.host().is_none() {
+        return bad("no host");
+    }
     if url.query().is_some() || url.fragment().is_some() {
         return bad("an issuer has no query or fragment");
     }
-    match url.scheme() {
-        "https" => Ok(()),
-        "http" if loopback => Ok(()),
-        _ => bad("expected https:// (http:// only on a loopback host)"),
+    if !super::secure_or_loopback(&url) {
+        return bad("expected https:// (http:// only on a loopback host)");
     }
+    Ok(())
 }
 
 #[cfg(test)]

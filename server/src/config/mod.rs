@@ -15,7 +15,7 @@ pub use agent_auth::AgentAuth;
 pub use keys::{CONFIG_ENV, DEFAULT_CONFIG_FILE, KEYS, KeySpec};
 use keys::{env_name, known_keys};
 use parse::parse_duration;
-pub use parse::{parse_origin, parse_role_map};
+pub use parse::{loopback_host, parse_origin, parse_role_map, secure_or_loopback};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -682,12 +682,7 @@ fn secure_off_loopback(
     metrics_token: bool,
     redaction_key: bool,
 ) -> Result<(), (&'static str, String)> {
-    let loopback_host = match public_url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
+    let loopback_host = loopback_host(public_url);
     // A loopback listen address behind a reverse proxy (the public URL elsewhere) is reached
     // by others just the same.
     if listen.ip().is_loopback() && loopback_host {

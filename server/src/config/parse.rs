@@ -5,6 +5,21 @@ use std::time::Duration;
 use countersign_core::AppRole;
 use url::Url;
 
+/// Whether `url` names a loopback host (`localhost`, 127.0.0.0/8, `::1`).
+pub fn loopback_host(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
+/// Whether `url` is `https`, or `http` on a loopback host.
+pub fn secure_or_loopback(url: &Url) -> bool {
+    url.scheme() == "https" || (url.scheme() == "http" && loopback_host(url))
+}
+
 /// Parses an origin (`http(s)://host[:port]`, no path) into the form browsers send in the
 /// `Origin` header (default ports dropped, host lower-cased); `None` if it is not one.
 pub fn parse_origin(text: &str) -> Option<String> {

@@ -428,9 +428,11 @@ async fn admit(
     let token = AgentToken::presented(presented);
     // [perf] When this session's calls were seen before, the call's context (its run, the
     // stop, the party and its grants) is read in the same statement as the credential.
+    // (A session-less request has no session to hint at: its admission would be dropped.)
     let hint_key = headers
-        .get("mcp-session-id")
+        .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
+        .filter(|_| !session_less(headers))
         .map(|session| hint_key(&token, session));
     let hint = hint_key.as_deref().and_then(|k| state.store.call_hint(k));
     let checked = match &hint {

@@ -115,16 +115,6 @@ impl Owners {
         locked(&self.owners).remove(id);
     }
 
-    /// How many sessions this process knows an owner of.
-    pub fn len(&self) -> usize {
-        locked(&self.owners).len()
-    }
-
-    /// Whether this process knows no session.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// What session `id` is to `agent`; a touch is due once every [`TOUCH_EVERY`] (a touch
     /// that succeeds is recorded by [`Owners::insert`]).
     pub fn known(&self, id: &str, agent: &str) -> Known {
@@ -426,12 +416,6 @@ pub async fn close_here(sessions: &LocalSessionManager, owners: &Owners, id: &st
 /// Forgets the owners of sessions rmcp no longer serves here (ended by their idle timeout):
 /// their next request, if any, is checked against the database again.
 pub async fn forget_gone(sessions: &LocalSessionManager, owners: &Owners) {
-    let live: std::collections::HashSet<String> = sessions
-        .sessions
-        .read()
-        .await
-        .keys()
-        .map(|k| k.to_string())
-        .collect();
-    owners.retain(|id| live.contains(id));
+    let live = sessions.sessions.read().await;
+    owners.retain(|id| live.contains_key(id));
 }

@@ -144,19 +144,36 @@ struct Cached {
     fetched: Option<Instant>,
 }
 
+impl Cached {
+    /// Whether the set may still be trusted.
+    fn fresh(&self) -> bool {
+        self.fetched.is_some_and(|at| at.elapsed() < KEYS_MAX_AGE)
+    }
+}
+
 impl Issuer {
-    fn cached(&self) -> Cached {
-        match self.keys.lock() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cached> {
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Signing key `kid` from the cached set, while that is younger than `KEYS_MAX_AGE`
+    /// (read under the lock: nothing is cloned but the key).
+    fn fresh_key(&self, kid: &str) -> Option<Jwk> {
+        let cached = self.lock();
+        if !cached.fresh() {
+            return None;
         }
+        cached.set.as_ref().and_then(|s| signing_key(s, kid))
+    }
+
+    fn cached(&self) -> Cached {
+        self.lock().clone()
     }
 
     fn store(&self, cached: Cached) {
-        match self.keys.lock() {
-            Ok(mut g) => *g = cached,
-            Err(poisoned) => *poisoned.into_inner() = cached,
-        }
+        *self.lock() = cached;
     }
 }
 
@@ -225,19 +242,9 @@ impl Verifier {
         })
     }
 
-    /// The resource tokens must be issued for.
-    pub fn resource(&self) -> &str {
-        &self.resource
-    }
-
     /// The scope tokens must grant.
     pub fn scope(&self) -> &str {
         &self.scope
-    }
-
-    /// The trusted issuers.
-    pub fn issuers(&self) -> impl Iterator<Item = &str> {
-        self.issuers.iter().map(|i| i.url.as_str())
     }
 
     /// Checks `token`; what it proves, or why it is refused.
@@ -304,22 +311,16 @@ impl Verifier {
     /// `KEYS_MAX_AGE`, else (or for a kid it lacks, at most once per `REFRESH_EVERY`) from a
     /// fresh fetch that replaces it.
     async fn key(&self, issuer: &Issuer, kid: &str) -> Result<Jwk, Rejection> {
-        let fresh = |c: &Cached| c.fetched.is_some_and(|at| at.elapsed() < KEYS_MAX_AGE);
-        let cached = issuer.cached();
-        if fresh(&cached)
-            && let Some(jwk) = cached.set.as_ref().and_then(|s| signing_key(s, kid))
-        {
+        if let Some(jwk) = issuer.fresh_key(kid) {
             return Ok(jwk);
         }
         // One fetch at a time; whoever waited finds its result.
         let _fetching = issuer.fetching.lock().await;
-        let cached = issuer.cached();
-        if fresh(&cached)
-            && let Some(jwk) = cached.set.as_ref().and_then(|s| signing_key(s, kid))
-        {
+        if let Some(jwk) = issuer.fresh_key(kid) {
             return Ok(jwk);
         }
-        let may_fetch = !fresh(&cached)
+        let cached = issuer.cached();
+        let may_fetch = !cached.fresh()
             || cached
                 .fetched
                 .is_none_or(|at| at.elapsed() >= REFRESH_EVERY);
@@ -340,7 +341,7 @@ impl Verifier {
             }
             Err(e) => {
                 // Nothing stale is trusted past its age; the next try waits REFRESH_EVERY.
-                let still_fresh = fresh(&cached);
+                let still_fresh = cached.fresh();
                 let set = cached.set.filter(|_| still_fresh);
                 issuer.store(Cached {
                     fetched: set.as_ref().and(cached.fetched).or(Some(Instant::now())),
@@ -389,9 +390,11 @@ fn peek(token: &str) -> Result<(Header, String), Rejection> {
 
 /// The header's algorithm, if accepted, for a token typed as an access token.
 fn accepted_algorithm(header: &Header) -> Result<Algorithm, Rejection> {
-    let alg = ALGORITHMS
-        .into_iter()
-        .find(|a| format!("{a:?}") == header.alg)
+    let alg = header
+        .alg
+        .parse::<Algorithm>()
+        .ok()
+        .filter(|a| ALGORITHMS.contains(a))
         .ok_or(Rejection::Algorithm)?;
     let typ = header.typ.as_deref().map(str::to_ascii_lowercase);
     if !matches!(typ.as_deref(), Some("at+jwt" | "application/at+jwt")) {
@@ -472,16 +475,7 @@ async fn get_json<T: serde::de::DeserializeOwned>(
 
 /// An `https` URL, or an `http` one on a loopback host.
 fn secure_url(text: &str) -> bool {
-    let Ok(url) = url::Url::parse(text) else {
-        return false;
-    };
-    let loopback = match url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
-    url.scheme() == "https" || (url.scheme() == "http" && loopback)
+    url::Url::parse(text).is_ok_and(|u| crate::config::secure_or_loopback(&u))
 }
 
 /// Where `issuer`'s metadata may be: RFC 8414's well-known URL (the issuer's path after it),

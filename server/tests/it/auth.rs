@@ -11,6 +11,7 @@ use reqwest::cookie::{CookieStore, Jar};
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, spawn_app_with};
+use crate::interop::repo_root;
 
 const CLIENT_ID: &str = "countersign";
 const CLIENT_SECRET: &str = "countersign-secret";
@@ -32,10 +33,6 @@ impl Drop for Provider {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Starts the provider; `None` (after a loud warning) when node or the npm packages are

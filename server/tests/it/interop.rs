@@ -43,7 +43,7 @@ pub(crate) enum Sdk {
     TypeScriptModern,
 }
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("server/ has a parent")

@@ -6,35 +6,24 @@
 //! broken one would, answered 401 (403 for a missing scope) and audited.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 
 use countersign_core::Clock;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, example, spawn_app_with};
-use crate::interop::{self, Sdk};
-use crate::reliability::free_port;
+use crate::interop::{self, Sdk, repo_root};
+use crate::reliability::{Child as KillOnDrop, free_port};
 use countersign_core::Backend;
 
-/// The authorization server process (dies with its stdin).
+/// The authorization server process: its stdin closes first, then it is killed (fields drop
+/// in order).
 struct As {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    _stdin: Option<ChildStdin>,
+    _child: KillOnDrop,
     main: String,
     other: String,
-}
-
-impl Drop for As {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Starts the authorization server for `resource`; `None` (loudly) when node or the package
@@ -72,8 +61,8 @@ fn start_as(resource: &str) -> Option<As> {
     stdout.read_line(&mut line).expect("ready");
     assert!(line.contains("ready"), "{line}");
     Some(As {
-        child,
-        stdin,
+        _stdin: stdin,
+        _child: KillOnDrop(child),
         main: info["main"].as_str().unwrap().to_string(),
         other: info["other"].as_str().unwrap().to_string(),
     })
