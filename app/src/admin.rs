@@ -16,9 +16,12 @@ use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
 mod messages;
+mod proposals;
 mod stop;
 mod style;
 pub use messages::{error_text, notice_text};
+use proposals::Proposals;
+pub use proposals::{PreviewExample, PreviewView, ProposalRow, proposal_name};
 pub use stop::StopState;
 use stop::{EndSessions, StopSwitch};
 use style::{BUTTON, CARD, H2, INPUT};
@@ -52,31 +55,6 @@ pub struct ToolRow {
     /// The settings an admin may propose to change, as (form field / registry key, value in
     /// force; empty: unset). Approval settings appear only for tools that have them.
     pub settings: Vec<(String, String)>,
-}
-
-/// One registry change proposal.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProposalRow {
-    /// Id.
-    pub id: String,
-    /// Who proposed it (display name).
-    pub proposer: String,
-    /// Whether the signed-in admin proposed it (they cannot approve it).
-    pub mine: bool,
-    /// UTC text.
-    pub created: String,
-    /// The registry version it was made against.
-    pub base_version: i64,
-    /// The diff: (`+`, `-` or `~`, the change in words).
-    pub changes: Vec<(char, String)>,
-    /// The proposer's note.
-    pub note: String,
-    /// `proposed`, `approved`, `rejected` or `superseded`.
-    pub status: String,
-    /// Who decided, and why, when decided.
-    pub decision: Option<String>,
-    /// The registry version it created, when approved.
-    pub applied_version: Option<i64>,
 }
 
 /// One stored registry version.
@@ -398,6 +376,7 @@ fn setting_label(key: &str) -> &'static str {
         "step_up_max_age" => "Sign-in at most this old (e.g. 15m; empty: no step-up)",
         "four_eyes" => "Four eyes (two distinct approvers)",
         "second_approval_above" => "Second approver above amount (empty: never)",
+        "reversal_cost" => "Reversal cost in approvals (gate advisor; empty: unset)",
         _ => "Setting",
     }
 }
@@ -481,118 +460,6 @@ fn ToolSettings(version: Option<i64>, tools: Vec<ToolRow>) -> AnyView {
                  second admin approves it. A tool without approval settings cannot be gated from here."
             </p>
             {items}
-        </section>
-    }
-    .into_any()
-}
-
-/// How the page names proposal `id` (its first 8 characters): `proposal 1a2b3c4d`.
-pub fn proposal_name(id: &str) -> String {
-    format!("proposal {}", id.chars().take(8).collect::<String>())
-}
-
-fn title_case(text: &str) -> String {
-    let mut chars = text.chars();
-    chars
-        .next()
-        .map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
-}
-
-#[component]
-fn Proposals(proposals: Vec<ProposalRow>, platform: bool) -> AnyView {
-    let empty = proposals.is_empty();
-    let items = proposals
-        .into_iter()
-        .map(|p| {
-            let diff = p
-                .changes
-                .iter()
-                .map(|(sign, words)| {
-                    let class = match sign {
-                        '+' => "text-emerald-900 bg-emerald-50",
-                        '-' => "text-red-900 bg-red-50",
-                        _ => "text-amber-950 bg-amber-50",
-                    };
-                    view! { <li class=format!("px-2 font-mono {class}")>{words.clone()}</li> }
-                })
-                .collect_view();
-            let waiting = p.status == "proposed";
-            // Every control names the proposal it acts on: several may be open at once.
-            let name = proposal_name(&p.id);
-            let heading_id = format!("proposal-{}-h", p.id);
-            let decide = waiting.then(|| {
-                let action = format!("/admin/proposals/{}/decision", p.id);
-                let reason_id = format!("proposal-{}-reason", p.id);
-                let approve = (!p.mine && platform).then(|| {
-                    let label = format!("Approve {name}");
-                    view! {
-                        <button type="submit" name="verdict" value="approve" aria-label=label class=BUTTON data-testid="approve">
-                            "Approve"
-                        </button>
-                    }
-                });
-                let reject = format!("Reject {name}");
-                let mine = p.mine.then(|| {
-                    view! {
-                        <p class="text-sm text-slate-600" data-testid="own-proposal">
-                            "You proposed this: a second admin must approve it. You may withdraw it (reject)."
-                        </p>
-                    }
-                });
-                let not_platform = (!p.mine && !platform).then(|| {
-                    view! {
-                        <p class="text-sm text-slate-600" data-testid="needs-platform">
-                            "Approving needs the platform admin role: the registry is shared by every tenant. You may reject it."
-                        </p>
-                    }
-                });
-                view! {
-                    {mine}
-                    {not_platform}
-                    <form method="post" action=action class="flex flex-wrap items-end gap-2">
-                        <div class="flex flex-col text-sm">
-                            <label for=reason_id.clone()>
-                                "Reason" <span class="sr-only">{format!(" for {name}")}</span>
-                            </label>
-                            <input id=reason_id name="reason" class=INPUT data-testid="decision-reason"/>
-                        </div>
-                        {approve}
-                        <button
-                            type="submit"
-                            name="verdict"
-                            value="reject"
-                            aria-label=reject
-                            data-testid="reject"
-                            class="rounded border border-slate-400 bg-white px-3 py-1.5 text-sm font-medium text-slate-900 hover:bg-slate-100 focus:outline-none focus:ring-2 focus:ring-indigo-500"
-                        >
-                            "Reject"
-                        </button>
-                    </form>
-                }
-            });
-            view! {
-                <li class=CARD data-testid="proposal" data-proposal-id=p.id.clone() data-status=p.status.clone()>
-                    <h3 id=heading_id class="text-base font-semibold">{title_case(&name)}</h3>
-                    <p class="text-sm">
-                        <span class="font-semibold">{p.status.clone()}</span>
-                        " · proposed by " {p.proposer.clone()} " at " {p.created.clone()}
-                        " against version " {p.base_version}
-                        {p.applied_version.map(|v| format!(" · applied as version {v}"))}
-                    </p>
-                    <p class="text-sm text-slate-700">{p.note.clone()}</p>
-                    <ul class="text-sm" aria-label="Changes" data-testid="proposal-diff">{diff}</ul>
-                    {p.decision.clone().map(|d| view! { <p class="text-sm text-slate-700">{d}</p> })}
-                    {decide}
-                </li>
-            }
-            .into_any()
-        })
-        .collect_view();
-    view! {
-        <section aria-labelledby="proposals-h" class="space-y-3">
-            <h2 id="proposals-h" class=H2>"Proposals"</h2>
-            {empty.then(|| view! { <p class="text-slate-600">"No registry changes proposed."</p> })}
-            <ul class="space-y-3">{items}</ul>
         </section>
     }
     .into_any()
@@ -759,13 +626,6 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn proposals_are_named_by_their_short_id() {
-        let name = proposal_name("1a2b3c4d-0000-4000-8000-000000000000");
-        assert_eq!(name, "proposal 1a2b3c4d");
-        assert_eq!(title_case(&name), "Proposal 1a2b3c4d");
-    }
 
     #[test]
     fn messages_come_only_from_known_codes() {

@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Refused, RefusedNote};
 
+pub mod advisor;
+pub use advisor::{AdviceRow, Rejection, ShadowDay, ShadowExample, ShadowRow};
+
 /// Roles that may read gate metrics.
 #[cfg(feature = "ssr")]
 pub const METRICS_ROLES: [countersign_core::AppRole; 2] = [
@@ -99,6 +102,12 @@ pub struct MetricsData {
     pub latency: Option<Latency>,
     /// Gates that expired in the window.
     pub expired: u32,
+    /// The gate advisor, per tool and rule.
+    pub advice: Vec<AdviceRow>,
+    /// The shadow rules' would-decisions.
+    pub shadow: Vec<ShadowRow>,
+    /// Whether the viewer is an admin (may propose enforcing a shadow rule).
+    pub admin: bool,
 }
 
 /// The metrics as the signed-in person may see them.
@@ -117,6 +126,7 @@ pub trait MetricsSource: Send + Sync + 'static {
     fn metrics<'a>(
         &'a self,
         tenant: &'a str,
+        admin: bool,
     ) -> crate::inbox::BoxFuture<'a, Result<MetricsData, String>>;
 }
 
@@ -128,7 +138,7 @@ pub struct Metrics(pub std::sync::Arc<dyn MetricsSource>);
 /// The gate metrics.
 #[leptos::server]
 pub async fn load_metrics() -> Result<MetricsView, ServerFnError> {
-    let (_, tenant) = match crate::person_with(&METRICS_ROLES)? {
+    let (person, tenant) = match crate::person_with(&METRICS_ROLES)? {
         Ok(p) => p,
         Err(why) => return Ok(MetricsView::Refused(why)),
     };
@@ -136,7 +146,7 @@ pub async fn load_metrics() -> Result<MetricsView, ServerFnError> {
         use_context::<Metrics>().ok_or_else(|| ServerFnError::new("metrics are not available"))?;
     source
         .0
-        .metrics(&tenant)
+        .metrics(&tenant, person.has_role(countersign_core::AppRole::Admin))
         .await
         .map(|d| MetricsView::Data(Box::new(d)))
         .map_err(ServerFnError::new)
@@ -414,6 +424,8 @@ fn MetricsBody(data: MetricsData) -> impl IntoView {
                 </tbody>
             </table>
         </section>
+        <advisor::Advisor rows=data.advice/>
+        <advisor::ShadowRules rows=data.shadow admin=data.admin/>
         <Charts title="Rejection rate per tool, by day" series=data.by_tool prefix="tool"/>
         <Charts title="Rejection rate per policy rule, by day" series=data.by_rule prefix="rule"/>
     }

@@ -4,6 +4,7 @@
 //! Later modules (registry, policy, keys, approvals, audit) live here too: everything that
 //! decides whether an agent's call may run is plain Rust that the server only wires up.
 
+pub mod advisor;
 pub mod agents;
 pub mod approvals;
 pub mod audit;

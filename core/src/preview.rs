@@ -37,6 +37,8 @@ pub struct RecordedCall {
     pub record: Option<(String, i64)>,
     /// Its step.
     pub step_id: String,
+    /// Its run, if known.
+    pub run_id: Option<String>,
     /// The agent credential, its role and tenant.
     pub agent_id: String,
     /// Role.
@@ -117,6 +119,8 @@ pub struct Example {
     pub step_id: String,
     /// Its audit record (chain, seq), if known.
     pub record: Option<(String, i64)>,
+    /// Its run, if known.
+    pub run_id: Option<String>,
     /// The tool.
     pub tool: String,
     /// The rule the base decided with, if any.
@@ -194,12 +198,43 @@ pub fn outcome(bundle: &Bundle, call: &RecordedCall) -> Outcome {
 
 /// Replays `calls` through `base` and `proposed`; what changes, counted and exemplified.
 pub fn replay(base: &Bundle, proposed: &Bundle, calls: &[RecordedCall]) -> Report {
-    let mut report = Report::default();
-    let mut seen = std::collections::HashSet::new();
+    let mut replay = Replay::new(base, proposed);
     for call in calls {
-        if !seen.insert(call.step_id.as_str()) {
-            continue;
+        replay.call(call);
+    }
+    replay.finish()
+}
+
+/// A replay fed one recorded call at a time (a window too large to hold at once).
+pub struct Replay<'a> {
+    base: &'a Bundle,
+    proposed: &'a Bundle,
+    seen: std::collections::HashSet<String>,
+    report: Report,
+}
+
+impl<'a> Replay<'a> {
+    /// A replay of nothing yet.
+    pub fn new(base: &'a Bundle, proposed: &'a Bundle) -> Self {
+        Self {
+            base,
+            proposed,
+            seen: std::collections::HashSet::new(),
+            report: Report::default(),
         }
+    }
+
+    /// What it found.
+    pub fn finish(self) -> Report {
+        self.report
+    }
+
+    /// Replays one call (a step's later decisions are skipped: it counts once).
+    pub fn call(&mut self, call: &RecordedCall) {
+        if !self.seen.insert(call.step_id.clone()) {
+            return;
+        }
+        let (base, proposed, report) = (self.base, self.proposed, &mut self.report);
         report.replayed += 1;
         if call.inputs.as_ref().is_none_or(|i| i.resources_withheld) {
             report.approximate += 1;
@@ -209,7 +244,7 @@ pub fn replay(base: &Bundle, proposed: &Bundle, calls: &[RecordedCall]) -> Repor
             if before != after {
                 report.rule_changed += 1;
             }
-            continue;
+            return;
         }
         report.changed += 1;
         let transition = format!("{}->{}", before.name(), after.name());
@@ -233,13 +268,13 @@ pub fn replay(base: &Bundle, proposed: &Bundle, calls: &[RecordedCall]) -> Repor
             examples.push(Example {
                 step_id: call.step_id.clone(),
                 record: call.record.clone(),
+                run_id: call.run_id.clone(),
                 tool: call.tool.clone(),
                 from_rule: before.rule().map(str::to_string),
                 to_rule: after.rule().map(str::to_string),
             });
         }
     }
-    report
 }
 
 #[cfg(test)]
@@ -259,6 +294,7 @@ mod tests {
         RecordedCall {
             record: Some(("acme".into(), 7)),
             step_id: step.into(),
+            run_id: None,
             agent_id: "agent-1".into(),
             role: "worker.finance".into(),
             tenant: "acme".into(),
@@ -325,8 +361,8 @@ mod tests {
             })
         };
         let unlisted = edit(
-            "    gate: policy\n    roles: [worker.finance]\n    approval:\n      approver_roles: [approver]\n      expires: 72h\n    handler: {provider: erp, operation: invoices.hold}",
-            "    gate: policy\n    roles: [planner]\n    approval:\n      approver_roles: [approver]\n      expires: 72h\n    handler: {provider: erp, operation: invoices.hold}",
+            "    gate: policy\n    roles: [worker.finance]\n    approval:\n      approver_roles: [approver]\n      expires: 72h\n      reversal_cost: 5\n    handler: {provider: erp, operation: invoices.hold}",
+            "    gate: policy\n    roles: [planner]\n    approval:\n      approver_roles: [approver]\n      expires: 72h\n      reversal_cost: 5\n    handler: {provider: erp, operation: invoices.hold}",
         );
         let report = replay(&base, &unlisted, &calls);
         assert_eq!(

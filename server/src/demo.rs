@@ -20,6 +20,45 @@ pub const SEED: &str = include_str!("../../examples/finance/demo/seed.yaml");
 /// The tenant the demo plays in (the demo people's).
 pub const TENANT: &str = "acme";
 
+/// How many gated invoice holds the demo's gate history decides.
+pub const HOLDS: usize = 30;
+
+/// The one hold of [`HOLDS`] a person rejects.
+const REJECTED_HOLD: usize = 17;
+
+/// The demo's gate history (issue 33), played after [`SEED`]: the finance worker asks to hold
+/// invoice INV-20260615 [`HOLDS`] times for growing disputed amounts (1,100 to 6,030 EUR, each
+/// above the 1,000 EUR threshold, so each waits for a person); Ana approves them but one,
+/// which Pat rejects, and each approved hold runs on the worker's next call. The advisor then
+/// has evidence (30 decisions, one rejection, the tool's reversal cost), the shadow cap on
+/// holds above 5,000 EUR has would-denies, and Max drafts the advisor's proposal, so the admin
+/// page shows a proposal with a non-empty impact preview.
+pub fn gate_history() -> String {
+    let mut steps = String::new();
+    for i in 0..HOLDS {
+        let amount = 1100 + 170 * i;
+        let args = format!(
+            "{{invoice_id: INV-20260615, amount: {amount}, currency: EUR, reason: \"Racking delivery {i}: quantity disputed with the supplier\"}}"
+        );
+        steps.push_str(&format!(
+            "  - as: fin\n    call: invoice.hold\n    arguments: {args}\n    reply: {{equal: {{/status: needs_approval}}}}\n    save: {{h{i}: /step_id}}\n"
+        ));
+        if i == REJECTED_HOLD {
+            steps.push_str(&format!(
+                "  - as: pat\n    decide: {{step: \"${{h{i}}}\", verdict: rejected, reason: \"The quantity dispute was settled with the supplier on the phone\"}}\n"
+            ));
+        } else {
+            steps.push_str(&format!(
+                "  - as: ana\n    decide: {{step: \"${{h{i}}}\", verdict: approved, reason: \"Goods receipt shows the shortfall\"}}\n  - as: fin\n    call: invoice.hold\n    arguments: {args}\n"
+            ));
+        }
+    }
+    format!(
+        "name: finance demo, gate history\nseed: \"000\"\nactors:\n  fin: {{role: worker.finance}}\n  ana: {{person: ana}}\n  pat: {{person: pat}}\n  max: {{person: max}}\nsteps:\n{steps}  - note: the advisor recommends the model reviewer; Max drafts the proposal\n    as: max\n    form: {{path: /gates/draft, fields: {{tool: invoice.hold, rule: amount.threshold}}}}\nexpect:\n  effects:\n    - {{operation: invoices.hold, count: {}}}\n",
+        HOLDS - 1
+    )
+}
+
 /// Plays the demo against the server at `url` if `store` has no runs of the demo tenant.
 /// `Ok(None)`: skipped (not empty).
 pub async fn seed(
@@ -35,14 +74,16 @@ pub async fn seed(
     if !empty {
         return Ok(None);
     }
-    let script = scenario::parse(SEED)?;
     let target = Target {
         url: url.to_string(),
         origin,
         store: store.clone(),
         advance: None,
     };
-    scenario::run(&script, &target).await.map(Some)
+    let mut report = scenario::run(&scenario::parse(SEED)?, &target).await?;
+    let history = scenario::run(&scenario::parse(&gate_history())?, &target).await?;
+    report.checks.extend(history.checks);
+    Ok(Some(report))
 }
 
 /// Waits until the server at `url` answers `/healthz` (at most ~10 s), then plays the demo;

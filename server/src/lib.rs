@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod notify;
 pub mod oauth;
 pub mod pipeline;
+pub mod preview;
 pub mod provenance;
 pub mod registry;
 pub mod revalidate;

@@ -60,6 +60,7 @@
 //! every error Cedar's strict validator reports against the generated schema. Checks that
 //! need a loaded registry (the last four) run only when the registry loads.
 
+pub mod edit;
 pub mod generate;
 mod sources;
 

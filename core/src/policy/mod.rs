@@ -39,6 +39,12 @@
 //!   `@rule("a.b")`: if any determining permit is so annotated the result is
 //!   `require_approval(a.b)`, otherwise `allow`. `@decision("allow")` is the default.
 //! - Rule names are dot-separated `[a-z][a-z0-9_]*` segments, at least two.
+//! - `@shadow` (no value, or `"true"`) on a `forbid` or a require-approval `permit` makes it a
+//!   shadow rule: it is validated with the rest but never enforced. Each call is decided by
+//!   the policies in force; each shadow rule is then evaluated as if added to them, and where
+//!   that decision is of another kind the report lists it ([`DecisionReport::shadow`]). The
+//!   decision itself is computed from a policy set that does not contain any shadow rule, so
+//!   no shadow rule can change an outcome.
 //!
 //! # What policies see
 //! - principal: `Agent::"<id>"` or `Human::"<id>"` with `role`, `tenant` and `acts_for` (the
@@ -82,7 +88,7 @@ use cedar_policy::{Authorizer, Entities, Entity, EntityUid, PolicyId, PolicySet,
 
 pub use types::{
     ApprovalState, AuthorizationCondition, Decision, DecisionReport, Principal, PrincipalKind,
-    Request, ResourceFact, Rule, StandingAuthorization, TaskOrigin, ToolFacts,
+    Request, ResourceFact, Rule, ShadowHit, StandingAuthorization, TaskOrigin, ToolFacts,
 };
 
 use crate::model::{Effect, Gate};
@@ -146,9 +152,18 @@ impl Outcome {
     }
 }
 
+/// A shadow rule: its id and rule, and the policies in force with it added.
+struct Shadow {
+    id: PolicyId,
+    rule: Rule,
+    with: PolicySet,
+}
+
 /// A loaded, validated policy set.
 pub struct PolicyEngine {
+    /// The policies in force: never a shadow rule.
     policies: PolicySet,
+    shadows: Vec<Shadow>,
     meta: HashMap<PolicyId, Meta>,
     actions: HashMap<EntityUid, Entity>,
     names: Names,
@@ -202,9 +217,36 @@ impl PolicyEngine {
             .map(|e| (e.uid(), e.clone()))
             .collect();
         let names = Names::new().map_err(|e| PolicyLoadError::Cedar(e.to_string()))?;
+        let cedar_err = |e: cedar::PolicySetError| PolicyLoadError::Cedar(e.to_string());
+        let mut enforced = PolicySet::new();
+        for p in annotated.policies.policies() {
+            if !annotated.shadow.contains(p.id()) {
+                enforced.add(p.clone()).map_err(cedar_err)?;
+            }
+        }
+        let mut shadows = Vec::with_capacity(annotated.shadow.len());
+        for id in annotated.shadow {
+            let (Some(policy), Some(rule)) = (
+                annotated.policies.policy(&id),
+                annotated.meta.get(&id).and_then(Meta::rule),
+            ) else {
+                return Err(PolicyLoadError::Cedar(format!(
+                    "shadow rule `{id}` is missing"
+                )));
+            };
+            let mut with = enforced.clone();
+            with.add(policy.clone()).map_err(cedar_err)?;
+            shadows.push(Shadow {
+                rule: rule.clone(),
+                id,
+                with,
+            });
+        }
+        shadows.sort_by_key(|s| s.id.to_string());
 
         Ok(Self {
-            policies: annotated.policies,
+            policies: enforced,
+            shadows,
             meta: annotated.meta,
             actions,
             names,
@@ -212,15 +254,54 @@ impl PolicyEngine {
         })
     }
 
-    /// The `@id`s of the loaded policies, sorted.
+    /// The `@id`s of the loaded policies (shadow rules included), sorted.
     pub fn policy_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.meta.keys().map(ToString::to_string).collect();
         ids.sort();
         ids
     }
 
-    /// Rules on `req`. Pure: no I/O, no clock.
+    /// The shadow rules, as (`@id`, `@rule`), by id.
+    pub fn shadow_rules(&self) -> Vec<(String, String)> {
+        self.shadows
+            .iter()
+            .map(|s| (s.id.to_string(), s.rule.to_string()))
+            .collect()
+    }
+
+    /// The `@id`s of the enforced policies that name `rule`, sorted.
+    pub fn enforced_with_rule(&self, rule: &str) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .meta
+            .iter()
+            .filter(|(id, m)| {
+                m.rule().is_some_and(|r| r.as_str() == rule) && self.policies.policy(id).is_some()
+            })
+            .map(|(id, _)| id.to_string())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Rules on `req` with the policies in force, then lists what each shadow rule would have
+    /// decided otherwise. Pure: no I/O, no clock.
     pub fn decide(&self, req: &Request) -> DecisionReport {
+        let mut report = self.decide_with(&self.policies, req);
+        for shadow in &self.shadows {
+            let would = self.decide_with(&shadow.with, req).decision;
+            if would.kind() != report.decision.kind() {
+                report.shadow.push(ShadowHit {
+                    id: shadow.id.to_string(),
+                    rule: shadow.rule.to_string(),
+                    would,
+                });
+            }
+        }
+        report
+    }
+
+    /// Rules on `req` with the policies of `set`.
+    fn decide_with(&self, set: &PolicySet, req: &Request) -> DecisionReport {
         // 1. Floors before Cedar.
         if !req.tool.listed_for_role {
             return floor(Rule::TOOL_NOT_LISTED);
@@ -230,6 +311,7 @@ impl PolicyEngine {
                 decision: Decision::Deny(Rule::INPUT_SCHEMA),
                 policy_ids: Vec::new(),
                 errors: req.schema_errors.clone(),
+                shadow: Vec::new(),
             };
         }
         if req
@@ -243,7 +325,7 @@ impl PolicyEngine {
         // 2. Cedar.
         let mut policy_ids = Vec::new();
         let mut errors = Vec::new();
-        let outcome = match self.evaluate(req, &mut policy_ids, &mut errors) {
+        let outcome = match self.evaluate(set, req, &mut policy_ids, &mut errors) {
             Ok(outcome) => outcome,
             Err(e) => {
                 errors.push(e.to_string());
@@ -287,12 +369,14 @@ impl PolicyEngine {
             decision,
             policy_ids,
             errors,
+            shadow: Vec::new(),
         }
     }
 
     /// Runs Cedar once per target resource and keeps the most restrictive outcome.
     fn evaluate(
         &self,
+        set: &PolicySet,
         req: &Request,
         policy_ids: &mut Vec<String>,
         errors: &mut Vec<String>,
@@ -326,9 +410,7 @@ impl PolicyEngine {
                 None,
             )
             .map_err(|e| InputError::Cedar(e.to_string()))?;
-            let response = self
-                .authorizer
-                .is_authorized(&request, &self.policies, &entities);
+            let response = self.authorizer.is_authorized(&request, set, &entities);
             let outcome = self.outcome(&response, policy_ids, errors);
             if outcome.rank() < worst.rank() {
                 worst = outcome;
@@ -409,11 +491,23 @@ pub(crate) fn validate(policies: &PolicySet, schema: &Schema) -> Vec<cedar::Vali
     result.validation_errors().cloned().collect()
 }
 
+impl Meta {
+    fn rule(&self) -> Option<&Rule> {
+        match self {
+            Self::Forbid(rule) | Self::PermitRequireApproval(rule) => Some(rule),
+            Self::Permit => None,
+        }
+    }
+}
+
 /// Policies re-identified by their `@id`, with how each maps to a decision.
 #[derive(Debug, Default)]
 pub(crate) struct Annotated {
+    /// Every policy, shadow rules included (all are validated).
     pub(crate) policies: PolicySet,
     meta: HashMap<PolicyId, Meta>,
+    /// The `@shadow` ones.
+    shadow: Vec<PolicyId>,
 }
 
 impl Annotated {
@@ -430,9 +524,9 @@ impl Annotated {
         errors
     }
 
-    /// How many policies were added.
+    /// How many enforced policies were added.
     pub(crate) fn len(&self) -> usize {
-        self.meta.len()
+        self.meta.len() - self.shadow.len()
     }
 
     fn add_one(&mut self, policy: &cedar::Policy) -> Result<(), PolicyLoadError> {
@@ -475,9 +569,22 @@ impl Annotated {
                 ));
             }
         };
+        let shadow = match policy.annotation("shadow") {
+            None => false,
+            Some("" | "true") => true,
+            Some(_) => return Err(annotation_error("@shadow takes no value (or \"true\")")),
+        };
+        if shadow && matches!(m, Meta::Permit) {
+            return Err(annotation_error(
+                "@shadow is for forbid and require_approval policies",
+            ));
+        }
         let pid = PolicyId::new(id);
         if self.meta.contains_key(&pid) {
             return Err(annotation_error("duplicate @id"));
+        }
+        if shadow {
+            self.shadow.push(pid.clone());
         }
         self.policies
             .add(policy.new_id(pid.clone()))
@@ -492,6 +599,7 @@ fn floor(rule: Rule) -> DecisionReport {
         decision: Decision::Deny(rule),
         policy_ids: Vec::new(),
         errors: Vec::new(),
+        shadow: Vec::new(),
     }
 }
 

@@ -90,6 +90,15 @@ impl Decision {
         }
     }
 
+    /// Its kind: `allow` (within an authorization too), `require_approval` or `deny`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Allow | Self::AllowWithinAuthorization(_) => "allow",
+            Self::RequireApproval(_) => "require_approval",
+            Self::Deny(_) => "deny",
+        }
+    }
+
     /// Whether the call may run without a person.
     pub fn runs_unattended(&self) -> bool {
         match self {
@@ -120,6 +129,22 @@ pub struct DecisionReport {
     pub policy_ids: Vec<String>,
     /// Evaluation errors, if any (any error makes the decision `deny(policy.error)`).
     pub errors: Vec<String>,
+    /// The shadow rules that would have decided otherwise (a decision of another kind), in
+    /// `@id` order. Never part of `decision`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shadow: Vec<ShadowHit>,
+}
+
+/// What a shadow rule (`@shadow`) would have decided had it been enforced — the policies in
+/// force plus that one — where its decision is of another kind than the one in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowHit {
+    /// The shadow policy's `@id`.
+    pub id: String,
+    /// Its `@rule`.
+    pub rule: String,
+    /// What would have been decided.
+    pub would: Decision,
 }
 
 /// Whether the caller is an agent credential or a signed-in person.

@@ -147,6 +147,9 @@ fn approval_summary(a: &Option<Approval>) -> String {
             if let Some(n) = &a.second_approval_above {
                 s.push_str(&format!(", second approval above {n}"));
             }
+            if let Some(k) = &a.reversal_cost {
+                s.push_str(&format!(", reversal cost {k} approvals"));
+            }
             s
         }
     }

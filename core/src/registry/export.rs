@@ -78,6 +78,8 @@ struct ApprovalOut<'a> {
     second_approval_above: Option<&'a serde_json::Number>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     party_confirms: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reversal_cost: Option<&'a serde_json::Number>,
 }
 
 #[derive(Serialize)]
@@ -108,6 +110,7 @@ fn tool_out(t: &Tool) -> ToolOut<'_> {
             four_eyes: a.four_eyes,
             second_approval_above: a.second_approval_above.as_ref(),
             party_confirms: a.party_confirms,
+            reversal_cost: a.reversal_cost.as_ref(),
         }),
         handler: HandlerOut {
             provider: t.handler.provider.as_str(),

@@ -209,6 +209,7 @@ pub(crate) const APPROVAL_KEYS: &[&str] = &[
     "four_eyes",
     "second_approval_above",
     "party_confirms",
+    "reversal_cost",
 ];
 pub(crate) const HANDLER_KEYS: &[&str] = &["provider", "operation"];
 pub(crate) const REDACT_KEYS: &[&str] = &["field", "how"];

@@ -101,6 +101,9 @@ pub struct Approval {
     /// the traveller decides about their own dinner): only that party may approve. Otherwise
     /// the gate is a countersignature, which that party may never give.
     pub party_confirms: bool,
+    /// What undoing a wrong call costs, in approvals (one person's review of one gate): the
+    /// `k` of seed 000's break-even, read by the gate advisor. Advice only; never enforced.
+    pub reversal_cost: Option<serde_json::Number>,
 }
 
 /// Which provider runs a tool, and which of its operations.

@@ -180,6 +180,14 @@ pub(crate) fn parse_approval(v: &Value, sink: &mut Sink<'_>) -> Option<Approval>
     {
         sink.push("/approval/second_approval_above", "must not be negative");
     }
+    let reversal_cost: Option<serde_json::Number> = f.opt("reversal_cost", sink);
+    if reversal_cost
+        .as_ref()
+        .and_then(serde_json::Number::as_f64)
+        .is_some_and(|n| n < 0.0)
+    {
+        sink.push("/approval/reversal_cost", "must not be negative");
+    }
     if party_confirms == Some(true) && second_approval_above.is_some() {
         sink.push(
             "/approval/party_confirms",
@@ -193,6 +201,7 @@ pub(crate) fn parse_approval(v: &Value, sink: &mut Sink<'_>) -> Option<Approval>
         four_eyes: four_eyes.unwrap_or(false),
         second_approval_above,
         party_confirms: party_confirms.unwrap_or(false),
+        reversal_cost,
     })
 }
 

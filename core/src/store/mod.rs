@@ -34,6 +34,7 @@ mod mcp_sessions;
 mod oauth_agents;
 mod planned;
 mod proposals;
+mod recorded;
 mod registry;
 mod run_model;
 mod runs;

@@ -449,6 +449,28 @@ impl Store {
         Ok(fetch_records!(self, &sql, &binds))
     }
 
+    /// The decisions since `since_ms` of `tenant`'s chain that a shadow rule would have made
+    /// otherwise (records carrying a `shadow` member), in chain order.
+    pub async fn shadow_records(
+        &self,
+        tenant: &str,
+        since_ms: i64,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        let Ok(chain) = crate::audit::chain_of_tenant(Some(tenant)) else {
+            return Ok(Vec::new());
+        };
+        let Some(first) = self.audit_seq_at(since_ms).await? else {
+            return Ok(Vec::new());
+        };
+        let sql = format!(
+            "SELECT {A_COLUMNS} FROM audit a WHERE a.pos >= $1 AND a.chain = $2 \
+               AND a.event IN ('decided', 'succeeded', 'failed') \
+               AND a.record LIKE '%\"shadow\":[%' ORDER BY a.pos"
+        );
+        let binds = [Bind::Int(first), Bind::Text(chain)];
+        Ok(fetch_records!(self, &sql, &binds))
+    }
+
     /// The stored record of chain `chain` at `seq`, if any.
     pub async fn audit_record(
         &self,

@@ -18,6 +18,7 @@ mod redact;
 mod registry;
 mod registry_store;
 mod schema_fuzz;
+mod shadow;
 mod standing;
 mod store;
 

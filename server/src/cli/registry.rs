@@ -10,6 +10,8 @@ use countersign_core::Store;
 use countersign_core::bundle::{Bundle, BundleSources};
 use countersign_core::store::{ApproveOutcome, BundleImport, Change, Proposal, ProposalError};
 
+use countersign::preview::{Preview, PreviewError};
+
 use crate::{CliError, who};
 
 #[derive(Debug, Subcommand)]
@@ -32,6 +34,22 @@ pub(crate) enum RegistryCommand {
         /// Why (recorded with the proposal).
         #[arg(long, default_value = "imported with countersign registry import")]
         note: String,
+    },
+    /// Replay the calls recorded in the last N days through PATH and through the version in
+    /// force, and report what PATH would decide differently (per transition, tool and rule,
+    /// with example audit records). Only reads: nothing is executed.
+    Preview {
+        /// A registry YAML file, or a folder with *.yaml, *.cedar and *.cedarschema files.
+        path: PathBuf,
+        /// The window, in days back from now (1 to 366).
+        #[arg(long, default_value_t = countersign::preview::DEFAULT_DAYS)]
+        days: i64,
+        /// Only this tenant's calls (default: every tenant's).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Print the report as JSON (`replayed`, `changed`, `transitions`, …).
+        #[arg(long)]
+        json: bool,
     },
     /// List registry proposals, newest first, with their changes.
     Proposals {
@@ -122,6 +140,56 @@ fn cli_identity(by: &str) -> Result<String, CliError> {
     Ok(by.to_string())
 }
 
+/// A preview as the command prints it.
+fn print_preview(path: &std::path::Path, p: &Preview) {
+    let r = &p.report;
+    println!(
+        "{} against registry version {}: {} call(s) of the last {} day(s) ({}) replayed, \
+         {} would be decided differently{}",
+        path.display(),
+        p.base_version,
+        r.replayed,
+        p.days,
+        p.tenant
+            .as_deref()
+            .map_or("every tenant".into(), |t| format!("tenant {t}")),
+        r.changed,
+        if r.approximate > 0 {
+            format!(
+                " ({} replayed without all their recorded facts)",
+                r.approximate
+            )
+        } else {
+            String::new()
+        }
+    );
+    if r.rule_changed > 0 {
+        println!("  {} keep their outcome under another rule", r.rule_changed);
+    }
+    for (transition, n) in &r.transitions {
+        println!("  {transition}: {n}");
+    }
+    for (title, table) in [("by tool", &r.by_tool), ("by rule", &r.by_rule)] {
+        if table.is_empty() {
+            continue;
+        }
+        println!("  {title}:");
+        for (name, counts) in table {
+            let counts: Vec<String> = counts.iter().map(|(t, n)| format!("{t} {n}")).collect();
+            println!("    {name}: {}", counts.join(", "));
+        }
+    }
+    for (transition, examples) in &r.examples {
+        println!("  examples of {transition}:");
+        for e in examples {
+            let record = e.record.as_ref().map_or(String::new(), |(chain, seq)| {
+                format!(" audit {chain}#{seq}")
+            });
+            println!("    step {} {}{record}", e.step_id, e.tool);
+        }
+    }
+}
+
 fn print_changes(p: &Proposal) {
     for change in &p.changes {
         match change {
@@ -169,6 +237,29 @@ pub(crate) async fn registry_command(
                     );
                     print_changes(&p);
                 }
+            }
+            Ok(())
+        }
+        RegistryCommand::Preview {
+            path,
+            days,
+            tenant,
+            json,
+        } => {
+            let sources =
+                BundleSources::read(&path).map_err(|e| CliError::Refused(e.to_string()))?;
+            let preview = countersign::preview::preview(store, tenant.as_deref(), sources, days)
+                .await
+                .map_err(|e| match e {
+                    PreviewError::Store(e) => StartError::Database(e).into(),
+                    other => CliError::Refused(other.to_string()),
+                })?;
+            if json {
+                let text = serde_json::to_string_pretty(&preview)
+                    .map_err(|e| CliError::Refused(e.to_string()))?;
+                println!("{text}");
+            } else {
+                print_preview(&path, &preview);
             }
             Ok(())
         }

@@ -98,6 +98,8 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/admin/stop/lift", axum::routing::post(admin::lift))
         .route("/audit/export.jsonl", get(views::export))
+        .route("/gates/draft", axum::routing::post(views::draft))
+        .route("/admin/shadow/promote", axum::routing::post(views::promote))
         .merge(crate::mcp::routes(state.clone()))
         .merge(auth::routes())
         .merge(pages)

@@ -50,7 +50,7 @@ pub use halt::{EMERGENCY_STOP, STOP_RULE};
 pub use key::IDEMPOTENCY_MISMATCH;
 pub use open::{PLANNED_RUN, STEP_UNKNOWN};
 pub use outcome::{DECISION_RULE, FOLDED, MAX_ATTEMPTS, TARGET_FAILED, TARGET_TIMEOUT, folds};
-pub use policy::{POLICY_INPUTS, gate_rules, resource_id};
+pub use policy::{POLICY_INPUTS, SHADOW, gate_rules, resource_id};
 pub use redact::{audit_inputs, redacted};
 pub use replay::IN_FLIGHT_WAIT;
 use serde_json::Value;

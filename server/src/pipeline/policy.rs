@@ -184,23 +184,22 @@ pub(super) async fn decide(
         tracing::warn!(tool = %ctx.tool.name, errors = ?report.errors, "policy evaluation errors");
     }
     let (name, rule) = decision_text(&report.decision);
-    let record = ctx.record(
-        AuditEvent::Decided,
-        Some(step),
-        Some(&rule),
-        detail(&[
-            ("decision", json!(name)),
-            ("inputs", audit_inputs(ctx.state, ctx.tool, arguments)),
-            ("inputs_hash", json!(step.inputs_hash)),
-            ("idem_key", json!(step.idem_key)),
-            ("effect", json!(ctx.tool.effect.as_str())),
-            ("policy_ids", json!(report.policy_ids)),
-            ("registry_version", json!(ctx.loaded.version)),
-            ("task_origin", json!(origin.as_str())),
-            ("declared", ctx.provenance.declared().unwrap_or(Value::Null)),
-            (POLICY_INPUTS, inputs),
-        ]),
-    );
+    let mut members = detail(&[
+        ("decision", json!(name)),
+        ("inputs", audit_inputs(ctx.state, ctx.tool, arguments)),
+        ("inputs_hash", json!(step.inputs_hash)),
+        ("idem_key", json!(step.idem_key)),
+        ("effect", json!(ctx.tool.effect.as_str())),
+        ("policy_ids", json!(report.policy_ids)),
+        ("registry_version", json!(ctx.loaded.version)),
+        ("task_origin", json!(origin.as_str())),
+        ("declared", ctx.provenance.declared().unwrap_or(Value::Null)),
+        (POLICY_INPUTS, inputs),
+    ]);
+    if !report.shadow.is_empty() {
+        members.insert(SHADOW.into(), json!(report.shadow));
+    }
+    let record = ctx.record(AuditEvent::Decided, Some(step), Some(&rule), members);
     Ok(Decided {
         decision: report.decision,
         name,
@@ -215,6 +214,10 @@ pub(super) async fn decide(
 /// row (its arguments, role, tool and origin are recorded already): enough to decide the same
 /// call again under another bundle (an impact preview), at the instant it was decided.
 pub const POLICY_INPUTS: &str = "policy_inputs";
+
+/// The member of a `decided` record listing the shadow rules that would have decided
+/// otherwise ([`countersign_core::policy::ShadowHit`]); absent when none would have.
+pub const SHADOW: &str = "shadow";
 
 /// [`POLICY_INPUTS`]: the instant (`now_ms`), the party the agent acted for, whether an
 /// approval of exactly these inputs was in hand, the resource facts the target system gave,

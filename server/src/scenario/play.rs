@@ -82,6 +82,40 @@ impl Runner<'_, '_> {
             check_value(&check, &body, &self.vars).map_err(|e| format!("{e} in {body}"))?;
             return self.save(&a.save, &body);
         }
+        if let Some(form) = &a.form {
+            let actor = a.actor.as_deref().ok_or("a form needs `as`")?;
+            let person = self
+                .scenario
+                .actors
+                .get(actor)
+                .and_then(|x| x.person.clone())
+                .ok_or_else(|| format!("{actor} is not a person of this scenario"))?;
+            let mut fields = Vec::with_capacity(form.fields.len());
+            for (k, v) in &form.fields {
+                fields.push((k.clone(), subst_str(v, &self.vars)?));
+            }
+            let cookie = self.sign_in(&person).await?;
+            let base = &self.target.url;
+            let resp = self
+                .http
+                .post(format!("{base}{}", form.path))
+                .header("origin", self.target.origin.as_deref().unwrap_or(base))
+                .header(reqwest::header::COOKIE, cookie)
+                .form(&fields)
+                .send()
+                .await
+                .map_err(|e| format!("form {}: {e}", form.path))?;
+            let status = resp.status().as_u16();
+            let want = check.http.unwrap_or(200);
+            if status != want {
+                let body = resp.text().await.unwrap_or_default();
+                return Err(format!(
+                    "form {} answered {status}, wanted {want}: {body}",
+                    form.path
+                ));
+            }
+            return Ok(());
+        }
         if let Some(f) = &a.fault {
             let system = f.system.as_deref().unwrap_or(ERP);
             let fault = Fault {
@@ -213,7 +247,7 @@ impl Runner<'_, '_> {
             return Ok(());
         }
         Err(
-            "a step needs one of call, decide, fault, set, wait, advance, sleep_ms, effects, objects"
+            "a step needs one of call, decide, form, fault, set, wait, advance, sleep_ms, effects, objects"
                 .into(),
         )
     }
@@ -303,6 +337,25 @@ impl Runner<'_, '_> {
     ) -> Result<(u16, Value), String> {
         let base = &self.target.url;
         let origin = self.target.origin.as_deref().unwrap_or(base);
+        let cookie = self.sign_in(person).await?;
+        let resp = self
+            .http
+            .post(format!("{base}/api/steps/{step}/decision"))
+            .header("origin", origin)
+            .header(reqwest::header::COOKIE, cookie)
+            .json(&json!({"verdict": verdict, "reason": reason}))
+            .send()
+            .await
+            .map_err(|e| format!("decision: {e}"))?;
+        let status = resp.status().as_u16();
+        let body = resp.json::<Value>().await.unwrap_or(Value::Null);
+        Ok((status, body))
+    }
+
+    /// Signs `person` in through the demo sign-in: the session cookie.
+    async fn sign_in(&self, person: &str) -> Result<String, String> {
+        let base = &self.target.url;
+        let origin = self.target.origin.as_deref().unwrap_or(base);
         let signed = self
             .http
             .post(format!("{base}/auth/demo"))
@@ -322,17 +375,6 @@ impl Runner<'_, '_> {
             .filter_map(|v| v.split(';').next())
             .collect::<Vec<_>>()
             .join("; ");
-        let resp = self
-            .http
-            .post(format!("{base}/api/steps/{step}/decision"))
-            .header("origin", origin)
-            .header(reqwest::header::COOKIE, cookie)
-            .json(&json!({"verdict": verdict, "reason": reason}))
-            .send()
-            .await
-            .map_err(|e| format!("decision: {e}"))?;
-        let status = resp.status().as_u16();
-        let body = resp.json::<Value>().await.unwrap_or(Value::Null);
-        Ok((status, body))
+        Ok(cookie)
     }
 }

@@ -83,7 +83,7 @@ pub struct Actor {
     pub approver_role: Option<String>,
 }
 
-/// One step of a script: exactly one of `call`, `decide`, `fault`, `set`, `wait`,
+/// One step of a script: exactly one of `call`, `decide`, `form`, `fault`, `set`, `wait`,
 /// `advance`, `sleep_ms`, `effects`, `objects`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,6 +107,9 @@ pub struct Action {
     /// A person's decision on a waiting step through `POST /api/steps/{id}/decision`.
     #[serde(default)]
     pub decide: Option<Decide>,
+    /// A person posts one of the pages' forms (the gate advisor's draft, …).
+    #[serde(default)]
+    pub form: Option<FormPost>,
     /// A fault injected into a demo system's operation.
     #[serde(default)]
     pub fault: Option<FaultSpec>,
@@ -135,6 +138,16 @@ pub struct Action {
     /// Saves values of the reply: variable → JSON pointer.
     #[serde(default)]
     pub save: BTreeMap<String, String>,
+}
+
+/// A form a person posts, as the page would (same origin, signed in).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FormPost {
+    /// The path (`/gates/draft`).
+    pub path: String,
+    /// The fields (`${var}` substituted).
+    pub fields: BTreeMap<String, String>,
 }
 
 /// A person's decision.

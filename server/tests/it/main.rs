@@ -20,6 +20,7 @@ mod interop;
 mod mcp;
 mod modern;
 mod oauth;
+mod preview;
 mod registry;
 mod reliability;
 mod replicas;

@@ -73,17 +73,20 @@ pub enum ToolSetting {
     FourEyes,
     /// Above this `amount` a second approver is needed (empty: never).
     SecondApprovalAbove,
+    /// What undoing a wrong call costs, in approvals (empty: unset); read by the gate advisor.
+    ReversalCost,
 }
 
 impl ToolSetting {
     /// Every setting, in the order forms show them.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Effect,
         Self::Gate,
         Self::Expires,
         Self::StepUpMaxAge,
         Self::FourEyes,
         Self::SecondApprovalAbove,
+        Self::ReversalCost,
     ];
 
     /// The registry key (under `approval:` for approval settings) and the form field name.
@@ -95,6 +98,7 @@ impl ToolSetting {
             Self::StepUpMaxAge => "step_up_max_age",
             Self::FourEyes => "four_eyes",
             Self::SecondApprovalAbove => "second_approval_above",
+            Self::ReversalCost => "reversal_cost",
         }
     }
 
@@ -102,7 +106,11 @@ impl ToolSetting {
     pub fn in_approval(self) -> bool {
         match self {
             Self::Effect | Self::Gate => false,
-            Self::Expires | Self::StepUpMaxAge | Self::FourEyes | Self::SecondApprovalAbove => true,
+            Self::Expires
+            | Self::StepUpMaxAge
+            | Self::FourEyes
+            | Self::SecondApprovalAbove
+            | Self::ReversalCost => true,
         }
     }
 
@@ -128,6 +136,10 @@ impl ToolSetting {
                 .unwrap_or_default(),
             Self::SecondApprovalAbove => approval
                 .and_then(|a| a.second_approval_above.as_ref())
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            Self::ReversalCost => approval
+                .and_then(|a| a.reversal_cost.as_ref())
                 .map(ToString::to_string)
                 .unwrap_or_default(),
         }
@@ -164,7 +176,7 @@ impl ToolSetting {
                 "false" => Y::Bool(false),
                 _ => return Err(bad()),
             },
-            Self::SecondApprovalAbove => {
+            Self::SecondApprovalAbove | Self::ReversalCost => {
                 if to.is_empty() {
                     return Ok(None);
                 }

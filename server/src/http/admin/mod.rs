@@ -30,19 +30,99 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use countersign_app::admin::{
-    Admin, AdminData, AdminSource, AgentRow, ProposalRow, RoleCol, StopState, ToolRow, VersionRow,
+    Admin, AdminData, AdminSource, AgentRow, PreviewExample, PreviewView, ProposalRow, RoleCol,
+    StopState, ToolRow, VersionRow,
 };
 use countersign_app::inbox::BoxFuture;
-use countersign_core::store::{Change, ChangeOp, StopScope, ToolSetting};
+use countersign_core::store::{Change, ChangeOp, ProposalStatus, StopScope, ToolSetting};
 use countersign_core::{AppRole, Gate, Person, Store, StoreError};
 
 use crate::AppState;
 use crate::auth::pages::page;
 use crate::auth::same_origin;
+use crate::preview::{Preview, PreviewError};
 use crate::stop::EMERGENCY_STOP;
 
 /// How many proposals, versions the page lists.
 const LIST_LIMIT: i64 = 50;
+
+/// How many pending proposals (the newest) the page previews.
+const MAX_PREVIEWS: usize = 5;
+
+/// How many examples per transition the page shows.
+const PREVIEW_EXAMPLES: usize = 3;
+
+/// A preview as the page shows it (or why there is none).
+fn preview_view(preview: Result<Preview, PreviewError>) -> PreviewView {
+    let p = match preview {
+        Ok(p) => p,
+        Err(PreviewError::Store(e)) => {
+            tracing::error!(error = %e, "admin: an impact preview failed");
+            return PreviewView {
+                error: Some("the database did not answer".into()),
+                ..PreviewView::default()
+            };
+        }
+        Err(e) => {
+            return PreviewView {
+                error: Some(e.to_string()),
+                ..PreviewView::default()
+            };
+        }
+    };
+    let counts = |m: &std::collections::BTreeMap<String, usize>| {
+        m.iter()
+            .map(|(t, n)| format!("{t} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let r = p.report;
+    PreviewView {
+        days: p.days,
+        scope: p
+            .tenant
+            .map_or_else(|| "every tenant".into(), |t| format!("tenant {t}")),
+        replayed: r.replayed,
+        changed: r.changed,
+        approximate: r.approximate,
+        rule_changed: r.rule_changed,
+        transitions: r.transitions.into_iter().collect(),
+        by_tool: r
+            .by_tool
+            .iter()
+            .map(|(k, v)| (k.clone(), counts(v)))
+            .collect(),
+        by_rule: r
+            .by_rule
+            .iter()
+            .map(|(k, v)| (k.clone(), counts(v)))
+            .collect(),
+        examples: r
+            .examples
+            .into_iter()
+            .flat_map(|(transition, examples)| {
+                examples
+                    .into_iter()
+                    .take(PREVIEW_EXAMPLES)
+                    .map(move |e| PreviewExample {
+                        transition: transition.clone(),
+                        tool: e.tool,
+                        rules: format!(
+                            "{} → {}",
+                            e.from_rule.as_deref().unwrap_or("no rule"),
+                            e.to_rule.as_deref().unwrap_or("no rule")
+                        ),
+                        run_id: e.run_id.unwrap_or_default(),
+                        record: e
+                            .record
+                            .map(|(chain, seq)| format!("{chain}#{seq}"))
+                            .unwrap_or_default(),
+                    })
+            })
+            .collect(),
+        error: None,
+    }
+}
 
 /// The store-backed [`AdminSource`].
 pub struct AdminBackend(pub AppState);
@@ -131,11 +211,30 @@ impl AdminBackend {
             None => (Vec::new(), Vec::new()),
         };
         let me = identity(person);
-        let proposals = store
-            .list_proposals(LIST_LIMIT)
-            .await?
+        // The platform's view of a change to every tenant's registry; a tenant admin's
+        // preview reads their own tenant's calls only.
+        let scope = (!person.has_role(AppRole::PlatformAdmin))
+            .then(|| person.tenant.clone().unwrap_or_default());
+        let listed = store.list_proposals(LIST_LIMIT).await?;
+        let mut previews = std::collections::HashMap::new();
+        for p in listed
+            .iter()
+            .filter(|p| p.status == ProposalStatus::Proposed)
+            .take(MAX_PREVIEWS)
+        {
+            let preview = crate::preview::preview_changes(
+                store,
+                scope.as_deref(),
+                &p.changes,
+                crate::preview::DEFAULT_DAYS,
+            )
+            .await;
+            previews.insert(p.id.clone(), preview_view(preview));
+        }
+        let proposals = listed
             .into_iter()
             .map(|p| ProposalRow {
+                preview: previews.remove(&p.id),
                 mine: p.proposer == me,
                 decision: p.decided_by.as_ref().map(|by| {
                     format!(

@@ -6,17 +6,27 @@ use countersign_core::audit::AuditRecord;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
+/// One gate (a step's wait for people) as its records tell it.
 #[derive(Default)]
-struct Gate {
-    tool: String,
-    rule: Option<String>,
-    opened: Option<i64>,
-    outcome: Option<(&'static str, i64)>,
+pub(super) struct Gate {
+    pub(super) tool: String,
+    pub(super) rule: Option<String>,
+    pub(super) run_id: Option<String>,
+    pub(super) opened: Option<i64>,
+    pub(super) outcome: Option<(&'static str, i64)>,
+    /// The rejecting person's reason.
+    pub(super) reason: Option<String>,
 }
 
 /// Gate metrics from gate records in chain order, for the days from `since` (midnight UTC)
 /// to the day of `now`.
 pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> MetricsData {
+    let gates = gates(records);
+    metrics_of(&gates, since, now)
+}
+
+/// The gates `records` (in chain order) tell of, by step.
+pub(super) fn gates(records: &[AuditRecord]) -> BTreeMap<&str, Gate> {
     let mut gates: BTreeMap<&str, Gate> = BTreeMap::new();
     for r in records {
         let Some(step) = r.step_id.as_deref() else {
@@ -25,6 +35,9 @@ pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> Metrics
         let g = gates.entry(step).or_default();
         if let Some(tool) = &r.tool {
             g.tool.clone_from(tool);
+        }
+        if g.run_id.is_none() {
+            g.run_id.clone_from(&r.run_id);
         }
         match r.event.as_str() {
             "waiting_approval" => {
@@ -48,6 +61,10 @@ pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> Metrics
             "rejected" => {
                 if g.outcome.is_none() {
                     g.outcome = Some(("rejected", r.at));
+                    g.reason = detail_of(&r.record)
+                        .get("reason")
+                        .and_then(Value::as_str)
+                        .map(str::to_string);
                 }
                 if g.rule.is_none() {
                     g.rule.clone_from(&r.rule);
@@ -57,6 +74,10 @@ pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> Metrics
             _ => {}
         }
     }
+    gates
+}
+
+fn metrics_of(gates: &BTreeMap<&str, Gate>, since: i64, now: i64) -> MetricsData {
     let days = usize::try_from((now.max(since) - since) / DAY_MS + 1).unwrap_or(1);
     let empty_days: Vec<DayCell> = (0..days)
         .map(|i| DayCell {
@@ -139,6 +160,9 @@ pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> Metrics
         tools: tools.into_values().collect(),
         latency,
         expired,
+        advice: Vec::new(),
+        shadow: Vec::new(),
+        admin: false,
     }
 }
 

@@ -15,8 +15,12 @@
 //!   with the first bad record; a tail too long to check on a page load is shown as
 //!   not checked, never as intact.
 
+mod advice;
+mod drafts;
 mod export;
 mod metrics;
+pub use advice::{Draft, draft_for};
+pub use drafts::{draft, promote};
 pub use export::export;
 use metrics::{DAY_MS, compute_metrics, detail_of};
 use std::collections::BTreeMap;
@@ -563,8 +567,9 @@ impl Views {
         })
     }
 
-    /// Gate metrics over `tenant`'s runs for the window ending today (the store's clock).
-    pub async fn gate_metrics(&self, tenant: &str) -> Result<MetricsData, StoreError> {
+    /// Gate metrics over `tenant`'s runs for the window ending today (the store's clock),
+    /// with the gate advisor and the shadow rules' would-decisions.
+    pub async fn gate_metrics(&self, tenant: &str, admin: bool) -> Result<MetricsData, StoreError> {
         let store = &self.0.store;
         let now = store.clock().now_ms();
         let today = now.div_euclid(DAY_MS) * DAY_MS;
@@ -574,7 +579,14 @@ impl Views {
         let records = store
             .gate_records(Some(tenant), since - WINDOW_DAYS * DAY_MS)
             .await?;
-        Ok(compute_metrics(&records, since, now))
+        let mut data = compute_metrics(&records, since, now);
+        let loaded = self.0.registry.current();
+        let bundle = loaded.as_ref().map(|l| &l.bundle);
+        data.advice = advice::advice_rows(&metrics::gates(&records), since, now, bundle);
+        let shadowed = store.shadow_records(tenant, since).await?;
+        data.shadow = advice::shadow_rows(&shadowed, bundle);
+        data.admin = admin;
+        Ok(data)
     }
 }
 
@@ -619,9 +631,13 @@ impl AuditSource for Views {
 }
 
 impl MetricsSource for Views {
-    fn metrics<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<MetricsData, String>> {
+    fn metrics<'a>(
+        &'a self,
+        tenant: &'a str,
+        admin: bool,
+    ) -> BoxFuture<'a, Result<MetricsData, String>> {
         Box::pin(async move {
-            self.gate_metrics(tenant)
+            self.gate_metrics(tenant, admin)
                 .await
                 .map_err(opaque("metrics: reading gates"))
         })

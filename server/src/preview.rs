@@ -1,0 +1,120 @@
+//! Impact preview over the database (issue 33): the calls recorded in a window, replayed
+//! through the bundle in force and a proposed one ([`countersign_core::preview`]), for the
+//! `registry preview` command and the admin page's proposals.
+//!
+//! Invariants:
+//! * Only reads: nothing is executed, no adapter is called, nothing is written.
+//! * A tenant scope reads that tenant's records only; `None` (the platform's view: the
+//!   operator's CLI, a platform admin) reads every tenant's.
+//! * The base is the version in force now, read from the database (not this process's copy):
+//!   a proposal is previewed against what its approval would replace.
+
+use countersign_core::Store;
+use countersign_core::StoreError;
+use countersign_core::bundle::{Bundle, BundleSources};
+use countersign_core::preview::{Replay, Report};
+use countersign_core::store::{Change, apply_changes};
+
+/// The window a preview replays when none is given.
+pub const DEFAULT_DAYS: i64 = 30;
+
+/// The longest window a preview replays.
+pub const MAX_DAYS: i64 = 366;
+
+/// A preview's report and what it covered.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Preview {
+    /// The version in force the proposal was compared with.
+    pub base_version: i64,
+    /// Days replayed, back from now.
+    pub days: i64,
+    /// The tenant whose calls were replayed (`None`: every tenant's).
+    pub tenant: Option<String>,
+    /// What changes.
+    #[serde(flatten)]
+    pub report: Report,
+}
+
+/// Why a preview could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PreviewError {
+    /// The database holds no registry yet.
+    #[error("the database holds no registry yet: nothing to compare with")]
+    NoRegistry,
+    /// The proposed or stored bundle does not load.
+    #[error("{0}")]
+    Invalid(String),
+    /// The window is outside 1..=366 days.
+    #[error("the window must be 1 to {MAX_DAYS} days")]
+    Window,
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The bundle in force, its version and texts.
+async fn base(store: &Store) -> Result<(i64, BundleSources, Bundle), PreviewError> {
+    let (version, sources) = store
+        .current_bundle()
+        .await?
+        .ok_or(PreviewError::NoRegistry)?;
+    let bundle = Bundle::load(sources.clone()).map_err(|e| {
+        PreviewError::Invalid(format!("registry version {version} does not load: {e}"))
+    })?;
+    Ok((version, sources, bundle))
+}
+
+/// What `proposed` would have decided differently over the last `days` days of `tenant`'s
+/// (or every tenant's) recorded calls.
+pub async fn preview(
+    store: &Store,
+    tenant: Option<&str>,
+    proposed: BundleSources,
+    days: i64,
+) -> Result<Preview, PreviewError> {
+    if !(1..=MAX_DAYS).contains(&days) {
+        return Err(PreviewError::Window);
+    }
+    let proposed = Bundle::load(proposed)
+        .map_err(|e| PreviewError::Invalid(crate::registry::problem_lines(&e).join("\n")))?;
+    let (base_version, _, base) = base(store).await?;
+    replay_window(store, tenant, base_version, &base, &proposed, days).await
+}
+
+/// The preview of a proposal's `changes` applied to the version in force.
+pub async fn preview_changes(
+    store: &Store,
+    tenant: Option<&str>,
+    changes: &[Change],
+    days: i64,
+) -> Result<Preview, PreviewError> {
+    if !(1..=MAX_DAYS).contains(&days) {
+        return Err(PreviewError::Window);
+    }
+    let (base_version, sources, base) = base(store).await?;
+    let proposed = apply_changes(&sources, changes)
+        .and_then(|s| Bundle::load(s).map_err(|e| e.to_string()))
+        .map_err(PreviewError::Invalid)?;
+    replay_window(store, tenant, base_version, &base, &proposed, days).await
+}
+
+async fn replay_window(
+    store: &Store,
+    tenant: Option<&str>,
+    base_version: i64,
+    base: &Bundle,
+    proposed: &Bundle,
+    days: i64,
+) -> Result<Preview, PreviewError> {
+    let since = store.clock().now_ms() - days * 86_400_000;
+    let mut replay = Replay::new(base, proposed);
+    store
+        .recorded_calls(tenant, since, |call| replay.call(&call))
+        .await?;
+    Ok(Preview {
+        base_version,
+        days,
+        tenant: tenant.map(str::to_string),
+        report: replay.finish(),
+    })
+}
