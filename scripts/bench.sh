@@ -23,7 +23,7 @@ step() { echo "bench: $*" >&2; }
 
 step "building the benches (release)"
 cargo bench -p countersign --no-run >&2
-cargo bench -p countersign-core --bench decide --bench audit_verify --bench audit_chains --no-run >&2
+cargo bench -p countersign-core --bench decide --bench audit_verify --bench audit_chains --bench replay --no-run >&2
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 step "gateway_load"
@@ -53,6 +53,8 @@ step "render (seeds 10,000 gates and 1,000,000 audit records per backend)"
 cargo bench -p countersign --bench render >"$logs/render.md"
 step "decide (criterion)"
 cargo bench -p countersign-core --bench decide >"$logs/decide.txt"
+step "replay (impact preview, 100,000 recorded calls)"
+cargo bench -p countersign-core --bench replay >"$logs/replay.md"
 step "audit_verify (criterion)"
 cargo bench -p countersign-core --bench audit_verify >"$logs/audit.txt"
 step "audit_chains (1 vs 8 tenants, 1 vs 2 stores)"
@@ -129,6 +131,9 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo '```'
   echo
   echo "Reproduce: \`cargo bench -p countersign-core --bench decide\`."
+  echo
+  cat "$logs/replay.md"
+  echo "Reproduce: \`cargo bench -p countersign-core --bench replay\` (\`BENCH_CALLS\`)."
   echo
   echo "### Audit chain verification (core, criterion)"
   echo

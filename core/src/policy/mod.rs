@@ -152,12 +152,17 @@ impl Outcome {
     }
 }
 
-/// A shadow rule: its id and rule, and the policies in force with it added.
+/// A shadow rule: its id and rule, itself alone, and the policies in force with it added.
 struct Shadow {
     id: PolicyId,
     rule: Rule,
+    alone: PolicySet,
     with: PolicySet,
 }
+
+/// The Cedar requests of one call (one per target resource), built once and put to each
+/// policy set that decides it.
+type Prepared = Result<Vec<(cedar::Request, Entities)>, InputError>;
 
 /// A loaded, validated policy set.
 pub struct PolicyEngine {
@@ -236,9 +241,12 @@ impl PolicyEngine {
             };
             let mut with = enforced.clone();
             with.add(policy.clone()).map_err(cedar_err)?;
+            let mut alone = PolicySet::new();
+            alone.add(policy.clone()).map_err(cedar_err)?;
             shadows.push(Shadow {
                 rule: rule.clone(),
                 id,
+                alone,
                 with,
             });
         }
@@ -286,9 +294,27 @@ impl PolicyEngine {
     /// Rules on `req` with the policies in force, then lists what each shadow rule would have
     /// decided otherwise. Pure: no I/O, no clock.
     pub fn decide(&self, req: &Request) -> DecisionReport {
-        let mut report = self.decide_with(&self.policies, req);
+        if let Some(report) = floor_before_cedar(req) {
+            return report;
+        }
+        let prepared = self.prepare(req);
+        let mut report = self.decide_with(&self.policies, req, &prepared);
         for shadow in &self.shadows {
-            let would = self.decide_with(&shadow.with, req).decision;
+            // A rule that neither matches nor errs on its own adds nothing to the set in
+            // force: only a rule that does is decided with it (one small evaluation per
+            // shadow rule per call, the full one only when it could matter).
+            if let Ok(requests) = &prepared
+                && !requests.iter().any(|(request, entities)| {
+                    let r = self
+                        .authorizer
+                        .is_authorized(request, &shadow.alone, entities);
+                    r.diagnostics().reason().next().is_some()
+                        || r.diagnostics().errors().next().is_some()
+                })
+            {
+                continue;
+            }
+            let would = self.decide_with(&shadow.with, req, &prepared).decision;
             if would.kind() != report.decision.kind() {
                 report.shadow.push(ShadowHit {
                     id: shadow.id.to_string(),
@@ -301,32 +327,13 @@ impl PolicyEngine {
     }
 
     /// Rules on `req` with the policies of `set`.
-    fn decide_with(&self, set: &PolicySet, req: &Request) -> DecisionReport {
-        // 1. Floors before Cedar.
-        if !req.tool.listed_for_role {
-            return floor(Rule::TOOL_NOT_LISTED);
-        }
-        if !req.schema_errors.is_empty() {
-            return DecisionReport {
-                decision: Decision::Deny(Rule::INPUT_SCHEMA),
-                policy_ids: Vec::new(),
-                errors: req.schema_errors.clone(),
-                shadow: Vec::new(),
-            };
-        }
-        if req
-            .resources
-            .iter()
-            .any(|r| r.tenant != req.principal.tenant)
-        {
-            return floor(Rule::TENANT_MISMATCH);
-        }
-
+    /// Rules on `req` (past the floors before Cedar) with the policies of `set`.
+    fn decide_with(&self, set: &PolicySet, req: &Request, prepared: &Prepared) -> DecisionReport {
         // 2. Cedar.
         let mut policy_ids = Vec::new();
         let mut errors = Vec::new();
-        let outcome = match self.evaluate(set, req, &mut policy_ids, &mut errors) {
-            Ok(outcome) => outcome,
+        let outcome = match prepared {
+            Ok(requests) => self.evaluate(set, requests, &mut policy_ids, &mut errors),
             Err(e) => {
                 errors.push(e.to_string());
                 Outcome::Error
@@ -373,14 +380,29 @@ impl PolicyEngine {
         }
     }
 
-    /// Runs Cedar once per target resource and keeps the most restrictive outcome.
+    /// Runs Cedar on each of `requests` (one per target resource) and keeps the most
+    /// restrictive outcome.
     fn evaluate(
         &self,
         set: &PolicySet,
-        req: &Request,
+        requests: &[(cedar::Request, Entities)],
         policy_ids: &mut Vec<String>,
         errors: &mut Vec<String>,
-    ) -> Result<Outcome, InputError> {
+    ) -> Outcome {
+        let mut worst = Outcome::Allow;
+        for (request, entities) in requests {
+            let response = self.authorizer.is_authorized(request, set, entities);
+            let outcome = self.outcome(&response, policy_ids, errors);
+            if outcome.rank() < worst.rank() {
+                worst = outcome;
+            }
+        }
+        worst
+    }
+
+    /// The Cedar requests of `req`: one per resource it points at, or one against
+    /// `Tool::"<name>"` when it points at none.
+    fn prepare(&self, req: &Request) -> Prepared {
         let principal = input::principal_entity(&self.names, &req.principal)?;
         let action_uid = input::uid(&self.names.action, &req.tool.name);
         let context = input::context(req)?;
@@ -393,7 +415,7 @@ impl PolicyEngine {
                 .collect::<Result<_, _>>()?
         };
 
-        let mut worst = Outcome::Allow;
+        let mut requests = Vec::with_capacity(targets.len());
         for target in targets {
             let resource_uid = target.uid();
             let mut entities = vec![principal.clone(), target];
@@ -410,13 +432,9 @@ impl PolicyEngine {
                 None,
             )
             .map_err(|e| InputError::Cedar(e.to_string()))?;
-            let response = self.authorizer.is_authorized(&request, set, &entities);
-            let outcome = self.outcome(&response, policy_ids, errors);
-            if outcome.rank() < worst.rank() {
-                worst = outcome;
-            }
+            requests.push((request, entities));
         }
-        Ok(worst)
+        Ok(requests)
     }
 
     fn outcome(
@@ -592,6 +610,30 @@ impl Annotated {
         self.meta.insert(pid, m);
         Ok(())
     }
+}
+
+/// Step 1, the floors before Cedar: the tool not listed for the role, arguments that do not
+/// fit the schema, a resource of another tenant.
+fn floor_before_cedar(req: &Request) -> Option<DecisionReport> {
+    if !req.tool.listed_for_role {
+        return Some(floor(Rule::TOOL_NOT_LISTED));
+    }
+    if !req.schema_errors.is_empty() {
+        return Some(DecisionReport {
+            decision: Decision::Deny(Rule::INPUT_SCHEMA),
+            policy_ids: Vec::new(),
+            errors: req.schema_errors.clone(),
+            shadow: Vec::new(),
+        });
+    }
+    if req
+        .resources
+        .iter()
+        .any(|r| r.tenant != req.principal.tenant)
+    {
+        return Some(floor(Rule::TENANT_MISMATCH));
+    }
+    None
 }
 
 fn floor(rule: Rule) -> DecisionReport {

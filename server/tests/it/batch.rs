@@ -491,8 +491,8 @@ async fn batch_answers_steps_of_tools_the_approver_cannot_approve_as_missing() {
         // Holds are now decided by controllers only; Ana is an approver, not a controller.
         crate::helpers::use_finance_registry_with(
             &app,
-            "    approval:\n      approver_roles: [approver]\n      expires: 72h\n    handler: {provider: erp, operation: invoices.hold}",
-            "    approval:\n      approver_roles: [controller]\n      expires: 72h\n    handler: {provider: erp, operation: invoices.hold}",
+            "    approval:\n      approver_roles: [approver]\n      expires: 72h\n      reversal_cost: 5\n    handler: {provider: erp, operation: invoices.hold}",
+            "    approval:\n      approver_roles: [controller]\n      expires: 72h\n      reversal_cost: 5\n    handler: {provider: erp, operation: invoices.hold}",
         )
         .await;
 

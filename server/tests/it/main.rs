@@ -3,6 +3,7 @@
 
 mod adapters;
 mod admin;
+mod advisor;
 mod approvals;
 mod audit;
 mod auth;

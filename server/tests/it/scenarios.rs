@@ -178,8 +178,9 @@ expect:
 }
 
 /// `demo = true`: on an empty database the server plays the finance demo at start — one paid
-/// run, one payment waiting in the inbox, one refused injection attempt — and never again
-/// once the database has runs.
+/// run, one payment waiting in the inbox, one refused injection attempt, then the gate
+/// history (30 gated holds, one rejected) and the advisor's drafted proposal with a non-empty
+/// impact preview — and never again once the database has runs.
 #[tokio::test]
 async fn scenarios_the_demo_seeds_an_empty_database_once() {
     use countersign::adapters::builtin::ERP;
@@ -194,24 +195,57 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
             continue;
         };
         let began = std::time::Instant::now();
-        let refused = loop {
-            let refused = app
-                .store
-                .steps_in_status(StepStatus::Refused, 10)
-                .await
-                .unwrap();
-            if !refused.is_empty() {
-                break refused;
+        // The demo's last act: Max drafts the advisor's proposal.
+        let proposal = loop {
+            if let Some(p) = app.store.list_proposals(10).await.unwrap().pop() {
+                break p;
             }
             assert!(
-                began.elapsed() < std::time::Duration::from_secs(30),
-                "{backend:?}: the demo never got to the injection"
+                began.elapsed() < std::time::Duration::from_secs(90),
+                "{backend:?}: the demo never got to the advisor's draft"
             );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         };
-        assert_eq!(refused.len(), 1);
-        assert_eq!(refused[0].tool, "supplier.update_iban");
-        assert_eq!(refused[0].rule.as_deref(), Some("review.rejected"));
+        assert!(
+            proposal.note.starts_with("gate advisor:"),
+            "{}",
+            proposal.note
+        );
+        let preview =
+            countersign::preview::preview_changes(&app.store, Some("acme"), &proposal.changes, 30)
+                .await
+                .unwrap();
+        assert_eq!(
+            preview.report.transitions.get("require_approval->allow"),
+            Some(&countersign::demo::HOLDS),
+            "{preview:?}"
+        );
+        let mut refused: Vec<(String, Option<String>)> = app
+            .store
+            .steps_in_status(StepStatus::Refused, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.tool, s.rule))
+            .collect();
+        refused.sort();
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert_eq!(refused[0].0, "invoice.hold", "Pat's rejected hold");
+        assert_eq!(
+            refused[1],
+            (
+                "supplier.update_iban".into(),
+                Some("review.rejected".into())
+            )
+        );
+        assert_eq!(
+            app.store
+                .demo_effects(ERP, "invoices.hold")
+                .await
+                .unwrap()
+                .len(),
+            countersign::demo::HOLDS - 1
+        );
         let paid = app
             .store
             .demo_effects(ERP, "payments.schedule")
@@ -240,7 +274,7 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
             .await
             .unwrap()
             .into_iter()
-            .filter(|r| r.event == "approved")
+            .filter(|r| r.event == "approved" && r.tool.as_deref() == Some("payment.schedule"))
             .collect();
         assert_eq!(approvals.len(), 1);
         assert!(approvals[0].actor.as_deref().unwrap().contains("ana"));
