@@ -22,6 +22,12 @@ pub struct GateRow {
     pub tool: String,
     /// Amount with currency, e.g. `4,180.00 EUR`, when the inputs carry one.
     pub amount: Option<String>,
+    /// The amount in exact minor units of `currency` (for a selection's total).
+    pub amount_minor: Option<i64>,
+    /// The amount's currency.
+    pub currency: Option<String>,
+    /// The currency's minor-unit exponent (2 for EUR).
+    pub exponent: u32,
     /// What the call acts on (invoice, supplier…), e.g. `invoice INV-1`.
     pub target: Option<String>,
     /// Countdown text, e.g. `expires in 71 h`.
@@ -328,6 +334,11 @@ pub fn error_text(code: &str) -> Option<&'static str> {
         "expired" => "The approval window closed. Nothing was decided.",
         "not_waiting" => "This step is no longer waiting for approval.",
         "not_found" => "There is no such gate waiting for you.",
+        "batch_empty" => "Tick the gates to decide together first. Nothing was decided.",
+        "batch_tools" => {
+            "A batch decides gates of one tool: tick gates of a single tool. Nothing was decided."
+        }
+        "batch_refused" => "The batch was refused as a whole. Nothing was decided.",
         "unavailable" => "The database did not answer. Nothing was decided; try again.",
         _ => return None,
     })

@@ -282,9 +282,22 @@ pub fn chart_svg(series: &Series, id: &str) -> String {
 #[component]
 pub fn MetricsPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| load_metrics());
+    let query = crate::query::use_page_query();
+    // Fixed sentences for known codes only; nothing from the query string is shown.
+    let message = move || {
+        if let Some(text) = query.get("error").and_then(|c| advisor::error_text(&c)) {
+            return Some(view! {
+                <p role="alert" data-testid="error" class="rounded border border-red-300 bg-red-50 p-3 font-medium text-red-900">{text}</p>
+            }.into_any());
+        }
+        query.get("done").and_then(|c| advisor::notice_text(&c)).map(|text| view! {
+            <p role="status" data-testid="notice" class="rounded border border-emerald-300 bg-emerald-50 p-3 font-medium text-emerald-900">{text}</p>
+        }.into_any())
+    };
     view! {
         <section class="space-y-6">
             <h1 class="text-2xl font-semibold">"Gate metrics"</h1>
+            {message}
             <Suspense fallback=|| view! { <p class="text-slate-600">"Loading metrics…"</p> }>
                 {move || Suspend::new(async move {
                     match data.await {

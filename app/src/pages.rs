@@ -73,10 +73,13 @@ pub fn Inbox() -> impl IntoView {
     let gates = Resource::new(|| (), |_| load_gates());
     let query = use_page_query();
     let notice = move || {
+        if let Some(text) = query.get("error").and_then(|code| error_text(&code)) {
+            return Some(view! { <Problem text/> }.into_any());
+        }
         query
             .get("done")
             .and_then(|code| notice_text(&code))
-            .map(|text| view! { <Notice text/> })
+            .map(|text| view! { <Notice text/> }.into_any())
     };
     view! {
         <section class="space-y-4">
@@ -145,6 +148,19 @@ fn inbox_keys() {
                     focus(Some(button));
                 }
             }
+            "x" => {
+                // Ticks (or unticks) the row of the focused gate link, for a batch decision.
+                let tick = doc
+                    .active_element()
+                    .filter(|a| a.id().starts_with("gate-link-"))
+                    .and_then(|a| a.closest("tr").ok().flatten())
+                    .and_then(|row| row.query_selector("input[type=checkbox]").ok().flatten())
+                    .and_then(|b| b.dyn_into::<leptos::web_sys::HtmlElement>().ok());
+                if let Some(b) = tick {
+                    ev.prevent_default();
+                    b.click();
+                }
+            }
             _ => {}
         }
     });
@@ -202,7 +218,8 @@ fn KeyboardHelp() -> impl IntoView {
             "Keyboard: " <kbd class="rounded border px-1">"j"</kbd> " / "
             <kbd class="rounded border px-1">"k"</kbd> " move between gates, "
             <kbd class="rounded border px-1">"a"</kbd> " / " <kbd class="rounded border px-1">"r"</kbd>
-            " go to approve / reject (after the reason)."
+            " go to approve / reject (after the reason), "
+            <kbd class="rounded border px-1">"x"</kbd> " ticks the gate for a batch decision."
         </p>
     }
 }
@@ -282,13 +299,59 @@ fn poll_gates(rows: RwSignal<Vec<GateRow>>) {
     }
 }
 
+/// The form the list's batch decision posts to.
+const BATCH_PATH: &str = "/inbox/batch";
+
+/// What the ticked gates add up to: `3 selected (invoice.hold) · total 4,000.00 EUR`.
+fn selection_text(rows: &[GateRow], ticked: &std::collections::BTreeSet<String>) -> String {
+    let chosen: Vec<&GateRow> = rows
+        .iter()
+        .filter(|r| ticked.contains(&r.step_id))
+        .collect();
+    if chosen.is_empty() {
+        return "Tick gates of one tool (x ticks the focused row) to decide them together.".into();
+    }
+    let mut tools: Vec<&str> = chosen.iter().map(|r| r.tool.as_str()).collect();
+    tools.sort_unstable();
+    tools.dedup();
+    let mut totals: std::collections::BTreeMap<(&str, u32), i64> =
+        std::collections::BTreeMap::new();
+    for r in &chosen {
+        if let (Some(minor), Some(c)) = (r.amount_minor, r.currency.as_deref()) {
+            *totals.entry((c, r.exponent)).or_default() += minor;
+        }
+    }
+    let total = totals
+        .iter()
+        .filter_map(|((c, exponent), minor)| {
+            let exponent = i32::try_from(*exponent).unwrap_or(2);
+            crate::inbox::format_amount(*minor as f64 / 10f64.powi(exponent), Some(c))
+        })
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let mut text = format!("{} selected ({})", chosen.len(), tools.join(", "));
+    if !total.is_empty() {
+        text.push_str(&format!(" · total {total}"));
+    }
+    if tools.len() > 1 {
+        text.push_str(" — a batch decides gates of one tool: untick the others");
+    }
+    text
+}
+
 #[component]
 fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
+    let ticked = RwSignal::new(std::collections::BTreeSet::<String>::new());
+    provide_context(ticked);
+    let summary = move || rows.with(|all| ticked.with(|t| selection_text(all, t)));
     view! {
+        <form method="post" action=BATCH_PATH id="batch" class="space-y-3">
+        <div class="overflow-x-auto">
         <table class="w-full border-collapse overflow-hidden rounded border border-slate-200 bg-white text-left text-sm">
             <caption class="sr-only">"Gated calls waiting for approval, oldest first"</caption>
             <thead class="bg-slate-100 text-slate-700">
                 <tr>
+                    <th scope="col" class="px-3 py-2"><span class="sr-only">"Select"</span></th>
                     <th scope="col" class="px-3 py-2">"Tool"</th>
                     <th scope="col" class="px-3 py-2 text-right">"Amount"</th>
                     <th scope="col" class="px-3 py-2">"Target"</th>
@@ -305,6 +368,24 @@ fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
                 </For>
             </tbody>
         </table>
+        </div>
+        <fieldset class="space-y-2 rounded border border-slate-200 bg-white p-3" data-testid="batch-panel">
+            <legend class="px-1 text-sm font-medium">"Decide the ticked gates together"</legend>
+            <p class="text-sm" role="status" aria-live="polite" data-testid="batch-summary">{summary}</p>
+            <div class="flex flex-wrap items-end gap-2">
+                <div class="flex flex-col text-sm">
+                    <label for="batch-reason">"Reason (recorded on each decision)"</label>
+                    <input id="batch-reason" name="reason" class="rounded border border-slate-500 bg-white px-2 py-1 text-sm focus:outline-none focus:ring-2 focus:ring-indigo-500" data-testid="batch-reason"/>
+                </div>
+                <button type="submit" name="verdict" value="approved" data-testid="batch-approve" class="rounded bg-indigo-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-500 focus:ring-offset-2">
+                    "Approve ticked"
+                </button>
+                <button type="submit" name="verdict" value="rejected" data-testid="batch-reject" class="rounded border border-slate-400 bg-white px-3 py-1.5 text-sm font-medium text-slate-900 hover:bg-slate-100 focus:outline-none focus:ring-2 focus:ring-indigo-500">
+                    "Reject ticked"
+                </button>
+            </div>
+        </fieldset>
+        </form>
     }
 }
 
@@ -338,12 +419,38 @@ fn GateLine(row: GateRow, rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
                 .unwrap_or_default()
         })
     };
+    let ticked = use_context::<RwSignal<std::collections::BTreeSet<String>>>();
+    let select_label = format!("Select{}", review_name(&row));
+    let tick_id = row.step_id.clone();
+    let on_tick = move |ev: leptos::ev::Event| {
+        let on = event_target_checked(&ev);
+        if let Some(t) = ticked {
+            t.update(|set| {
+                if on {
+                    set.insert(tick_id.clone());
+                } else {
+                    set.remove(&tick_id);
+                }
+            });
+        }
+    };
     view! {
         <tr
             data-testid="gate-row"
             data-step-id=row.step_id.clone()
             class="border-t border-slate-200 focus-within:bg-indigo-50"
         >
+            <td class="px-3 py-2">
+                <input
+                    type="checkbox"
+                    name="step"
+                    value=row.step_id.clone()
+                    aria-label=select_label
+                    data-testid="gate-select"
+                    on:change=on_tick
+                    class="h-4 w-4 focus:outline-none focus:ring-2 focus:ring-indigo-500"
+                />
+            </td>
             <td class="px-3 py-2 font-mono">{row.tool.clone()}</td>
             <td data-testid="gate-amount" class="px-3 py-2 text-right tabular-nums">
                 {row.amount.clone().unwrap_or_else(|| "—".into())}

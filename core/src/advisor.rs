@@ -73,7 +73,8 @@ pub fn advise(decided: u32, rejected: u32, k: Option<f64>) -> Advice {
     let Some((lo, hi)) = wilson(decided, rejected).filter(|_| decided >= MIN_DECISIONS) else {
         return Advice::TooFew;
     };
-    let Some(k) = k.filter(|k| k.is_finite() && *k >= 0.0) else {
+    // A cost of nothing says nothing: no gate could pay for it.
+    let Some(k) = k.filter(|k| k.is_finite() && *k > 0.0) else {
         return Advice::NoCost;
     };
     if lo * k > 1.0 {
@@ -124,8 +125,9 @@ mod tests {
         assert_eq!(advise(100, 40, Some(10.0)), Advice::Pays);
         // Too few decisions, whatever they say.
         assert_eq!(advise(MIN_DECISIONS - 1, 10, Some(10.0)), Advice::TooFew);
-        // No reversal cost.
+        // No reversal cost, or one of nothing.
         assert_eq!(advise(100, 40, None), Advice::NoCost);
+        assert_eq!(advise(100, 100, Some(0.0)), Advice::NoCost);
         // r ≈ 0 but an expensive reversal: the interval's upper bound still pays.
         assert_eq!(advise(100, 0, Some(1000.0)), Advice::Undecided);
     }

@@ -59,6 +59,7 @@ mod chain;
 mod check;
 pub mod checkpoint;
 mod full;
+pub mod members;
 pub mod merkle;
 pub mod note;
 mod read;

@@ -168,7 +168,7 @@ pub fn outcome(bundle: &Bundle, call: &RecordedCall) -> Outcome {
         return Outcome::Invalid;
     }
     let inputs = call.inputs.clone().unwrap_or_default();
-    let report = bundle.policy.decide(&Request {
+    let report = bundle.policy.decide_enforced(&Request {
         principal: Principal {
             kind: PrincipalKind::Agent,
             id: call.agent_id.clone(),

@@ -103,3 +103,46 @@ test('the creator of an agent credential cannot countersign its payment; the gat
   await decide(page, step, 'reject');
   await expect(page).toHaveURL(/\/inbox\?done=rejected$/);
 });
+
+test('ana ticks three gates of one tool, sees their total, approves them at once; the one she may not countersign is refused and keeps waiting', async ({ page, baseURL }) => {
+  const token = agentToken();
+  const session = await mcpSession(baseURL!, token, 'e2e-batch');
+  // Ana created this credential: its payment needs another approver (a duty, checked per step).
+  const own = agentToken('worker.finance', 'person:urn:countersign:demo#ana');
+  const ownSession = await mcpSession(baseURL!, own, 'e2e-batch-own');
+  const reason = 'Freight June instalment agreed with the supplier';
+  const a = await gatedPayment(baseURL!, token, session, 2, payment('INV-20260612', 1200.0, reason, '2026-06-30'));
+  const b = await gatedPayment(baseURL!, token, session, 3, payment('INV-20260612', 1300.0, reason, '2026-06-30'));
+  const c = await gatedPayment(baseURL!, own, ownSession, 2, payment('INV-20260612', 1400.0, reason, '2026-06-30'));
+
+  await signIn(page, /Sign in as Ana/, '/inbox');
+  await expect(page.getByTestId('gate-count')).toHaveAttribute('data-live', 'on');
+  for (const step of [a, b, c]) {
+    await page.locator(`[data-testid="gate-row"][data-step-id="${step}"]`).getByTestId('gate-select').check();
+  }
+  await expect(page.getByTestId('batch-summary')).toHaveText('3 selected (payment.schedule) · total 3,900.00 EUR');
+  await page.getByTestId('batch-reason').fill('Freight instalments checked against PO-77813');
+  await page.screenshot({ path: shot('inbox-batch'), fullPage: true });
+  await page.getByTestId('batch-approve').click();
+
+  await expect(page.getByRole('heading', { name: 'Batch decision' })).toBeVisible();
+  await expect(page.getByRole('status')).toHaveText('2 of 3 gate(s) approved; 1 not decided, still waiting.');
+  await expect(page.getByTestId('batch-done')).toHaveCount(2);
+  await expect(page.getByTestId('batch-refused')).toContainText('1,400.00 EUR');
+  await page.screenshot({ path: shot('inbox-batch-result'), fullPage: true });
+
+  // The approved ones left the inbox (they run on the agent's next call; not run here: the
+  // invoice is paid by a later spec); the refused one still waits.
+  await page.goto('/inbox');
+  await expect(page.locator(`[data-testid="gate-row"][data-step-id="${a}"]`)).toHaveCount(0);
+  await expect(page.locator(`[data-testid="gate-row"][data-step-id="${b}"]`)).toHaveCount(0);
+  const waits = await mcp(baseURL!, own, ownSession, 3, 'tools/call', { name: 'payment.schedule', arguments: payment('INV-20260612', 1400.0, reason, '2026-06-30') });
+  expect(waits.reply.result.structuredContent.status).toBe('needs_approval');
+
+  // Stopping is always safe: she rejects it in a batch of one.
+  await expect(page.getByTestId('gate-count')).toHaveAttribute('data-live', 'on');
+  await page.locator(`[data-testid="gate-row"][data-step-id="${c}"]`).getByTestId('gate-select').check();
+  await page.getByTestId('batch-reason').fill('Ana created this agent: not hers to countersign');
+  await page.getByTestId('batch-reject').click();
+  await expect(page.getByRole('status')).toHaveText('1 of 1 gate(s) rejected; 0 not decided, still waiting.');
+});

@@ -21,6 +21,18 @@ pub const DEFAULT_DAYS: i64 = 30;
 /// The longest window a preview replays.
 pub const MAX_DAYS: i64 = 366;
 
+const DAY_MS: i64 = 86_400_000;
+
+/// Which recorded calls a preview replays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// The last N days (1 to [`MAX_DAYS`]).
+    Days(i64),
+    /// Everything recorded since this instant (Unix ms; an operator's explicit choice, so
+    /// not bounded by [`MAX_DAYS`]).
+    Since(i64),
+}
+
 /// A preview's report and what it covered.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Preview {
@@ -47,6 +59,17 @@ pub enum PreviewError {
     /// The window is outside 1..=366 days.
     #[error("the window must be 1 to {MAX_DAYS} days")]
     Window,
+    /// The proposal was made against another version than the one in force: replaying it
+    /// on this one would not show what it proposed.
+    #[error(
+        "superseded: the registry changed since it was proposed (it was made against version {proposed_on}, version {current} is in force)"
+    )]
+    Superseded {
+        /// The version it was made against.
+        proposed_on: i64,
+        /// The version in force.
+        current: i64,
+    },
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -70,32 +93,47 @@ pub async fn preview(
     store: &Store,
     tenant: Option<&str>,
     proposed: BundleSources,
-    days: i64,
+    window: Window,
 ) -> Result<Preview, PreviewError> {
-    if !(1..=MAX_DAYS).contains(&days) {
-        return Err(PreviewError::Window);
-    }
+    let since = since_ms(store, window)?;
     let proposed = Bundle::load(proposed)
         .map_err(|e| PreviewError::Invalid(crate::registry::problem_lines(&e).join("\n")))?;
     let (base_version, _, base) = base(store).await?;
-    replay_window(store, tenant, base_version, &base, &proposed, days).await
+    replay_window(store, tenant, base_version, &base, &proposed, since).await
 }
 
-/// The preview of a proposal's `changes` applied to the version in force.
+/// The preview of a proposal's `changes` applied to the version in force — refused as
+/// [`PreviewError::Superseded`] when it was made against another version (`proposed_on`).
 pub async fn preview_changes(
     store: &Store,
     tenant: Option<&str>,
+    proposed_on: Option<i64>,
     changes: &[Change],
-    days: i64,
+    window: Window,
 ) -> Result<Preview, PreviewError> {
-    if !(1..=MAX_DAYS).contains(&days) {
-        return Err(PreviewError::Window);
-    }
+    let since = since_ms(store, window)?;
     let (base_version, sources, base) = base(store).await?;
+    if let Some(proposed_on) = proposed_on.filter(|v| *v != base_version) {
+        return Err(PreviewError::Superseded {
+            proposed_on,
+            current: base_version,
+        });
+    }
     let proposed = apply_changes(&sources, changes)
         .and_then(|s| Bundle::load(s).map_err(|e| e.to_string()))
         .map_err(PreviewError::Invalid)?;
-    replay_window(store, tenant, base_version, &base, &proposed, days).await
+    replay_window(store, tenant, base_version, &base, &proposed, since).await
+}
+
+/// The first instant `window` replays, checked against [`MAX_DAYS`].
+fn since_ms(store: &Store, window: Window) -> Result<i64, PreviewError> {
+    let now = store.clock().now_ms();
+    let since = match window {
+        Window::Days(days) if (1..=MAX_DAYS).contains(&days) => now - days * DAY_MS,
+        Window::Since(at) if at < now => at,
+        _ => return Err(PreviewError::Window),
+    };
+    Ok(since)
 }
 
 async fn replay_window(
@@ -104,9 +142,9 @@ async fn replay_window(
     base_version: i64,
     base: &Bundle,
     proposed: &Bundle,
-    days: i64,
+    since: i64,
 ) -> Result<Preview, PreviewError> {
-    let since = store.clock().now_ms() - days * 86_400_000;
+    let days = (store.clock().now_ms() - since + DAY_MS - 1) / DAY_MS;
     let mut replay = Replay::new(base, proposed);
     store
         .recorded_calls(tenant, since, |call| replay.call(&call))

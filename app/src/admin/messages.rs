@@ -55,6 +55,10 @@ pub fn error_text(code: &str) -> Option<&'static str> {
         "person" => "Name the person as ISSUER#SUBJECT. Nothing was changed.",
         "not_pending" => "This proposal is no longer waiting for a decision.",
         "not_found" => "There is no such proposal, tool or credential.",
+        "not_shadow" => {
+            "That is not a shadow rule of the version in force (or its @shadow could not be \
+             removed cleanly). Nothing was proposed."
+        }
         "verdict" => "Choose approve or reject. Nothing was decided.",
         "agent" => {
             "The credential could not be created: name, a known role and a tenant are \

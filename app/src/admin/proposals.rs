@@ -214,7 +214,7 @@ fn Preview(preview: PreviewView) -> AnyView {
             <table class="text-left text-sm">
                 <caption class="text-left font-medium">{caption}</caption>
                 <tbody>
-                    {rows.into_iter().map(|(k, v)| view! { <tr><th scope="row" class="pr-4 font-mono font-normal">{k}</th><td>{v}</td></tr> }).collect_view()}
+                    {rows.into_iter().map(|(k, v)| view! { <tr><th scope="row" class="pr-4 font-mono font-normal break-all">{k}</th><td>{v}</td></tr> }).collect_view()}
                 </tbody>
             </table>
         })
@@ -236,8 +236,10 @@ fn Preview(preview: PreviewView) -> AnyView {
                         {preview.examples.into_iter().map(|e| view! {
                             <li data-testid="preview-example">
                                 <span class="font-mono">{e.transition}</span>" "{e.tool}" ("{e.rules}") · audit "
-                                <span class="font-mono">{e.record}</span>" · "
-                                <a class="text-indigo-800 underline" href=format!("/runs/{}", e.run_id)>"its run"</a>
+                                <span class="font-mono">{e.record}</span>
+                                {(!e.run_id.is_empty()).then(|| view! {
+                                    " · "<a class="text-indigo-800 underline" href=format!("/runs/{}", e.run_id)>"its run"</a>
+                                })}
                             </li>
                         }).collect_view()}
                     </ul>

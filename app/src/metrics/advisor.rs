@@ -93,6 +93,31 @@ pub struct ShadowRow {
     pub examples: Vec<ShadowExample>,
 }
 
+/// The message for a `?done=` code after a draft.
+pub fn notice_text(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "drafted" => {
+            "Proposal drafted. Nothing changes until an admin reviews its impact preview on the \
+             admin page and a second admin approves it."
+        }
+        _ => return None,
+    })
+}
+
+/// The message for a `?error=` code after a draft that was not filed.
+pub fn error_text(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "not_offered" => {
+            "The advisor does not recommend a change for this gate now (or no draft can be \
+             made for it). Nothing was drafted."
+        }
+        "no_change" => "The registry already says this. Nothing was drafted.",
+        "invalid" => "The draft would not be a valid registry. Nothing was drafted.",
+        "unavailable" => "The database did not answer. Nothing was drafted; try again.",
+        _ => return None,
+    })
+}
+
 const LINK: &str = "text-indigo-800 underline hover:text-indigo-950 focus:outline-none focus:ring-2 focus:ring-indigo-600";
 const BUTTON: &str = "rounded bg-indigo-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-500 focus:ring-offset-2";
 
@@ -140,7 +165,7 @@ fn AdviceCard(row: AdviceRow) -> impl IntoView {
     });
     view! {
         <article class="space-y-2 rounded border border-slate-200 bg-white p-3" data-testid="advice" data-tool=row.tool.clone() data-rule=row.rule.clone() data-advice=row.advice.clone()>
-            <h3 class="font-medium"><span class="font-mono">{row.tool.clone()}</span>" · "<span class="font-mono">{row.rule.clone()}</span></h3>
+            <h3 class="font-medium"><span class="font-mono break-all">{row.tool.clone()}</span>" · "<span class="font-mono break-all">{row.rule.clone()}</span></h3>
             <p class="text-base font-semibold" data-testid="advice-words">{row.words.clone()}</p>
             <dl class="grid grid-cols-2 gap-x-4 text-sm sm:grid-cols-4">
                 <dt class="text-slate-700">"Decided"</dt><dd class="tabular-nums">{format!("{} ({} rejected)", row.decided, row.rejected)}</dd>
@@ -153,7 +178,7 @@ fn AdviceCard(row: AdviceRow) -> impl IntoView {
                     <summary class="cursor-pointer text-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-600">"Recent rejections"</summary>
                     <ul class="mt-1 list-disc pl-5">
                         {row.recent.iter().map(|x| view! {
-                            <li>{x.day.clone()}": "{x.reason.clone()}" "<a class=LINK href=format!("/runs/{}", x.run_id)>"run"</a></li>
+                            <li>{x.day.clone()}": "{x.reason.clone()}" "{(!x.run_id.is_empty()).then(|| view! { <a class=LINK href=format!("/runs/{}", x.run_id)>"run"</a> })}</li>
                         }).collect_view()}
                     </ul>
                 </details>
@@ -194,19 +219,22 @@ fn ShadowCard(row: ShadowRow, admin: bool) -> impl IntoView {
     });
     view! {
         <article class="space-y-2 rounded border border-slate-200 bg-white p-3" data-testid="shadow-rule" data-id=row.id.clone()>
-            <h3 class="font-medium"><span class="font-mono">{row.id.clone()}</span>" · "<span class="font-mono">{row.rule.clone()}</span></h3>
+            <h3 class="font-medium"><span class="font-mono break-all">{row.id.clone()}</span>" · "<span class="font-mono break-all">{row.rule.clone()}</span></h3>
             <p class="text-sm" data-testid="shadow-counts">{format!("would deny {} · would gate {}", row.would_deny, row.would_gate)}</p>
-            <table class="text-left text-sm">
-                <thead><tr><th scope="col" class="pr-4">"Day"</th><th scope="col" class="pr-4">"Would deny"</th><th scope="col">"Would gate"</th></tr></thead>
-                <tbody>
-                    {row.days.iter().map(|d| view! { <tr><td class="pr-4">{d.day.clone()}</td><td class="pr-4 tabular-nums">{d.deny}</td><td class="tabular-nums">{d.gate}</td></tr> }).collect_view()}
-                </tbody>
-            </table>
-            <ul class="list-disc pl-5 text-sm">
-                {row.examples.iter().map(|e| view! {
-                    <li data-testid="shadow-example">{format!("{} {}: {} → would {} ", e.at, e.tool, e.was, e.would)}<a class=LINK href=format!("/runs/{}", e.run_id)>"run"</a></li>
-                }).collect_view()}
-            </ul>
+            {(!row.days.is_empty()).then(|| view! {
+                <table class="text-left text-sm">
+                    <caption class="sr-only">{format!("What {} would have decided, by day", row.id)}</caption>
+                    <thead><tr><th scope="col" class="pr-4">"Day"</th><th scope="col" class="pr-4">"Would deny"</th><th scope="col">"Would gate"</th></tr></thead>
+                    <tbody>
+                        {row.days.iter().map(|d| view! { <tr><td class="pr-4">{d.day.clone()}</td><td class="pr-4 tabular-nums">{d.deny}</td><td class="tabular-nums">{d.gate}</td></tr> }).collect_view()}
+                    </tbody>
+                </table>
+                <ul class="list-disc pl-5 text-sm">
+                    {row.examples.iter().map(|e| view! {
+                        <li data-testid="shadow-example">{format!("{} {}: {} → would {} ", e.at, e.tool, e.was, e.would)}{(!e.run_id.is_empty()).then(|| view! { <a class=LINK href=format!("/runs/{}", e.run_id)>"run"</a> })}</li>
+                    }).collect_view()}
+                </ul>
+            })}
             {promote}
         </article>
     }

@@ -42,9 +42,10 @@
 //! - `@shadow` (no value, or `"true"`) on a `forbid` or a require-approval `permit` makes it a
 //!   shadow rule: it is validated with the rest but never enforced. Each call is decided by
 //!   the policies in force; each shadow rule is then evaluated as if added to them, and where
-//!   that decision is of another kind the report lists it ([`DecisionReport::shadow`]). The
-//!   decision itself is computed from a policy set that does not contain any shadow rule, so
-//!   no shadow rule can change an outcome.
+//!   that decision is stricter (allow < require approval < deny) the report lists it
+//!   ([`DecisionReport::shadow`]): shadow rules watch for what they would stop or gate, never
+//!   for what they would let through. The decision itself is computed from a policy set that
+//!   does not contain any shadow rule, so no shadow rule can change an outcome.
 //!
 //! # What policies see
 //! - principal: `Agent::"<id>"` or `Human::"<id>"` with `role`, `tenant` and `acts_for` (the
@@ -277,18 +278,41 @@ impl PolicyEngine {
             .collect()
     }
 
-    /// The `@id`s of the enforced policies that name `rule`, sorted.
-    pub fn enforced_with_rule(&self, rule: &str) -> Vec<String> {
-        let mut ids: Vec<String> = self
-            .meta
-            .iter()
-            .filter(|(id, m)| {
-                m.rule().is_some_and(|r| r.as_str() == rule) && self.policies.policy(id).is_some()
-            })
-            .map(|(id, _)| id.to_string())
-            .collect();
+    /// The enforced require-approval policies that open `tool`'s gate by `rule`, sorted by
+    /// `@id` — only when every enforced policy naming `rule` is such a policy scoped to
+    /// exactly that tool (`action == Action::"<tool>"`), so that changing them changes no
+    /// other tool's gate and lifts no forbid; `None` otherwise.
+    pub fn gate_policies(&self, tool: &str, rule: &str) -> Option<Vec<String>> {
+        let mut ids = Vec::new();
+        for (id, m) in &self.meta {
+            if m.rule().is_none_or(|r| r.as_str() != rule) {
+                continue;
+            }
+            let Some(policy) = self.policies.policy(id) else {
+                continue; // a shadow rule: not enforced
+            };
+            let only_tool = match policy.action_constraint() {
+                cedar::ActionConstraint::Eq(uid) => {
+                    uid.type_name().to_string() == "Action" && uid.id().unescaped() == tool
+                }
+                cedar::ActionConstraint::Any | cedar::ActionConstraint::In(_) => false,
+            };
+            if !matches!(m, Meta::PermitRequireApproval(_)) || !only_tool {
+                return None;
+            }
+            ids.push(id.to_string());
+        }
         ids.sort();
-        ids
+        (!ids.is_empty()).then_some(ids)
+    }
+
+    /// Rules on `req` with the policies in force only (no shadow rule is evaluated): what an
+    /// impact preview replays. Pure.
+    pub fn decide_enforced(&self, req: &Request) -> DecisionReport {
+        if let Some(report) = floor_before_cedar(req) {
+            return report;
+        }
+        self.decide_with(&self.policies, req, &self.prepare(req))
     }
 
     /// Rules on `req` with the policies in force, then lists what each shadow rule would have
@@ -315,7 +339,7 @@ impl PolicyEngine {
                 continue;
             }
             let would = self.decide_with(&shadow.with, req, &prepared).decision;
-            if would.kind() != report.decision.kind() {
+            if strictness(&would) > strictness(&report.decision) {
                 report.shadow.push(ShadowHit {
                     id: shadow.id.to_string(),
                     rule: shadow.rule.to_string(),
@@ -326,7 +350,6 @@ impl PolicyEngine {
         report
     }
 
-    /// Rules on `req` with the policies of `set`.
     /// Rules on `req` (past the floors before Cedar) with the policies of `set`.
     fn decide_with(&self, set: &PolicySet, req: &Request, prepared: &Prepared) -> DecisionReport {
         // 2. Cedar.
@@ -544,7 +567,7 @@ impl Annotated {
 
     /// How many enforced policies were added.
     pub(crate) fn len(&self) -> usize {
-        self.meta.len() - self.shadow.len()
+        self.meta.len().saturating_sub(self.shadow.len())
     }
 
     fn add_one(&mut self, policy: &cedar::Policy) -> Result<(), PolicyLoadError> {
@@ -601,14 +624,23 @@ impl Annotated {
         if self.meta.contains_key(&pid) {
             return Err(annotation_error("duplicate @id"));
         }
-        if shadow {
-            self.shadow.push(pid.clone());
-        }
         self.policies
             .add(policy.new_id(pid.clone()))
             .map_err(|e| PolicyLoadError::Cedar(e.to_string()))?;
+        if shadow {
+            self.shadow.push(pid.clone());
+        }
         self.meta.insert(pid, m);
         Ok(())
+    }
+}
+
+/// How strict a decision is: allow (0) < require approval (1) < deny (2).
+fn strictness(d: &Decision) -> u8 {
+    match d {
+        Decision::Allow | Decision::AllowWithinAuthorization(_) => 0,
+        Decision::RequireApproval(_) => 1,
+        Decision::Deny(_) => 2,
     }
 }
 

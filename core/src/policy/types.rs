@@ -129,14 +129,14 @@ pub struct DecisionReport {
     pub policy_ids: Vec<String>,
     /// Evaluation errors, if any (any error makes the decision `deny(policy.error)`).
     pub errors: Vec<String>,
-    /// The shadow rules that would have decided otherwise (a decision of another kind), in
-    /// `@id` order. Never part of `decision`.
+    /// The shadow rules that would have decided more strictly (allow < require approval <
+    /// deny), in `@id` order. Never part of `decision`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shadow: Vec<ShadowHit>,
 }
 
 /// What a shadow rule (`@shadow`) would have decided had it been enforced — the policies in
-/// force plus that one — where its decision is of another kind than the one in force.
+/// force plus that one — where that is stricter than the decision in force.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShadowHit {
     /// The shadow policy's `@id`.

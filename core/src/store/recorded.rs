@@ -17,18 +17,12 @@ use serde_json::Value;
 
 use super::{Store, StoreError, on_pool};
 use crate::audit::AuditEvent;
+use crate::audit::members::{FOLDED, POLICY_INPUTS};
 use crate::policy::{ResourceFact, StandingAuthorization, TaskOrigin};
 use crate::preview::{RecordedCall, RecordedInputs};
 
 /// How many records one page reads.
 pub const RECORDED_PAGE: i64 = 2_000;
-
-/// The detail member of a `decided` record with what policy decided on beyond the step's row
-/// (`countersign::pipeline::POLICY_INPUTS` writes it; named here where it is read back).
-const POLICY_INPUTS: &str = "policy_inputs";
-
-/// The detail member that names the events a read's one record stands for.
-const FOLDED: &str = "folded";
 
 /// One row: pos, chain, seq, at, event, step id, actor, record, the step's inputs and role,
 /// the tool and the run.

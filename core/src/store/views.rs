@@ -21,6 +21,9 @@
 //!   "actor + time range" as one index range.
 
 use super::{Run, Store, StoreError, on_pool};
+
+/// The most records with shadow hits the gate metrics read (the newest of the window).
+pub const SHADOW_RECORDS: i64 = 20_000;
 use crate::audit::AuditRecord;
 
 /// What the audit search filters on. `None` / empty = no condition.
@@ -462,12 +465,19 @@ impl Store {
         let Some(first) = self.audit_seq_at(since_ms).await? else {
             return Ok(Vec::new());
         };
+        // The newest SHADOW_RECORDS at most, returned oldest first: a broad shadow rule's
+        // counts cover the newest of its window rather than loading every decision.
         let sql = format!(
-            "SELECT {A_COLUMNS} FROM audit a WHERE a.pos >= $1 AND a.chain = $2 \
-               AND a.event IN ('decided', 'succeeded', 'failed') \
-               AND a.record LIKE '%\"shadow\":[%' ORDER BY a.pos"
+            "SELECT * FROM (SELECT {A_COLUMNS} FROM audit a WHERE a.pos >= $1 AND a.chain = $2 \
+               AND a.event IN ('decided', 'succeeded', 'failed') AND a.record LIKE $3 \
+               ORDER BY a.pos DESC LIMIT $4) newest ORDER BY pos"
         );
-        let binds = [Bind::Int(first), Bind::Text(chain)];
+        let binds = [
+            Bind::Int(first),
+            Bind::Text(chain),
+            Bind::Text(format!("%\"{}\":[%", crate::audit::members::SHADOW)),
+            Bind::Int(SHADOW_RECORDS),
+        ];
         Ok(fetch_records!(self, &sql, &binds))
     }
 

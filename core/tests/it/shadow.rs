@@ -5,7 +5,8 @@ use chrono::DateTime;
 use countersign_core::RoleName;
 use countersign_core::bundle::{Bundle, BundleSources};
 use countersign_core::policy::{
-    ApprovalState, Decision, DecisionReport, Principal, PrincipalKind, Request, TaskOrigin,
+    ApprovalState, Decision, DecisionReport, Principal, PrincipalKind, Request, ResourceFact,
+    TaskOrigin,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -58,6 +59,17 @@ fn decide(
     args: serde_json::Value,
     origin: TaskOrigin,
 ) -> DecisionReport {
+    decide_with(bundle, tool, args, origin, Vec::new(), ApprovalState::None)
+}
+
+fn decide_with(
+    bundle: &Bundle,
+    tool: &str,
+    args: serde_json::Value,
+    origin: TaskOrigin,
+    resources: Vec<ResourceFact>,
+    approval: ApprovalState,
+) -> DecisionReport {
     let role = RoleName::parse("worker.finance").unwrap();
     let facts = bundle.tool_facts(&role, tool).unwrap();
     bundle.policy.decide(&Request {
@@ -71,9 +83,9 @@ fn decide(
         tool: facts,
         schema_errors: Vec::new(),
         arguments: args,
-        resources: Vec::new(),
+        resources,
         task_origin: origin,
-        approval: ApprovalState::None,
+        approval,
         now: DateTime::from_timestamp(1_781_170_937, 0).unwrap(),
         authorizations: Vec::new(),
     })
@@ -135,12 +147,30 @@ fn shadow_rules_report_what_they_would_decide_and_change_nothing() {
             ("shadow.read.gate", "require_approval")
         ]
     );
-    // A rule names only enforced policies.
+    // A gate's policies: enforced require-approval policies of exactly that tool.
     assert_eq!(
-        shadowed.policy.enforced_with_rule("amount.threshold"),
-        ["finance.hold.above_threshold"]
+        shadowed
+            .policy
+            .gate_policies("invoice.hold", "amount.threshold"),
+        Some(vec!["finance.hold.above_threshold".to_string()])
     );
-    assert!(shadowed.policy.enforced_with_rule("hold.cap").is_empty());
+    // Not another tool's; never a shadow rule; never a forbid.
+    assert_eq!(
+        shadowed
+            .policy
+            .gate_policies("payment.schedule", "amount.threshold"),
+        None
+    );
+    assert_eq!(
+        shadowed.policy.gate_policies("invoice.hold", "hold.cap"),
+        None
+    );
+    assert_eq!(
+        shadowed
+            .policy
+            .gate_policies("invoice.hold", "amount.exceeds_invoice"),
+        None
+    );
 }
 
 #[test]
@@ -172,7 +202,26 @@ proptest! {
         tool in prop::sample::select(vec!["invoice.hold", "invoice.get", "payment.schedule", "note.draft"]),
         amount in 1u32..6_000_000,
         origin in prop::sample::select(TaskOrigin::ALL.to_vec()),
+        invoices in prop::collection::vec((1u32..6_000_000, any::<bool>()), 0..3),
+        approved in any::<bool>(),
     ) {
+        // Zero to two invoices the call points at (one Cedar evaluation each), approved or not.
+        let resources: Vec<ResourceFact> = invoices
+            .iter()
+            .enumerate()
+            .map(|(i, (minor, ok))| ResourceFact {
+                kind: "invoice".into(),
+                id: format!("INV-2026061{i}"),
+                tenant: "acme".into(),
+                owner: None,
+                attrs: serde_json::from_value(json!({
+                    "amount": f64::from(*minor) / 100.0, "currency": "EUR",
+                    "status": if *ok { "approved" } else { "received" }
+                }))
+                .unwrap(),
+            })
+            .collect();
+        let approval = if approved { ApprovalState::Approved } else { ApprovalState::None };
         let (plain, shadowed) = bundles();
         let amount = f64::from(amount) / 100.0;
         let args = match tool {
@@ -183,10 +232,15 @@ proptest! {
                 "reason": "Invoice approved by AP, due in four days"}),
             _ => json!({"invoice_id": "INV-20260611", "text": "Quantity differs on line 2"}),
         };
-        let a = decide(plain, tool, args.clone(), origin);
-        let b = decide(shadowed, tool, args, origin);
+        let a = decide_with(plain, tool, args.clone(), origin, resources.clone(), approval);
+        let b = decide_with(shadowed, tool, args, origin, resources, approval);
         prop_assert_eq!(&a.decision, &b.decision);
         prop_assert_eq!(&a.policy_ids, &b.policy_ids);
+        prop_assert_eq!(&a.errors, &b.errors);
+        // A shadow rule is reported only where it is stricter than the decision in force.
+        for hit in &b.shadow {
+            prop_assert!(hit.would.kind() != a.decision.kind(), "{:?} vs {:?}", hit, a.decision);
+        }
         prop_assert!(a.shadow.is_empty());
         // The forbid-all shadow is a hit exactly when the call is not denied already.
         let everything = b.shadow.iter().any(|h| h.id == "shadow.everything");

@@ -10,7 +10,7 @@ use countersign_core::Store;
 use countersign_core::bundle::{Bundle, BundleSources};
 use countersign_core::store::{ApproveOutcome, BundleImport, Change, Proposal, ProposalError};
 
-use countersign::preview::{Preview, PreviewError};
+use countersign::preview::{Preview, PreviewError, Window};
 
 use crate::{CliError, who};
 
@@ -42,8 +42,11 @@ pub(crate) enum RegistryCommand {
         /// A registry YAML file, or a folder with *.yaml, *.cedar and *.cedarschema files.
         path: PathBuf,
         /// The window, in days back from now (1 to 366).
-        #[arg(long, default_value_t = countersign::preview::DEFAULT_DAYS)]
+        #[arg(long, default_value_t = countersign::preview::DEFAULT_DAYS, conflicts_with = "from")]
         days: i64,
+        /// Instead of --days: the calls recorded since this date (YYYY-MM-DD, UTC).
+        #[arg(long, value_name = "DATE")]
+        from: Option<chrono::NaiveDate>,
         /// Only this tenant's calls (default: every tenant's).
         #[arg(long)]
         tenant: Option<String>,
@@ -243,12 +246,21 @@ pub(crate) async fn registry_command(
         RegistryCommand::Preview {
             path,
             days,
+            from,
             tenant,
             json,
         } => {
             let sources =
                 BundleSources::read(&path).map_err(|e| CliError::Refused(e.to_string()))?;
-            let preview = countersign::preview::preview(store, tenant.as_deref(), sources, days)
+            let window = match from {
+                Some(date) => Window::Since(
+                    date.and_time(chrono::NaiveTime::MIN)
+                        .and_utc()
+                        .timestamp_millis(),
+                ),
+                None => Window::Days(days),
+            };
+            let preview = countersign::preview::preview(store, tenant.as_deref(), sources, window)
                 .await
                 .map_err(|e| match e {
                     PreviewError::Store(e) => StartError::Database(e).into(),

@@ -22,7 +22,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use countersign_core::approvals::{DecideError, Decider, Verdict};
-use countersign_core::batch::{BatchError, BatchGrant, Outside, StepResult};
+use countersign_core::batch::{BatchError, BatchGrant, BatchOutcome, Outside, StepResult};
 use countersign_core::store::Step;
 use countersign_core::{Person, StepStatus, StoreError, ToolName};
 use serde::Deserialize;
@@ -322,9 +322,6 @@ pub async fn batch(
     let Some(tenant) = person.tenant.clone() else {
         return error(StatusCode::FORBIDDEN, "your sign-in names no tenant");
     };
-    let Some(loaded) = state.registry.current() else {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "no registry in force");
-    };
     let grant = BatchGrant {
         tool: body.tool,
         step_ids: body.step_ids,
@@ -335,28 +332,9 @@ pub async fn batch(
         tenant,
         reason: body.reason,
     };
-    let rules_for = |step: &Step| {
-        let tool = ToolName::parse(&step.tool)
-            .ok()
-            .and_then(|n| loaded.bundle.registry.tool(&n))?;
-        let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
-        Some(gate_rules(tool, &inputs))
-    };
-    let outcome = match state
-        .store
-        .approve_batch(&grant, &decider(&person), rules_for)
-        .await
-    {
+    let outcome = match batch_as(&state, &person, &grant).await {
         Ok(o) => o,
-        Err(BatchError::Store(e)) => {
-            tracing::error!(error = %e, "batch approval: store failed");
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the database did not answer",
-            );
-        }
-        Err(e @ BatchError::Expired) => return error(StatusCode::CONFLICT, e.to_string()),
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err((status, message)) => return error(status, message),
     };
     let results: Vec<Value> = outcome
         .results
@@ -391,7 +369,46 @@ pub async fn batch(
     .into_response()
 }
 
-fn outside_text(o: &Outside, grant: &BatchGrant) -> String {
+/// Applies `grant` for `person` (the JSON API and the inbox's batch form): each step in bounds
+/// through the per-step checks; or why the whole batch was refused (nothing written).
+pub async fn batch_as(
+    state: &AppState,
+    person: &Person,
+    grant: &BatchGrant,
+) -> Result<BatchOutcome, (StatusCode, String)> {
+    let Some(loaded) = state.registry.current() else {
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no registry in force".into(),
+        ));
+    };
+    let rules_for = |step: &Step| {
+        let tool = ToolName::parse(&step.tool)
+            .ok()
+            .and_then(|n| loaded.bundle.registry.tool(&n))?;
+        let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+        Some(gate_rules(tool, &inputs))
+    };
+    match state
+        .store
+        .approve_batch(grant, &decider(person), rules_for)
+        .await
+    {
+        Ok(o) => Ok(o),
+        Err(BatchError::Store(e)) => {
+            tracing::error!(error = %e, "batch approval: store failed");
+            Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database did not answer".into(),
+            ))
+        }
+        Err(e @ BatchError::Expired) => Err((StatusCode::CONFLICT, e.to_string())),
+        Err(e) => Err((StatusCode::BAD_REQUEST, e.to_string())),
+    }
+}
+
+/// Why a listed step was outside `grant`, for people.
+pub fn outside_text(o: &Outside, grant: &BatchGrant) -> String {
     match o {
         Outside::NotFound | Outside::OtherTenant => "no such step".into(),
         Outside::OtherTool => format!("not a call of {}", grant.tool),

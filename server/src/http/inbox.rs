@@ -12,6 +12,9 @@
 //!   (reason required, four eyes, self-approval, step-up, second approver). It answers with a
 //!   redirect carrying a fixed code, never free text.
 
+mod batch;
+pub use batch::batch_form;
+
 use std::sync::Arc;
 
 use axum::Form;
@@ -74,14 +77,27 @@ pub(crate) fn target(inputs: &Value) -> Option<String> {
 }
 
 fn row(step: &Step, inputs: &Value, now: i64) -> GateRow {
+    let currency = inputs.get("currency").and_then(Value::as_str);
     let amount = inputs
         .get("amount")
         .and_then(Value::as_f64)
-        .and_then(|a| format_amount(a, inputs.get("currency").and_then(Value::as_str)));
+        .and_then(|a| format_amount(a, currency));
+    // Exact minor units from the amount's decimal text, for the batch total.
+    let amount_minor = match (inputs.get("amount"), currency) {
+        (Some(Value::Number(n)), Some(c)) => {
+            countersign_core::policy::money::to_minor_units(n, c).ok()
+        }
+        _ => None,
+    };
     GateRow {
         step_id: step.id.clone(),
         tool: step.tool.clone(),
         amount,
+        amount_minor,
+        exponent: currency
+            .and_then(countersign_core::policy::money::minor_exponent)
+            .unwrap_or(2),
+        currency: currency.map(str::to_string),
         target: target(inputs),
         expires: expires_text(step.expires_at, now),
         waiting_since: utc(step.updated_at),

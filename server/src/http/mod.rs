@@ -73,6 +73,7 @@ pub fn router(state: AppState) -> Router {
             "/inbox/{id}/decision",
             axum::routing::post(inbox::decide_form),
         )
+        .route("/inbox/batch", axum::routing::post(inbox::batch_form))
         .route("/admin/proposals", axum::routing::post(admin::propose))
         .route(
             "/admin/tools/settings",

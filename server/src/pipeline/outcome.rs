@@ -45,12 +45,7 @@ pub(super) fn closing(opening: Option<Opening>, mut t: Transition) -> Transition
     t
 }
 
-/// The detail member that names the events a read's one record stands for.
-pub const FOLDED: &str = "folded";
-
-/// The detail member of a folded record that keeps the decision's rule where the outcome
-/// names another (a read that failed at its target).
-pub const DECISION_RULE: &str = "decision_rule";
+pub use countersign_core::audit::members::{DECISION_RULE, FOLDED};
 
 /// Whether stored record text `record` is a read's one record standing for an `event` record
 /// too ([`FOLDED`]).

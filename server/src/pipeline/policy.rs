@@ -185,7 +185,7 @@ pub(super) async fn decide(
     }
     let (name, rule) = decision_text(&report.decision);
     let mut members = detail(&[
-        ("decision", json!(name)),
+        (DECISION, json!(name)),
         ("inputs", audit_inputs(ctx.state, ctx.tool, arguments)),
         ("inputs_hash", json!(step.inputs_hash)),
         ("idem_key", json!(step.idem_key)),
@@ -210,14 +210,8 @@ pub(super) async fn decide(
     })
 }
 
-/// The member of a `decided` record that holds what policy decided on beyond the step's own
-/// row (its arguments, role, tool and origin are recorded already): enough to decide the same
-/// call again under another bundle (an impact preview), at the instant it was decided.
-pub const POLICY_INPUTS: &str = "policy_inputs";
-
-/// The member of a `decided` record listing the shadow rules that would have decided
-/// otherwise ([`countersign_core::policy::ShadowHit`]); absent when none would have.
-pub const SHADOW: &str = "shadow";
+use countersign_core::audit::members::DECISION;
+pub use countersign_core::audit::members::{POLICY_INPUTS, SHADOW};
 
 /// [`POLICY_INPUTS`]: the instant (`now_ms`), the party the agent acted for, whether an
 /// approval of exactly these inputs was in hand, the resource facts the target system gave,

@@ -34,6 +34,7 @@ async fn page(client: &reqwest::Client, app: &TestApp, path: &str) -> (StatusCod
     (status, resp.text().await.unwrap())
 }
 
+/// Posts a form; its status and where it redirects to (empty: no redirect).
 async fn post(
     client: &reqwest::Client,
     app: &TestApp,
@@ -48,18 +49,23 @@ async fn post(
         .await
         .unwrap();
     let status = resp.status();
-    (status, resp.text().await.unwrap())
+    let to = resp
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .map(|l| l.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, to)
 }
 
 async fn decide(app: &TestApp, who: &reqwest::Client, step: &str, verdict: &str) {
-    let (status, body) = post(
+    let (status, to) = post(
         who,
         app,
         &format!("/inbox/{step}/decision"),
         &[("verdict", verdict), ("reason", "goods receipt checked")],
     )
     .await;
-    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert_eq!(status, StatusCode::SEE_OTHER, "{to}");
 }
 
 /// The `decided` records of `step`, oldest first.
@@ -119,10 +125,11 @@ async fn a_shadow_rules_would_denies_are_recorded_counted_and_enforcing_it_is_a_
         let (_, html) = page(&ada, &app, "/gates").await;
         assert!(html.contains("data-testid=\"promote\""), "{html}");
         // Not a shadow rule: refused, nothing filed.
-        let (status, _) = post(&ada, &app, "/admin/shadow/promote", &[("id", "finance.hold.above_threshold")]).await;
-        assert_eq!(status, StatusCode::CONFLICT);
-        let (status, body) = post(&ada, &app, "/admin/shadow/promote", &[("id", "finance.hold.cap_watch")]).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
+        let (_, to) = post(&ada, &app, "/admin/shadow/promote", &[("id", "finance.hold.above_threshold")]).await;
+        assert_eq!(to, "/admin?error=not_shadow");
+        assert!(app.store.list_proposals(10).await.unwrap().is_empty());
+        let (_, to) = post(&ada, &app, "/admin/shadow/promote", &[("id", "finance.hold.cap_watch")]).await;
+        assert_eq!(to, "/admin?done=proposed");
         let proposals = app.store.list_proposals(10).await.unwrap();
         assert_eq!(proposals.len(), 1);
         assert_eq!(proposals[0].status, ProposalStatus::Proposed);
@@ -173,8 +180,11 @@ async fn the_advisor_recommends_on_the_evidence_and_drafts_only_what_it_recommen
         assert!(row.contains("data-advice=\"too_few\""), "{row}");
         assert!(!row.contains("data-testid=\"draft\""), "{row}");
         let form = [("tool", "invoice.hold"), ("rule", "amount.threshold")];
-        let (status, _) = post(&max, &app, "/gates/draft", &form).await;
-        assert_eq!(status, StatusCode::CONFLICT, "not recommended: not drafted");
+        let (_, to) = post(&max, &app, "/gates/draft", &form).await;
+        assert_eq!(
+            to, "/gates?error=not_offered",
+            "not recommended: not drafted"
+        );
 
         // 20 decisions, none rejected, a reversal cost of 5 approvals: even the interval's
         // upper bound (16 %) × 5 is below one review.
@@ -196,8 +206,26 @@ async fn the_advisor_recommends_on_the_evidence_and_drafts_only_what_it_recommen
             ("tool", "payment.schedule"),
             ("rule", "irreversible.always"),
         ];
-        let (status, _) = post(&max, &app, "/gates/draft", &floor).await;
-        assert_eq!(status, StatusCode::CONFLICT);
+        let (_, to) = post(&max, &app, "/gates/draft", &floor).await;
+        assert_eq!(to, "/gates?error=not_offered");
+        // Nor would one be made for the floor, whatever the evidence.
+        let loaded = app.state.registry.current().unwrap();
+        assert_eq!(
+            countersign::http::views::draft_for(
+                &loaded.bundle,
+                "payment.schedule",
+                "irreversible.always"
+            ),
+            None
+        );
+        assert_eq!(
+            countersign::http::views::draft_for(
+                &loaded.bundle,
+                "supplier.update_iban",
+                "gate.always"
+            ),
+            Some(countersign::http::views::Draft::GateToPolicy)
+        );
         let resp = max
             .post(app.url("/gates/draft"))
             .header("origin", "https://evil.example")
@@ -208,8 +236,10 @@ async fn the_advisor_recommends_on_the_evidence_and_drafts_only_what_it_recommen
         assert_eq!(resp.status(), StatusCode::FORBIDDEN);
         assert!(app.store.list_proposals(10).await.unwrap().is_empty());
 
-        let (status, body) = post(&max, &app, "/gates/draft", &form).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
+        let (_, to) = post(&max, &app, "/gates/draft", &form).await;
+        assert_eq!(to, "/gates?done=drafted");
+        let (_, html) = page(&max, &app, &to).await;
+        assert!(html.contains("Proposal drafted."), "{html}");
         let proposals = app.store.list_proposals(10).await.unwrap();
         assert_eq!(proposals.len(), 1);
         let Change::Bundle(bundle) = &proposals[0].changes[0] else {
@@ -222,6 +252,11 @@ async fn the_advisor_recommends_on_the_evidence_and_drafts_only_what_it_recommen
             "the gate's rule keeps watching as a shadow rule"
         );
         assert!(bundle.summary.contains("review"), "{}", bundle.summary);
+        assert!(
+            proposals[0].note.contains("tenant acme"),
+            "{}",
+            proposals[0].note
+        );
         // Nothing changed until a second admin approves.
         let (status, _) = call_hold(&mut client, 2500.0, 99).await;
         assert_eq!(status, "needs_approval");

@@ -17,6 +17,7 @@ mod gateway;
 mod health;
 mod helpers;
 mod inbox;
+mod inbox_batch;
 mod interop;
 mod mcp;
 mod modern;

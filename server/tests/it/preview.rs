@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use countersign::preview::{preview, preview_changes};
+use countersign::preview::{Window, preview, preview_changes};
 use countersign_core::Clock;
 use countersign_core::bundle::BundleSources;
 use countersign_core::policy::TaskOrigin;
@@ -109,7 +109,7 @@ async fn preview_counts_each_edits_transitions_exactly() {
         let store = &app.store;
         let acme = Some("acme");
 
-        let same = preview(store, acme, finance(|_| {}), 30).await.unwrap();
+        let same = preview(store, acme, finance(|_| {}), Window::Days(30)).await.unwrap();
         assert_eq!((same.report.replayed, same.report.changed), (6, 0), "{same:?}");
         assert_eq!(same.report.approximate, 0, "every call has its inputs recorded");
 
@@ -118,7 +118,7 @@ async fn preview_counts_each_edits_transitions_exactly() {
             "context.args.amount_minor > 100000",
             "context.args.amount_minor > 300000",
         );
-        let p = preview(store, acme, raised, 30).await.unwrap();
+        let p = preview(store, acme, raised, Window::Days(30)).await.unwrap();
         assert_eq!(
             p.report.transitions,
             counts(&[("require_approval->allow", 2)])
@@ -137,7 +137,7 @@ async fn preview_counts_each_edits_transitions_exactly() {
             "roles: [worker.finance]\n    approval:\n      approver_roles: [approver]\n      expires: 72h\n      reversal_cost: 5\n    handler: {provider: erp, operation: invoices.hold}",
             "roles: [planner]\n    approval:\n      approver_roles: [approver]\n      expires: 72h\n      reversal_cost: 5\n    handler: {provider: erp, operation: invoices.hold}",
         );
-        let p = preview(store, acme, removed, 30).await.unwrap();
+        let p = preview(store, acme, removed, Window::Days(30)).await.unwrap();
         assert_eq!(
             p.report.transitions,
             counts(&[
@@ -150,12 +150,13 @@ async fn preview_counts_each_edits_transitions_exactly() {
         let p = preview_changes(
             store,
             acme,
+            None,
             &[Change::Listing(ListingChange {
                 tool: "invoice.get".into(),
                 role: "worker.finance".into(),
                 op: ChangeOp::Remove,
             })],
-            30,
+            Window::Days(30),
         )
         .await
         .unwrap();
@@ -167,7 +168,7 @@ async fn preview_counts_each_edits_transitions_exactly() {
             "// ---------------------------------------------------------------- payments",
             "@id(\"finance.hold.cap\")\n@rule(\"hold.cap\")\nforbid (principal, action == Action::\"invoice.hold\", resource)\nwhen { context.args.amount_minor > 300000 };\n\n// ---------------------------------------------------------------- payments",
         );
-        let p = preview(store, acme, forbid, 30).await.unwrap();
+        let p = preview(store, acme, forbid, Window::Days(30)).await.unwrap();
         assert_eq!(p.report.transitions, counts(&[("require_approval->deny", 1)]));
         assert_eq!(
             p.report.by_rule["hold.cap"],
@@ -179,7 +180,7 @@ async fn preview_counts_each_edits_transitions_exactly() {
             "amount: {type: number, exclusiveMinimum: 0, maximum: 50000}\n        currency: {type: string, enum: [EUR]}\n        reason: {type: string, minLength: 20, maxLength: 400}",
             "amount: {type: number, exclusiveMinimum: 0, maximum: 1000}\n        currency: {type: string, enum: [EUR]}\n        reason: {type: string, minLength: 20, maxLength: 400}",
         );
-        let p = preview(store, acme, tightened, 30).await.unwrap();
+        let p = preview(store, acme, tightened, Window::Days(30)).await.unwrap();
         assert_eq!(
             p.report.transitions,
             counts(&[("require_approval->invalid", 3), ("deny->invalid", 1)])
@@ -196,10 +197,10 @@ async fn preview_reads_only_the_tenants_calls_and_decides_at_the_recorded_instan
         let store = &app.store;
         let base = || finance(|_| {});
         let replayed = |p: countersign::preview::Preview| p.report.replayed;
-        assert_eq!(replayed(preview(store, Some("acme"), base(), 30).await.unwrap()), 6);
-        assert_eq!(replayed(preview(store, Some("globex"), base(), 30).await.unwrap()), 1);
-        assert_eq!(replayed(preview(store, Some("initech"), base(), 30).await.unwrap()), 0);
-        assert_eq!(replayed(preview(store, None, base(), 30).await.unwrap()), 7);
+        assert_eq!(replayed(preview(store, Some("acme"), base(), Window::Days(30)).await.unwrap()), 6);
+        assert_eq!(replayed(preview(store, Some("globex"), base(), Window::Days(30)).await.unwrap()), 1);
+        assert_eq!(replayed(preview(store, Some("initech"), base(), Window::Days(30)).await.unwrap()), 0);
+        assert_eq!(replayed(preview(store, None, base(), Window::Days(30)).await.unwrap()), 7);
 
         // A rule in force only until an instant between the first hold and the rest: only
         // the first is refused — by the instant it was decided at, not by now.
@@ -211,14 +212,14 @@ async fn preview_reads_only_the_tenants_calls_and_decides_at_the_recorded_instan
                 "@id(\"finance.hold.freeze\")\n@rule(\"hold.freeze\")\nforbid (principal, action == Action::\"invoice.hold\", resource)\nwhen {{ context.call.now < {until} }};\n\n// ---------------------------------------------------------------- payments"
             ),
         );
-        let p = preview(store, Some("acme"), bounded, 30).await.unwrap();
+        let p = preview(store, Some("acme"), bounded, Window::Days(30)).await.unwrap();
         assert_eq!(p.report.transitions, counts(&[("allow->deny", 1)]), "{p:?}");
 
         // Outside the window nothing is replayed; a window out of bounds is refused.
         app.clock.advance(chrono::Duration::days(31));
-        assert_eq!(replayed(preview(store, Some("acme"), base(), 30).await.unwrap()), 0);
-        assert!(preview(store, None, base(), 0).await.is_err());
-        assert!(preview(store, None, base(), 367).await.is_err());
+        assert_eq!(replayed(preview(store, Some("acme"), base(), Window::Days(30)).await.unwrap()), 0);
+        assert!(preview(store, None, base(), Window::Days(0)).await.is_err());
+        assert!(preview(store, None, base(), Window::Days(367)).await.is_err());
         app
     })
     .await;
@@ -239,11 +240,11 @@ async fn registry_preview_json_prints_the_report() {
         std::fs::write(dir.join("registry.yaml"), &raised.registry_yaml).unwrap();
         std::fs::write(dir.join("policy.cedar"), &raised.policies).unwrap();
         std::fs::write(dir.join("policy.cedarschema"), &raised.policy_schema).unwrap();
-        // The CLI reads the wall clock; the test server's is in June 2026.
+        // The CLI reads the wall clock; the test server's is in June 2026: name the start.
         let out = countersign_on(&app.db_url())
             .args(["registry", "preview"])
             .arg(&dir)
-            .args(["--days", "366", "--tenant", "acme", "--json"])
+            .args(["--from", "2026-06-01", "--tenant", "acme", "--json"])
             .output()
             .unwrap();
         assert!(

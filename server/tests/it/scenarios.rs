@@ -207,14 +207,19 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         };
         assert!(
-            proposal.note.starts_with("gate advisor:"),
+            proposal.note.starts_with("gate advisor"),
             "{}",
             proposal.note
         );
-        let preview =
-            countersign::preview::preview_changes(&app.store, Some("acme"), &proposal.changes, 30)
-                .await
-                .unwrap();
+        let preview = countersign::preview::preview_changes(
+            &app.store,
+            Some("acme"),
+            Some(proposal.base_version),
+            &proposal.changes,
+            countersign::preview::Window::Days(30),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             preview.report.transitions.get("require_approval->allow"),
             Some(&countersign::demo::HOLDS),

@@ -124,12 +124,25 @@ fn preview_view(preview: Result<Preview, PreviewError>) -> PreviewView {
     }
 }
 
+/// How long the page reuses a proposal's impact preview (while the version in force is the
+/// same): a preview replays a month of calls, and the page is reloaded after every action.
+const PREVIEW_TTL_MS: i64 = 60_000;
+
+/// Previews by (proposal, scope): the version in force they were made against, when, and the
+/// preview.
+type PreviewCache = std::sync::Mutex<
+    std::collections::HashMap<(String, Option<String>), (Option<i64>, i64, PreviewView)>,
+>;
+
 /// The store-backed [`AdminSource`].
-pub struct AdminBackend(pub AppState);
+pub struct AdminBackend(pub AppState, PreviewCache);
 
 /// The context value the router provides to the dashboard.
 pub fn context(state: &AppState) -> Admin {
-    Admin(Arc::new(AdminBackend(state.clone())))
+    Admin(Arc::new(AdminBackend(
+        state.clone(),
+        PreviewCache::default(),
+    )))
 }
 
 /// `iss#sub`: how a person is recorded on proposals.
@@ -153,6 +166,43 @@ fn gate_text(g: Gate) -> &'static str {
 }
 
 impl AdminBackend {
+    /// Proposal `p`'s impact preview over `scope`'s calls, reused for [`PREVIEW_TTL_MS`]
+    /// while the version in force is unchanged.
+    async fn preview(
+        &self,
+        p: &countersign_core::store::Proposal,
+        scope: Option<&str>,
+    ) -> PreviewView {
+        let store = &self.0.store;
+        let key = (p.id.clone(), scope.map(str::to_string));
+        let (version, now) = (self.0.registry.version(), store.clock().now_ms());
+        let cache = |c: &PreviewCache| {
+            let mut held = c.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            held.retain(|_, (v, at, _)| *v == version && now - *at < PREVIEW_TTL_MS);
+            held.get(&key).map(|(_, _, view)| view.clone())
+        };
+        if let Some(view) = cache(&self.1) {
+            return view;
+        }
+        let view = preview_view(
+            crate::preview::preview_changes(
+                store,
+                scope,
+                Some(p.base_version),
+                &p.changes,
+                crate::preview::Window::Days(crate::preview::DEFAULT_DAYS),
+            )
+            .await,
+        );
+        if view.error.is_none() {
+            self.1
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(key, (version, now, view.clone()));
+        }
+        view
+    }
+
     async fn load(&self, person: &Person) -> Result<AdminData, StoreError> {
         let state = &self.0;
         let store = &state.store;
@@ -222,14 +272,7 @@ impl AdminBackend {
             .filter(|p| p.status == ProposalStatus::Proposed)
             .take(MAX_PREVIEWS)
         {
-            let preview = crate::preview::preview_changes(
-                store,
-                scope.as_deref(),
-                &p.changes,
-                crate::preview::DEFAULT_DAYS,
-            )
-            .await;
-            previews.insert(p.id.clone(), preview_view(preview));
+            previews.insert(p.id.clone(), self.preview(p, scope.as_deref()).await);
         }
         let proposals = listed
             .into_iter()

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use countersign_app::metrics::{AdviceRow, Rejection, ShadowDay, ShadowExample, ShadowRow};
 use countersign_core::advisor::{Advice, advise, trend, wilson};
 use countersign_core::audit::AuditRecord;
+use countersign_core::audit::members::{DECISION, SHADOW};
 use countersign_core::bundle::Bundle;
-use countersign_core::policy::ShadowHit;
+use countersign_core::policy::{Rule, ShadowHit};
 use countersign_core::registry::ToolName;
 use serde_json::Value;
 
@@ -37,10 +38,14 @@ impl Draft {
     pub fn words(&self, tool: &str) -> String {
         match self {
             Self::GateToPolicy => format!(
-                "proposes {tool} gate: always → policy and review: required (the model reviewer)"
+                "proposes {tool} gate: always → policy and review: required: its planned steps \
+                 wait for the model reviewer, and its direct calls run without a person unless \
+                 a policy still gates them (the impact preview shows which)"
             ),
             Self::Demote(ids) => format!(
-                "proposes {} as shadow rule(s) (still recorded, no longer gating) and review: required for {tool}",
+                "proposes {} as shadow rule(s) (still recorded, no longer gating) and review: \
+                 required for {tool}: its planned steps wait for the model reviewer, and its \
+                 direct calls run without a person (the impact preview shows which)",
                 ids.join(", ")
             ),
         }
@@ -52,12 +57,11 @@ pub fn draft_for(bundle: &Bundle, tool: &str, rule: &str) -> Option<Draft> {
     let name = ToolName::parse(tool).ok()?;
     let t = bundle.registry.tool(&name)?;
     match rule {
-        "irreversible.always" => None,
-        "gate.always" => (t.gate == countersign_core::Gate::Always).then_some(Draft::GateToPolicy),
-        _ => {
-            let ids = bundle.policy.enforced_with_rule(rule);
-            (!ids.is_empty()).then_some(Draft::Demote(ids))
+        r if r == Rule::IRREVERSIBLE_ALWAYS.as_str() => None,
+        r if r == Rule::GATE_ALWAYS.as_str() => {
+            (t.gate == countersign_core::Gate::Always).then_some(Draft::GateToPolicy)
         }
+        _ => bundle.policy.gate_policies(tool, rule).map(Draft::Demote),
     }
 }
 
@@ -161,6 +165,8 @@ pub(super) fn advice_rows(
 /// the records that carry shadow hits, in chain order.
 pub(super) fn shadow_rows(records: &[AuditRecord], bundle: Option<&Bundle>) -> Vec<ShadowRow> {
     let mut rows: BTreeMap<String, ShadowRow> = BTreeMap::new();
+    // A step is decided again on each attempt: it counts once per shadow rule, by its first.
+    let mut seen: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
     let row = |rows: &mut BTreeMap<String, ShadowRow>, id: &str, rule: &str| {
         rows.entry(id.to_string()).or_insert_with(|| ShadowRow {
             id: id.to_string(),
@@ -177,19 +183,23 @@ pub(super) fn shadow_rows(records: &[AuditRecord], bundle: Option<&Bundle>) -> V
     for r in records {
         let detail = detail_of(&r.record);
         let Some(hits) = detail
-            .get("shadow")
+            .get(SHADOW)
             .cloned()
             .and_then(|v| serde_json::from_value::<Vec<ShadowHit>>(v).ok())
         else {
             continue;
         };
         let was = detail
-            .get("decision")
+            .get(DECISION)
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
         let day = day_of(r.at);
+        let step = r.step_id.clone().unwrap_or_default();
         for hit in hits {
+            if !seen.insert((step.clone(), hit.id.clone())) {
+                continue;
+            }
             row(&mut rows, &hit.id, &hit.rule);
             let Some(s) = rows.get_mut(&hit.id) else {
                 continue;

@@ -8,12 +8,16 @@
 //!   recommends the model reviewer and a draft can be made ([`super::draft_for`]); anything
 //!   else is refused and nothing is filed.
 //! * Nothing is applied here: each is filed as a registry proposal (audited by the store) that
-//!   a second admin with the platform role approves, after reading its impact preview.
+//!   a second admin with the platform role approves, after reading its impact preview. A
+//!   manager may file the advisor's draft (and only that): its note names the tenant whose
+//!   evidence it rests on, since the registry is every tenant's.
+//! * Each answers with a redirect carrying a fixed code, never free text (a reload files
+//!   nothing twice: the page it lands on is a GET).
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Redirect, Response};
 use countersign_core::bundle::BundleSources;
 use countersign_core::bundle::edit::{demote_to_shadow, enforce_shadow, require_review};
 use countersign_core::store::{
@@ -45,8 +49,38 @@ fn cross_origin(state: &AppState, headers: &HeaderMap) -> bool {
     )
 }
 
-/// Files `sources` as a proposal by `person`; the page that says so.
-async fn file(state: &AppState, person: &Person, sources: &BundleSources, note: &str) -> Response {
+/// Where a form goes back to, with a fixed code (never free text).
+#[derive(Clone, Copy)]
+enum Back {
+    /// The gate metrics page.
+    Gates,
+    /// The admin page.
+    Admin,
+}
+
+impl Back {
+    fn to(self, done: Option<&str>, error: Option<&str>) -> Response {
+        let page = match self {
+            Self::Gates => "/gates",
+            Self::Admin => "/admin",
+        };
+        let target = match (done, error) {
+            (_, Some(e)) => format!("{page}?error={e}"),
+            (Some(d), None) => format!("{page}?done={d}"),
+            (None, None) => page.to_string(),
+        };
+        Redirect::to(&target).into_response()
+    }
+}
+
+/// Files `sources` as a proposal by `person` with `note`; back to `back` with a fixed code.
+async fn file(
+    state: &AppState,
+    person: &Person,
+    sources: &BundleSources,
+    note: &str,
+    back: Back,
+) -> Response {
     match state
         .store
         .import_or_propose(sources, &identity(person), note)
@@ -54,52 +88,35 @@ async fn file(state: &AppState, person: &Person, sources: &BundleSources, note: 
     {
         Ok(BundleImport::Proposed(p)) => {
             tracing::info!(proposal = %p.id, sub = %person.sub, "proposal drafted");
-            page(
-                StatusCode::OK,
-                "Proposal drafted",
-                &format!(
-                    "<p>Proposal <span class=\"font-mono\">{}</span> is filed: {}. Nothing \
-                     changes until an admin reviews its impact preview on the admin page and a \
-                     second admin approves it.</p><p><a class=\"underline\" href=\"/gates\">Back \
-                     to the gate metrics</a></p>",
-                    escape(&p.id),
-                    escape(note)
-                ),
-                false,
+            back.to(
+                Some(match back {
+                    Back::Gates => "drafted",
+                    Back::Admin => "proposed",
+                }),
+                None,
             )
         }
-        Ok(BundleImport::Unchanged(_) | BundleImport::Applied(_)) => refused(
-            StatusCode::CONFLICT,
-            "Nothing to draft",
-            "The registry already says this.",
-        ),
+        Ok(BundleImport::Unchanged(_) | BundleImport::Applied(_)) => {
+            back.to(None, Some("no_change"))
+        }
         Err(ProposalError::Store(e)) => {
             tracing::error!(error = %e, "drafting a proposal failed");
-            refused(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Not drafted",
-                "The database did not answer. Nothing was filed; try again.",
-            )
+            back.to(None, Some("unavailable"))
         }
-        Err(e) => refused(StatusCode::CONFLICT, "Not drafted", &e.to_string()),
+        Err(e) => {
+            tracing::info!(error = %e, "a drafted proposal was refused");
+            back.to(None, Some("invalid"))
+        }
     }
 }
 
-async fn current_sources(state: &AppState) -> Result<BundleSources, Response> {
+async fn current_sources(state: &AppState, back: Back) -> Result<BundleSources, Response> {
     match state.store.current_bundle().await {
         Ok(Some((_, sources))) => Ok(sources),
-        Ok(None) => Err(refused(
-            StatusCode::CONFLICT,
-            "Not drafted",
-            "There is no registry yet.",
-        )),
+        Ok(None) => Err(back.to(None, Some("invalid"))),
         Err(e) => {
             tracing::error!(error = %e, "drafting: reading the registry failed");
-            Err(refused(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Not drafted",
-                "The database did not answer.",
-            ))
+            Err(back.to(None, Some("unavailable")))
         }
     }
 }
@@ -157,11 +174,7 @@ pub async fn draft(
             .any(|r| r.tool == tool && r.rule == rule && r.draft.is_some()),
         Err(e) => {
             tracing::error!(error = %e, "drafting: reading the gates failed");
-            return refused(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Not drafted",
-                "The database did not answer.",
-            );
+            return Back::Gates.to(None, Some("unavailable"));
         }
     };
     let loaded = state.registry.current();
@@ -170,22 +183,26 @@ pub async fn draft(
         .and_then(|l| super::draft_for(&l.bundle, tool, rule))
         .filter(|_| offered)
     else {
-        return refused(
-            StatusCode::CONFLICT,
-            "Not drafted",
-            "The advisor does not recommend a change for this gate now.",
-        );
+        return Back::Gates.to(None, Some("not_offered"));
     };
-    let sources = match current_sources(&state).await {
+    let sources = match current_sources(&state, Back::Gates).await {
         Ok(s) => s,
         Err(r) => return r,
     };
     match drafted(&sources, tool, &draft) {
         Ok(edited) => {
-            let note = format!("gate advisor: {}", draft.words(tool));
-            file(&state, &person, &edited, &note).await
+            // Drafted from one tenant's evidence, for the registry every tenant shares: said so.
+            let note = format!(
+                "gate advisor, on tenant {tenant}'s last {} days: {}",
+                countersign_app::metrics::WINDOW_DAYS,
+                draft.words(tool)
+            );
+            file(&state, &person, &edited, &note, Back::Gates).await
         }
-        Err(why) => refused(StatusCode::CONFLICT, "Not drafted", &why),
+        Err(why) => {
+            tracing::info!(%why, "the advisor's draft could not be made");
+            Back::Gates.to(None, Some("not_offered"))
+        }
     }
 }
 
@@ -214,15 +231,18 @@ pub async fn promote(
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
     let id = field(&form, "id");
-    let sources = match current_sources(&state).await {
+    let sources = match current_sources(&state, Back::Admin).await {
         Ok(s) => s,
         Err(r) => return r,
     };
     match enforce_shadow(&sources, id) {
         Ok(edited) => {
             let note = format!("enforce shadow rule {id}");
-            file(&state, &person, &edited, &note).await
+            file(&state, &person, &edited, &note, Back::Admin).await
         }
-        Err(why) => refused(StatusCode::CONFLICT, "Not proposed", &why),
+        Err(why) => {
+            tracing::info!(%why, "enforcing a shadow rule: not proposed");
+            Back::Admin.to(None, Some("not_shadow"))
+        }
     }
 }

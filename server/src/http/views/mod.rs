@@ -1,9 +1,11 @@
 //! The server side of the dashboard's run timeline, audit search and gate metrics
-//! ([`countersign_app::runs`], [`countersign_app::audit`], [`countersign_app::metrics`]), and
-//! the audit export route `GET /audit/export.jsonl`.
+//! ([`countersign_app::runs`], [`countersign_app::audit`], [`countersign_app::metrics`] with
+//! the gate advisor and shadow rules), the audit export route `GET /audit/export.jsonl`, and
+//! the two forms of the metrics page that file proposals (`drafts`: `POST /gates/draft`,
+//! `POST /admin/shadow/promote`; their invariants are that module's).
 //!
 //! Invariants:
-//! * Nothing here decides who may see what alone: the app's server functions check the
+//! * Apart from `drafts`, everything here only reads. Nothing here decides who may see what alone: the app's server functions check the
 //!   signed-in person's role and tenant first and pass the tenant in; every query is scoped
 //!   to it (runs of that tenant; audit records of its runs, or of no run).
 //! * `GET /audit/export.jsonl` sits behind the session gate (signed out: redirect to

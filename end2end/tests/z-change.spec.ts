@@ -1,6 +1,8 @@
 // Change with confidence (issue 33): the gate advisor recommends on recorded decisions and a
 // manager drafts its proposal; an admin proposes raising the invoice-hold threshold, sees the
 // impact preview's counts and an example on the admin page, and a second admin approves it.
+// Named to run last (files run in name order): it changes the registry in force and puts
+// invoice INV-20260615 on hold, which the other specs' payments must not meet.
 import { test, expect, Page } from '@playwright/test';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
@@ -48,7 +50,8 @@ test('the advisor drafts a proposal for a manager; an admin previews a raised ho
   await expect(advice.getByTestId('advice-words')).toHaveText('consider moving this step to the model reviewer');
   await max.screenshot({ path: shot('advisor'), fullPage: true });
   await advice.getByTestId('draft').click();
-  await expect(max.getByRole('heading', { name: 'Proposal drafted' })).toBeVisible();
+  await expect(max).toHaveURL(/\/gates\?done=drafted$/);
+  await expect(max.getByTestId('notice')).toContainText('Proposal drafted');
   await maxContext.close();
 
   // Ada proposes the raised threshold from the command line (policy text is proposed as a
