@@ -310,8 +310,8 @@ fn Matrix(version: Option<i64>, roles: Vec<RoleCol>, tools: Vec<ToolRow>) -> Any
                         <span class="font-mono">{t.name.clone()}</span>
                         <span class="block text-xs text-slate-600">{t.title.clone().unwrap_or_default()}</span>
                     </th>
-                    <td class="px-2 py-1" data-testid="effect">{t.effect.clone()}</td>
-                    <td class="px-2 py-1" data-testid="gate">{t.gate.clone()}</td>
+                    <td class="whitespace-nowrap px-2 py-1" data-testid="effect">{t.effect.clone()}</td>
+                    <td class="whitespace-nowrap px-2 py-1" data-testid="gate">{t.gate.clone()}</td>
                     <td class="px-2 py-1 text-xs">
                         {approval}
                         {t.compensate.clone().map(|c| format!("; compensated by {c}"))}

@@ -302,6 +302,31 @@ fn poll_gates(rows: RwSignal<Vec<GateRow>>) {
 /// The form the list's batch decision posts to.
 const BATCH_PATH: &str = "/inbox/batch";
 
+/// `minor` units of `currency` (exponent `exponent`) as `12,345.60 EUR`, exactly.
+fn minor_text(minor: i64, exponent: u32, currency: &str) -> String {
+    let unit = 10i64.saturating_pow(exponent);
+    let (sign, abs) = if minor < 0 {
+        ("-", minor.unsigned_abs())
+    } else {
+        ("", minor.unsigned_abs())
+    };
+    let unit = unit.unsigned_abs().max(1);
+    let whole = (abs / unit).to_string();
+    let mut grouped = String::new();
+    for (i, c) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    let fraction = if exponent == 0 {
+        String::new()
+    } else {
+        format!(".{:0width$}", abs % unit, width = exponent as usize)
+    };
+    format!("{sign}{grouped}{fraction} {currency}")
+}
+
 /// What the ticked gates add up to: `3 selected (invoice.hold) · total 4,000.00 EUR`.
 fn selection_text(rows: &[GateRow], ticked: &std::collections::BTreeSet<String>) -> String {
     let chosen: Vec<&GateRow> = rows
@@ -316,22 +341,27 @@ fn selection_text(rows: &[GateRow], ticked: &std::collections::BTreeSet<String>)
     tools.dedup();
     let mut totals: std::collections::BTreeMap<(&str, u32), i64> =
         std::collections::BTreeMap::new();
+    let mut without = 0;
     for r in &chosen {
-        if let (Some(minor), Some(c)) = (r.amount_minor, r.currency.as_deref()) {
-            *totals.entry((c, r.exponent)).or_default() += minor;
+        match (r.amount_minor, r.currency.as_deref()) {
+            (Some(minor), Some(c)) => {
+                let sum = totals.entry((c, r.exponent)).or_default();
+                *sum = sum.saturating_add(minor);
+            }
+            _ => without += 1,
         }
     }
     let total = totals
         .iter()
-        .filter_map(|((c, exponent), minor)| {
-            let exponent = i32::try_from(*exponent).unwrap_or(2);
-            crate::inbox::format_amount(*minor as f64 / 10f64.powi(exponent), Some(c))
-        })
+        .map(|((c, exponent), minor)| minor_text(*minor, *exponent, c))
         .collect::<Vec<_>>()
         .join(" + ");
     let mut text = format!("{} selected ({})", chosen.len(), tools.join(", "));
     if !total.is_empty() {
         text.push_str(&format!(" · total {total}"));
+    }
+    if without > 0 && !total.is_empty() {
+        text.push_str(&format!(" ({without} without an amount)"));
     }
     if tools.len() > 1 {
         text.push_str(" — a batch decides gates of one tool: untick the others");
@@ -342,10 +372,9 @@ fn selection_text(rows: &[GateRow], ticked: &std::collections::BTreeSet<String>)
 #[component]
 fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
     let ticked = RwSignal::new(std::collections::BTreeSet::<String>::new());
-    provide_context(ticked);
     let summary = move || rows.with(|all| ticked.with(|t| selection_text(all, t)));
     view! {
-        <form method="post" action=BATCH_PATH id="batch" class="space-y-3">
+        <form method="post" action=BATCH_PATH id="batch" autocomplete="off" class="space-y-3">
         <div class="overflow-x-auto">
         <table class="w-full border-collapse overflow-hidden rounded border border-slate-200 bg-white text-left text-sm">
             <caption class="sr-only">"Gated calls waiting for approval, oldest first"</caption>
@@ -364,7 +393,7 @@ fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
             </thead>
             <tbody>
                 <For each=move || rows.get() key=|row| row.step_id.clone() let:row>
-                    <GateLine row rows/>
+                    <GateLine row rows ticked/>
                 </For>
             </tbody>
         </table>
@@ -375,7 +404,7 @@ fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
             <div class="flex flex-wrap items-end gap-2">
                 <div class="flex flex-col text-sm">
                     <label for="batch-reason">"Reason (recorded on each decision)"</label>
-                    <input id="batch-reason" name="reason" class="rounded border border-slate-500 bg-white px-2 py-1 text-sm focus:outline-none focus:ring-2 focus:ring-indigo-500" data-testid="batch-reason"/>
+                    <textarea id="batch-reason" name="reason" rows="1" class="rounded border border-slate-500 bg-white px-2 py-1 text-sm focus:outline-none focus:ring-2 focus:ring-indigo-500" data-testid="batch-reason"></textarea>
                 </div>
                 <button type="submit" name="verdict" value="approved" data-testid="batch-approve" class="rounded bg-indigo-700 px-3 py-1.5 text-sm font-medium text-white hover:bg-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-500 focus:ring-offset-2">
                     "Approve ticked"
@@ -401,7 +430,11 @@ fn review_name(row: &GateRow) -> String {
 /// One row. Its link id (`gate-link-N`, N its position, which j/k walk) and its countdown
 /// follow the list; everything else is fixed for a step.
 #[component]
-fn GateLine(row: GateRow, rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
+fn GateLine(
+    row: GateRow,
+    rows: RwSignal<Vec<GateRow>>,
+    ticked: RwSignal<std::collections::BTreeSet<String>>,
+) -> impl IntoView {
     let href = format!("/inbox/{}", row.step_id);
     let id = row.step_id.clone();
     let link_id = {
@@ -419,20 +452,17 @@ fn GateLine(row: GateRow, rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
                 .unwrap_or_default()
         })
     };
-    let ticked = use_context::<RwSignal<std::collections::BTreeSet<String>>>();
     let select_label = format!("Select{}", review_name(&row));
     let tick_id = row.step_id.clone();
     let on_tick = move |ev: leptos::ev::Event| {
         let on = event_target_checked(&ev);
-        if let Some(t) = ticked {
-            t.update(|set| {
-                if on {
-                    set.insert(tick_id.clone());
-                } else {
-                    set.remove(&tick_id);
-                }
-            });
-        }
+        ticked.update(|set| {
+            if on {
+                set.insert(tick_id.clone());
+            } else {
+                set.remove(&tick_id);
+            }
+        });
     };
     view! {
         <tr
@@ -695,4 +725,44 @@ pub fn NotFound() -> impl IntoView {
         }
     }
     view! { <EmptyPage title="Not found" empty="There is no page at this address."/> }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(id: &str, tool: &str, minor: Option<i64>, currency: &str, exponent: u32) -> GateRow {
+        GateRow {
+            step_id: id.into(),
+            tool: tool.into(),
+            amount: None,
+            amount_minor: minor,
+            currency: Some(currency.into()),
+            exponent,
+            target: None,
+            expires: String::new(),
+            waiting_since: String::new(),
+        }
+    }
+
+    #[test]
+    fn totals_are_exact_in_minor_units_per_currency() {
+        assert_eq!(minor_text(123_456_789, 2, "EUR"), "1,234,567.89 EUR");
+        assert_eq!(minor_text(5, 2, "EUR"), "0.05 EUR");
+        assert_eq!(minor_text(1_500, 0, "JPY"), "1,500 JPY");
+        assert_eq!(minor_text(1_234, 3, "KWD"), "1.234 KWD");
+        let rows = [
+            gate("a", "payment.schedule", Some(120_000), "EUR", 2),
+            gate("b", "payment.schedule", Some(130_050), "EUR", 2),
+            gate("c", "payment.schedule", None, "EUR", 2),
+            gate("d", "invoice.hold", Some(1), "EUR", 2),
+        ];
+        let ticked = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            selection_text(&rows, &ticked(&["a", "b", "c"])),
+            "3 selected (payment.schedule) · total 2,500.50 EUR (1 without an amount)"
+        );
+        assert!(selection_text(&rows, &ticked(&["a", "d"])).contains("one tool"));
+        assert!(selection_text(&rows, &ticked(&[])).starts_with("Tick gates"));
+    }
 }

@@ -59,6 +59,9 @@ pub enum PreviewError {
     /// The window is outside 1..=366 days.
     #[error("the window must be 1 to {MAX_DAYS} days")]
     Window,
+    /// The window starts now or later.
+    #[error("the window must start in the past")]
+    Future,
     /// The proposal was made against another version than the one in force: replaying it
     /// on this one would not show what it proposed.
     #[error(
@@ -131,7 +134,8 @@ fn since_ms(store: &Store, window: Window) -> Result<i64, PreviewError> {
     let since = match window {
         Window::Days(days) if (1..=MAX_DAYS).contains(&days) => now - days * DAY_MS,
         Window::Since(at) if at < now => at,
-        _ => return Err(PreviewError::Window),
+        Window::Since(_) => return Err(PreviewError::Future),
+        Window::Days(_) => return Err(PreviewError::Window),
     };
     Ok(since)
 }

@@ -112,6 +112,7 @@ pub fn error_text(code: &str) -> Option<&'static str> {
              made for it). Nothing was drafted."
         }
         "no_change" => "The registry already says this. Nothing was drafted.",
+        "stale" => "The registry changed meanwhile. Nothing was drafted; look again.",
         "invalid" => "The draft would not be a valid registry. Nothing was drafted.",
         "unavailable" => "The database did not answer. Nothing was drafted; try again.",
         _ => return None,

@@ -315,8 +315,8 @@ impl PolicyEngine {
         self.decide_with(&self.policies, req, &self.prepare(req))
     }
 
-    /// Rules on `req` with the policies in force, then lists what each shadow rule would have
-    /// decided otherwise. Pure: no I/O, no clock.
+    /// Rules on `req` with the policies in force, then lists each shadow rule that would have
+    /// decided more strictly. Pure: no I/O, no clock.
     pub fn decide(&self, req: &Request) -> DecisionReport {
         if let Some(report) = floor_before_cedar(req) {
             return report;

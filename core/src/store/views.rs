@@ -21,10 +21,10 @@
 //!   "actor + time range" as one index range.
 
 use super::{Run, Store, StoreError, on_pool};
+use crate::audit::AuditRecord;
 
 /// The most records with shadow hits the gate metrics read (the newest of the window).
 pub const SHADOW_RECORDS: i64 = 20_000;
-use crate::audit::AuditRecord;
 
 /// What the audit search filters on. `None` / empty = no condition.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

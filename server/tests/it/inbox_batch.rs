@@ -16,12 +16,16 @@ use crate::mcp::{Client, each_finance_app, hold, payment_for};
 const DEMO_ISSUER: &str = "urn:countersign:demo";
 
 async fn worker_by(app: &TestApp, name: &str, created_by: &str) -> String {
+    worker_in(app, name, created_by, "acme").await
+}
+
+async fn worker_in(app: &TestApp, name: &str, created_by: &str, tenant: &str) -> String {
     let (_, token) = app
         .store
         .create_agent(&NewAgent {
             name: name.into(),
             role: "worker.finance".into(),
-            tenant: "acme".into(),
+            tenant: tenant.into(),
             created_by: created_by.into(),
             expires_at: None,
             acts_for: None,
@@ -87,6 +91,22 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         )
         .await;
         let h = gated(&mut client, "invoice.hold", hold(json!(2000.0))).await;
+        let h2 = gated(&mut client, "invoice.hold", hold(json!(2100.0))).await;
+        let globex = worker_in(
+            &app,
+            "batch-globex",
+            "person:https://idp.example#gus",
+            "globex",
+        )
+        .await;
+        let mut theirs = Client::new(&app, &globex);
+        theirs.connect().await;
+        let foreign = gated(
+            &mut theirs,
+            "payment.schedule",
+            payment_for("INV-20269001", json!(900.0)),
+        )
+        .await;
         let ana = app.demo_client("ana").await;
         let reason = ("reason", "Freight instalments checked against PO-77813");
 
@@ -110,6 +130,44 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         )
         .await;
         assert_eq!(to, "/inbox?error=batch_tools");
+        // Ticked twice, or another tenant's gate alone: refused whole.
+        let (_, to, _) = post(
+            &ana,
+            &app,
+            &[("step", &a), ("step", &a), ("verdict", "approved"), reason],
+        )
+        .await;
+        assert_eq!(to, "/inbox?error=batch_refused");
+        let (_, to, _) = post(
+            &ana,
+            &app,
+            &[("step", &foreign), ("verdict", "approved"), reason],
+        )
+        .await;
+        assert_eq!(to, "/inbox?error=not_found");
+        // Beside one's own gate, another tenant's (of another tool or not) is answered as
+        // missing, never as a reason to refuse the batch.
+        let (status, _, html) = post(
+            &ana,
+            &app,
+            &[
+                ("step", &foreign),
+                ("step", &h2),
+                ("verdict", "approved"),
+                reason,
+            ],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{html}");
+        assert!(html.contains("1 of 2 gate(s) approved"), "{html}");
+        assert!(
+            html.contains("a gate that is not yours to decide"),
+            "{html}"
+        );
+        assert_eq!(
+            app.store.get_step(&foreign).await.unwrap().status,
+            StepStatus::NeedsApproval
+        );
         let max = app.demo_client("max").await;
         let (status, _, _) =
             post(&max, &app, &[("step", &a), ("verdict", "approved"), reason]).await;
@@ -162,15 +220,24 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
             StepStatus::NeedsApproval
         );
 
-        // A rejection is each gate's own decision.
-        let (status, _, html) = post(
+        // A rejection is each gate's own decision, of one tool too.
+        let (_, to, _) = post(
             &ana,
             &app,
             &[("step", &c), ("step", &h), ("verdict", "rejected"), reason],
         )
         .await;
-        assert_eq!(status, StatusCode::OK, "{html}");
-        assert!(html.contains("2 of 2 gate(s) rejected"), "{html}");
+        assert_eq!(to, "/inbox?error=batch_tools");
+        for step in [&c, &h] {
+            let (status, _, html) = post(
+                &ana,
+                &app,
+                &[("step", step), ("verdict", "rejected"), reason],
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{html}");
+            assert!(html.contains("1 of 1 gate(s) rejected"), "{html}");
+        }
         for step in [&c, &h] {
             assert_eq!(
                 app.store.get_step(step).await.unwrap().status,

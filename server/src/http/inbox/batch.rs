@@ -9,14 +9,18 @@
 //!   (role, step-up, duties, four eyes). A rejection is each step's own decision
 //!   ([`approvals::decide_as`]). A step refused for any reason keeps waiting, and the result
 //!   page says why, step by step.
-//! * Gates of several tools ticked together are refused whole (nothing decided).
+//! * Gates of several tools ticked together, more than [`MAX_BATCH_STEPS`] or one ticked
+//!   twice are refused whole (nothing decided). Only gates the person may see count towards
+//!   "one tool": a step of another tenant or tool is answered as missing, step by step.
+//! * The result page answers the POST itself: reloading it posts again, which decides nothing
+//!   twice (a decided step is no longer waiting) but records the attempt.
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use countersign_core::approvals::Verdict;
-use countersign_core::batch::{BatchGrant, StepResult};
+use countersign_core::batch::{BatchGrant, MAX_BATCH_STEPS, StepResult};
 use countersign_core::{Person, StepStatus, ToolName};
 use serde_json::Value;
 
@@ -25,9 +29,6 @@ use super::{row, utc};
 use crate::AppState;
 use crate::auth::pages::{escape, page};
 use crate::auth::{Approver, RequireRole};
-
-/// How long a batch's approvals last when the tool names no approval expiry.
-const DEFAULT_EXPIRY_MS: i64 = 72 * 3_600_000;
 
 /// What happened to one ticked gate.
 struct Line {
@@ -64,44 +65,93 @@ pub async fn batch_form(
     if steps.is_empty() {
         return back("batch_empty");
     }
+    let distinct: std::collections::BTreeSet<&String> = steps.iter().collect();
+    if steps.len() > MAX_BATCH_STEPS || distinct.len() != steps.len() {
+        return back("batch_refused");
+    }
     if reason.is_empty() {
         return back("reason");
     }
     let Some(verdict) = approvals::parse_verdict(field("verdict")) else {
         return back("verdict");
     };
+    let gates = match visible_gates(&state, &person, &steps).await {
+        Ok(g) => g,
+        Err(code) => return back(code),
+    };
     let lines = match verdict {
-        Verdict::Approved => approve(&state, &person, &steps, &reason).await,
-        Verdict::Rejected => Ok(reject(&state, &person, &steps, &reason).await),
+        Verdict::Approved => approve(&state, &person, &steps, &gates, &reason).await,
+        Verdict::Rejected => Ok(reject(&state, &person, &steps, &gates, &reason).await),
     };
     match lines {
-        Ok(lines) => result_page(&lines, verdict),
+        Ok(lines) => result_page(&lines, verdict, state.auth.demo()),
         Err(code) => back(code),
     }
 }
 
-/// What a gate is, in words: tool, target and amount (or `a gate` when it is not the
-/// person's to see).
-async fn described(state: &AppState, person: &Person, step_id: &str) -> String {
+/// The ticked gates this person may see, by step id, described — all of one tool; or the
+/// code to refuse the batch with (none visible, several tools, the database failed).
+async fn visible_gates(
+    state: &AppState,
+    person: &Person,
+    steps: &[String],
+) -> Result<Gates, &'static str> {
     let now = state.store.clock().now_ms();
-    match state.store.get_step(step_id).await {
-        Ok(step)
-            if approvals::visible(state, person, &step)
-                .await
-                .unwrap_or(false) =>
+    let mut gates = Gates::default();
+    for id in steps {
+        let step = match state.store.get_step(id).await {
+            Ok(s) => s,
+            Err(countersign_core::StoreError::NotFound) => continue,
+            Err(_) => return Err("unavailable"),
+        };
+        if !approvals::visible(state, person, &step)
+            .await
+            .map_err(|_| "unavailable")?
         {
-            let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
-            let r = row(&step, &inputs, now);
-            let mut parts = vec![r.tool];
-            parts.extend(r.target);
-            parts.extend(r.amount);
-            format!(
-                "{} (waiting since {})",
-                parts.join(", "),
-                utc(step.updated_at)
-            )
+            continue;
         }
-        _ => "a gate that is not yours to decide".into(),
+        let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+        let r = row(&step, &inputs, now);
+        let mut parts = vec![r.tool];
+        parts.extend(r.target);
+        parts.extend(r.amount);
+        let what = format!(
+            "{} (waiting since {})",
+            parts.join(", "),
+            utc(step.updated_at)
+        );
+        gates.earliest = Some(
+            gates
+                .earliest
+                .map_or(step.created_at, |e: i64| e.min(step.created_at)),
+        );
+        gates.tools.insert(step.tool.clone());
+        gates.what.insert(id.clone(), what);
+    }
+    match gates.tools.len() {
+        0 => Err("not_found"),
+        1 => Ok(gates),
+        _ => Err("batch_tools"),
+    }
+}
+
+/// What [`visible_gates`] found.
+#[derive(Default)]
+struct Gates {
+    /// Each visible gate, described before anything is decided.
+    what: std::collections::BTreeMap<String, String>,
+    /// Their tools (one, once checked).
+    tools: std::collections::BTreeSet<String>,
+    /// The earliest proposal among them (Unix ms).
+    earliest: Option<i64>,
+}
+
+impl Gates {
+    fn describe(&self, step_id: &str) -> String {
+        self.what
+            .get(step_id)
+            .cloned()
+            .unwrap_or_else(|| "a gate that is not yours to decide".into())
     }
 }
 
@@ -109,6 +159,7 @@ async fn approve(
     state: &AppState,
     person: &Person,
     steps: &[String],
+    gates: &Gates,
     reason: &str,
 ) -> Result<Vec<Line>, &'static str> {
     let Some(tenant) = person.tenant.clone() else {
@@ -117,30 +168,24 @@ async fn approve(
     let Some(loaded) = state.registry.current() else {
         return Err("unavailable");
     };
-    // The one tool: every ticked gate's (a gate that cannot be read counts as none).
-    let mut tools = std::collections::BTreeSet::new();
-    for id in steps {
-        if let Ok(step) = state.store.get_step(id).await {
-            tools.insert(step.tool);
-        }
-    }
-    let mut tools = tools.into_iter();
-    let (Some(tool), None) = (tools.next(), tools.next()) else {
-        return Err("batch_tools");
+    let Some(tool) = gates.tools.iter().next().cloned() else {
+        return Err("not_found");
     };
-    let expiry = ToolName::parse(&tool)
+    // The tool's own approval expiry bounds the batch (the store also caps each approval at
+    // its step's gate expiry).
+    let Some(expiry) = ToolName::parse(&tool)
         .ok()
         .and_then(|n| loaded.bundle.registry.tool(&n))
-        .and_then(|t| t.approval.as_ref())
-        .map_or(DEFAULT_EXPIRY_MS, |a| {
-            i64::try_from(a.expires.as_secs()).unwrap_or(i64::MAX / 1000) * 1000
-        });
+        .map(|t| t.approval_expiry().to_chrono().num_milliseconds())
+    else {
+        return Err("not_found");
+    };
     let now = state.store.clock().now_ms();
     let grant = BatchGrant {
         tool,
         step_ids: steps.to_vec(),
         max_count: u32::try_from(steps.len()).unwrap_or(u32::MAX),
-        proposed_from: 0,
+        proposed_from: gates.earliest.unwrap_or(now),
         proposed_to: now,
         expires_at: now.saturating_add(expiry),
         tenant,
@@ -163,17 +208,23 @@ async fn approve(
             StepResult::Decide { message, .. } => Err(message.clone()),
         };
         lines.push(Line {
-            what: described(state, person, step_id).await,
+            what: gates.describe(step_id),
             result,
         });
     }
     Ok(lines)
 }
 
-async fn reject(state: &AppState, person: &Person, steps: &[String], reason: &str) -> Vec<Line> {
+async fn reject(
+    state: &AppState,
+    person: &Person,
+    steps: &[String],
+    gates: &Gates,
+    reason: &str,
+) -> Vec<Line> {
     let mut lines = Vec::with_capacity(steps.len());
     for step_id in steps {
-        let what = described(state, person, step_id).await;
+        let what = gates.describe(step_id);
         let result =
             match approvals::decide_as(state, person, step_id, Verdict::Rejected, reason).await {
                 Ok(Decided { .. }) => Ok("rejected: it will never run"),
@@ -188,7 +239,7 @@ async fn reject(state: &AppState, person: &Person, steps: &[String], reason: &st
     lines
 }
 
-fn result_page(lines: &[Line], verdict: Verdict) -> Response {
+fn result_page(lines: &[Line], verdict: Verdict, demo: bool) -> Response {
     let (done, refused): (Vec<&Line>, Vec<&Line>) = lines.iter().partition(|l| l.result.is_ok());
     let item = |l: &Line| {
         let (class, text) = match &l.result {
@@ -217,5 +268,5 @@ fn result_page(lines: &[Line], verdict: Verdict) -> Response {
         list(&done),
         list(&refused)
     );
-    page(StatusCode::OK, "Batch decision", &body, false)
+    page(StatusCode::OK, "Batch decision", &body, demo)
 }

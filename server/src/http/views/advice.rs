@@ -195,7 +195,11 @@ pub(super) fn shadow_rows(records: &[AuditRecord], bundle: Option<&Bundle>) -> V
             .unwrap_or_default()
             .to_string();
         let day = day_of(r.at);
-        let step = r.step_id.clone().unwrap_or_default();
+        // A record of no step counts on its own.
+        let step = r
+            .step_id
+            .clone()
+            .unwrap_or_else(|| format!("{}#{}", r.chain, r.seq));
         for hit in hits {
             if !seen.insert((step.clone(), hit.id.clone())) {
                 continue;

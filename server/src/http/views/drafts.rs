@@ -103,6 +103,7 @@ async fn file(
             tracing::error!(error = %e, "drafting a proposal failed");
             back.to(None, Some("unavailable"))
         }
+        Err(ProposalError::Stale { .. }) => back.to(None, Some("stale")),
         Err(e) => {
             tracing::info!(error = %e, "a drafted proposal was refused");
             back.to(None, Some("invalid"))

@@ -5,9 +5,10 @@
 //! `POST /admin/shadow/promote`; their invariants are that module's).
 //!
 //! Invariants:
-//! * Apart from `drafts`, everything here only reads. Nothing here decides who may see what alone: the app's server functions check the
-//!   signed-in person's role and tenant first and pass the tenant in; every query is scoped
-//!   to it (runs of that tenant; audit records of its runs, or of no run).
+//! * Apart from `drafts`, everything here only reads. Nothing here decides who may see what
+//!   alone: the app's server functions check the signed-in person's role and tenant first
+//!   and pass the tenant in; every query is scoped to it (runs of that tenant; audit records
+//!   of its runs, or of no run).
 //! * `GET /audit/export.jsonl` sits behind the session gate (signed out: redirect to
 //!   sign-in), needs the auditor, admin or manager role and a tenant (403 otherwise), and
 //!   writes exactly the lines `countersign audit export` writes (one stored record, as JSON,
