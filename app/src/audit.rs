@@ -140,8 +140,10 @@ pub struct AuditRow {
     pub step_id: Option<String>,
     /// Tool.
     pub tool: Option<String>,
-    /// Actor.
+    /// Actor, exactly as recorded (the search filters on it).
     pub actor: Option<String>,
+    /// The actor in words (agent and person names).
+    pub actor_name: Option<String>,
     /// Rule.
     pub rule: Option<String>,
     /// A one-line summary of the detail (amounts with currency).
@@ -317,7 +319,7 @@ fn SearchForm(query: AuditQuery) -> impl IntoView {
         <form method="get" action="/audit" role="search" aria-label="Audit records" class="grid grid-cols-1 gap-3 rounded border border-slate-200 bg-white p-4 sm:grid-cols-2 lg:grid-cols-4">
             <Filter name="run" label="Run" value=query.run.clone() hint="run id"/>
             <Filter name="tool" label="Tool" value=query.tool.clone() hint="payment.schedule"/>
-            <Filter name="actor" label="Actor (exact)" value=query.actor.clone() hint="person:ISS#SUB, agent:…"/>
+            <Filter name="actor" label="Actor (exact, or an agent name)" value=query.actor.clone() hint="invoice-bot, person:ISS#SUB, agent:…"/>
             <Filter name="approver" label="Approver" value=query.approver.clone() hint="sub, or ISS#SUB"/>
             <div>
                 <label for="f-event" class="block text-sm font-medium text-slate-800">"Status / event"</label>
@@ -445,7 +447,8 @@ fn Results(query: AuditQuery, page: AuditPage) -> impl IntoView {
                     });
                     let actor = r.actor.clone().map(|a| {
                         let href = AuditQuery { actor: Some(a.clone()), ..AuditQuery::default() }.href("/audit", &[]);
-                        view! { <a href=href class="font-mono text-xs text-indigo-800 underline">{a}</a> }
+                        let name = r.actor_name.clone().unwrap_or_else(|| a.clone());
+                        view! { <a href=href title=a class="text-xs text-indigo-800 underline" data-testid="audit-actor">{name}</a> }
                     });
                     view! {
                         <li id=format!("rec-{}", r.seq) data-testid="audit-row" data-seq=r.seq.to_string() data-event=r.event.clone() class="rounded border border-slate-200 bg-white p-3 text-sm">

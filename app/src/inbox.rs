@@ -43,8 +43,10 @@ pub struct HistoryRow {
     pub event: String,
     /// UTC text.
     pub at: String,
-    /// Who acted.
+    /// Who acted, in words (agent and person names).
     pub actor: String,
+    /// Who acted, exactly as recorded.
+    pub actor_id: String,
 }
 
 /// Everything the detail page shows about one waiting gate.

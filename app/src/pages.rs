@@ -703,7 +703,7 @@ fn GateView(detail: GateDetail) -> impl IntoView {
                                     <tr data-testid="history-row" class="border-t border-slate-200">
                                         <td class="px-3 py-2">{h.event}</td>
                                         <td class="px-3 py-2">{h.at}</td>
-                                        <td class="px-3 py-2 font-mono">{h.actor}</td>
+                                        <td class="px-3 py-2" title=h.actor_id>{h.actor}</td>
                                     </tr>
                                 }
                             })

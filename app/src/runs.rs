@@ -136,8 +136,10 @@ pub struct EventView {
     pub step_seq: Option<i64>,
     /// Tool.
     pub tool: Option<String>,
-    /// Actor.
+    /// Actor, exactly as recorded.
     pub actor: Option<String>,
+    /// The actor in words (agent and person names).
+    pub actor_name: Option<String>,
     /// Rule.
     pub rule: Option<String>,
     /// A one-line summary of the record's detail.
@@ -521,7 +523,10 @@ fn Timeline(detail: RunDetail) -> impl IntoView {
                                         {step}
                                         {e.tool.clone().map(|t| view! { <span class="font-mono">{t}</span> })}
                                         {e.rule.clone().map(|r| view! { <span>"rule " <code>{r}</code></span> })}
-                                        {e.actor.clone().map(|a| view! { <span class="font-mono text-xs text-slate-700">{a}</span> })}
+                                        {e.actor.clone().map(|a| {
+                                            let name = e.actor_name.clone().unwrap_or_else(|| a.clone());
+                                            view! { <span class="text-xs text-slate-700" title=a data-testid="event-actor">{name}</span> }
+                                        })}
                                     </div>
                                     {(!e.summary.is_empty()).then(|| view! { <p class="mt-1 text-slate-800">{e.summary.clone()}</p> })}
                                     <details class="mt-1">

@@ -23,6 +23,9 @@ pub const TENANT: &str = "acme";
 /// How many gated invoice holds the demo's gate history decides.
 pub const HOLDS: usize = 30;
 
+/// The holds the gate history leaves waiting (amount EUR, PO line), one batch for the inbox.
+pub const WAITING_HOLDS: [(u32, u32); 3] = [(1250, 1), (1480, 2), (2100, 3)];
+
 /// The one hold of [`HOLDS`] a person rejects.
 const REJECTED_HOLD: usize = 17;
 
@@ -32,7 +35,8 @@ const REJECTED_HOLD: usize = 17;
 /// which Pat rejects, and each approved hold runs on the worker's next call. The advisor then
 /// has evidence (30 decisions, one rejection, the tool's reversal cost), the shadow cap on
 /// holds above 5,000 EUR has would-denies, and Max drafts the advisor's proposal, so the admin
-/// page shows a proposal with a non-empty impact preview.
+/// page shows a proposal with a non-empty impact preview. Three holds of another invoice (a
+/// batch) and a 12,750 EUR payment (two approvers) are left waiting in the inbox.
 pub fn gate_history() -> String {
     let mut steps = String::new();
     for i in 0..HOLDS {
@@ -53,6 +57,14 @@ pub fn gate_history() -> String {
             ));
         }
     }
+    // Left waiting for the inbox: three holds of one invoice (one batch), and a payment above
+    // the second-approval threshold (two people).
+    for (amount, line) in WAITING_HOLDS {
+        steps.push_str(&format!(
+            "  - as: fin\n    call: invoice.hold\n    arguments: {{invoice_id: INV-20260613, amount: {amount}, currency: EUR, reason: \"Freight contract: quantity disputed on line {line}\"}}\n    reply: {{equal: {{/status: needs_approval}}}}\n"
+        ));
+    }
+    steps.push_str("  - as: fin\n    call: payment.schedule\n    arguments: {invoice_id: INV-20260613, amount: 12750, currency: EUR, value_date: \"2026-06-30\", reason: \"Annual freight contract, first instalment as agreed\"}\n    reply: {equal: {/status: needs_approval}}\n");
     format!(
         "name: finance demo, gate history\nseed: \"000\"\nactors:\n  fin: {{role: worker.finance}}\n  ana: {{person: ana}}\n  pat: {{person: pat}}\n  max: {{person: max}}\nsteps:\n{steps}  - note: the advisor recommends the model reviewer; Max drafts the proposal\n    as: max\n    form: {{path: /gates/draft, fields: {{tool: invoice.hold, rule: amount.threshold}}}}\nexpect:\n  effects:\n    - {{operation: invoices.hold, count: {}}}\n",
         HOLDS - 1
@@ -108,7 +120,7 @@ pub async fn seed_when_up(store: Store, url: String, origin: Option<String>) {
             if failed.is_empty() {
                 tracing::info!(
                     checks = report.checks.len(),
-                    "demo: played (one paid run, one payment waiting in the inbox, one refused injection)"
+                    "demo: played (one paid run, five gates waiting in the inbox, one refused injection, 30 decided holds, the advisor's draft)"
                 );
             } else {
                 for c in failed {

@@ -13,14 +13,7 @@ use std::collections::BTreeSet;
 use super::{Bundle, BundleSources};
 
 fn load(sources: &BundleSources) -> Result<Bundle, String> {
-    Bundle::load(sources.clone()).map_err(|e| {
-        let problems: Vec<String> = e.problems().iter().map(ToString::to_string).collect();
-        if problems.is_empty() {
-            e.to_string()
-        } else {
-            problems.join("; ")
-        }
-    })
+    Bundle::load(sources.clone()).map_err(|e| e.one_line())
 }
 
 fn shadow_ids(bundle: &Bundle) -> BTreeSet<String> {

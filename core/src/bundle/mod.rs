@@ -191,6 +191,16 @@ impl BundleError {
         }
     }
 
+    /// Its problems on one line (`; `-separated), or the error itself when it has none.
+    pub fn one_line(&self) -> String {
+        let problems: Vec<String> = self.problems().iter().map(ToString::to_string).collect();
+        if problems.is_empty() {
+            self.to_string()
+        } else {
+            problems.join("; ")
+        }
+    }
+
     pub(crate) fn invalid(problems: Vec<BundleProblem>) -> Self {
         Self::Invalid(BundleProblems(problems))
     }

@@ -38,14 +38,8 @@ impl Store {
         if by.trim().is_empty() {
             return Err(ProposalError::Invalid(ImportError::NoAuthor.to_string()));
         }
-        let new = Bundle::load(sources.clone()).map_err(|e| {
-            let problems: Vec<String> = e.problems().iter().map(ToString::to_string).collect();
-            ProposalError::Invalid(if problems.is_empty() {
-                e.to_string()
-            } else {
-                problems.join("; ")
-            })
-        })?;
+        let new =
+            Bundle::load(sources.clone()).map_err(|e| ProposalError::Invalid(e.one_line()))?;
         if self.current_bundle().await?.is_none() {
             // Version 1 or nothing: if another import stored one meanwhile, this bundle is
             // proposed against it like any other (never stored as version 2 unseen).

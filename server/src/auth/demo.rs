@@ -41,6 +41,18 @@ pub const DEMO_USERS: [(&str, &str, &[AppRole], &str); 7] = [
     ("gus", "Gus (admin, globex)", &[AppRole::Admin], "globex"),
 ];
 
+/// The display name of demo person `sub` when `iss` is the demo issuer.
+pub fn demo_name(iss: &str, sub: &str) -> Option<&'static str> {
+    (iss == DEMO_ISSUER)
+        .then(|| {
+            DEMO_USERS
+                .iter()
+                .find(|(s, ..)| *s == sub)
+                .map(|(_, name, ..)| *name)
+        })
+        .flatten()
+}
+
 /// The page shown when nobody can sign in.
 pub fn off_page() -> Response {
     page(

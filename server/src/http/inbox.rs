@@ -31,6 +31,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::approvals::{self, Decided, Refusal};
+use super::names::Names;
 use crate::AppState;
 use crate::auth::{Approver, RequireRole};
 use crate::pipeline::gate_rules;
@@ -157,6 +158,7 @@ impl InboxBackend {
                 other => other.to_string(),
             })
             .collect();
+        let names = Names::load(&state.store, person.tenant.as_deref().unwrap_or_default()).await?;
         let history = state
             .store
             .audit_for_step(&step.run_id, &step.id, HISTORY_LIMIT)
@@ -165,7 +167,11 @@ impl InboxBackend {
             .map(|r| HistoryRow {
                 event: r.event,
                 at: utc(r.at),
-                actor: r.actor.unwrap_or_else(|| "—".into()),
+                actor: r
+                    .actor
+                    .as_deref()
+                    .map_or_else(|| "—".into(), |a| names.actor(a)),
+                actor_id: r.actor.unwrap_or_default(),
             })
             .collect();
         Ok(Some(GateDetail {

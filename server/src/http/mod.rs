@@ -7,6 +7,7 @@ mod headers;
 mod health;
 mod inbox;
 mod metrics;
+mod names;
 mod render;
 pub mod views;
 

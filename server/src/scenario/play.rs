@@ -56,12 +56,7 @@ impl Runner<'_, '_> {
         }
         if let Some(d) = &a.decide {
             let actor = a.actor.as_deref().ok_or("a decision needs `as`")?;
-            let person = self
-                .scenario
-                .actors
-                .get(actor)
-                .and_then(|x| x.person.clone())
-                .ok_or_else(|| format!("{actor} is not a person of this scenario"))?;
+            let person = self.person(actor)?;
             let step = subst_str(&d.step, &self.vars)?;
             let in_app = self
                 .scenario
@@ -84,12 +79,7 @@ impl Runner<'_, '_> {
         }
         if let Some(form) = &a.form {
             let actor = a.actor.as_deref().ok_or("a form needs `as`")?;
-            let person = self
-                .scenario
-                .actors
-                .get(actor)
-                .and_then(|x| x.person.clone())
-                .ok_or_else(|| format!("{actor} is not a person of this scenario"))?;
+            let person = self.person(actor)?;
             let mut fields = Vec::with_capacity(form.fields.len());
             for (k, v) in &form.fields {
                 fields.push((k.clone(), subst_str(v, &self.vars)?));
@@ -350,6 +340,15 @@ impl Runner<'_, '_> {
         let status = resp.status().as_u16();
         let body = resp.json::<Value>().await.unwrap_or(Value::Null);
         Ok((status, body))
+    }
+
+    /// The demo person actor `actor` names.
+    fn person(&self, actor: &str) -> Result<String, String> {
+        self.scenario
+            .actors
+            .get(actor)
+            .and_then(|x| x.person.clone())
+            .ok_or_else(|| format!("{actor} is not a person of this scenario"))
     }
 
     /// Signs `person` in through the demo sign-in: the session cookie.

@@ -21,6 +21,7 @@ mod inbox_batch;
 mod interop;
 mod mcp;
 mod modern;
+mod names;
 mod oauth;
 mod preview;
 mod registry;

@@ -435,7 +435,7 @@ async fn audit_search_filters_pages_by_seq_verifies_the_chain_and_exports_jsonl(
         let html = ok_page(&aud, &app, "/audit").await;
         assert_eq!(rows(&html, "audit-row"), 50, "a page is 50 records");
         assert!(html.contains("data-chain=\"ok\""), "{html}");
-        for label in ["Run", "Tool", "Actor (exact)", "Approver", "Status / event", "Policy rule", "From (UTC)", "To (UTC, exclusive)"] {
+        for label in ["Run", "Tool", "Actor (exact, or an agent name)", "Approver", "Status / event", "Policy rule", "From (UTC)", "To (UTC, exclusive)"] {
             assert!(html.contains(&format!(">{label}</label>")), "label {label}");
         }
         assert!(html.contains("<details"), "records expand without JS");

@@ -456,14 +456,7 @@ pub fn apply_changes(base: &BundleSources, changes: &[Change]) -> Result<BundleS
         policies: base.policies.clone(),
         policy_schema: base.policy_schema.clone(),
     };
-    Bundle::load(sources.clone()).map_err(|e| {
-        let problems: Vec<String> = e.problems().iter().map(ToString::to_string).collect();
-        if problems.is_empty() {
-            e.to_string()
-        } else {
-            problems.join("; ")
-        }
-    })?;
+    Bundle::load(sources.clone()).map_err(|e| e.one_line())?;
     Ok(sources)
 }
 
@@ -484,13 +477,6 @@ fn bundle_sources(
     if sources == *base {
         return Err("the bundle is identical to the version it is proposed on".into());
     }
-    Bundle::load(sources.clone()).map_err(|e| {
-        let problems: Vec<String> = e.problems().iter().map(ToString::to_string).collect();
-        if problems.is_empty() {
-            e.to_string()
-        } else {
-            problems.join("; ")
-        }
-    })?;
+    Bundle::load(sources.clone()).map_err(|e| e.one_line())?;
     Ok(sources)
 }

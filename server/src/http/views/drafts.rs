@@ -42,11 +42,16 @@ fn refused(status: StatusCode, title: &str, why: &str) -> Response {
     page(status, title, &format!("<p>{}</p>", escape(why)), false)
 }
 
-fn cross_origin(state: &AppState, headers: &HeaderMap) -> bool {
-    !same_origin(
-        headers,
-        &state.config.public_url.origin().ascii_serialization(),
-    )
+/// The refusal of a request that did not come from a Countersign page, if it did not.
+fn cross_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let origin = state.config.public_url.origin().ascii_serialization();
+    (!same_origin(headers, &origin)).then(|| {
+        refused(
+            StatusCode::FORBIDDEN,
+            "Cross-origin request refused",
+            "This request did not come from a Countersign page, so it was not carried out.",
+        )
+    })
 }
 
 /// Where a form goes back to, with a fixed code (never free text).
@@ -146,12 +151,8 @@ pub async fn draft(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if cross_origin(&state, &headers) {
-        return refused(
-            StatusCode::FORBIDDEN,
-            "Cross-origin request refused",
-            "This request did not come from a Countersign page, so it was not carried out.",
-        );
+    if let Some(refusal) = cross_origin(&state, &headers) {
+        return refusal;
     }
     let allowed = [AppRole::Manager, AppRole::Admin]
         .iter()
@@ -214,12 +215,8 @@ pub async fn promote(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if cross_origin(&state, &headers) {
-        return refused(
-            StatusCode::FORBIDDEN,
-            "Cross-origin request refused",
-            "This request did not come from a Countersign page, so it was not carried out.",
-        );
+    if let Some(refusal) = cross_origin(&state, &headers) {
+        return refusal;
     }
     if !person.has_role(AppRole::Admin) {
         return refused(

@@ -46,6 +46,7 @@ use countersign_core::store::{AuditCursor, AuditFilter, Run};
 use serde_json::Value;
 
 use super::inbox::{target, utc};
+use super::names::Names;
 use crate::AppState;
 
 /// Runs per page of the run list.
@@ -74,12 +75,12 @@ fn opaque(what: &'static str) -> impl Fn(StoreError) -> String {
     }
 }
 
-fn run_row(run: &Run, counts: StepCounts) -> RunRow {
+fn run_row(run: &Run, counts: StepCounts, names: &Names) -> RunRow {
     RunRow {
         id: run.id.clone(),
         task: run.task.clone(),
         status: run.status.as_str().to_string(),
-        principal: run.principal.clone(),
+        principal: names.actor(&run.principal),
         tenant: run.tenant.clone(),
         origin: run.origin.clone(),
         created: utc(run.created_at),
@@ -163,8 +164,9 @@ pub fn summary(record: &str) -> String {
     parts.join(" · ")
 }
 
-fn audit_row(r: &AuditRecord) -> AuditRow {
+fn audit_row(r: &AuditRecord, names: &Names) -> AuditRow {
     AuditRow {
+        actor_name: r.actor.as_deref().map(|a| names.actor(a)),
         seq: r.seq,
         at: utc_seconds(r.at),
         event: r.event.clone(),
@@ -301,9 +303,10 @@ impl Views {
         for (run, status, n) in store.step_status_counts(&ids).await? {
             add_count(counts.entry(run).or_default(), &status, n);
         }
+        let names = Names::load(store, tenant).await?;
         let rows = runs
             .iter()
-            .map(|r| run_row(r, counts.remove(&r.id).unwrap_or_default()))
+            .map(|r| run_row(r, counts.remove(&r.id).unwrap_or_default(), &names))
             .collect();
         Ok((rows, older))
     }
@@ -392,9 +395,11 @@ impl Views {
                 }
             })
             .collect();
+        let names = Names::load(store, tenant).await?;
         let events = records
             .iter()
             .map(|r| EventView {
+                actor_name: r.actor.as_deref().map(|a| names.actor(a)),
                 seq: r.seq,
                 at: utc_seconds(r.at),
                 event: r.event.clone(),
@@ -408,7 +413,7 @@ impl Views {
             })
             .collect();
         Ok(Some(RunDetail {
-            run: run_row(&run, counts),
+            run: run_row(&run, counts, &names),
             planned: run.planned,
             replan: run.replan,
             steps: step_views,
@@ -522,6 +527,19 @@ impl Views {
         let chain = self
             .chain_status(tenant, q.verify.as_deref() == Some("full"))
             .await?;
+        let names = Names::load(&self.0.store, tenant).await?;
+        // An actor may be searched by an agent's name: it stands for that agent's direct calls.
+        let mut q = q.clone();
+        if let Some(actor) = q
+            .actor
+            .as_deref()
+            .map(str::trim)
+            .filter(|a| !a.contains(':'))
+            && let Some(recorded) = names.agent_actor(actor, tenant)
+        {
+            q.actor = Some(recorded);
+        }
+        let q = &q;
         let parsed = filter_for(tenant, q).and_then(|f| Ok((f, cursor_for(q)?)));
         let (filter, cursor) = match parsed {
             Ok(p) => p,
@@ -562,7 +580,7 @@ impl Views {
             }
         };
         Ok(AuditPage {
-            rows: records.iter().map(audit_row).collect(),
+            rows: records.iter().map(|r| audit_row(r, &names)).collect(),
             newer,
             older,
             chain,
