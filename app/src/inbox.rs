@@ -45,8 +45,8 @@ pub struct HistoryRow {
     pub at: String,
     /// Who acted, in words (agent and person names).
     pub actor: String,
-    /// Who acted, exactly as recorded.
-    pub actor_id: String,
+    /// Who acted, exactly as recorded (none for a record with no actor).
+    pub actor_id: Option<String>,
 }
 
 /// Everything the detail page shows about one waiting gate.

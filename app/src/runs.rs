@@ -52,6 +52,8 @@ pub struct RunRow {
     pub status: String,
     /// Who the run acts for.
     pub principal: String,
+    /// The principal in words (an agent's name and role).
+    pub principal_name: String,
     /// Tenant.
     pub tenant: String,
     /// Where the task came from.
@@ -373,7 +375,7 @@ fn RunTable(rows: Vec<RunRow>, older: Option<String>) -> impl IntoView {
                                     <div class="font-mono text-xs text-slate-600">{r.id.clone()}</div>
                                 </td>
                                 <td class="px-3 py-2"><Badge status=r.status.clone()/></td>
-                                <td class="px-3 py-2 font-mono text-xs">{r.principal.clone()}</td>
+                                <td class="px-3 py-2 text-xs" title=r.principal.clone()>{r.principal_name.clone()}</td>
                                 <td class="px-3 py-2">{r.tenant.clone()}</td>
                                 <td class="px-3 py-2" data-testid="run-steps">{counts}</td>
                             </tr>
@@ -449,7 +451,7 @@ fn Timeline(detail: RunDetail) -> impl IntoView {
                 <p class="text-slate-800">{run.task.clone()}</p>
                 <p class="flex flex-wrap items-center gap-3 text-sm text-slate-700">
                     <Badge status=run.status.clone()/>
-                    <span>"for " <span class="font-mono">{run.principal.clone()}</span></span>
+                    <span>"for " <span title=run.principal.clone() data-testid="run-principal">{run.principal_name.clone()}</span></span>
                     <span>"tenant " {run.tenant.clone()}</span>
                     <span>"origin " {run.origin.clone()}</span>
                     <span>"opened " {run.created.clone()}</span>

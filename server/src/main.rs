@@ -39,8 +39,9 @@ struct Cli {
 enum Command {
     /// Serve the dashboard, /mcp, /healthz and /metrics (migrates the database first).
     Serve {
-        /// On an empty database, play the finance demo at start: one paid run, one payment
-        /// waiting in the inbox, one refused injection attempt (same as config `demo = true`).
+        /// On an empty database, play the finance demo at start: one paid run, a refused
+        /// injection attempt, 30 decided invoice holds, five gates waiting in the inbox and
+        /// the gate advisor's drafted proposal (same as config `demo = true`).
         #[arg(long)]
         demo: bool,
     },

@@ -275,6 +275,17 @@ impl Store {
         })
     }
 
+    /// `tenant`'s credentials (execution credentials included), newest first.
+    pub async fn agents_of(&self, tenant: &str) -> Result<Vec<AgentCredential>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM agent_credentials WHERE tenant = $1 ORDER BY created_at DESC, id"
+        );
+        let rows: Vec<AgentCredential> = on_pool!(self, |p| {
+            sqlx::query_as(&sql).bind(tenant).fetch_all(p).await?
+        });
+        Ok(rows)
+    }
+
     /// Every credential, newest first.
     pub async fn list_agents(&self) -> Result<Vec<AgentCredential>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM agent_credentials ORDER BY created_at DESC, id");

@@ -47,7 +47,7 @@ use tower_sessions::Session;
 
 use crate::AppState;
 pub use countersign_app::DemoSignIn;
-pub use demo::demo_name as demo_names;
+pub use demo::demo_name;
 use oidc::Oidc;
 use pages::page;
 pub use pending::local_next;

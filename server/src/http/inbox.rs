@@ -171,7 +171,7 @@ impl InboxBackend {
                     .actor
                     .as_deref()
                     .map_or_else(|| "—".into(), |a| names.actor(a)),
-                actor_id: r.actor.unwrap_or_default(),
+                actor_id: r.actor,
             })
             .collect();
         Ok(Some(GateDetail {

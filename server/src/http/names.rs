@@ -1,7 +1,9 @@
 //! What a person reads instead of ids (issue 36): an audit actor such as
-//! `executor:local:19408:0 agent:0eb25196-… role:worker.finance tenant:acme` becomes
-//! `worker 0 on local for invoice-bot (worker.finance)`; a person `person:ISS#SUB` becomes their
-//! display name where Countersign knows it (the demo people; otherwise the subject).
+//! `agent:0eb25196-… role:worker.finance tenant:acme` becomes `agent invoice-bot
+//! (worker.finance)`; `executor:local:19408:0 agent:<a planned run's execution credential> …`
+//! becomes `worker 0 on local, running the plan's worker.finance steps`; a person
+//! `person:ISS#SUB` becomes their display name where Countersign knows it (the demo people;
+//! otherwise the subject).
 //!
 //! Invariants:
 //! * Display only: filters and links keep the exact recorded actor; the id stays one click
@@ -13,13 +15,24 @@ use std::collections::HashMap;
 
 use countersign_core::{Store, StoreError};
 
-use crate::auth::demo_names;
+use crate::auth::demo_name;
+
+/// One credential as people name it.
+#[derive(Debug, Clone)]
+struct Agent {
+    name: String,
+    role: String,
+    /// An execution credential (minted for one planned run).
+    execution: bool,
+    /// Not revoked.
+    active: bool,
+}
 
 /// Names for one tenant's pages.
 #[derive(Debug, Default, Clone)]
 pub struct Names {
-    /// Agent id → (name, role), this tenant's credentials.
-    agents: HashMap<String, (String, String)>,
+    /// Agent id → the credential, this tenant's only.
+    agents: HashMap<String, Agent>,
 }
 
 /// The first 8 characters of an id, for when no name is known.
@@ -32,49 +45,62 @@ impl Names {
     pub async fn load(store: &Store, tenant: &str) -> Result<Self, StoreError> {
         Ok(Self {
             agents: store
-                .list_agents()
+                .agents_of(tenant)
                 .await?
                 .into_iter()
+                // INVARIANT: re-checked whatever the query matched.
                 .filter(|a| a.tenant == tenant)
-                .map(|a| (a.id, (a.name, a.role)))
+                .map(|a| {
+                    let agent = Agent {
+                        execution: a.run_id.is_some(),
+                        active: a.revoked_at.is_none(),
+                        name: a.name,
+                        role: a.role,
+                    };
+                    (a.id, agent)
+                })
                 .collect(),
         })
     }
 
-    /// The agent credential `id`, as people name it: `invoice-bot (worker.finance)`.
+    /// The agent credential `id`, as people name it: `agent invoice-bot (worker.finance)`, or
+    /// for a planned run's execution credential `the plan's worker.finance credential`.
     pub fn agent(&self, id: &str, role: Option<&str>) -> String {
         match (self.agents.get(id), role) {
-            (Some((name, role)), _) => format!("{name} ({role})"),
+            (Some(a), _) if a.execution => format!("the plan's {} credential", a.role),
+            (Some(a), _) => format!("agent {} ({})", a.name, a.role),
             (None, Some(role)) => format!("agent {} ({role})", short(id)),
             (None, None) => format!("agent {}", short(id)),
         }
     }
 
-    /// The recorded actor of `tenant`'s agent named `name` (its direct calls; `agent:ID
-    /// role:R tenant:T`), if this tenant has exactly one agent of that name.
+    /// The recorded actor of the direct calls of `tenant`'s active agent named `name`
+    /// (`agent:ID role:R tenant:T`), if it has one (names are unique among active agents).
     pub fn agent_actor(&self, name: &str, tenant: &str) -> Option<String> {
-        let mut found = self.agents.iter().filter(|(_, (n, _))| n == name);
+        let mut found = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.active && !a.execution && a.name == name);
         match (found.next(), found.next()) {
-            (Some((id, (_, role))), None) => {
-                Some(format!("agent:{id} role:{role} tenant:{tenant}"))
-            }
+            (Some((id, a)), None) => Some(format!("agent:{id} role:{} tenant:{tenant}", a.role)),
             _ => None,
         }
     }
 
     /// `actor` (as recorded) in words.
     pub fn actor(&self, actor: &str) -> String {
+        // A person is the whole rest (a CLI `--by` may hold spaces).
+        if let Some(person) = actor.strip_prefix("person:") {
+            return person_name(person);
+        }
         let token = |prefix: &str| {
             actor
                 .split_whitespace()
                 .find_map(|t| t.strip_prefix(prefix))
         };
-        if let Some(person) = token("person:") {
-            return person_name(person);
-        }
         let agent = token("agent:").map(|id| self.agent(id, token("role:")));
         match (token("executor:"), agent) {
-            (Some(worker), Some(agent)) => format!("{} for {agent}", worker_name(worker)),
+            (Some(worker), Some(agent)) => format!("{}, for {agent}", worker_name(worker)),
             (Some(worker), None) => worker_name(worker),
             (None, Some(agent)) => agent,
             (None, None) => actor.to_string(),
@@ -93,8 +119,9 @@ fn worker_name(worker: &str) -> String {
 
 /// `ISS#SUB` as the person's display name where known (the demo people), else the subject.
 fn person_name(person: &str) -> String {
-    let (iss, sub) = person.rsplit_once('#').unwrap_or(("", person));
-    demo_names(iss, sub).map_or_else(|| sub.to_string(), str::to_string)
+    // An issuer is a URL without a fragment: the first `#` ends it.
+    let (iss, sub) = person.split_once('#').unwrap_or(("", person));
+    demo_name(iss, sub).map_or_else(|| sub.to_string(), str::to_string)
 }
 
 #[cfg(test)]
@@ -103,21 +130,38 @@ mod tests {
 
     #[test]
     fn actors_read_as_names() {
+        let agent = |name: &str, execution: bool| Agent {
+            name: name.into(),
+            role: "worker.finance".into(),
+            execution,
+            active: true,
+        };
         let names = Names {
-            agents: HashMap::from([(
-                "0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11".to_string(),
-                ("invoice-bot".to_string(), "worker.finance".to_string()),
-            )]),
+            agents: HashMap::from([
+                (
+                    "0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11".to_string(),
+                    agent("invoice-bot", false),
+                ),
+                ("e1".to_string(), agent("exec:run-1:worker.finance", true)),
+            ]),
         };
         assert_eq!(
-            names.actor("executor:local:19408:0 agent:0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11 role:worker.finance tenant:acme"),
-            "worker 0 on local for invoice-bot (worker.finance)"
+            names.actor(
+                "executor:local:19408:0 agent:0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11 role:worker.finance tenant:acme"
+            ),
+            "worker 0 on local, for agent invoice-bot (worker.finance)"
         );
+        // A planned run's steps run on its execution credential: no id shown.
+        assert_eq!(
+            names.actor("executor:host:a:b:4242:1 agent:e1 role:worker.finance tenant:acme"),
+            "worker 1 on host:a:b, for the plan's worker.finance credential"
+        );
+        assert_eq!(names.actor("executor:w1"), "worker w1");
         assert_eq!(
             names.actor(
                 "agent:0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11 role:worker.finance tenant:acme"
             ),
-            "invoice-bot (worker.finance)"
+            "agent invoice-bot (worker.finance)"
         );
         assert_eq!(
             names.actor("agent:ffffffff-0000-4000-8000-000000000000 role:planner tenant:acme"),
@@ -128,9 +172,17 @@ mod tests {
             "Ana (AP clerk)"
         );
         assert_eq!(names.actor("person:https://idp.example#u-42"), "u-42");
+        assert_eq!(names.actor("person:Jane Doe"), "Jane Doe");
         assert_eq!(
             names.actor("config:COUNTERSIGN_REGISTRY"),
             "config:COUNTERSIGN_REGISTRY"
         );
+        // Search: only an active, named (not execution) credential resolves.
+        assert_eq!(
+            names.agent_actor("invoice-bot", "acme").as_deref(),
+            Some("agent:0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11 role:worker.finance tenant:acme")
+        );
+        assert_eq!(names.agent_actor("exec:run-1:worker.finance", "acme"), None);
+        assert_eq!(names.agent_actor("nobody", "acme"), None);
     }
 }

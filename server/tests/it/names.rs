@@ -47,6 +47,19 @@ async fn people_read_agent_and_person_names_not_ids() {
             .to_string();
         let run = app.store.get_step(&step).await.unwrap().run_id;
         let ana = app.demo_client("ana").await;
+        // The gate history names the agent; its id is only in the cell's title.
+        let html = page(&ana, &app, &format!("/inbox/{step}")).await;
+        assert!(
+            html.contains(">agent invoice-bot (worker.finance)<"),
+            "{html}"
+        );
+        assert!(
+            html.contains(&format!(
+                "title=\"agent:{} role:worker.finance tenant:acme\"",
+                cred.id
+            )),
+            "{html}"
+        );
         let resp = ana
             .post(app.url(&format!("/inbox/{step}/decision")))
             .header("origin", format!("http://{}", app.addr))
@@ -65,7 +78,7 @@ async fn people_read_agent_and_person_names_not_ids() {
             .filter_map(|s| s.split('>').nth(1)?.split('<').next())
             .collect();
         assert!(
-            actors.contains(&"invoice-bot (worker.finance)"),
+            actors.contains(&"agent invoice-bot (worker.finance)"),
             "{actors:?}"
         );
         assert!(actors.contains(&"Ana (AP clerk)"), "{actors:?}");
@@ -80,7 +93,9 @@ async fn people_read_agent_and_person_names_not_ids() {
             .collect();
         assert!(!found.is_empty(), "{html}");
         assert!(
-            found.iter().all(|a| *a == "invoice-bot (worker.finance)"),
+            found
+                .iter()
+                .all(|a| *a == "agent invoice-bot (worker.finance)"),
             "{found:?}"
         );
         assert!(
@@ -90,6 +105,31 @@ async fn people_read_agent_and_person_names_not_ids() {
             )),
             "the exact actor stays one hover away"
         );
+        // The run list names the run's principal too.
+        let html = page(&aud, &app, "/runs").await;
+        assert!(
+            html.contains(">agent invoice-bot (worker.finance)<"),
+            "{html}"
+        );
+        // Another tenant's agent is never resolved nor named here, and the export follows
+        // the same search.
+        app.store
+            .create_agent(&NewAgent {
+                name: "globex-bot".into(),
+                role: "worker.finance".into(),
+                tenant: "globex".into(),
+                created_by: "person:https://idp.example#gus".into(),
+                expires_at: None,
+                acts_for: None,
+                origin: TaskOrigin::User,
+            })
+            .await
+            .unwrap();
+        let html = page(&aud, &app, "/audit?actor=globex-bot").await;
+        assert!(!html.contains("data-testid=\"audit-row\""), "{html}");
+        let export = page(&aud, &app, "/audit/export.jsonl?actor=invoice-bot").await;
+        assert!(export.lines().count() >= 2, "{export}");
+        assert!(export.lines().all(|l| l.contains(&cred.id)), "{export}");
         app
     })
     .await;

@@ -465,8 +465,9 @@ fn back(done: Option<&str>, error: Option<&str>) -> Response {
     Redirect::to(&target).into_response()
 }
 
-/// The explicit origin check every endpoint here repeats (the CSRF layer runs first).
-fn cross_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+/// The explicit origin check every endpoint here repeats (the CSRF layer runs first); the
+/// metrics page's forms (`views::drafts`) use it too.
+pub(crate) fn cross_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
     let origin = state.config.public_url.origin().ascii_serialization();
     (!same_origin(headers, &origin)).then(|| {
         page(

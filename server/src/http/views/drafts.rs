@@ -28,9 +28,9 @@ use countersign_core::{AppRole, Person};
 use super::advice::Draft;
 use super::{FullCheck, Views};
 use crate::AppState;
+use crate::auth::CurrentUser;
 use crate::auth::pages::{escape, page};
-use crate::auth::{CurrentUser, same_origin};
-use crate::http::admin::identity;
+use crate::http::admin::{cross_origin, identity};
 
 fn field<'a>(form: &'a [(String, String)], name: &str) -> &'a str {
     form.iter()
@@ -40,18 +40,6 @@ fn field<'a>(form: &'a [(String, String)], name: &str) -> &'a str {
 
 fn refused(status: StatusCode, title: &str, why: &str) -> Response {
     page(status, title, &format!("<p>{}</p>", escape(why)), false)
-}
-
-/// The refusal of a request that did not come from a Countersign page, if it did not.
-fn cross_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
-    let origin = state.config.public_url.origin().ascii_serialization();
-    (!same_origin(headers, &origin)).then(|| {
-        refused(
-            StatusCode::FORBIDDEN,
-            "Cross-origin request refused",
-            "This request did not come from a Countersign page, so it was not carried out.",
-        )
-    })
 }
 
 /// Where a form goes back to, with a fixed code (never free text).

@@ -9,7 +9,8 @@ use axum::response::{IntoResponse, Response};
 use countersign_app::audit::AuditQuery;
 use countersign_core::AppRole;
 
-use super::filter_for;
+use super::{filter_for, with_agent_names};
+use crate::http::names::Names;
 
 /// Records per query of the export.
 const EXPORT_PAGE: i64 = 1_000;
@@ -32,6 +33,18 @@ pub async fn export(
         )
             .into_response();
     };
+    let names = match Names::load(&state.store, &tenant).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::error!(error = %e, "audit export: reading agent names failed");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database did not answer",
+            )
+                .into_response();
+        }
+    };
+    let q = with_agent_names(&names, &tenant, &q);
     let filter = match filter_for(&tenant, &q) {
         Ok(f) => f,
         Err(msg) => return (StatusCode::BAD_REQUEST, msg).into_response(),

@@ -80,7 +80,8 @@ fn run_row(run: &Run, counts: StepCounts, names: &Names) -> RunRow {
         id: run.id.clone(),
         task: run.task.clone(),
         status: run.status.as_str().to_string(),
-        principal: names.actor(&run.principal),
+        principal: run.principal.clone(),
+        principal_name: names.actor(&run.principal),
         tenant: run.tenant.clone(),
         origin: run.origin.clone(),
         created: utc(run.created_at),
@@ -238,6 +239,23 @@ pub fn filter_for(tenant: &str, q: &AuditQuery) -> Result<AuditFilter, String> {
         from_ms: time("from", &q.from)?,
         to_ms: time("to", &q.to)?,
     })
+}
+
+/// `q` with an actor given as an agent's name (no `:`) replaced by the recorded actor of that
+/// active agent's direct calls, when the tenant has one of that name (the search page and the
+/// export filter alike).
+pub(crate) fn with_agent_names(names: &Names, tenant: &str, q: &AuditQuery) -> AuditQuery {
+    let mut q = q.clone();
+    if let Some(actor) = q
+        .actor
+        .as_deref()
+        .map(str::trim)
+        .filter(|a| !a.contains(':'))
+        && let Some(recorded) = names.agent_actor(actor, tenant)
+    {
+        q.actor = Some(recorded);
+    }
+    q
 }
 
 fn cursor_for(q: &AuditQuery) -> Result<AuditCursor, String> {
@@ -528,18 +546,7 @@ impl Views {
             .chain_status(tenant, q.verify.as_deref() == Some("full"))
             .await?;
         let names = Names::load(&self.0.store, tenant).await?;
-        // An actor may be searched by an agent's name: it stands for that agent's direct calls.
-        let mut q = q.clone();
-        if let Some(actor) = q
-            .actor
-            .as_deref()
-            .map(str::trim)
-            .filter(|a| !a.contains(':'))
-            && let Some(recorded) = names.agent_actor(actor, tenant)
-        {
-            q.actor = Some(recorded);
-        }
-        let q = &q;
+        let q = &with_agent_names(&names, tenant, q);
         let parsed = filter_for(tenant, q).and_then(|f| Ok((f, cursor_for(q)?)));
         let (filter, cursor) = match parsed {
             Ok(p) => p,
