@@ -26,13 +26,14 @@ export LEPTOS_RELOAD_PORT := 3001
 RUN_DATABASE_URL ?= sqlite://data/countersign.db
 RUN_REGISTRY ?= examples/finance
 
-.PHONY: help run build test bench reliability tools rust-tools node-tools interop-tools browser check fmt clippy layers test-rust site e2e clean-data
+.PHONY: help run build test bench reliability tools rust-tools node-tools interop-tools browser check fmt clippy layers test-rust site e2e tour clean-data
 
 help:
 	@echo "make run    build the dashboard and serve it (and /mcp) on http://127.0.0.1:3000 with SQLite"
 	@echo "make test   everything CI runs: fmt, clippy, cargo tests (SQLite + Postgres), Playwright"
 	@echo "make layers the import-cycle check alone (also part of make test), and each crate's floors"
 	@echo "make build  release binary target/release/countersign and site target/site"
+	@echo "make tour   run the browser suite and copy its page screenshots into docs/img (docs/tour.md)"
 	@echo "make bench  every benchmark (Postgres needed), each next to its baseline; writes docs/benchmarks.md"
 	@echo "make reliability  scenarios + fault tests repeated, a soak with workers killed (Postgres); writes docs/reliability.md"
 
@@ -110,6 +111,12 @@ test-rust: node-tools interop-tools
 
 e2e: site browser
 	cd end2end && CHROMIUM=$(CHROMIUM) npx playwright test
+
+# The screenshots of docs/tour.md, regenerated from the browser suite's own pages.
+TOUR_SHOTS = inbox-list inbox-detail inbox-batch inbox-batch-result runs run-timeline audit advisor proposal-preview
+tour: e2e
+	mkdir -p docs/img
+	for s in $(TOUR_SHOTS); do cp end2end/test-results/screenshots/$$s.png docs/img/$$s.png; done
 
 test: tools fmt clippy test-rust e2e
 
