@@ -144,6 +144,8 @@ pub struct AuditRow {
     pub actor: Option<String>,
     /// The actor in words (agent and person names).
     pub actor_name: Option<String>,
+    /// The run's task, as people name the run (shortened).
+    pub run_task: Option<String>,
     /// Rule.
     pub rule: Option<String>,
     /// A one-line summary of the detail (amounts with currency).
@@ -443,7 +445,8 @@ fn Results(query: AuditQuery, page: AuditPage) -> impl IntoView {
                 .map(|r| {
                     let run = r.run_id.clone().map(|id| {
                         let href = format!("/runs/{id}#rec-{}", r.seq);
-                        view! { <a href=href class=LINK>{format!("run {}", short(&id))}</a> }
+                        let name = r.run_task.clone().map_or_else(|| format!("run {}", short(&id)), |t| format!("run “{t}”"));
+                        view! { <a href=href title=id class=LINK data-testid="audit-run">{name}</a> }
                     });
                     let actor = r.actor.clone().map(|a| {
                         let href = AuditQuery { actor: Some(a.clone()), ..AuditQuery::default() }.href("/audit", &[]);

@@ -105,6 +105,12 @@ async fn people_read_agent_and_person_names_not_ids() {
             )),
             "the exact actor stays one hover away"
         );
+        // Records name their run by its task; its id is in the title.
+        assert!(
+            html.contains("run “MCP session of agent invoice-bot”"),
+            "{html}"
+        );
+        assert!(html.contains(&format!("title=\"{run}\"")), "{html}");
         // The run list names the run's principal too.
         let html = page(&aud, &app, "/runs").await;
         assert!(

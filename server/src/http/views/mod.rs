@@ -165,8 +165,27 @@ pub fn summary(record: &str) -> String {
     parts.join(" · ")
 }
 
-fn audit_row(r: &AuditRecord, names: &Names) -> AuditRow {
+/// How long a run's task may be where it names the run in a list.
+const TASK_NAME_CHARS: usize = 60;
+
+/// `task` shortened to name its run in a list.
+fn task_name(task: &str) -> String {
+    let mut chars = task.chars();
+    let head: String = chars.by_ref().take(TASK_NAME_CHARS).collect();
+    if chars.next().is_some() {
+        format!("{}…", head.trim_end())
+    } else {
+        head
+    }
+}
+
+fn audit_row(r: &AuditRecord, names: &Names, tasks: &BTreeMap<String, String>) -> AuditRow {
     AuditRow {
+        run_task: r
+            .run_id
+            .as_ref()
+            .and_then(|id| tasks.get(id))
+            .map(|t| task_name(t)),
         actor_name: r.actor.as_deref().map(|a| names.actor(a)),
         seq: r.seq,
         at: utc_seconds(r.at),
@@ -586,8 +605,25 @@ impl Views {
                 )
             }
         };
+        // The runs of the page's records, named by their task (this tenant's runs only).
+        let mut tasks = BTreeMap::new();
+        for id in records.iter().filter_map(|r| r.run_id.as_deref()) {
+            if tasks.contains_key(id) {
+                continue;
+            }
+            match self.0.store.get_run(id).await {
+                Ok(run) if run.tenant == tenant => {
+                    tasks.insert(id.to_string(), run.task);
+                }
+                Ok(_) | Err(StoreError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
         Ok(AuditPage {
-            rows: records.iter().map(|r| audit_row(r, &names)).collect(),
+            rows: records
+                .iter()
+                .map(|r| audit_row(r, &names, &tasks))
+                .collect(),
             newer,
             older,
             chain,
