@@ -183,6 +183,18 @@ pub async fn load_gate(step_id: String) -> Result<DetailView, leptos::prelude::S
     }
 }
 
+/// `digits` (ASCII digits) with a comma every three from the right: `1234567` → `1,234,567`.
+pub fn group_thousands(digits: &str) -> String {
+    let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    grouped
+}
+
 /// `1234567.5` → `1,234,567.50`; `None` for anything that is not a finite number.
 pub fn format_amount(amount: f64, currency: Option<&str>) -> Option<String> {
     if !amount.is_finite() {
@@ -190,13 +202,7 @@ pub fn format_amount(amount: f64, currency: Option<&str>) -> Option<String> {
     }
     let fixed = format!("{:.2}", amount.abs());
     let (int, frac) = fixed.split_once('.')?;
-    let mut grouped = String::new();
-    for (i, c) in int.chars().enumerate() {
-        if i > 0 && (int.len() - i) % 3 == 0 {
-            grouped.push(',');
-        }
-        grouped.push(c);
-    }
+    let grouped = group_thousands(int);
     let sign = if amount < 0.0 && fixed != "0.00" {
         "-"
     } else {

@@ -188,7 +188,8 @@ pub fn duration_text(ms: i64) -> String {
     }
 }
 
-fn percent(r: f64) -> String {
+/// A rate as a percentage with one decimal: `0.125` → `12.5 %`.
+pub fn percent(r: f64) -> String {
     format!("{:.1} %", r * 100.0)
 }
 

@@ -311,14 +311,7 @@ fn minor_text(minor: i64, exponent: u32, currency: &str) -> String {
         ("", minor.unsigned_abs())
     };
     let unit = unit.unsigned_abs().max(1);
-    let whole = (abs / unit).to_string();
-    let mut grouped = String::new();
-    for (i, c) in whole.chars().enumerate() {
-        if i > 0 && (whole.len() - i).is_multiple_of(3) {
-            grouped.push(',');
-        }
-        grouped.push(c);
-    }
+    let grouped = crate::inbox::group_thousands(&(abs / unit).to_string());
     let fraction = if exponent == 0 {
         String::new()
     } else {

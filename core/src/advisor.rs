@@ -56,6 +56,18 @@ pub enum Advice {
 }
 
 impl Advice {
+    /// Its code (`too_few`, `no_cost`, `pays`, `consider_reviewer`, `undecided`), as it is
+    /// serialized.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::TooFew => "too_few",
+            Self::NoCost => "no_cost",
+            Self::Pays => "pays",
+            Self::ConsiderReviewer => "consider_reviewer",
+            Self::Undecided => "undecided",
+        }
+    }
+
     /// The recommendation in plain words.
     pub fn words(self) -> &'static str {
         match self {

@@ -443,13 +443,14 @@ impl AdminSource for AdminBackend {
 }
 
 /// The form's fields, every value of repeated names kept in order.
-fn fields(body: &Bytes) -> Vec<(String, String)> {
+pub(crate) fn fields(body: &Bytes) -> Vec<(String, String)> {
     url::form_urlencoded::parse(body)
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
 }
 
-fn field<'a>(fields: &'a [(String, String)], name: &str) -> &'a str {
+/// The first value of field `name` (empty when absent).
+pub(crate) fn field<'a>(fields: &'a [(String, String)], name: &str) -> &'a str {
     fields
         .iter()
         .find(|(k, _)| k == name)
@@ -457,10 +458,16 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> &'a str {
 }
 
 fn back(done: Option<&str>, error: Option<&str>) -> Response {
+    coded_redirect("/admin", done, error)
+}
+
+/// A redirect to `page` carrying a fixed `?error=` code, else a fixed `?done=` code (never
+/// free text: the page shows only the sentences of codes it knows).
+pub(crate) fn coded_redirect(page: &str, done: Option<&str>, error: Option<&str>) -> Response {
     let target = match (done, error) {
-        (_, Some(e)) => format!("/admin?error={e}"),
-        (Some(d), None) => format!("/admin?done={d}"),
-        (None, None) => "/admin".into(),
+        (_, Some(e)) => format!("{page}?error={e}"),
+        (Some(d), None) => format!("{page}?done={d}"),
+        (None, None) => page.to_string(),
     };
     Redirect::to(&target).into_response()
 }

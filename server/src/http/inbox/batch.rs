@@ -18,7 +18,7 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 use countersign_core::approvals::Verdict;
 use countersign_core::batch::{BatchGrant, MAX_BATCH_STEPS, StepResult};
 use countersign_core::{Person, StepStatus, ToolName};
@@ -29,6 +29,7 @@ use super::{row, utc};
 use crate::AppState;
 use crate::auth::pages::{escape, page};
 use crate::auth::{Approver, RequireRole};
+use crate::http::admin::{coded_redirect, field, fields};
 
 /// What happened to one ticked gate.
 struct Line {
@@ -37,7 +38,7 @@ struct Line {
 }
 
 fn back(code: &str) -> Response {
-    Redirect::to(&format!("/inbox?error={code}")).into_response()
+    coded_redirect("/inbox", None, Some(code))
 }
 
 /// `POST /inbox/batch` (form: `step` for every ticked gate, `verdict` = `approved` | `rejected`,
@@ -48,20 +49,14 @@ pub async fn batch_form(
     body: Bytes,
 ) -> Response {
     let person = approver.0;
-    let form: Vec<(String, String)> = url::form_urlencoded::parse(&body)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    let field = |name: &str| {
-        form.iter()
-            .find(|(k, _)| k == name)
-            .map_or("", |(_, v)| v.trim())
-    };
+    let form = fields(&body);
+    let value = |name: &str| field(&form, name).trim();
     let steps: Vec<String> = form
         .iter()
         .filter(|(k, _)| k == "step")
         .map(|(_, v)| v.clone())
         .collect();
-    let reason = field("reason").to_string();
+    let reason = value("reason").to_string();
     if steps.is_empty() {
         return back("batch_empty");
     }
@@ -72,7 +67,7 @@ pub async fn batch_form(
     if reason.is_empty() {
         return back("reason");
     }
-    let Some(verdict) = approvals::parse_verdict(field("verdict")) else {
+    let Some(verdict) = approvals::parse_verdict(value("verdict")) else {
         return back("verdict");
     };
     let gates = match visible_gates(&state, &person, &steps).await {

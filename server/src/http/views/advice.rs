@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use countersign_app::metrics::{AdviceRow, Rejection, ShadowDay, ShadowExample, ShadowRow};
+use countersign_app::metrics::{
+    AdviceRow, Rejection, ShadowDay, ShadowExample, ShadowRow, percent,
+};
 use countersign_core::advisor::{Advice, advise, trend, wilson};
 use countersign_core::audit::AuditRecord;
 use countersign_core::audit::members::{DECISION, SHADOW};
@@ -63,10 +65,6 @@ pub fn draft_for(bundle: &Bundle, tool: &str, rule: &str) -> Option<Draft> {
         }
         _ => bundle.policy.gate_policies(tool, rule).map(Draft::Demote),
     }
-}
-
-fn percent(r: f64) -> String {
-    format!("{:.1} %", r * 100.0)
 }
 
 /// One row per (tool, rule) with gates decided since `since`.
@@ -140,10 +138,7 @@ pub(super) fn advice_rows(
                     .unwrap_or_default()
                     .to_string(),
                 reversal_cost: k.map(ToString::to_string).unwrap_or_default(),
-                advice: serde_json::to_value(advice)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
+                advice: advice.code().to_string(),
                 words: advice.words().to_string(),
                 recent: t
                     .recent

@@ -17,7 +17,7 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 use countersign_core::bundle::BundleSources;
 use countersign_core::bundle::edit::{demote_to_shadow, enforce_shadow, require_review};
 use countersign_core::store::{
@@ -30,49 +30,31 @@ use super::{FullCheck, Views};
 use crate::AppState;
 use crate::auth::CurrentUser;
 use crate::auth::pages::{escape, page};
-use crate::http::admin::{cross_origin, identity};
-
-fn field<'a>(form: &'a [(String, String)], name: &str) -> &'a str {
-    form.iter()
-        .find(|(k, _)| k == name)
-        .map_or("", |(_, v)| v.trim())
-}
+use crate::http::admin::{coded_redirect, cross_origin, field, fields, identity};
 
 fn refused(status: StatusCode, title: &str, why: &str) -> Response {
     page(status, title, &format!("<p>{}</p>", escape(why)), false)
 }
 
-/// Where a form goes back to, with a fixed code (never free text).
-#[derive(Clone, Copy)]
-enum Back {
-    /// The gate metrics page.
-    Gates,
-    /// The admin page.
-    Admin,
+/// Where the draft form goes back to.
+const GATES: &str = "/gates";
+
+/// Where the promote form goes back to.
+const ADMIN: &str = "/admin";
+
+/// Back to `page` with a fixed code.
+fn back(page: &str, done: Option<&str>, error: Option<&str>) -> Response {
+    coded_redirect(page, done, error)
 }
 
-impl Back {
-    fn to(self, done: Option<&str>, error: Option<&str>) -> Response {
-        let page = match self {
-            Self::Gates => "/gates",
-            Self::Admin => "/admin",
-        };
-        let target = match (done, error) {
-            (_, Some(e)) => format!("{page}?error={e}"),
-            (Some(d), None) => format!("{page}?done={d}"),
-            (None, None) => page.to_string(),
-        };
-        Redirect::to(&target).into_response()
-    }
-}
-
-/// Files `sources` as a proposal by `person` with `note`; back to `back` with a fixed code.
+/// Files `sources` as a proposal by `person` with `note`; back to `page` with `done`, or
+/// with the refusal's code.
 async fn file(
     state: &AppState,
     person: &Person,
     sources: &BundleSources,
     note: &str,
-    back: Back,
+    (page, done): (&str, &str),
 ) -> Response {
     match state
         .store
@@ -81,36 +63,30 @@ async fn file(
     {
         Ok(BundleImport::Proposed(p)) => {
             tracing::info!(proposal = %p.id, sub = %person.sub, "proposal drafted");
-            back.to(
-                Some(match back {
-                    Back::Gates => "drafted",
-                    Back::Admin => "proposed",
-                }),
-                None,
-            )
+            back(page, Some(done), None)
         }
         Ok(BundleImport::Unchanged(_) | BundleImport::Applied(_)) => {
-            back.to(None, Some("no_change"))
+            back(page, None, Some("no_change"))
         }
         Err(ProposalError::Store(e)) => {
             tracing::error!(error = %e, "drafting a proposal failed");
-            back.to(None, Some("unavailable"))
+            back(page, None, Some("unavailable"))
         }
-        Err(ProposalError::Stale { .. }) => back.to(None, Some("stale")),
+        Err(ProposalError::Stale { .. }) => back(page, None, Some("stale")),
         Err(e) => {
             tracing::info!(error = %e, "a drafted proposal was refused");
-            back.to(None, Some("invalid"))
+            back(page, None, Some("invalid"))
         }
     }
 }
 
-async fn current_sources(state: &AppState, back: Back) -> Result<BundleSources, Response> {
+async fn current_sources(state: &AppState, page: &str) -> Result<BundleSources, Response> {
     match state.store.current_bundle().await {
         Ok(Some((_, sources))) => Ok(sources),
-        Ok(None) => Err(back.to(None, Some("invalid"))),
+        Ok(None) => Err(back(page, None, Some("invalid"))),
         Err(e) => {
             tracing::error!(error = %e, "drafting: reading the registry failed");
-            Err(back.to(None, Some("unavailable")))
+            Err(back(page, None, Some("unavailable")))
         }
     }
 }
@@ -152,19 +128,16 @@ pub async fn draft(
             "Drafting a proposal from the gate advisor needs the manager or admin role.",
         );
     };
-    let form: Vec<(String, String)> = url::form_urlencoded::parse(&body)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    let (tool, rule) = (field(&form, "tool"), field(&form, "rule"));
+    let form = fields(&body);
+    let (tool, rule) = (field(&form, "tool").trim(), field(&form, "rule").trim());
     let views = Views(state.clone(), FullCheck::default());
-    let offered = match views.gate_metrics(&tenant, false).await {
-        Ok(data) => data
-            .advice
+    let offered = match views.gate_advice(&tenant).await {
+        Ok(advice) => advice
             .iter()
             .any(|r| r.tool == tool && r.rule == rule && r.draft.is_some()),
         Err(e) => {
             tracing::error!(error = %e, "drafting: reading the gates failed");
-            return Back::Gates.to(None, Some("unavailable"));
+            return back(GATES, None, Some("unavailable"));
         }
     };
     let loaded = state.registry.current();
@@ -173,9 +146,9 @@ pub async fn draft(
         .and_then(|l| super::draft_for(&l.bundle, tool, rule))
         .filter(|_| offered)
     else {
-        return Back::Gates.to(None, Some("not_offered"));
+        return back(GATES, None, Some("not_offered"));
     };
-    let sources = match current_sources(&state, Back::Gates).await {
+    let sources = match current_sources(&state, GATES).await {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -187,11 +160,11 @@ pub async fn draft(
                 countersign_app::metrics::WINDOW_DAYS,
                 draft.words(tool)
             );
-            file(&state, &person, &edited, &note, Back::Gates).await
+            file(&state, &person, &edited, &note, (GATES, "drafted")).await
         }
         Err(why) => {
             tracing::info!(%why, "the advisor's draft could not be made");
-            Back::Gates.to(None, Some("not_offered"))
+            back(GATES, None, Some("not_offered"))
         }
     }
 }
@@ -213,22 +186,20 @@ pub async fn promote(
             "Proposing to enforce a shadow rule needs the admin role.",
         );
     }
-    let form: Vec<(String, String)> = url::form_urlencoded::parse(&body)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    let id = field(&form, "id");
-    let sources = match current_sources(&state, Back::Admin).await {
+    let form = fields(&body);
+    let id = field(&form, "id").trim();
+    let sources = match current_sources(&state, ADMIN).await {
         Ok(s) => s,
         Err(r) => return r,
     };
     match enforce_shadow(&sources, id) {
         Ok(edited) => {
             let note = format!("enforce shadow rule {id}");
-            file(&state, &person, &edited, &note, Back::Admin).await
+            file(&state, &person, &edited, &note, (ADMIN, "proposed")).await
         }
         Err(why) => {
             tracing::info!(%why, "enforcing a shadow rule: not proposed");
-            Back::Admin.to(None, Some("not_shadow"))
+            back(ADMIN, None, Some("not_shadow"))
         }
     }
 }

@@ -18,13 +18,6 @@ pub(super) struct Gate {
     pub(super) reason: Option<String>,
 }
 
-/// Gate metrics from gate records in chain order, for the days from `since` (midnight UTC)
-/// to the day of `now`.
-pub fn compute_metrics(records: &[AuditRecord], since: i64, now: i64) -> MetricsData {
-    let gates = gates(records);
-    metrics_of(&gates, since, now)
-}
-
 /// The gates `records` (in chain order) tell of, by step.
 pub(super) fn gates(records: &[AuditRecord]) -> BTreeMap<&str, Gate> {
     let mut gates: BTreeMap<&str, Gate> = BTreeMap::new();
@@ -77,7 +70,9 @@ pub(super) fn gates(records: &[AuditRecord]) -> BTreeMap<&str, Gate> {
     gates
 }
 
-fn metrics_of(gates: &BTreeMap<&str, Gate>, since: i64, now: i64) -> MetricsData {
+/// Gate metrics from the gates of [`gates`], for the days from `since` (midnight UTC) to the
+/// day of `now`.
+pub(super) fn metrics_of(gates: &BTreeMap<&str, Gate>, since: i64, now: i64) -> MetricsData {
     let days = usize::try_from((now.max(since) - since) / DAY_MS + 1).unwrap_or(1);
     let empty_days: Vec<DayCell> = (0..days)
         .map(|i| DayCell {

@@ -25,7 +25,7 @@ mod metrics;
 pub use advice::{Draft, draft_for};
 pub use drafts::{draft, promote};
 pub use export::export;
-use metrics::{DAY_MS, compute_metrics, detail_of};
+use metrics::{DAY_MS, detail_of};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -33,7 +33,7 @@ use countersign_app::audit::{
     Audit, AuditPage, AuditQuery, AuditRow, AuditSource, ChainStatus, PAGE_SIZE,
 };
 use countersign_app::inbox::{BoxFuture, format_amount, pretty_canonical};
-use countersign_app::metrics::{Metrics, MetricsData, MetricsSource, WINDOW_DAYS};
+use countersign_app::metrics::{AdviceRow, Metrics, MetricsData, MetricsSource, WINDOW_DAYS};
 use countersign_app::runs::{
     EventView, RunDetail, RunListPage, RunRow, Runs, RunsSource, StepCounts, StepLinks, StepView,
 };
@@ -631,9 +631,9 @@ impl Views {
         })
     }
 
-    /// Gate metrics over `tenant`'s runs for the window ending today (the store's clock),
-    /// with the gate advisor and the shadow rules' would-decisions.
-    pub async fn gate_metrics(&self, tenant: &str, admin: bool) -> Result<MetricsData, StoreError> {
+    /// `tenant`'s gate records behind the metrics window ending today (the store's clock), with
+    /// the window's first instant (midnight UTC) and now.
+    async fn gate_window(&self, tenant: &str) -> Result<(Vec<AuditRecord>, i64, i64), StoreError> {
         let store = &self.0.store;
         let now = store.clock().now_ms();
         let today = now.div_euclid(DAY_MS) * DAY_MS;
@@ -643,10 +643,32 @@ impl Views {
         let records = store
             .gate_records(Some(tenant), since - WINDOW_DAYS * DAY_MS)
             .await?;
-        let mut data = compute_metrics(&records, since, now);
+        Ok((records, since, now))
+    }
+
+    /// The gate advisor's rows over `tenant`'s window (what a draft is checked against).
+    pub(super) async fn gate_advice(&self, tenant: &str) -> Result<Vec<AdviceRow>, StoreError> {
+        let (records, since, now) = self.gate_window(tenant).await?;
         let loaded = self.0.registry.current();
         let bundle = loaded.as_ref().map(|l| &l.bundle);
-        data.advice = advice::advice_rows(&metrics::gates(&records), since, now, bundle);
+        Ok(advice::advice_rows(
+            &metrics::gates(&records),
+            since,
+            now,
+            bundle,
+        ))
+    }
+
+    /// Gate metrics over `tenant`'s runs for the window ending today (the store's clock),
+    /// with the gate advisor and the shadow rules' would-decisions.
+    pub async fn gate_metrics(&self, tenant: &str, admin: bool) -> Result<MetricsData, StoreError> {
+        let store = &self.0.store;
+        let (records, since, now) = self.gate_window(tenant).await?;
+        let gates = metrics::gates(&records);
+        let mut data = metrics::metrics_of(&gates, since, now);
+        let loaded = self.0.registry.current();
+        let bundle = loaded.as_ref().map(|l| &l.bundle);
+        data.advice = advice::advice_rows(&gates, since, now, bundle);
         let shadowed = store.shadow_records(tenant, since).await?;
         data.shadow = advice::shadow_rows(&shadowed, bundle);
         data.admin = admin;
