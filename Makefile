@@ -113,7 +113,7 @@ e2e: site browser
 	cd end2end && CHROMIUM=$(CHROMIUM) npx playwright test
 
 # The screenshots of docs/tour.md, regenerated from the browser suite's own pages.
-TOUR_SHOTS = inbox-list inbox-detail inbox-batch inbox-batch-result runs run-timeline audit advisor proposal-preview
+TOUR_SHOTS = inbox-list inbox-detail inbox-batch inbox-batch-result runs run-timeline audit advisor proposal-preview escalations
 tour: e2e
 	mkdir -p docs/img
 	for s in $(TOUR_SHOTS); do cp end2end/test-results/screenshots/$$s.png docs/img/$$s.png; done

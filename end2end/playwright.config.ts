@@ -22,6 +22,9 @@ export const e2eEnv: Record<string, string> = {
   COUNTERSIGN_LOG_LEVEL: 'warn',
   COUNTERSIGN_DEMO_SIGN_IN: 'true',
   COUNTERSIGN_REGISTRY: join(root, 'examples', 'finance'),
+  // An unknown outcome the ERP cannot tell about goes to the escalations page at the
+  // reconciler's next pass (y-escalations.spec.ts).
+  COUNTERSIGN_ESCALATE_UNKNOWN_AFTER_SECONDS: '0',
 };
 
 export default defineConfig({

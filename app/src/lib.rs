@@ -8,6 +8,7 @@
 pub mod access;
 pub mod admin;
 pub mod audit;
+pub mod escalations;
 pub mod inbox;
 pub mod metrics;
 pub mod pages;
@@ -126,6 +127,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/") view=pages::Home/>
                     <Route path=path!("/inbox") view=pages::Inbox ssr=SsrMode::Async/>
                     <Route path=path!("/inbox/:id") view=pages::GatePage ssr=SsrMode::Async/>
+                    <Route path=path!("/escalations") view=escalations::EscalationsPage ssr=SsrMode::Async/>
                     <Route path=path!("/runs") view=runs::RunsPage ssr=SsrMode::Async/>
                     <Route path=path!("/runs/:id") view=runs::RunPage ssr=SsrMode::Async/>
                     <Route path=path!("/audit") view=audit::AuditPage ssr=SsrMode::Async/>
@@ -138,8 +140,9 @@ pub fn App() -> impl IntoView {
 }
 
 /// The navigation entries, in order: (path, label).
-pub const NAV: [(&str, &str); 5] = [
+pub const NAV: [(&str, &str); 6] = [
     ("/inbox", "Inbox"),
+    ("/escalations", "Escalations"),
     ("/runs", "Runs"),
     ("/audit", "Audit"),
     ("/gates", "Metrics"),

@@ -371,8 +371,7 @@ fn RunTable(rows: Vec<RunRow>, older: Option<String>) -> impl IntoView {
                             <tr data-testid="run-row" data-run-id=r.id.clone() class="border-t border-slate-200 align-top">
                                 <td class="px-3 py-2 whitespace-nowrap text-slate-700">{r.created.clone()}</td>
                                 <td class="px-3 py-2">
-                                    <a href=href class=LINK>{if r.task.is_empty() { r.id.clone() } else { r.task.clone() }}</a>
-                                    <div class="font-mono text-xs text-slate-600">{r.id.clone()}</div>
+                                    <a href=href class=LINK title=format!("run {}", r.id)>{if r.task.is_empty() { "(no task)".to_string() } else { r.task.clone() }}</a>
                                 </td>
                                 <td class="px-3 py-2"><Badge status=r.status.clone()/></td>
                                 <td class="px-3 py-2 text-xs" title=r.principal.clone()>{r.principal_name.clone()}</td>
@@ -445,10 +444,10 @@ fn Timeline(detail: RunDetail) -> impl IntoView {
     view! {
         <article class="space-y-6" data-testid="run-timeline">
             <header class="space-y-2">
-                <h1 class="text-2xl font-semibold">
-                    "Run " <span class="font-mono text-lg">{run.id.clone()}</span>
-                </h1>
-                <p class="text-slate-800">{run.task.clone()}</p>
+                <h1 class="text-2xl font-semibold" data-testid="run-task">{if run.task.is_empty() { "Run".to_string() } else { run.task.clone() }}</h1>
+                <p class="text-sm text-slate-700">
+                    "Run " <code data-testid="run-id" class="select-all font-mono">{run.id.clone()}</code>
+                </p>
                 <p class="flex flex-wrap items-center gap-3 text-sm text-slate-700">
                     <Badge status=run.status.clone()/>
                     <span>"for " <span title=run.principal.clone() data-testid="run-principal">{run.principal_name.clone()}</span></span>

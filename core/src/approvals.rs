@@ -462,6 +462,26 @@ impl Store {
         Ok(None)
     }
 
+    /// [duties] Whether `approver`, acting on `step` of `run` as a countersigner outside a gate
+    /// (an escalation's settlement or undo), is accountable for its proposal — they created,
+    /// or are the party of, the proposing credential or the run's — the same check an approval
+    /// meets. When so, the refusal is audited (`refused`, with its rule) and returned.
+    pub async fn refuse_accountable(
+        &self,
+        step: &Step,
+        run: &crate::store::Run,
+        approver: &Approver,
+        reason: &str,
+    ) -> Result<Option<DecideError>, StoreError> {
+        let Some(refusal) = self.accountable(step, run, approver, false).await? else {
+            return Ok(None);
+        };
+        let person = format!("person:{}#{}", approver.iss, approver.sub);
+        self.record_refused_decision(step, &person, &refusal, reason)
+            .await?;
+        Ok(Some(refusal))
+    }
+
     /// Appends the `refused` record of an approval refused by [`Store::accountable`].
     async fn record_refused_decision(
         &self,

@@ -26,7 +26,7 @@ pub mod store;
 
 pub use bundle::{Bundle, BundleError, BundleSources};
 pub use canonical::{CanonicalError, CanonicalJson, canonicalize};
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, DemoClock, ManualClock, SystemClock};
 pub use keys::{IdemKey, InputsHash};
 pub use model::{Effect, Gate, StepStatus};
 pub use people::{AppRole, Person};

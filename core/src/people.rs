@@ -87,4 +87,19 @@ impl Person {
             sub: self.sub.clone(),
         }
     }
+
+    /// This person as the one deciding a gate (identity, roles, sign-in time).
+    pub fn decider(&self) -> crate::approvals::Decider {
+        crate::approvals::Decider {
+            approver: self.approver(),
+            roles: self.roles.iter().map(|r| r.as_str().to_string()).collect(),
+            auth_time: self.auth_time,
+            auth_time_unknown: self.auth_time_unknown,
+        }
+    }
+
+    /// How this person acts in audit records: `person:ISS#SUB`.
+    pub fn actor(&self) -> String {
+        format!("person:{}#{}", self.iss, self.sub)
+    }
 }

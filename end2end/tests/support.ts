@@ -6,6 +6,20 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { e2eBinary, e2eEnv } from '../playwright.config';
 
+const axePath = require.resolve('axe-core/axe.min.js');
+
+/** The serious and critical axe-core violations on the page as it is now, one line each. */
+export async function axeViolations(page: Page): Promise<string[]> {
+  await page.addScriptTag({ path: axePath });
+  const results = await page.evaluate(async () => {
+    const axe = (window as unknown as { axe: { run: (ctx: Document, opts: object) => Promise<{ violations: Array<{ id: string; impact: string; help: string; nodes: Array<{ target: string[] }> }> }> } }).axe;
+    return axe.run(document, { resultTypes: ['violations'] });
+  });
+  return results.violations
+    .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+    .map((v) => `${v.impact} ${v.id}: ${v.help} — ${v.nodes.map((n) => n.target.join(' ')).slice(0, 5).join(', ')}`);
+}
+
 /** Where every spec saves its page screenshots (kept with the run's other artifacts). */
 export const shotsDir = join(__dirname, '..', 'test-results', 'screenshots');
 

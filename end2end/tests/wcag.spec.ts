@@ -7,9 +7,7 @@
 // Runs last (the specs run in file order on one server): it leaves a gate waiting and a
 // proposal open, which the other specs do not expect.
 import { test, expect, Browser, Page } from '@playwright/test';
-import { agentToken, decide, gatedPayment, mcp, mcpSession, payment, shot, signIn } from './support';
-
-const axePath = require.resolve('axe-core/axe.min.js');
+import { agentToken, axeViolations, decide, gatedPayment, mcp, mcpSession, payment, shot, signIn } from './support';
 
 type Who = RegExp | null;
 type Target = { name: string; who: Who; path: string };
@@ -26,6 +24,7 @@ const targets: Target[] = [
   { name: 'signed-out', who: null, path: '/auth/signed-out' },
   { name: 'home', who: ana, path: '/' },
   { name: 'inbox', who: ana, path: '/inbox' },
+  { name: 'escalations', who: ana, path: '/escalations' },
 ];
 
 test.describe.configure({ mode: 'serial' });
@@ -38,18 +37,6 @@ async function open(browser: Browser, baseURL: string, who: Who, options = {}) {
   const page = await context.newPage();
   if (who) await signIn(page, who);
   return { context, page };
-}
-
-/** The serious and critical axe-core violations on the page as it is now, one line each. */
-async function axeViolations(page: Page): Promise<string[]> {
-  await page.addScriptTag({ path: axePath });
-  const results = await page.evaluate(async () => {
-    const axe = (window as unknown as { axe: { run: (ctx: Document, opts: object) => Promise<{ violations: Array<{ id: string; impact: string; help: string; nodes: Array<{ target: string[] }> }> }> } }).axe;
-    return axe.run(document, { resultTypes: ['violations'] });
-  });
-  return results.violations
-    .filter((v) => v.impact === 'serious' || v.impact === 'critical')
-    .map((v) => `${v.impact} ${v.id}: ${v.help} — ${v.nodes.map((n) => n.target.join(' ')).slice(0, 5).join(', ')}`);
 }
 
 /** Tabs through the page: the skip link comes first, and every element that takes the focus

@@ -12,14 +12,15 @@
 //! * The reconciler never calls a mutating tool: for an `unknown` step, or a `running` one
 //!   whose worker vanished, it asks the target by key. Found → `done` with the target's
 //!   result; the target confirms it never happened → `pending` (it may run again under the
-//!   same key); cannot tell → left as it is.
+//!   same key); cannot tell → left as it is, and an `unknown` left so for
+//!   [`Timings::escalate_unknown_after`] goes to a person ([`crate::escalations`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use countersign_core::audit::{AuditEvent, NewAuditRecord};
-use countersign_core::store::{KeyState, NewStep, Run, RunGuard, RunStatus, Step, Transition};
-use countersign_core::{CanonicalJson, Effect, RoleName, StepStatus, StoreError, ToolName};
+use countersign_core::store::{KeyState, Run, RunGuard, RunStatus, Step, Transition};
+use countersign_core::{RoleName, StepStatus, StoreError};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
@@ -38,6 +39,9 @@ pub struct Timings {
     pub stale_after: Duration,
     /// Pause between reconciliation passes.
     pub reconcile_every: Duration,
+    /// An `unknown` step the target still cannot tell about after this long goes to a person
+    /// (an escalation, [`crate::escalations`]).
+    pub escalate_unknown_after: Duration,
 }
 
 impl Default for Timings {
@@ -47,6 +51,7 @@ impl Default for Timings {
             idle: Duration::from_millis(200),
             stale_after: Duration::from_secs(120),
             reconcile_every: Duration::from_secs(5),
+            escalate_unknown_after: Duration::from_secs(600),
         }
     }
 }
@@ -273,7 +278,7 @@ pub async fn sweep_overdue_reviews(state: &AppState) -> Result<usize, StoreError
         }
         stopped.insert(step.run_id.clone());
         crate::runs::cancel_run(state, &step.run_id, "executor", RULE, RunStatus::Failed).await?;
-        let compensated = compensate(state, &step.run_id, &step).await;
+        let compensated = crate::compensation::compensate(state, &step.run_id, &step).await;
         store.end_execution_credentials(&step.run_id).await?;
         compensated?;
     }
@@ -302,7 +307,7 @@ async fn stop_run_for(state: &AppState, step: &Step, rule: &str) -> Result<(), S
     crate::runs::cancel_run(state, &step.run_id, "executor", rule, RunStatus::Failed).await?;
     // The run failed with writes done before the blocked step: they are undone or escalated
     // as after any failed step, never left half-done in silence.
-    let compensated = compensate(state, &step.run_id, step).await;
+    let compensated = crate::compensation::compensate(state, &step.run_id, step).await;
     state.store.end_execution_credentials(&step.run_id).await?;
     compensated
 }
@@ -386,7 +391,7 @@ async fn settle(
 }
 
 /// A step ended without success: the run fails, and the steps after it are cancelled.
-async fn fail_run(
+pub(crate) async fn fail_run(
     state: &AppState,
     run_id: &str,
     step: &Step,
@@ -403,224 +408,10 @@ async fn fail_run(
             .unwrap_or_default()
     );
     crate::runs::cancel_run(state, run_id, "executor", &reason, RunStatus::Failed).await?;
-    let compensated = compensate(state, run_id, step).await;
+    let compensated = crate::compensation::compensate(state, run_id, step).await;
     // [duties] Its compensations ran (or failed): the run's execution credentials end with it.
     state.store.end_execution_credentials(run_id).await?;
     compensated
-}
-
-/// Undoes the writes that succeeded before `failed`, latest first, with each tool's registry
-/// `compensate` tool — a new step of the run, through the same pipeline, under its own key.
-/// An irreversible step, or a write without a compensating tool or whose compensation cannot
-/// be built or fails, is escalated to a person (audited, run flagged for re-planning), never
-/// silently left. So is `failed` itself when its effect was applied but not confirmed (a
-/// read-back that found something else): what the target did is not known well enough to undo.
-async fn compensate(state: &AppState, run_id: &str, failed: &Step) -> Result<(), StoreError> {
-    let store = &state.store;
-    let applied = failed
-        .outcome
-        .as_deref()
-        .and_then(|o| serde_json::from_str::<Value>(o).ok())
-        .and_then(|o| o.pointer("/answer/effect_applied").and_then(Value::as_bool))
-        .unwrap_or(false);
-    if applied {
-        let why = "its effect was applied but the read-back did not confirm it; a person \
-                   decides whether and how to undo it";
-        record_compensation(state, run_id, failed, failed, &Err(why.into())).await?;
-    }
-    let Some(loaded) = state.registry.current() else {
-        return Ok(());
-    };
-    let registry = &loaded.bundle.registry;
-    let mut done: Vec<Step> = store
-        .steps_for_run(run_id)
-        .await?
-        .into_iter()
-        .filter(|s| s.seq < failed.seq && s.status == StepStatus::Done && s.effect != Effect::Read)
-        .collect();
-    done.reverse();
-    for step in done {
-        let tool = ToolName::parse(&step.tool)
-            .ok()
-            .and_then(|n| registry.tool(&n));
-        let compensator = tool
-            .filter(|_| step.effect == Effect::Write)
-            .and_then(|t| t.compensate.as_ref())
-            .and_then(|c| registry.tool(c));
-        let outcome = match compensator {
-            Some(comp) => run_compensation(state, &step, failed, comp).await,
-            None => Err(match step.effect {
-                Effect::Irreversible => "irreversible: a person must decide".to_string(),
-                _ => "no compensate tool in the registry".to_string(),
-            }),
-        };
-        record_compensation(state, run_id, &step, failed, &outcome).await?;
-    }
-    Ok(())
-}
-
-/// Audits what compensation did about `step` after `failed`: the compensating step
-/// (`compensation.done`) or why a person must decide (`compensation.escalated`, and the run
-/// is flagged for re-planning, and the webhooks are told).
-async fn record_compensation(
-    state: &AppState,
-    run_id: &str,
-    step: &Step,
-    failed: &Step,
-    outcome: &Result<String, String>,
-) -> Result<(), StoreError> {
-    let (rule, detail_value) = match outcome {
-        Ok(comp_id) => ("compensation.done", json!({"compensation_step": comp_id})),
-        Err(why) => ("compensation.escalated", json!({"escalated": why})),
-    };
-    let mut detail = Map::new();
-    detail.insert("after_failed_step".into(), json!(failed.id));
-    detail.insert("outcome".into(), detail_value);
-    state
-        .store
-        .append_audit(&NewAuditRecord {
-            event: Some(AuditEvent::Compensated),
-            run_id: Some(run_id.to_string()),
-            step_id: Some(step.id.clone()),
-            tool: Some(step.tool.clone()),
-            actor: Some("executor".into()),
-            rule: Some(rule.into()),
-            detail,
-            tenant: None,
-        })
-        .await?;
-    if outcome.is_err() {
-        state.store.mark_replan(run_id).await?;
-        crate::notify::compensation_escalated(state, step, &failed.id);
-    }
-    Ok(())
-}
-
-/// Builds and runs the compensation of `step` with `comp`: each of `comp`'s input properties
-/// taken from `step`'s result — its `previous_<name>` first (the value the target replaced:
-/// undoing restores it), else `<name>` — else from its inputs; `reason` says why. Returns the
-/// new step's id.
-async fn run_compensation(
-    state: &AppState,
-    step: &Step,
-    failed: &Step,
-    comp: &countersign_core::registry::Tool,
-) -> Result<String, String> {
-    let store = &state.store;
-    let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
-    let result: Value = step
-        .outcome
-        .as_deref()
-        .and_then(|o| serde_json::from_str::<Value>(o).ok())
-        .and_then(|o| o.get("answer").cloned())
-        .unwrap_or(Value::Null);
-    let mut args = Map::new();
-    if let Some(props) = comp
-        .input_schema
-        .get("properties")
-        .and_then(Value::as_object)
-    {
-        for name in props.keys() {
-            let previous = result.get(format!("previous_{name}").as_str());
-            let current = result.get(name).or_else(|| inputs.get(name));
-            if name == "reason" {
-                args.insert(
-                    name.clone(),
-                    json!(format!(
-                        "Compensating step {} because step {} ({}) failed",
-                        step.seq, failed.seq, failed.tool
-                    )),
-                );
-            } else if let Some(v) = previous.or(current) {
-                args.insert(name.clone(), v.clone());
-            }
-        }
-    }
-    let args = Value::Object(args);
-    let Some(loaded) = state.registry.current() else {
-        return Err("no registry in force".into());
-    };
-    if let Err(errors) = loaded.bundle.registry.validate(&comp.name, &args) {
-        return Err(format!(
-            "compensation arguments do not fit {}: {}",
-            comp.name,
-            errors
-                .iter()
-                .map(|e| format!("{} {}", e.path, e.message))
-                .collect::<Vec<_>>()
-                .join("; ")
-        ));
-    }
-    let canonical = CanonicalJson::from_value(&args).map_err(|e| e.to_string())?;
-    let (comp_step, _) = store
-        .open_step(&NewStep {
-            run_id: step.run_id.clone(),
-            role: step.role.clone(),
-            tool: comp.name.as_str().to_string(),
-            effect: comp.effect,
-            inputs: canonical,
-            agent_id: step.agent_id.clone(),
-            reason: format!("compensates step {}", step.seq),
-            evidence: vec![step.id.clone()],
-            observed: None,
-            trace_id: uuid::Uuid::new_v4().to_string(),
-            status: StepStatus::Pending,
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-    let id = comp_step.id.clone();
-    // [duties] A compensation runs on the credential the step it undoes ran on.
-    if let Some(assignee) = store
-        .step_duties(&step.id)
-        .await
-        .map_err(|e| e.to_string())?
-        .and_then(|d| d.assignee)
-    {
-        store
-            .set_step_duties(&id, false, Some(&assignee))
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    pipeline::execute_claimed(state, comp_step, pipeline::COMPENSATOR)
-        .await
-        .map_err(|e| e.to_string())?;
-    match store.get_step(&id).await.map_err(|e| e.to_string())?.status {
-        StepStatus::Done => Ok(id),
-        StepStatus::NeedsApproval => {
-            // Its run has failed, so no worker would run it once approved: it leaves the
-            // inbox, and the escalation (recorded by the caller) goes to a person instead.
-            let mut detail = Map::new();
-            detail.insert("reason".into(), json!("the undo needs a person; escalated"));
-            store
-                .transition(&Transition {
-                    step_id: id.clone(),
-                    from: vec![StepStatus::NeedsApproval],
-                    to: Some(StepStatus::Cancelled),
-                    rule: Some("compensation.escalated".into()),
-                    records: vec![(
-                        AuditEvent::Cancelled,
-                        NewAuditRecord {
-                            event: Some(AuditEvent::Cancelled),
-                            run_id: Some(step.run_id.clone()),
-                            step_id: Some(id.clone()),
-                            tool: Some(comp.name.as_str().to_string()),
-                            actor: Some("executor".into()),
-                            rule: Some("compensation.escalated".into()),
-                            detail,
-                            tenant: None,
-                        },
-                    )],
-                    ..Transition::default()
-                })
-                .await
-                .map_err(|e| e.to_string())?;
-            Err(format!(
-                "compensation step {id} ended needs_approval: a person decides the undo (the \
-                 step was cancelled, its run has ended)"
-            ))
-        }
-        other => Err(format!("compensation step {id} ended {}", other.as_str())),
-    }
 }
 
 /// Runs the reconciler until `stop` turns true.
@@ -646,7 +437,9 @@ pub async fn reconciler(state: AppState, timings: Timings, mut stop: watch::Rece
 /// steps it settled.
 pub async fn reconcile_once(state: &AppState, timings: Timings) -> Result<usize, StoreError> {
     let store = &state.store;
-    let stale_before = store.clock().now_ms() - ms(timings.stale_after);
+    let now = store.clock().now_ms();
+    let stale_before = now - ms(timings.stale_after);
+    let escalate_before = now - ms(timings.escalate_unknown_after);
     const PAGE: i64 = 100;
     let mut settled = 0;
     // Every candidate, a page at a time: steps the target cannot settle yet (or whose tool
@@ -663,6 +456,11 @@ pub async fn reconcile_once(state: &AppState, timings: Timings) -> Result<usize,
         for step in &page {
             if reconcile_step(state, step).await? {
                 settled += 1;
+            } else if let Err(e) =
+                crate::escalations::escalate_unknown(state, step, escalate_before).await
+            {
+                // The next pass tries again; the other steps are not held up.
+                tracing::warn!(step = %step.id, error = %e, "reconciler: escalating failed");
             }
         }
         match page.last() {
@@ -699,7 +497,9 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
     let found = match adapter.lookup(&run.tenant, &step.idem_key).await {
         Ok(found) => found,
         Err(e) => {
-            tracing::info!(step = %step.id, error = %e, "reconciler: the target cannot tell yet");
+            // Said once as an escalation (audited, webhooks) past the grace period; not at
+            // every pass.
+            tracing::debug!(step = %step.id, error = %e, "reconciler: the target cannot tell yet");
             return Ok(false);
         }
     };
@@ -757,6 +557,7 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
     if moved.is_some() {
         // Its worker is gone: nobody holds the step any more.
         store.clear_lease(&step.id).await?;
+        crate::escalations::reconciled(state, step).await?;
     }
     if let Some((after, _)) = &moved
         && to == StepStatus::Failed

@@ -7,8 +7,10 @@
 pub mod adapters;
 pub mod audit;
 pub mod auth;
+pub mod compensation;
 pub mod config;
 pub mod demo;
+pub mod escalations;
 pub mod executor;
 pub mod http;
 pub mod mcp;
@@ -65,6 +67,8 @@ pub struct Application {
     listener: TcpListener,
     router: axum::Router,
     state: AppState,
+    /// Moves the clock while the demo plays its history (`serve --demo` on an empty database).
+    clock_hand: Option<Arc<dyn demo::ClockHand>>,
 }
 
 /// The state a process without HTTP (`countersign worker`, `countersign stop`) works with:
@@ -153,7 +157,15 @@ impl Application {
             listener,
             router,
             state,
+            clock_hand: None,
         })
+    }
+
+    /// The hand the demo moves the server's clock with while it plays its history (the one
+    /// [`Application::build`] was given): without one, the demo plays everything today.
+    pub fn with_clock_hand(mut self, hand: Arc<dyn demo::ClockHand>) -> Self {
+        self.clock_hand = Some(hand);
+        self
     }
 
     /// The address actually bound (useful with port 0).
@@ -185,7 +197,12 @@ impl Application {
         let background = spawn_background(
             &self.state,
             self.state.config.workers,
-            executor::Timings::default(),
+            executor::Timings {
+                escalate_unknown_after: std::time::Duration::from_secs(
+                    self.state.config.escalate_unknown_after_seconds,
+                ),
+                ..executor::Timings::default()
+            },
             stop_rx,
         );
         let checkpointer = match &self.state.config.audit_signing_key {
@@ -220,6 +237,7 @@ impl Application {
                 self.state.store.clone(),
                 url,
                 Some(origin),
+                self.clock_hand.clone(),
             )))
         } else {
             None

@@ -239,7 +239,27 @@ fn main() -> ExitCode {
                 config.demo |= demo;
                 // The demo's scripted approver signs in through the demo sign-in.
                 config.demo_sign_in |= config.demo;
-                let app = Application::build(config, clock).await?;
+                // The demo plays a month of history on an empty database: its server starts
+                // that far behind and catches up as the history plays.
+                let demo_clock = if config.demo {
+                    let store = countersign::connect_and_migrate(&config, clock.clone())
+                        .await
+                        .map_err(StartError::Database)?;
+                    let found = countersign::demo::clock_for(&store).await;
+                    store.close().await;
+                    found.map_err(StartError::Database)?
+                } else {
+                    None
+                };
+                let app = match demo_clock {
+                    Some(demo) => {
+                        let shared: Arc<dyn Clock> = Arc::new(demo.clone());
+                        Application::build(config, shared)
+                            .await?
+                            .with_clock_hand(Arc::new(demo))
+                    }
+                    None => Application::build(config, clock).await?,
+                };
                 app.run_until(shutdown_signal()).await?;
                 Ok(())
             }
@@ -251,6 +271,9 @@ fn main() -> ExitCode {
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
                 let timings = countersign::executor::Timings {
                     stale_after: std::time::Duration::from_secs(stale_after),
+                    escalate_unknown_after: std::time::Duration::from_secs(
+                        state.config.escalate_unknown_after_seconds,
+                    ),
                     ..countersign::executor::Timings::default()
                 };
                 let tasks = countersign::spawn_background(&state, count, timings, stop_rx);

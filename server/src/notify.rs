@@ -1,5 +1,6 @@
 //! Notifications to people: when a step starts waiting for a person (`gate_opened`), or when
-//! a failed run leaves a write that only a person can undo (`compensation_escalated`), each
+//! a failed run leaves a write that only a person can undo (`compensation_escalated`), or an
+//! `unknown` outcome reconciliation cannot settle goes to a person (`unknown_escalated`), each
 //! configured webhook gets a JSON POST with a Slack-compatible `text` field and the step's facts.
 //!
 //! The inbox is the source of truth: a notification is a courtesy. Delivery is retried
@@ -60,6 +61,29 @@ pub fn compensation_escalated(state: &AppState, step: &Step, failed_step: &str) 
         "tool": step.tool,
         "after_failed_step": failed_step,
         "run": run,
+        "escalations": page(state, "escalations"),
+    });
+    post_all(state, body);
+}
+
+/// Posts "a person must settle the unknown outcome of `step`" (reconciliation could not) to
+/// every configured URL, in the background.
+pub fn unknown_escalated(state: &AppState, step: &Step) {
+    if state.config.webhook_urls.is_empty() {
+        return;
+    }
+    let escalations = page(state, "escalations");
+    let body = json!({
+        "text": format!(
+            "Countersign: whether {} happened is unknown and the target cannot tell. A person \
+             must settle it with the target's reference: {escalations}",
+            step.tool
+        ),
+        "event": "unknown_escalated",
+        "step_id": step.id,
+        "run_id": step.run_id,
+        "tool": step.tool,
+        "escalations": escalations,
     });
     post_all(state, body);
 }

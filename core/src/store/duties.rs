@@ -209,6 +209,24 @@ impl Store {
         Ok(())
     }
 
+    /// [duties] Puts step `step_id` on credential `assignee`, replacing the one its duties
+    /// named (a person's undo of a failed run's write runs its compensation again on a
+    /// credential minted for that undo).
+    pub async fn assign_step(&self, step_id: &str, assignee: &str) -> Result<(), StoreError> {
+        let n = on_pool!(self, |p| {
+            sqlx::query("UPDATE step_duties SET assignee = $2 WHERE step_id = $1")
+                .bind(step_id)
+                .bind(assignee)
+                .execute(p)
+                .await?
+                .rows_affected()
+        });
+        if n == 0 {
+            self.set_step_duties(step_id, false, Some(assignee)).await?;
+        }
+        Ok(())
+    }
+
     /// Marks `run_id` as planned: from now on its steps are the executor's to claim. Called
     /// once every step and its duties are written. [`StoreError::Conflict`] when the run is
     /// no longer active (stopped meanwhile): its execution credentials are ended.

@@ -24,8 +24,10 @@ mod bulk;
 mod caches;
 mod commit_queue;
 mod demo;
+mod directory;
 mod duties;
 mod error;
+mod escalations;
 pub(crate) mod group;
 mod handle;
 mod imports;
@@ -60,9 +62,15 @@ use crate::secret::Secret;
 pub use ablations::Ablations;
 pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
 pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
+pub use directory::MAX_DISPLAY_NAME;
 pub use duties::{REVIEW_APPROVED_RULE, ReviewError, StepDuties};
 pub use error::StoreError;
 pub(crate) use error::{answered, at_most_one, sent_maybe};
+pub use escalations::{
+    ACKNOWLEDGED_RULE, Escalation, EscalationKind, FIRST_SETTLEMENT_RULE, OPENED_RULE,
+    RECONCILED_RULE, Resolution, SETTLED_RULE, SettleOutcome, UNDO_RELEASED_RULE, UNDO_RULE,
+    UNDO_STARTED_RULE, WITHDRAWN_RULE,
+};
 pub use group::TIMING as COMMITTER_TIMING;
 pub use handle::{Backend, Store};
 pub(crate) use handle::{Pool, on_pool};

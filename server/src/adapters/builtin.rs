@@ -62,6 +62,9 @@ impl Adapter for Noop {
 /// The finance ERP's system name.
 pub const ERP: &str = "erp";
 
+/// The pseudo-operation of the ERP's key lookup (reconciliation), for injecting faults into it.
+pub const LOOKUP: &str = "lookup";
+
 /// The demo ERP.
 #[derive(Debug)]
 pub(super) struct Erp {
@@ -390,15 +393,22 @@ impl Adapter for Erp {
         idem_key: &'a str,
     ) -> BoxFuture<'a, Result<Option<Value>, AdapterError>> {
         Box::pin(async move {
-            match self
-                .store
-                .demo_effect(ERP, idem_key)
-                .await
-                .map_err(unavailable)?
-            {
-                Some(e) => Ok(Some(serde_json::from_str(&e.result).map_err(unavailable)?)),
-                None => Ok(None),
-            }
+            // A fault injected into the pseudo-operation `lookup` (e.g. `unavailable`) makes
+            // the ERP unable to tell reconciliation anything: an `unknown` then stays so.
+            let (fault, latency, _) = fault_and_latency(&self.store, ERP, LOOKUP, None).await?;
+            let found = faulted(fault, latency, "the ERP", |_| async {
+                Ok(match self
+                    .store
+                    .demo_effect(ERP, idem_key)
+                    .await
+                    .map_err(unavailable)?
+                {
+                    Some(e) => json!({"found": serde_json::from_str::<Value>(&e.result).map_err(unavailable)?}),
+                    None => json!({}),
+                })
+            })
+            .await?;
+            Ok(found.get("found").cloned())
         })
     }
 

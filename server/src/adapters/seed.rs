@@ -120,6 +120,19 @@ pub async fn seed_erp(store: &Store) -> Result<(), countersign_core::StoreError>
         ),
         (
             "invoice",
+            "INV-20260616",
+            "acme",
+            invoice(
+                "INV-20260616",
+                "SUP-000502",
+                "PO-77816",
+                3720.00,
+                "approved",
+                "Invoice 20260616 · Racking deposit · 3,720.00 EUR",
+            ),
+        ),
+        (
+            "invoice",
             "INV-20269001",
             "globex",
             invoice(

@@ -261,6 +261,16 @@ impl Auth {
                 .await
         }
         .await;
+        if result.is_ok()
+            && let Some(tenant) = person.tenant.as_deref().filter(|t| !t.is_empty())
+            && let Err(e) = self
+                .store
+                .remember_person(tenant, &person.iss, &person.sub, &person.name)
+                .await
+        {
+            // Display only: a sign-in never fails for it.
+            tracing::warn!(error = %e, "could not remember a person's display name");
+        }
         result.map_err(|e| {
             tracing::error!(error = %e, "could not store a session");
             page(

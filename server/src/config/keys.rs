@@ -59,6 +59,12 @@ pub const KEYS: &[KeySpec] = &[
         help: "executor workers `serve` runs for planned steps (0 = none; run `countersign worker`)",
     },
     KeySpec {
+        name: "escalate_unknown_after_seconds",
+        secret: false,
+        default: Some("600"),
+        help: "an `unknown` outcome the target still cannot tell about after this long goes to the escalations page",
+    },
+    KeySpec {
         name: "run_max_minutes",
         secret: false,
         default: Some("1440"),

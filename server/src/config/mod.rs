@@ -86,6 +86,8 @@ pub struct Config {
     pub site_root: PathBuf,
     /// Executor workers inside `serve`.
     pub workers: usize,
+    /// An `unknown` the target cannot tell about goes to a person after this many seconds.
+    pub escalate_unknown_after_seconds: u64,
     /// Write-path mechanisms turned off (benchmarks only).
     pub store_ablations: Ablations,
     /// Play the finance demo at start when the database has no runs (`serve --demo`).
@@ -353,6 +355,18 @@ impl Config {
             .ok()
             .filter(|n| *n <= 64)
             .ok_or_else(|| invalid("workers", "expected a number from 0 to 64".into()))?;
+
+        let escalate_unknown_after_seconds: u64 = get("escalate_unknown_after_seconds")
+            .unwrap_or_default()
+            .parse()
+            .ok()
+            .filter(|n| *n <= 7 * 24 * 3600)
+            .ok_or_else(|| {
+                invalid(
+                    "escalate_unknown_after_seconds",
+                    "expected a whole number of seconds from 0 to 604800 (a week)".into(),
+                )
+            })?;
 
         let store_ablations = Ablations::parse(&get("store_ablate").unwrap_or_default())
             .map_err(|why| invalid("store_ablate", why))?;
@@ -651,6 +665,7 @@ impl Config {
             log_level,
             site_root,
             workers,
+            escalate_unknown_after_seconds,
             store_ablations,
             demo,
             demo_sign_in,

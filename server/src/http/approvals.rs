@@ -21,7 +21,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use countersign_core::approvals::{DecideError, Decider, Verdict};
+use countersign_core::approvals::{DecideError, Verdict};
 use countersign_core::batch::{BatchError, BatchGrant, BatchOutcome, Outside, StepResult};
 use countersign_core::store::Step;
 use countersign_core::{Person, StepStatus, StoreError, ToolName};
@@ -34,19 +34,6 @@ use crate::pipeline::gate_rules;
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message.into()}))).into_response()
-}
-
-fn decider(person: &Person) -> Decider {
-    Decider {
-        approver: person.approver(),
-        roles: person
-            .roles
-            .iter()
-            .map(|r| r.as_str().to_string())
-            .collect(),
-        auth_time: person.auth_time,
-        auth_time_unknown: person.auth_time_unknown,
-    }
 }
 
 /// The step if `person` may see it: their tenant, a tool they approve.
@@ -224,7 +211,7 @@ pub async fn decide_as(
     let rules = gate_rules(tool, &inputs);
     match state
         .store
-        .decide_step(&step.id, &decider(person), &rules, verdict, reason)
+        .decide_step(&step.id, &person.decider(), &rules, verdict, reason)
         .await
     {
         Ok((approval, _token)) => {
@@ -391,7 +378,7 @@ pub async fn batch_as(
     };
     match state
         .store
-        .approve_batch(grant, &decider(person), rules_for)
+        .approve_batch(grant, &person.decider(), rules_for)
         .await
     {
         Ok(o) => Ok(o),

@@ -3,6 +3,7 @@
 
 mod admin;
 mod approvals;
+mod escalations;
 mod headers;
 mod health;
 mod inbox;
@@ -40,6 +41,7 @@ pub fn router(state: AppState) -> Router {
     let sessions = state.auth.session_layer();
     let https = state.config.public_url.scheme() == "https";
     let inbox = inbox::context(&state);
+    let escalations = escalations::context(&state);
     let admin = admin::context(&state);
     let (runs, audit, metrics) = views::contexts(&state);
     // The pages and their server functions, each request kept on its own reactive owner
@@ -51,6 +53,7 @@ pub fn router(state: AppState) -> Router {
             move || {
                 render::remember_owner();
                 leptos::prelude::provide_context(inbox.clone());
+                leptos::prelude::provide_context(escalations.clone());
                 leptos::prelude::provide_context(admin.clone());
                 leptos::prelude::provide_context(runs.clone());
                 leptos::prelude::provide_context(audit.clone());
@@ -75,6 +78,10 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(inbox::decide_form),
         )
         .route("/inbox/batch", axum::routing::post(inbox::batch_form))
+        .route(
+            "/escalations/{id}",
+            axum::routing::post(escalations::act_form),
+        )
         .route("/admin/proposals", axum::routing::post(admin::propose))
         .route(
             "/admin/tools/settings",

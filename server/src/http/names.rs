@@ -2,7 +2,8 @@
 //! `agent:0eb25196-… role:worker.finance tenant:acme` becomes `agent invoice-bot
 //! (worker.finance)`; `executor:local:19408:0 agent:<a planned run's execution credential> …`
 //! becomes `worker 0 on local, running the plan's worker.finance steps`; a person
-//! `person:ISS#SUB` becomes their display name where Countersign knows it (the demo people;
+//! `person:ISS#SUB` becomes their display name where Countersign knows it (the name their
+//! identity provider gave at their last sign-in, kept in the people directory; a demo person's;
 //! otherwise the subject).
 //!
 //! Invariants:
@@ -33,6 +34,8 @@ struct Agent {
 pub struct Names {
     /// Agent id → the credential, this tenant's only.
     agents: HashMap<String, Agent>,
+    /// `ISS#SUB` → the display name the person last signed in with, this tenant's only.
+    people: HashMap<String, String>,
 }
 
 /// The first 8 characters of an id, for when no name is known.
@@ -43,7 +46,14 @@ fn short(id: &str) -> &str {
 impl Names {
     /// The names of `tenant`'s agents.
     pub async fn load(store: &Store, tenant: &str) -> Result<Self, StoreError> {
+        let people = store
+            .people_of(tenant)
+            .await?
+            .into_iter()
+            .map(|(iss, sub, name)| (format!("{iss}#{sub}"), name))
+            .collect();
         Ok(Self {
+            people,
             agents: store
                 .agents_of(tenant)
                 .await?
@@ -91,7 +101,7 @@ impl Names {
     pub fn actor(&self, actor: &str) -> String {
         // A person is the whole rest (a CLI `--by` may hold spaces).
         if let Some(person) = actor.strip_prefix("person:") {
-            return person_name(person);
+            return self.person(person);
         }
         let token = |prefix: &str| {
             actor
@@ -117,11 +127,17 @@ fn worker_name(worker: &str) -> String {
     }
 }
 
-/// `ISS#SUB` as the person's display name where known (the demo people), else the subject.
-fn person_name(person: &str) -> String {
-    // An issuer is a URL without a fragment: the first `#` ends it.
-    let (iss, sub) = person.split_once('#').unwrap_or(("", person));
-    demo_name(iss, sub).map_or_else(|| sub.to_string(), str::to_string)
+impl Names {
+    /// `ISS#SUB` as the person's display name where known (the name they last signed in with,
+    /// or a demo person's), else the subject.
+    pub fn person(&self, person: &str) -> String {
+        if let Some(name) = self.people.get(person) {
+            return name.clone();
+        }
+        // An issuer is a URL without a fragment: the first `#` ends it.
+        let (iss, sub) = person.split_once('#').unwrap_or(("", person));
+        demo_name(iss, sub).map_or_else(|| sub.to_string(), str::to_string)
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +160,7 @@ mod tests {
                 ),
                 ("e1".to_string(), agent("exec:run-1:worker.finance", true)),
             ]),
+            people: HashMap::from([("https://idp.example#u-7".to_string(), "Jo Park".to_string())]),
         };
         assert_eq!(
             names.actor(
@@ -172,6 +189,9 @@ mod tests {
             "Ana (AP clerk)"
         );
         assert_eq!(names.actor("person:https://idp.example#u-42"), "u-42");
+        // A person who signed in: the name their provider gave.
+        assert_eq!(names.actor("person:https://idp.example#u-7"), "Jo Park");
+        assert_eq!(names.actor("person:https://other.example#u-7"), "u-7");
         assert_eq!(names.actor("person:Jane Doe"), "Jane Doe");
         assert_eq!(
             names.actor("config:COUNTERSIGN_REGISTRY"),

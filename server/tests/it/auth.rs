@@ -457,6 +457,16 @@ async fn oidc_sign_in_maps_roles_rotates_the_session_and_logout_deletes_it() {
         assert_eq!(me["email"], "ana@acme.test");
         assert_eq!(me["roles"], json!(["approver"]));
         assert_eq!(me["tenant"], "acme");
+        // The people directory names her on the pages (issue 36), under her tenant only.
+        assert_eq!(
+            app.store.people_of("acme").await.unwrap(),
+            [(
+                provider.main.to_string(),
+                "ana".to_string(),
+                "Ana Clerk".to_string()
+            )]
+        );
+        assert!(app.store.people_of("globex").await.unwrap().is_empty());
         let resp = browser.get(&app.url("/inbox")).await;
         assert_eq!(resp.status(), StatusCode::OK);
         assert!(resp.text().await.unwrap().contains("Approval inbox"));

@@ -182,7 +182,8 @@ pub async fn spawn_app_on(db: FreshDb, extra: &[(&str, &str)]) -> TestApp {
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let app = Application::build(test_config(&db, extra), shared)
         .await
-        .expect("server builds");
+        .expect("server builds")
+        .with_clock_hand(Arc::new(clock.clone()));
     let addr = app.local_addr().unwrap();
     let state = app.state().clone();
     let store = state.store.clone();

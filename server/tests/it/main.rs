@@ -13,6 +13,7 @@ mod cli;
 mod config;
 mod dashboard;
 mod duties;
+mod escalations;
 mod gateway;
 mod health;
 mod helpers;

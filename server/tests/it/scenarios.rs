@@ -200,10 +200,25 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
             if let Some(p) = app.store.list_proposals(10).await.unwrap().pop() {
                 break p;
             }
-            assert!(
-                began.elapsed() < std::time::Duration::from_secs(90),
-                "{backend:?}: the demo never got to the advisor's draft"
-            );
+            if began.elapsed() > std::time::Duration::from_secs(90) {
+                let runs = app.store.list_runs("acme", 100).await.unwrap();
+                let tail: Vec<_> = app
+                    .store
+                    .audit_in_order(0, 100_000)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .rev()
+                    .take(8)
+                    .map(|r| (r.event, r.tool, r.rule))
+                    .collect();
+                panic!(
+                    "{backend:?}: the demo never got to the advisor's draft; runs {:?}; last records {tail:?}",
+                    runs.iter()
+                        .map(|r| (&r.task, r.status.as_str()))
+                        .collect::<Vec<_>>()
+                );
+            }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         };
         assert!(
@@ -256,8 +271,15 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
             .demo_effects(ERP, "payments.schedule")
             .await
             .unwrap();
-        assert_eq!(paid.len(), 1, "one paid run");
-        assert!(paid[0].request.contains("INV-20260611"), "{:?}", paid[0]);
+        assert_eq!(
+            paid.len(),
+            2,
+            "one paid run, one deposit whose answer was lost"
+        );
+        assert!(
+            paid.iter().any(|p| p.request.contains("INV-20260611")),
+            "{paid:?}"
+        );
         let waiting = app
             .store
             .steps_in_status(StepStatus::NeedsApproval, 10)
@@ -295,13 +317,89 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
             .into_iter()
             .filter(|r| r.event == "approved" && r.tool.as_deref() == Some("payment.schedule"))
             .collect();
-        assert_eq!(approvals.len(), 1);
+        assert_eq!(approvals.len(), 2, "the paid run's payment and the deposit");
         assert!(approvals[0].actor.as_deref().unwrap().contains("ana"));
-        assert!(app.store.verify_audit().await.unwrap().is_ok());
-        // Played once: with runs in the database, seeding again does nothing.
-        let again = countersign::demo::seed(&app.store, &format!("http://{}", app.addr), None)
+        // A month of history: the holds were decided one a day.
+        let days: std::collections::BTreeSet<i64> = app
+            .store
+            .audit_in_order(0, 10_000)
             .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "approved" && r.tool.as_deref() == Some("invoice.hold"))
+            .map(|r| r.at / 86_400_000)
+            .collect();
+        assert!(
+            days.len() >= 25,
+            "holds decided on {} days only",
+            days.len()
+        );
+        // Runs in every status a demo can show (a stop would revoke the demo's agents).
+        let statuses: std::collections::BTreeSet<&str> = app
+            .store
+            .list_runs("acme", 500)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.status.as_str())
+            .collect();
+        for want in ["active", "done", "failed", "cancelled"] {
+            assert!(statuses.contains(want), "no {want} run: {statuses:?}");
+        }
+        // Two escalations: the failed run's note whose undo failed, and the deposit nobody can
+        // reconcile (the reconciler escalates it once it is old enough; it is days old).
+        let began = std::time::Instant::now();
+        let kinds: std::collections::BTreeSet<String> = loop {
+            let open = app.store.open_escalations("acme", 10).await.unwrap();
+            let kinds = open.iter().map(|e| e.kind.clone()).collect();
+            if open.len() >= 2 || began.elapsed() > std::time::Duration::from_secs(30) {
+                break kinds;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
+        assert_eq!(
+            kinds,
+            ["undo".to_string(), "unknown".to_string()].into(),
+            "escalations"
+        );
+        assert!(app.store.verify_audit().await.unwrap().is_ok());
+        // Names, not ids: no table cell or list line of any page shows a raw UUID (ids stay in
+        // titles and links).
+        let run = app.store.list_runs("acme", 500).await.unwrap();
+        let paid_run = run
+            .iter()
+            .find(|r| r.task.contains("INV-20260611"))
             .unwrap();
+        let pages: [(&str, Vec<String>); 5] = [
+            ("ana", vec!["/inbox".into(), "/escalations".into()]),
+            (
+                "aud",
+                vec![
+                    "/runs".into(),
+                    "/audit".into(),
+                    format!("/runs/{}", paid_run.id),
+                ],
+            ),
+            ("max", vec!["/gates".into()]),
+            ("ada", vec!["/admin".into(), "/escalations".into()]),
+            ("pat", vec!["/escalations".into()]),
+        ];
+        for (who, paths) in pages {
+            let client = app.demo_client(who).await;
+            for path in paths {
+                let resp = client.get(app.url(&path)).send().await.unwrap();
+                assert_eq!(resp.status(), reqwest::StatusCode::OK, "{who} {path}");
+                let html = resp.text().await.unwrap();
+                for cell in cells(&html) {
+                    assert!(!has_uuid(&cell), "{who} {path}: a raw id in {cell:?}");
+                }
+            }
+        }
+        // Played once: with runs in the database, seeding again does nothing.
+        let again =
+            countersign::demo::seed(&app.store, &format!("http://{}", app.addr), None, None)
+                .await
+                .unwrap();
         assert!(again.is_none());
         assert_eq!(
             app.store
@@ -309,7 +407,7 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
                 .await
                 .unwrap()
                 .len(),
-            1
+            2
         );
         app.stop().await;
     }
@@ -456,4 +554,73 @@ expect:
         assert!(err.contains("acts_for is for agents"), "{err}");
         app.stop().await;
     }
+}
+
+/// The text of every table cell and list item of `html` (tags and their attributes dropped:
+/// an id in a title or a link is one click away, not shown).
+fn cells(html: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (open, close) in [("<td", "</td>"), ("<li", "</li>"), ("<th", "</th>")] {
+        let mut rest = html;
+        while let Some(at) = rest.find(open) {
+            rest = &rest[at + open.len()..];
+            // `<td>` or `<td …>`, not `<thead>` or `<link>`.
+            if !(rest.starts_with('>') || rest.starts_with(' ')) {
+                continue;
+            }
+            let Some(start) = rest.find('>') else { break };
+            let Some(end) = rest.find(close) else { break };
+            if end > start {
+                out.push(strip_tags(&rest[start + 1..end]));
+            }
+        }
+    }
+    out
+}
+
+fn strip_tags(s: &str) -> String {
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in s.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether `text` holds a UUID (8-4-4-4-12 hex digits).
+fn has_uuid(text: &str) -> bool {
+    let b = text.as_bytes();
+    let groups = [8, 4, 4, 4, 12];
+    (0..b.len()).any(|i| {
+        let mut at = i;
+        for (n, len) in groups.iter().enumerate() {
+            if at + len > b.len() || !b[at..at + len].iter().all(u8::is_ascii_hexdigit) {
+                return false;
+            }
+            at += len;
+            if n < 4 {
+                if b.get(at) != Some(&b'-') {
+                    return false;
+                }
+                at += 1;
+            }
+        }
+        true
+    })
+}
+
+#[test]
+fn cells_and_uuids_are_found() {
+    let html = r#"<link rel="x"><table><thead><tr><th>Who</th></tr></thead><tr><td title="0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11">agent bot</td><td><a href="/runs/0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11">Pay it</a></td><td>0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11</td></tr></table>"#;
+    let cells = cells(html);
+    assert_eq!(cells.len(), 4, "{cells:?}");
+    assert!(!has_uuid(&cells[0]) && !has_uuid(&cells[1]));
+    assert!(has_uuid(&cells[2]));
+    assert_eq!(cells[3], "Who");
+    assert!(!has_uuid("sha256:0eb25196"));
 }
