@@ -93,6 +93,8 @@ pub struct AgentRow {
     pub origin: String,
     /// For an execution credential, its run; empty otherwise.
     pub run_id: String,
+    /// For an execution credential, its run's task (people read it instead of the id).
+    pub run_task: String,
 }
 
 /// Everything the admin page shows.
@@ -528,7 +530,13 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
                     a.origin
                 )
             } else {
-                format!("execution credential of run {}", a.run_id)
+                format!("execution credential of the run “{}”", a.run_task)
+            };
+            // An execution credential's name holds its run's id: shown by its run's task.
+            let shown = if a.run_id.is_empty() {
+                a.name.clone()
+            } else {
+                format!("the plan's {} credential", a.role)
             };
             let revoke = (a.state == "active").then(|| {
                 let action = format!("/admin/agents/{}/revoke", a.id);
@@ -548,12 +556,12 @@ fn Agents(agents: Vec<AgentRow>, roles: Vec<String>, tenant: String) -> AnyView 
             });
             view! {
                 <tr class="border-t border-slate-200" data-testid="agent-row" data-agent=a.name.clone()>
-                    <td class="px-2 py-1">{a.name.clone()}</td>
+                    <td class="px-2 py-1" title=a.name.clone()>{shown}</td>
                     <td class="px-2 py-1 font-mono">{a.role.clone()}</td>
                     <td class="px-2 py-1">{a.tenant.clone()}</td>
                     <td class="px-2 py-1" data-testid="agent-state">{a.state.clone()}</td>
                     <td class="px-2 py-1 text-xs">{a.created_by.clone()} " · " {a.created.clone()}</td>
-                    <td class="px-2 py-1 text-xs" data-testid="agent-binding">{binding}{bind}</td>
+                    <td class="px-2 py-1 text-xs" data-testid="agent-binding" title=a.run_id.clone()>{binding}{bind}</td>
                     <td class="px-2 py-1">{revoke}</td>
                 </tr>
             }

@@ -445,9 +445,10 @@ fn Timeline(detail: RunDetail) -> impl IntoView {
         <article class="space-y-6" data-testid="run-timeline">
             <header class="space-y-2">
                 <h1 class="text-2xl font-semibold" data-testid="run-task">{if run.task.is_empty() { "Run".to_string() } else { run.task.clone() }}</h1>
-                <p class="text-sm text-slate-700">
-                    "Run " <code data-testid="run-id" class="select-all font-mono">{run.id.clone()}</code>
-                </p>
+                <details class="text-sm text-slate-700">
+                    <summary class="cursor-pointer">"Run id"</summary>
+                    <code data-testid="run-id" class="select-all font-mono">{run.id.clone()}</code>
+                </details>
                 <p class="flex flex-wrap items-center gap-3 text-sm text-slate-700">
                     <Badge status=run.status.clone()/>
                     <span>"for " <span title=run.principal.clone() data-testid="run-principal">{run.principal_name.clone()}</span></span>

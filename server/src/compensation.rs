@@ -23,6 +23,37 @@ use serde_json::{Map, Value, json};
 use crate::AppState;
 use crate::pipeline;
 
+/// A step ended without success: the run fails, and the steps after it are cancelled.
+pub(crate) async fn fail_run(
+    state: &AppState,
+    run_id: &str,
+    step: &Step,
+    _answer: &crate::pipeline::Answer,
+) -> Result<(), StoreError> {
+    let reason = format!(
+        "step {} ({}) ended {}{}",
+        step.seq,
+        step.tool,
+        step.status.as_str(),
+        step.rule
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    );
+    crate::runs::cancel_run(
+        state,
+        run_id,
+        "executor",
+        &reason,
+        countersign_core::store::RunStatus::Failed,
+    )
+    .await?;
+    let compensated = compensate(state, run_id, step).await;
+    // [duties] Its compensations ran (or failed): the run's execution credentials end with it.
+    state.store.end_execution_credentials(run_id).await?;
+    compensated
+}
+
 /// Undoes the writes that succeeded before `failed`, latest first, with each tool's registry
 /// `compensate` tool — a new step of the run, through the same pipeline, under its own key.
 /// An irreversible step, or a write without a compensating tool or whose compensation cannot
@@ -93,6 +124,28 @@ impl Escalated {
     }
 }
 
+/// A write of `run`, which ended (failed, cancelled, stopped) while the write's outcome was
+/// unknown, turned out `done` (reconciliation or people settled it): nothing undid it when the
+/// run ended, so it goes to a person — an undo when its tool has a compensating tool, by hand
+/// otherwise. Audited and told like any escalated compensation.
+pub(crate) async fn left_after_end(
+    state: &AppState,
+    run: &countersign_core::store::Run,
+    step: &Step,
+) -> Result<(), StoreError> {
+    if step.effect == Effect::Read || run.status == countersign_core::store::RunStatus::Done {
+        return Ok(());
+    }
+    let why = Escalated {
+        why: format!(
+            "its outcome was settled as done after its run ended {}: nothing undid it",
+            run.status.as_str()
+        ),
+        undo: true,
+    };
+    record_compensation(state, &run.id, step, step, &Err(why)).await
+}
+
 /// The registry's compensating tool for `step`, when it is a write whose tool names one.
 pub(crate) fn compensator(state: &AppState, step: &Step) -> Option<Tool> {
     let loaded = state.registry.current()?;
@@ -142,7 +195,8 @@ async fn record_compensation(
         crate::notify::compensation_escalated(state, step, &failed.id);
         // The failed step itself (applied, unconfirmed) is never undone by its compensator:
         // what the target did is not known well enough.
-        let kind = if e.undo && step.id != failed.id && compensator(state, step).is_some() {
+        let unconfirmed = step.id == failed.id && step.status != StepStatus::Done;
+        let kind = if e.undo && !unconfirmed && compensator(state, step).is_some() {
             EscalationKind::Undo
         } else {
             EscalationKind::Manual
@@ -190,8 +244,9 @@ async fn run_compensation(
                 .map_err(Escalated::by_hand)?;
             Err(Escalated {
                 why: format!(
-                    "compensation step {id} ended needs_approval: a person decides the undo \
-                     (the step was cancelled, its run has ended)"
+                    "its compensation ({}) waits for a person's approval, and its run has ended: \
+                     a person decides the undo",
+                    comp.name
                 ),
                 undo: true,
             })
@@ -206,7 +261,7 @@ async fn run_compensation(
                     Err(_) => false,
                 };
             Err(Escalated {
-                why: format!("compensation step {id} ended {}", other.as_str()),
+                why: format!("its compensation ({}) ended {}", comp.name, other.as_str()),
                 undo: again,
             })
         }

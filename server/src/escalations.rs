@@ -6,9 +6,10 @@
 //!   tool's approver roles, as its gate rules name them for the step's own inputs (the
 //!   `approver` role for a tool without approval settings; a tool whose settings name no role
 //!   is the tenant admins'). A tool gone from the registry, or no registry in force: nobody.
-//! * Nobody acts on work they are accountable for: the run's principal, and the person who
-//!   created, or is the party of, the proposing credential or the run's, are refused (audited,
-//!   [`Store::refuse_accountable`]), as an approval of its gate would be.
+//! * Nobody acts on work they are accountable for: the run's principal is refused, and the
+//!   person who created, or is the party of, the proposing credential or the run's is refused
+//!   and the attempt audited ([`Store::refuse_accountable`]), as an approval of its gate
+//!   would be.
 //! * A reason is required for every action; a tool with a step-up window needs a recent
 //!   sign-in for every action, as a decision on its gate would.
 //! * Only an `unknown` escalation is settled, only while its step is still `unknown` (one whose
@@ -22,14 +23,17 @@
 //!   different person submits the same outcome and reference. A second person who disagrees
 //!   withdraws the first settlement (audited): two people must then agree from the start.
 //! * An undo runs the compensating tool at most once at a time per escalation
-//!   ([`Store::claim_undo`], audited) as a new step of the run, through the pipeline, on a
-//!   fresh execution credential of the run's role (the run's own ended with it) that ends when
-//!   the undo does; when its gate waits for a person, this person's approval is recorded
-//!   through [`Store::decide_step`] (the same checks as the inbox) before it runs. An undo
-//!   that did not get to run (its approval refused, an error before it ran) is cancelled and
-//!   its claim freed (audited); one that ran and did not end `done` keeps the claim, and the
+//!   ([`Store::claim_undo`], audited) through the pipeline: a new step of the run, or the
+//!   failed compensation itself run again (audited) when its key allows another try and its
+//!   attempts are not spent. It runs on a fresh execution credential of the run's role (the
+//!   run's own ended with it), minted once claimed and revoked when the undo ends; when its
+//!   gate waits for a person, this person's approval is recorded through
+//!   [`Store::decide_step`] (the same checks as the inbox) before it runs. An undo that did
+//!   not get to run (its approval refused, an error before it ran, refused or cancelled before
+//!   the target took it, stranded in a run nobody runs) is cancelled and its claim freed
+//!   (audited); one the target took and that did not end `done` keeps the claim, and the
 //!   escalation stays open for a person to acknowledge. An escalation is not acknowledged
-//!   while its undo is in flight.
+//!   while its undo runs, nor closed over an undo started meanwhile.
 //! * Every action is an audit record in the same transaction as the state it changes.
 //!
 //! [`Store::claim_undo`]: countersign_core::Store::claim_undo
@@ -48,9 +52,13 @@ use serde_json::{Map, Value, json};
 
 use crate::AppState;
 use crate::compensation::{
-    cancel_for_escalation, compensation_args, compensator, execute_compensation, open_compensation,
+    cancel_for_escalation, compensation_args, compensator, execute_compensation, fail_run,
+    left_after_end, open_compensation,
 };
 use crate::pipeline::gate_rules;
+
+/// The audit rule of a failed compensation run again by a person's undo.
+pub const UNDO_RERUN_RULE: &str = "escalation.undo_rerun";
 
 /// The longest reference at the target a person may record.
 pub const MAX_REFERENCE_LEN: usize = 200;
@@ -258,30 +266,29 @@ pub async fn act(
     }
 }
 
-/// Closes `esc` as handled outside Countersign — never while its undo is in flight.
+/// Closes `esc` as handled outside Countersign — never while its undo is in flight (one
+/// stranded before it ran is cancelled and freed first), and only if no undo started
+/// meanwhile.
 async fn acknowledge(
     state: &AppState,
     person: &Person,
     esc: &Escalation,
     reason: &str,
 ) -> Result<Acted, ActError> {
-    if let Some(undo) = &esc.undo_step {
-        let status = state.store.get_step(undo).await?.status;
-        if matches!(
-            status,
-            StepStatus::Pending | StepStatus::Running | StepStatus::NeedsApproval
-        ) {
-            return Err(ActError::NotApplicable(
-                "the undo is still running: wait for it to end, then acknowledge what is left",
-            ));
-        }
+    let esc = free_stranded_undo(state, esc, &person.actor()).await?;
+    if let Some(undo) = &esc.undo_step
+        && state.store.get_step(undo).await?.status == StepStatus::Running
+    {
+        return Err(ActError::NotApplicable(
+            "the undo is still running: wait for it to end, then acknowledge what is left",
+        ));
     }
     let mut detail = Map::new();
     detail.insert("reason".into(), json!(reason));
     if state
         .store
         .close_escalation(
-            esc,
+            &esc,
             &person.actor(),
             Resolution::Acknowledged,
             reason,
@@ -289,10 +296,55 @@ async fn acknowledge(
         )
         .await?
     {
-        Ok(Acted::Acknowledged)
-    } else {
-        Err(ActError::Closed)
+        return Ok(Acted::Acknowledged);
     }
+    Err(
+        if state
+            .store
+            .get_escalation(&esc.id)
+            .await?
+            .closed_at
+            .is_some()
+        {
+            ActError::Closed
+        } else {
+            ActError::Raced
+        },
+    )
+}
+
+/// `esc` with an undo that is stranded — its step still `pending` or `needs_approval` in a run
+/// that has ended, which no worker will run — cancelled and its claim freed (audited, by
+/// `me`); as it was otherwise.
+async fn free_stranded_undo(
+    state: &AppState,
+    esc: &Escalation,
+    me: &str,
+) -> Result<Escalation, StoreError> {
+    let Some(id) = &esc.undo_step else {
+        return Ok(esc.clone());
+    };
+    let undo = state.store.get_step(id).await?;
+    let run = state.store.get_run(&undo.run_id).await?;
+    if run.status == RunStatus::Active
+        || !matches!(undo.status, StepStatus::Pending | StepStatus::NeedsApproval)
+    {
+        return Ok(esc.clone());
+    }
+    if let Some(comp) = ToolName::parse(&undo.tool)
+        .ok()
+        .and_then(|n| state.registry.current()?.bundle.registry.tool(&n).cloned())
+    {
+        let undone = state.store.get_step(&esc.step_id).await?;
+        cancel_unrun(state, &undone, id, &comp).await;
+    }
+    if state.store.get_step(id).await?.status == StepStatus::Cancelled {
+        state
+            .store
+            .release_undo(esc, id, me, "its step was stranded before it ran")
+            .await?;
+    }
+    state.store.get_escalation(&esc.id).await
 }
 
 /// Settles an unknown (see the module doc: one or two people).
@@ -369,10 +421,10 @@ async fn settle(
         }
         SettleOutcome::AlreadyClosed => return Err(ActError::Closed),
     }
-    state.store.clear_lease(&step.id).await?;
     if let Some(to) = to {
         after_settled(state, step, to).await?;
     }
+    state.store.clear_lease(&step.id).await?;
     Ok(Acted::Settled)
 }
 
@@ -431,17 +483,24 @@ fn settle_transition(
     }
 }
 
-/// What follows a settled step in an active planned run: done when every step is, failed (and
-/// compensated) when it never happened. A run that ended already is left as it ended.
+/// What follows a settled step in a planned run: in an active run, done when every step is,
+/// failed (and compensated) when it never happened; in a run that ended meanwhile, a write
+/// that did happen is left to a person ([`left_after_end`]).
 async fn after_settled(state: &AppState, step: &Step, to: StepStatus) -> Result<(), StoreError> {
     let run = state.store.get_run(&step.run_id).await?;
-    if !run.planned || run.status != RunStatus::Active {
+    if !run.planned {
+        return Ok(());
+    }
+    if run.status != RunStatus::Active {
+        if to == StepStatus::Done {
+            left_after_end(state, &run, step).await?;
+        }
         return Ok(());
     }
     let after = state.store.get_step(&step.id).await?;
     if to == StepStatus::Failed {
         let answer = crate::pipeline::stored_outcome(&after);
-        return crate::executor::fail_run(state, &run.id, &after, &answer).await;
+        return fail_run(state, &run.id, &after, &answer).await;
     }
     let steps = state.store.steps_for_run(&run.id).await?;
     if steps.iter().all(|s| s.status == StepStatus::Done) {
@@ -450,8 +509,8 @@ async fn after_settled(state: &AppState, step: &Step, to: StepStatus) -> Result<
     Ok(())
 }
 
-/// Runs the undo of `step` once (see the module doc). The credential it runs on ends with it,
-/// whatever happened.
+/// Runs the undo of `step` once (see the module doc). The credential minted for it ends with
+/// it, whatever happened.
 async fn undo(
     state: &AppState,
     person: &Person,
@@ -460,6 +519,8 @@ async fn undo(
     run: &Run,
     reason: &str,
 ) -> Result<Acted, ActError> {
+    let me = person.actor();
+    let esc = free_stranded_undo(state, esc, &me).await?;
     if let Some(ran) = &esc.undo_step {
         return Err(ActError::UndoRan(ran.clone()));
     }
@@ -468,7 +529,8 @@ async fn undo(
             "the registry names no compensating tool for this step any more",
         ));
     };
-    // Each attempt is its own step (a refused one stays cancelled in the run's history).
+    // A compensating tool with a `reason` input gets this person's words, so each attempt is
+    // a step of its own; one without is the same step as the failed compensation, run again.
     let why = format!(
         "Compensating step {} ({}): {} approved the undo at {}",
         step.seq,
@@ -493,20 +555,73 @@ async fn undo(
             ));
         }
     }
-    let assignee = undo_credential(state, run, step).await?;
-    let result = undo_with(
+    let (comp_step, opened) = open_compensation(state, step, &comp, &args, None)
+        .await
+        .map_err(ActError::Undo)?;
+    let id = comp_step.id.clone();
+    if !opened {
+        match comp_step.status {
+            StepStatus::Done => {
+                // The undo happened already.
+                let mut detail = Map::new();
+                detail.insert("compensation_step".into(), json!(id));
+                state
+                    .store
+                    .close_escalation(&esc, &me, Resolution::Undone, reason, detail)
+                    .await?;
+                return Ok(Acted::Undone);
+            }
+            StepStatus::Failed | StepStatus::Cancelled
+                if comp_step.attempts < crate::pipeline::MAX_ATTEMPTS => {}
+            StepStatus::Failed
+            | StepStatus::Cancelled
+            | StepStatus::Pending
+            | StepStatus::Running
+            | StepStatus::NeedsApproval
+            | StepStatus::Unknown
+            | StepStatus::Refused
+            | StepStatus::Expired => return Err(ActError::UndoRan(id)),
+        }
+    }
+    if !state.store.claim_undo(&esc, &id, &me, reason).await? {
+        let now = state.store.get_escalation(&esc.id).await?;
+        // Another person's undo claimed it first: a step opened here is cancelled unless it
+        // is that very step, which is theirs to run.
+        if opened && now.undo_step.as_deref() != Some(id.as_str()) {
+            cancel_unrun(state, step, &id, &comp).await;
+        }
+        return Err(match now.undo_step {
+            Some(ran) if now.closed_at.is_none() => ActError::UndoRan(ran),
+            _ => ActError::Closed,
+        });
+    }
+    // Claimed: from here on this person's undo owns the step and the credential minted for it.
+    let minted = match undo_credential(state, run, step).await {
+        Ok(m) => m,
+        Err(e) => {
+            abandon(state, &esc, step, &id, &comp, &me, &e.to_string()).await?;
+            return Err(e);
+        }
+    };
+    let result = undo_claimed(
         state,
         person,
-        esc,
+        &esc,
         step,
+        (&comp_step, opened),
         &comp,
         &args,
-        assignee.as_deref(),
+        minted.as_deref(),
         reason,
     )
     .await;
-    // [duties] The undo's credential ends with it.
-    state.store.end_execution_credentials(&run.id).await?;
+    // [duties] The undo's credential ends with it (only this one: another undo of the run may
+    // be running on its own).
+    if let Some(minted) = &minted
+        && let Err(e) = state.store.revoke_agent(minted, "escalation").await
+    {
+        tracing::warn!(agent = %minted, error = %e, "escalation: ending the undo's credential failed");
+    }
     result
 }
 
@@ -536,76 +651,68 @@ async fn undo_credential(
     Ok(Some(minted.id))
 }
 
-/// [`undo`] once its credential exists: open, claim, run (approving its gate as `person`).
+/// [`undo`] once claimed: put the step on its credential, run it (approving its gate as
+/// `person`), and close the escalation when it is done.
 #[allow(clippy::too_many_arguments)]
-async fn undo_with(
+async fn undo_claimed(
     state: &AppState,
     person: &Person,
     esc: &Escalation,
     step: &Step,
+    (comp_step, opened): (&Step, bool),
     comp: &Tool,
     args: &Value,
     assignee: Option<&str>,
     reason: &str,
 ) -> Result<Acted, ActError> {
     let me = person.actor();
-    // The same inputs in the same run are the same step: a compensation that failed (or was
-    // cancelled before it ran) runs again under its own key; one that is done was the undo.
-    let (comp_step, opened) = open_compensation(state, step, comp, args, None)
-        .await
-        .map_err(ActError::Undo)?;
     let id = comp_step.id.clone();
-    if !opened {
-        match comp_step.status {
-            StepStatus::Done => {
-                let mut detail = Map::new();
-                detail.insert("compensation_step".into(), json!(id));
-                detail.insert("reason".into(), json!(reason));
-                state
-                    .store
-                    .close_escalation(esc, &me, Resolution::Undone, reason, detail)
-                    .await?;
-                return Ok(Acted::Undone);
-            }
-            StepStatus::Failed | StepStatus::Cancelled => {}
-            StepStatus::Pending
-            | StepStatus::Running
-            | StepStatus::NeedsApproval
-            | StepStatus::Unknown
-            | StepStatus::Refused
-            | StepStatus::Expired => return Err(ActError::UndoRan(id)),
-        }
-    }
-    if !state.store.claim_undo(esc, &id, &me, reason).await? {
-        let now = state.store.get_escalation(&esc.id).await?;
-        // Another person's undo claimed it first: a step opened here is cancelled unless it
-        // is that very step, which is theirs to run.
-        if opened && now.undo_step.as_deref() != Some(id.as_str()) {
-            cancel_unrun(state, step, &id, comp).await;
-        }
-        return Err(match now.undo_step {
-            Some(ran) if now.closed_at.is_none() => ActError::UndoRan(ran),
-            _ => ActError::Closed,
-        });
-    }
     if let Some(assignee) = assignee {
         state.store.assign_step(&id, assignee).await?;
     }
     let comp_step = if opened {
-        comp_step
+        comp_step.clone()
     } else {
+        let mut detail = Map::new();
+        detail.insert("reason".into(), json!(reason));
+        detail.insert("escalation_id".into(), json!(esc.id));
         let again = state
             .store
             .transition(&Transition {
                 step_id: id.clone(),
                 from: vec![StepStatus::Failed, StepStatus::Cancelled],
                 to: Some(StepStatus::Pending),
+                records: vec![(
+                    AuditEvent::Operational,
+                    NewAuditRecord {
+                        event: Some(AuditEvent::Operational),
+                        run_id: Some(step.run_id.clone()),
+                        step_id: Some(id.clone()),
+                        tool: Some(comp.name.as_str().to_string()),
+                        actor: Some(me.clone()),
+                        rule: Some(UNDO_RERUN_RULE.into()),
+                        detail,
+                        tenant: None,
+                    },
+                )],
                 ..Transition::default()
             })
             .await?;
         match again {
             Some(_) => state.store.get_step(&id).await?,
-            None => return Err(ActError::UndoRan(id)),
+            None => {
+                abandon(
+                    state,
+                    esc,
+                    step,
+                    &id,
+                    comp,
+                    &me,
+                    "it was not failed or cancelled",
+                )
+                .await?;
+                return Err(ActError::UndoRan(id));
+            }
         }
     };
     let mut status = match execute_compensation(state, comp_step).await {
@@ -636,14 +743,38 @@ async fn undo_with(
     }
     if status != StepStatus::Done {
         tracing::info!(step = %id, status = status.as_str(), "escalation: the undo ran and did not end done");
+        // Refused, cancelled or expired before the target took it (its key absent or open to
+        // another try): freed, so that it may be asked again.
+        let never_sent = matches!(
+            status,
+            StepStatus::Refused | StepStatus::Cancelled | StepStatus::Expired
+        ) && match state.store.get_step(&id).await {
+            Ok(after) => match state.store.get_key(&after.idem_key).await? {
+                None => true,
+                Some(k) => k.state == KeyState::Failed,
+            },
+            Err(e) => return Err(e.into()),
+        };
+        if never_sent {
+            state
+                .store
+                .release_undo(
+                    esc,
+                    &id,
+                    &me,
+                    &format!("it ended {} before it ran", status.as_str()),
+                )
+                .await?;
+        }
         return Ok(Acted::UndoEnded(status));
     }
     let mut detail = Map::new();
     detail.insert("compensation_step".into(), json!(id));
     detail.insert("reason".into(), json!(reason));
+    let claimed = state.store.get_escalation(&esc.id).await?;
     state
         .store
-        .close_escalation(esc, &me, Resolution::Undone, reason, detail)
+        .close_escalation(&claimed, &me, Resolution::Undone, reason, detail)
         .await?;
     Ok(Acted::Undone)
 }

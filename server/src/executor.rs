@@ -360,11 +360,11 @@ async fn settle(
                     })
                     .await?;
             } else {
-                fail_run(state, run_id, &step, answer).await?;
+                crate::compensation::fail_run(state, run_id, &step, answer).await?;
             }
         }
         StepStatus::Refused | StepStatus::Expired => {
-            fail_run(state, run_id, &step, answer).await?;
+            crate::compensation::fail_run(state, run_id, &step, answer).await?;
         }
         // Cancelled because its run ended (a person cancelled it, a bound or another step's
         // failure ended it) or by the emergency stop, whose own pass ends every active run as
@@ -375,7 +375,7 @@ async fn settle(
                 .as_deref()
                 .is_some_and(|r| r.starts_with("run.") || r == pipeline::STOP_RULE) => {}
         StepStatus::Cancelled => {
-            fail_run(state, run_id, &step, answer).await?;
+            crate::compensation::fail_run(state, run_id, &step, answer).await?;
         }
         StepStatus::Done => {
             if run_done {
@@ -388,30 +388,6 @@ async fn settle(
         | StepStatus::Unknown => {}
     }
     Ok(())
-}
-
-/// A step ended without success: the run fails, and the steps after it are cancelled.
-pub(crate) async fn fail_run(
-    state: &AppState,
-    run_id: &str,
-    step: &Step,
-    _answer: &Answer,
-) -> Result<(), StoreError> {
-    let reason = format!(
-        "step {} ({}) ended {}{}",
-        step.seq,
-        step.tool,
-        step.status.as_str(),
-        step.rule
-            .as_deref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default()
-    );
-    crate::runs::cancel_run(state, run_id, "executor", &reason, RunStatus::Failed).await?;
-    let compensated = crate::compensation::compensate(state, run_id, step).await;
-    // [duties] Its compensations ran (or failed): the run's execution credentials end with it.
-    state.store.end_execution_credentials(run_id).await?;
-    compensated
 }
 
 /// Runs the reconciler until `stop` turns true.
@@ -557,20 +533,33 @@ async fn reconcile_step(state: &AppState, step: &Step) -> Result<bool, StoreErro
     if moved.is_some() {
         // Its worker is gone: nobody holds the step any more.
         store.clear_lease(&step.id).await?;
-        crate::escalations::reconciled(state, step).await?;
     }
     if let Some((after, _)) = &moved
         && to == StepStatus::Failed
         && run.planned
     {
         let answer = pipeline::stored_outcome(after);
-        fail_run(state, &run.id, after, &answer).await?;
+        crate::compensation::fail_run(state, &run.id, after, &answer).await?;
     }
-    if moved.is_some() && to == StepStatus::Done && run.planned {
-        let steps = store.steps_for_run(&run.id).await?;
-        if steps.iter().all(|s| s.status == StepStatus::Done) {
-            store.finish_run(&run.id, RunStatus::Done, "").await?;
+    if let Some((after, _)) = &moved
+        && to == StepStatus::Done
+        && run.planned
+    {
+        if run.status == RunStatus::Active {
+            let steps = store.steps_for_run(&run.id).await?;
+            if steps.iter().all(|s| s.status == StepStatus::Done) {
+                store.finish_run(&run.id, RunStatus::Done, "").await?;
+            }
+        } else {
+            // The run ended while this write's outcome was unknown: nothing undid it.
+            crate::compensation::left_after_end(state, &run, after).await?;
         }
+    }
+    if let Some((after, _)) = &moved
+        && let Err(e) = crate::escalations::reconciled(state, after).await
+    {
+        // Closed when someone next acts on it (it is not shown meanwhile).
+        tracing::warn!(step = %step.id, error = %e, "reconciler: closing the escalation failed");
     }
     Ok(moved.is_some())
 }

@@ -173,7 +173,8 @@ pub enum SettleOutcome {
     Settled,
     /// The step was no longer `unknown` (reconciled meanwhile): nothing written.
     StepMoved,
-    /// The escalation was closed already: nothing written.
+    /// The escalation was closed already, or its first settlement changed meanwhile: nothing
+    /// written.
     AlreadyClosed,
 }
 
@@ -367,17 +368,23 @@ impl Store {
         let new = record(esc, by, WITHDRAWN_RULE, detail);
         self.update_audited(
             "UPDATE escalations SET first_by = NULL, first_outcome = NULL,
-                 first_reference = NULL, first_at = $2
-             WHERE first_by = $1 AND id = $3 AND closed_at IS NULL",
-            &[first_by],
+                 first_reference = NULL, first_at = $4
+             WHERE first_by = $1 AND COALESCE(first_outcome, '') = $2
+               AND COALESCE(first_reference, '') = $3 AND id = $5 AND closed_at IS NULL",
+            &[
+                first_by,
+                esc.first_outcome.as_deref().unwrap_or(""),
+                esc.first_reference.as_deref().unwrap_or(""),
+            ],
             &esc.id,
             &new,
         )
         .await
     }
 
-    /// Closes `esc` as `resolution` by `by` with `note`, with `new` as its audit record in the
-    /// same transaction. `false` when it was closed already (nothing written).
+    /// Closes `esc` as `resolution` by `by` with `note`, with its audit record in the same
+    /// transaction, while its undo is still `esc.undo_step` as read. `false` when it was closed
+    /// already or an undo was started or freed meanwhile (nothing written).
     pub async fn close_escalation(
         &self,
         esc: &Escalation,
@@ -397,9 +404,14 @@ impl Store {
         detail.insert("note".into(), json!(note));
         let new = record(esc, by, rule, detail);
         self.update_audited(
-            "UPDATE escalations SET closed_by = $1, resolution = $2, note = $3, closed_at = $4
-             WHERE id = $5 AND closed_at IS NULL",
-            &[by, resolution.as_str(), note],
+            "UPDATE escalations SET closed_by = $1, resolution = $2, note = $3, closed_at = $5
+             WHERE id = $6 AND closed_at IS NULL AND COALESCE(undo_step, '') = $4",
+            &[
+                by,
+                resolution.as_str(),
+                note,
+                esc.undo_step.as_deref().unwrap_or(""),
+            ],
             &esc.id,
             &new,
         )
@@ -496,7 +508,8 @@ impl Store {
 
     /// Settles `esc`'s `unknown` step with transition `t` (from `unknown` only; its records
     /// carry the people and the reference) and closes `esc` as `resolution` by `by`, in one
-    /// transaction.
+    /// transaction — only while its first settlement is still as read in `esc` (a confirmation
+    /// never confirms a settlement withdrawn or replaced meanwhile).
     pub async fn settle_escalated(
         &self,
         esc: &Escalation,
@@ -525,13 +538,19 @@ impl Store {
                         let closed = sqlx::query(
                             "UPDATE escalations SET closed_by = $1, resolution = $2, note = $3,
                                  closed_at = $4
-                             WHERE id = $5 AND closed_at IS NULL",
+                             WHERE id = $5 AND closed_at IS NULL
+                               AND COALESCE(first_by, '') = $6
+                               AND COALESCE(first_outcome, '') = $7
+                               AND COALESCE(first_reference, '') = $8",
                         )
                         .bind(by)
                         .bind(resolution.as_str())
                         .bind(note)
                         .bind(now)
                         .bind(&esc.id)
+                        .bind(esc.first_by.as_deref().unwrap_or(""))
+                        .bind(esc.first_outcome.as_deref().unwrap_or(""))
+                        .bind(esc.first_reference.as_deref().unwrap_or(""))
                         .execute(&mut *tx)
                         .await?
                         .rows_affected();

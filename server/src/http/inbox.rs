@@ -71,10 +71,22 @@ pub(crate) fn target(inputs: &Value) -> Option<String> {
                 .map(|(k, _)| k.clone())
         })?;
     let value = map.get(&key)?.as_str()?;
+    // Countersign's own ids (a run, a step) are UUIDs: shortened, the whole one stays in the
+    // record.
+    let value = if is_uuid(value) { &value[..8] } else { value };
     Some(format!(
         "{} {value}",
         key.trim_end_matches("_id").replace('_', " ")
     ))
+}
+
+/// Whether `s` is a UUID in its hyphenated text form.
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
 }
 
 fn row(step: &Step, inputs: &Value, now: i64) -> GateRow {

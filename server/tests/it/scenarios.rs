@@ -556,11 +556,30 @@ expect:
     }
 }
 
-/// The text of every table cell and list item of `html` (tags and their attributes dropped:
-/// an id in a title or a link is one click away, not shown).
+/// The text of every table cell, list item, definition, paragraph and heading of `html` (tags
+/// and their attributes dropped: an id in a title or a link is one click away, not shown).
 fn cells(html: &str) -> Vec<String> {
+    // What a `<details>` holds (an audit record's exact JSON) is one click away, not shown.
+    let mut shown = String::with_capacity(html.len());
+    let mut rest = html;
+    while let Some(at) = rest.find("<details") {
+        shown.push_str(&rest[..at]);
+        rest = rest[at..]
+            .find("</details>")
+            .map_or("", |end| &rest[at + end + "</details>".len()..]);
+    }
+    shown.push_str(rest);
+    let html = shown.as_str();
     let mut out = Vec::new();
-    for (open, close) in [("<td", "</td>"), ("<li", "</li>"), ("<th", "</th>")] {
+    for (open, close) in [
+        ("<td", "</td>"),
+        ("<li", "</li>"),
+        ("<th", "</th>"),
+        ("<dd", "</dd>"),
+        ("<p", "</p>"),
+        ("<h1", "</h1>"),
+        ("<h2", "</h2>"),
+    ] {
         let mut rest = html;
         while let Some(at) = rest.find(open) {
             rest = &rest[at + open.len()..];
@@ -616,11 +635,12 @@ fn has_uuid(text: &str) -> bool {
 
 #[test]
 fn cells_and_uuids_are_found() {
-    let html = r#"<link rel="x"><table><thead><tr><th>Who</th></tr></thead><tr><td title="0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11">agent bot</td><td><a href="/runs/0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11">Pay it</a></td><td>0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11</td></tr></table>"#;
+    let html = r#"<link rel="x"><table><thead><tr><th>Who</th></tr></thead><tr><td>bot<details><summary>Record</summary><pre>0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11</pre></details></td><td title="0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11">agent bot</td><td><a href="/runs/0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11">Pay it</a></td><td>0eb25196-6f9a-4c1e-9a57-9b2f3c1d0e11</td></tr></table>"#;
     let cells = cells(html);
-    assert_eq!(cells.len(), 4, "{cells:?}");
-    assert!(!has_uuid(&cells[0]) && !has_uuid(&cells[1]));
-    assert!(has_uuid(&cells[2]));
-    assert_eq!(cells[3], "Who");
+    assert_eq!(cells.len(), 5, "{cells:?}");
+    assert_eq!(cells[0], "bot");
+    assert!(!has_uuid(&cells[1]) && !has_uuid(&cells[2]));
+    assert!(has_uuid(&cells[3]));
+    assert_eq!(cells[4], "Who");
     assert!(!has_uuid("sha256:0eb25196"));
 }

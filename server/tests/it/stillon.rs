@@ -408,13 +408,23 @@ async fn stillon_a_move_the_partner_applies_differently_fails_closed_on_read_bac
             object(&app, "calendar_event", "EVT-0000a1b2").await["revision"],
             1
         );
-        // The audit: started, then failed with the read-back's fields — no `succeeded`.
+        // The audit: started, then failed with the read-back's fields — no `succeeded` — and
+        // the escalation a person acts on (issue 36), to be handled by hand.
         let audit = step_audit(&app, &run, &steps[0]).await;
         let events: Vec<&str> = audit.iter().map(|(e, _, _)| e.as_str()).collect();
         assert_eq!(
             events,
-            ["proposed", "decided", "started", "failed", "compensated"]
+            [
+                "proposed",
+                "decided",
+                "started",
+                "failed",
+                "compensated",
+                "operational"
+            ]
         );
+        assert_eq!(audit[5].1.as_deref(), Some("escalation.opened"));
+        assert_eq!(audit[5].2["kind"], "manual", "{:?}", audit[5]);
         let (_, rule, detail) = audit[3].clone();
         assert_eq!(rule.as_deref(), Some(STATE_CHANGED));
         assert_eq!(detail["check"], READ_BACK, "{detail}");

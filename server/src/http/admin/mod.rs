@@ -313,6 +313,15 @@ impl AdminBackend {
             })
             .collect();
         // Credentials are per tenant: an admin sees (and manages) their own tenant's only.
+        let tasks: std::collections::HashMap<String, String> = match person.tenant.as_deref() {
+            Some(t) => store
+                .list_runs(t, RUN_TASKS)
+                .await?
+                .into_iter()
+                .map(|r| (r.id, r.task))
+                .collect(),
+            None => std::collections::HashMap::new(),
+        };
         let agents = store
             .list_agents()
             .await?
@@ -333,6 +342,16 @@ impl AdminBackend {
                 created: utc(a.created_at),
                 acts_for: a.acts_for.unwrap_or_default(),
                 origin: a.origin,
+                run_task: a
+                    .run_id
+                    .as_ref()
+                    .map(|r| {
+                        tasks
+                            .get(r)
+                            .cloned()
+                            .unwrap_or_else(|| r.chars().take(8).collect())
+                    })
+                    .unwrap_or_default(),
                 run_id: a.run_id.unwrap_or_default(),
             })
             .collect();
@@ -463,6 +482,9 @@ fn back(done: Option<&str>, error: Option<&str>) -> Response {
 
 /// A redirect to `page` carrying a fixed `?error=` code, else a fixed `?done=` code (never
 /// free text: the page shows only the sentences of codes it knows).
+/// How many of a tenant's newest runs the admin page names execution credentials by.
+const RUN_TASKS: i64 = 500;
+
 pub(crate) fn coded_redirect(page: &str, done: Option<&str>, error: Option<&str>) -> Response {
     let target = match (done, error) {
         (_, Some(e)) => format!("{page}?error={e}"),
