@@ -244,8 +244,8 @@ async fn run_compensation(
                 .map_err(Escalated::by_hand)?;
             Err(Escalated {
                 why: format!(
-                    "its compensation ({}) waits for a person's approval, and its run has ended: \
-                     a person decides the undo",
+                    "its compensation ({}) ended needs_approval, and its run has ended: a \
+                     person decides the undo",
                     comp.name
                 ),
                 undo: true,
