@@ -23,7 +23,7 @@ export const e2eEnv: Record<string, string> = {
   COUNTERSIGN_DEMO_SIGN_IN: 'true',
   COUNTERSIGN_REGISTRY: join(root, 'examples', 'finance'),
   // An unknown outcome the ERP cannot tell about goes to the escalations page at the
-  // reconciler's next pass (y-escalations.spec.ts).
+  // reconciler's next pass (a-escalations.spec.ts).
   COUNTERSIGN_ESCALATE_UNKNOWN_AFTER_SECONDS: '0',
 };
 

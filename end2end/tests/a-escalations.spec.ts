@@ -3,8 +3,9 @@
 // is undone once by an admin's approval. The situations are made by a scenario played with the
 // CLI on the server's database (faults injected into the demo ERP).
 //
-// Runs after the inbox, views and accessibility specs (it pays INV-20260616 and leaves the
-// ERP's lookup down) and before z-change.spec.ts.
+// Runs first (the admin spec takes note.discard away from worker.comms, which would leave the
+// note's undo to be done by hand). It pays INV-20260616, which no other spec uses, and leaves
+// the ERP's lookup down, which no other spec needs.
 import { test, expect, Page } from '@playwright/test';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
