@@ -83,7 +83,8 @@ const UNKNOWN_DAY: usize = 27;
 /// one, which Pat rejects, and each approved hold runs on the worker's next call. With `days`
 /// the holds are one a day over [`HISTORY_DAYS`] days (the clock advanced between them), and
 /// on day [`UNKNOWN_DAY`] the 3,720 EUR racking deposit (INV-20260616) is paid, its answer lost while the ERP's
-/// lookup is down: an `unknown` nobody can reconcile, which goes to the escalations page.
+/// lookup is down: an `unknown` nobody can reconcile, which goes to the escalations page; a
+/// hold of INV-20260612 is left waiting that day, so its gate expires within hours of today.
 pub fn history(days: bool) -> String {
     let mut steps = String::new();
     for i in 0..HOLDS {
@@ -105,6 +106,8 @@ pub fn history(days: bool) -> String {
         }
         if days && i == UNKNOWN_DAY {
             steps.push_str(UNKNOWN_PAYMENT);
+            // Left waiting since then: its gate expires within the day.
+            steps.push_str(EXPIRING_HOLD);
         }
         if days && i + 1 < HOLDS {
             steps.push_str("  - advance: 24h\n");
@@ -118,6 +121,14 @@ pub fn history(days: bool) -> String {
         HOLDS - 1
     )
 }
+
+/// A hold left waiting on the history's last days: the inbox's gate that expires soon.
+const EXPIRING_HOLD: &str = "  - note: a hold left waiting, its gate expiring soon
+    as: fin
+    call: invoice.hold
+    arguments: {invoice_id: INV-20260612, amount: 1150, currency: EUR, reason: \"Freight June: one pallet arrived damaged\"}
+    reply: {equal: {/status: needs_approval}}
+";
 
 /// The racking deposit whose answer is lost while the ERP cannot be asked about it.
 const UNKNOWN_PAYMENT: &str = "  - note: a deposit is paid, the answer lost, and the ERP cannot tell reconciliation
@@ -137,7 +148,9 @@ const UNKNOWN_PAYMENT: &str = "  - note: a deposit is paid, the answer lost, and
 ";
 
 /// What the demo leaves for today, played after [`SEED`]: three holds of another invoice (a
-/// batch) and a 12,750 EUR payment (two approvers) waiting in the inbox; a planned run that
+/// batch), a 12,750 EUR payment (two approvers) and a supplier's IBAN change (four eyes: Ada
+/// created the vendor-master agent's credential, so another approver must countersign)
+/// waiting in the inbox; a planned run that
 /// fails after drafting a note whose undo fails too (an escalation: approve the undo); a run
 /// its planner cancels; and Max drafting the advisor's proposal, so the admin page shows a
 /// proposal with a non-empty impact preview.
@@ -150,12 +163,17 @@ pub fn today() -> String {
     }
     steps.push_str("  - as: fin\n    call: payment.schedule\n    arguments: {invoice_id: INV-20260613, amount: 12750, currency: EUR, value_date: \"2026-06-30\", reason: \"Annual freight contract, first instalment as agreed\"}\n    reply: {equal: {/status: needs_approval}}\n");
     format!(
-        "name: finance demo, today\nseed: \"000\"\nactors:\n  fin: {{role: worker.finance}}\n  planner: {{role: planner}}\n  max: {{person: max}}\nsteps:\n{steps}{TODAY}"
+        "name: finance demo, today\nseed: \"000\"\nactors:\n  fin: {{role: worker.finance}}\n  planner: {{role: planner}}\n  vm: {{role: worker.vendor_master, created_by: \"person:urn:countersign:demo#ada\"}}\n  max: {{person: max}}\nsteps:\n{steps}{TODAY}"
     )
 }
 
 /// [`today`]'s runs that fail or are cancelled, and Max's draft.
-const TODAY: &str = "  - note: a run fails after its note was drafted, and the note's undo fails too
+const TODAY: &str = "  - note: a bank-detail change waits for four eyes (Ada created the agent's credential)
+    as: vm
+    call: supplier.update_iban
+    arguments: {supplier_id: SUP-000502, iban: DE89370400440532013000, reason: \"The carrier's new account, confirmed by a phone call-back to its finance office\"}
+    reply: {equal: {/status: needs_approval}}
+  - note: a run fails after its note was drafted, and the note's undo fails too
     fault: {operation: invoices.hold, mode: fail}
   - fault: {operation: notes.discard, mode: unavailable}
   - as: planner

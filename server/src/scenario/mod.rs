@@ -64,7 +64,10 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
                         name: format!("{name}-{}", &nonce[..8]),
                         role: role.clone(),
                         tenant: actor.tenant.clone().unwrap_or_else(|| "acme".into()),
-                        created_by: format!("scenario:{}", scenario.name),
+                        created_by: actor
+                            .created_by
+                            .clone()
+                            .unwrap_or_else(|| format!("scenario:{}", scenario.name)),
                         expires_at: None,
                         // The operator's binding, made as the credential is created.
                         acts_for: actor.acts_for.clone(),
@@ -76,10 +79,10 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
                     .tokens
                     .insert(name.clone(), token.reveal().to_string());
             }
-            (None, Some(_)) if actor.acts_for.is_none() => {}
+            (None, Some(_)) if actor.acts_for.is_none() && actor.created_by.is_none() => {}
             _ => {
                 return Err(setup(format!(
-                    "actor {name}: exactly one of role, person (acts_for is for agents)"
+                    "actor {name}: exactly one of role, person (acts_for and created_by are for agents)"
                 )));
             }
         }

@@ -81,6 +81,10 @@ pub struct Actor {
     /// checked there); `person` is their subject.
     #[serde(default)]
     pub approver_role: Option<String>,
+    /// Who an agent's credential is recorded as created by (default `scenario:NAME`), e.g.
+    /// `person:urn:countersign:demo#ada`, so that four eyes can tell its creator apart.
+    #[serde(default)]
+    pub created_by: Option<String>,
 }
 
 /// One step of a script: exactly one of `call`, `decide`, `form`, `fault`, `set`, `wait`,

@@ -237,7 +237,8 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
         .unwrap();
         assert_eq!(
             preview.report.transitions.get("require_approval->allow"),
-            Some(&(countersign::demo::HOLDS + countersign::demo::WAITING_HOLDS.len())),
+            // The decided holds, the batch left waiting, and the hold whose gate expires soon.
+            Some(&(countersign::demo::HOLDS + countersign::demo::WAITING_HOLDS.len() + 1)),
             "{preview:?}"
         );
         let mut refused: Vec<(String, Option<String>)> = app
@@ -285,7 +286,8 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
             .steps_in_status(StepStatus::NeedsApproval, 10)
             .await
             .unwrap();
-        // The inbox: the seed's payment, three holds for a batch, a payment for two people.
+        // The inbox: the seed's payment, three holds for a batch, a payment for two people, a
+        // hold of INV-20260612 whose gate expires within a day, and an IBAN change for four eyes.
         let mut inbox: Vec<(&str, bool)> = waiting
             .iter()
             .map(|s| (s.tool.as_str(), s.inputs.contains("INV-20260612")))
@@ -297,8 +299,10 @@ async fn scenarios_the_demo_seeds_an_empty_database_once() {
                 ("invoice.hold", false),
                 ("invoice.hold", false),
                 ("invoice.hold", false),
+                ("invoice.hold", true),
                 ("payment.schedule", false),
-                ("payment.schedule", true)
+                ("payment.schedule", true),
+                ("supplier.update_iban", false)
             ],
             "{waiting:?}"
         );
@@ -551,7 +555,19 @@ expect:
             .await
             .unwrap_err()
             .to_string();
-        assert!(err.contains("acts_for is for agents"), "{err}");
+        assert!(
+            err.contains("acts_for and created_by are for agents"),
+            "{err}"
+        );
+        let bad_actor = scenario::parse(
+            "name: a\nactors: {t: {person: ana, created_by: \"person:x#ana\"}}\nsteps: []\nexpect: {}\n",
+        )
+        .unwrap();
+        let err = scenario::run(&bad_actor, &target)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("created_by are for agents"), "{err}");
         app.stop().await;
     }
 }
