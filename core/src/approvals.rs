@@ -110,6 +110,13 @@ pub struct Approver {
     pub sub: String,
 }
 
+impl Approver {
+    /// How this person acts in audit records and credentials: `person:ISS#SUB`.
+    pub fn actor(&self) -> String {
+        format!("person:{}#{}", self.iss, self.sub)
+    }
+}
+
 /// A stored approval.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, Serialize)]
 pub struct Approval {
@@ -310,7 +317,7 @@ impl Store {
             });
         }
         let run = self.get_run(&step.run_id).await?;
-        let person = format!("person:{}#{}", approver.iss, approver.sub);
+        let person = approver.actor();
         if names_person(&run.principal, approver) {
             return Err(DecideError::SelfApproval);
         }
@@ -476,7 +483,7 @@ impl Store {
         let Some(refusal) = self.accountable(step, run, approver, false).await? else {
             return Ok(None);
         };
-        let person = format!("person:{}#{}", approver.iss, approver.sub);
+        let person = approver.actor();
         self.record_refused_decision(step, &person, &refusal, reason)
             .await?;
         Ok(Some(refusal))
@@ -683,7 +690,7 @@ pub fn names_person(who: &str, approver: &Approver) -> bool {
     !who.is_empty()
         && (who == approver.sub
             || who == format!("{}#{}", approver.iss, approver.sub)
-            || who == format!("person:{}#{}", approver.iss, approver.sub))
+            || who == approver.actor())
 }
 
 /// Four eyes: `created_by` must be a person (`person:ISS#SUB`) other than `approver`.
@@ -694,7 +701,7 @@ fn four_eyes(created_by: &str, name: &str, approver: &Approver) -> Result<(), De
             created_by: created_by.to_string(),
         });
     }
-    if created_by == format!("person:{}#{}", approver.iss, approver.sub) {
+    if created_by == approver.actor() {
         return Err(DecideError::FourEyes);
     }
     Ok(())

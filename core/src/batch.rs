@@ -243,7 +243,7 @@ impl Store {
             run_id: None,
             step_id: None,
             tool: Some(grant.tool.clone()),
-            actor: Some(format!("person:{}#{}", approver.iss, approver.sub)),
+            actor: Some(approver.actor()),
             rule: Some("approval.batch".into()),
             detail,
             tenant: Some(grant.tenant.clone()),

@@ -100,6 +100,6 @@ impl Person {
 
     /// How this person acts in audit records: `person:ISS#SUB`.
     pub fn actor(&self) -> String {
-        format!("person:{}#{}", self.iss, self.sub)
+        self.approver().actor()
     }
 }
