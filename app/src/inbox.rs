@@ -82,6 +82,22 @@ pub struct GateDetail {
     pub step_up_minutes: Option<i64>,
     /// The step's audit records, oldest first.
     pub history: Vec<HistoryRow>,
+    /// What approving signs, when the tool requires a passkey signature.
+    pub signature: Option<SignatureNeeds>,
+}
+
+/// What a gate whose tool requires a signature shows beside its decision form.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignatureNeeds {
+    /// The signatures given for these inputs: "First signature: Ana Alvarez".
+    pub given: Vec<String>,
+    /// The signatures still needed: "Second signature: another approver".
+    pub missing: Vec<String>,
+    /// What the signature binds, from the canonical inputs (label, value; redacted per the
+    /// tool's classification).
+    pub shown: Vec<(String, String)>,
+    /// The person holds an active passkey.
+    pub has_passkey: bool,
 }
 
 /// The inbox list as the signed-in person may see it.
@@ -340,6 +356,35 @@ pub fn error_text(code: &str) -> Option<&'static str> {
             "You already decided this step; a second approval must come from someone else."
         }
         "expired" => "The approval window closed. Nothing was decided.",
+        "signature_missing" => {
+            "This payment must be approved with your passkey's signature. Add a passkey on the \
+             Passkeys page, then approve again here. Nothing was decided."
+        }
+        "signature_again" => {
+            "The signing challenge was used already or expired. Approve again. Nothing was \
+             decided."
+        }
+        "signature_invalid" => {
+            "The signature did not verify for this gate. Nothing was decided; your attempt was \
+             recorded."
+        }
+        "signature_credential" => {
+            "That passkey is not one of yours, or it was revoked. Nothing was decided; your \
+             attempt was recorded."
+        }
+        "signature_uv" => {
+            "Your authenticator did not verify you (PIN or biometrics). Nothing was decided; \
+             your attempt was recorded."
+        }
+        "signature_counter" => {
+            "Your passkey's counter went backwards, as a copied key's would. Nothing was \
+             decided; your attempt was recorded. Tell your administrator."
+        }
+        "signature_same" => {
+            "You signed this payment already: the second signature must come from someone \
+             else. Your attempt was recorded."
+        }
+        "signature_no_rp" => "Passkeys cannot work on this server's address. Nothing was decided.",
         "not_waiting" => "This step is no longer waiting for approval.",
         "not_found" => "There is no such gate waiting for you.",
         "batch_empty" => "Tick the gates to decide together first. Nothing was decided.",

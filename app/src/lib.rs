@@ -12,6 +12,7 @@ pub mod escalations;
 pub mod inbox;
 pub mod metrics;
 pub mod pages;
+pub mod passkeys;
 pub mod query;
 pub mod runs;
 
@@ -97,6 +98,9 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <AutoReload options=options.clone()/>
                 <HydrationScripts options/>
                 <MetaTags/>
+                // Runs the WebAuthn ceremonies of `data-passkey` forms (same origin, so the
+                // page policy's 'self' allows it).
+                <script src="/assets/passkeys.js" defer></script>
             </head>
             <body class=body_class>
                 <App/>
@@ -133,6 +137,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/audit") view=audit::AuditPage ssr=SsrMode::Async/>
                     <Route path=path!("/gates") view=metrics::MetricsPage ssr=SsrMode::Async/>
                     <Route path=path!("/admin") view=admin::AdminPage ssr=SsrMode::Async/>
+                    <Route path=path!("/passkeys") view=passkeys::PasskeysPage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>
@@ -140,13 +145,14 @@ pub fn App() -> impl IntoView {
 }
 
 /// The navigation entries, in order: (path, label).
-pub const NAV: [(&str, &str); 6] = [
+pub const NAV: [(&str, &str); 7] = [
     ("/inbox", "Inbox"),
     ("/escalations", "Escalations"),
     ("/runs", "Runs"),
     ("/audit", "Audit"),
     ("/gates", "Metrics"),
     ("/admin", "Admin"),
+    ("/passkeys", "Passkeys"),
 ];
 
 #[component]

@@ -569,6 +569,9 @@ fn Field(label: &'static str, children: Children) -> impl IntoView {
 fn GateView(detail: GateDetail) -> impl IntoView {
     let action = format!("/inbox/{}/decision", detail.row.step_id);
     let waiting = detail.status == "needs_approval";
+    let signing = detail.signature.clone();
+    let passkey = signing.as_ref().map(|_| "approve");
+    let step_attr = detail.row.step_id.clone();
     let row = detail.row;
     let evidence = if detail.evidence.is_empty() {
         view! { <span class="text-slate-600">"none cited"</span> }.into_any()
@@ -639,6 +642,8 @@ fn GateView(detail: GateDetail) -> impl IntoView {
             <form
                 method="post"
                 action=action
+                data-passkey=passkey
+                data-step=step_attr.clone()
                 class="space-y-3 rounded border border-slate-200 bg-white p-4"
             >
                 <h2 class="text-lg font-semibold">"Decide"</h2>
@@ -652,6 +657,7 @@ fn GateView(detail: GateDetail) -> impl IntoView {
                     rows="3"
                     class="w-full rounded border border-slate-500 p-2 focus:outline-none focus:ring-2 focus:ring-indigo-500"
                 ></textarea>
+                {signing.clone().map(|needs| view! { <crate::passkeys::SignatureFields needs/> })}
                 <div class="flex gap-3">
                     <button
                         type="submit"

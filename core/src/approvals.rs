@@ -49,6 +49,7 @@ use crate::canonical::CanonicalJson;
 use crate::keys::InputsHash;
 use crate::model::StepStatus;
 use crate::secret::Secret;
+use crate::signing::verified::{SignatureRefusal, VerifiedSignature};
 use crate::store::audit_append::{insert_all_pg, insert_all_sqlite};
 use crate::store::{Pool, Step, Store, StoreError, Transition, on_pool};
 
@@ -86,6 +87,9 @@ pub struct GateRules {
     /// Only the party the proposing agent acts for may approve (their own confirmation);
     /// otherwise that party never may (a countersignature).
     pub party_confirms: bool,
+    /// Each approval is a passkey signature over the gate's exact inputs
+    /// ([`crate::signing`]); rejections never need one.
+    pub signature_required: bool,
 }
 
 /// The person deciding, as the session knows them.
@@ -140,6 +144,8 @@ pub struct Approval {
     pub decided_at: i64,
     /// Unix ms.
     pub expires_at: i64,
+    /// The passkey assertion of a signed approval (JSON), `None` when unsigned.
+    pub signature: Option<String>,
 }
 
 /// Why a decision was refused.
@@ -214,6 +220,9 @@ pub enum DecideError {
         /// The tool's step-up window.
         max_age_minutes: i64,
     },
+    /// The gate's signature was missing or refused.
+    #[error("{0}")]
+    Signature(SignatureRefusal),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -230,7 +239,7 @@ enum Recorded {
 }
 
 const COLUMNS: &str = "id, step_id, inputs_hash, decision, approver_iss, approver_sub, reason, \
-     token_hash, decided_at, expires_at";
+     token_hash, decided_at, expires_at, signature";
 
 /// The audit rule of an approval refused to the proposing credential's creator.
 pub const CREATOR_RULE: &str = "approval.creator";
@@ -246,6 +255,7 @@ impl DecideError {
             Self::CreatorApproval { .. } => Some(CREATOR_RULE),
             Self::ActsForApproval { .. } => Some(ACTS_FOR_RULE),
             Self::NotTheParty { .. } => Some(NOT_PARTY_RULE),
+            Self::Signature(r) => Some(r.rule()),
             Self::NotWaiting(_)
             | Self::Expired
             | Self::SelfApproval
@@ -272,12 +282,16 @@ impl Store {
         verdict: Verdict,
         reason: &str,
     ) -> Result<(Approval, Option<Secret<String>>), DecideError> {
-        self.decide_step_within(step_id, decider, rules, verdict, reason, None)
+        self.decide_step_within(step_id, decider, rules, verdict, reason, None, None)
             .await
     }
 
     /// [`Store::decide_step`], optionally as part of a batch: the approval then expires no
-    /// later than the batch grant, and its audit record names the batch.
+    /// later than the batch grant, and its audit record names the batch. An approval of a
+    /// signature-required gate needs `signature`, covering this step's inputs, the verdict, the
+    /// approver and the approval's expiry (refused and audited otherwise); it is stored with
+    /// the approval and in its audit record.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn decide_step_within(
         &self,
         step_id: &str,
@@ -286,6 +300,7 @@ impl Store {
         verdict: Verdict,
         reason: &str,
         batch: Option<(&str, i64)>,
+        signature: Option<&VerifiedSignature>,
     ) -> Result<(Approval, Option<Secret<String>>), DecideError> {
         let approver = &decider.approver;
         if reason.trim().is_empty() {
@@ -354,7 +369,27 @@ impl Store {
             decided_at: now,
             // A batch's approvals end with the grant, if it ends before the gate.
             expires_at: batch.map_or(expires_at, |(_, until)| until.min(expires_at)),
+            signature: signature.map(|s| serde_json::Value::Object(s.record().clone()).to_string()),
         };
+        // INVARIANT: a signature-required approval carries a verified signature of exactly
+        // this step, these inputs, this verdict and approver, ending no earlier (fail closed).
+        if rules.signature_required
+            && verdict == Verdict::Approved
+            && !signature.is_some_and(|s| {
+                s.covers(
+                    &step.id,
+                    &step.inputs_hash,
+                    verdict.as_str(),
+                    &person,
+                    approval.expires_at,
+                )
+            })
+        {
+            let refusal = DecideError::Signature(SignatureRefusal::Missing);
+            self.record_refused_decision(&step, &person, &refusal, reason)
+                .await?;
+            return Err(refusal);
+        }
         let needed = usize::try_from(rules.approvals_needed.max(1)).unwrap_or(usize::MAX);
         // The transition the decision makes once `approvals` (this one included) are counted.
         let transition = |approvals: usize| {
@@ -377,6 +412,12 @@ impl Store {
             if let Some((batch_id, _)) = batch {
                 detail.insert("batch_id".into(), json!(batch_id));
                 detail.insert("approval_expires_at".into(), json!(approval.expires_at));
+            }
+            if let Some(s) = signature {
+                detail.insert(
+                    "signature".into(),
+                    serde_json::Value::Object(s.record().clone()),
+                );
             }
             Transition {
                 step_id: step.id.clone(),
@@ -489,8 +530,9 @@ impl Store {
         Ok(Some(refusal))
     }
 
-    /// Appends the `refused` record of an approval refused by [`Store::accountable`].
-    async fn record_refused_decision(
+    /// Appends the `refused` record of an approval refused by [`Store::accountable`] or for
+    /// its signature.
+    pub(crate) async fn record_refused_decision(
         &self,
         step: &Step,
         person: &str,
@@ -532,7 +574,7 @@ impl Store {
         let insert = format!(
             "INSERT INTO approvals (tenant, {COLUMNS})
              VALUES ((SELECT tenant FROM steps WHERE id = $2), $1, $2, $3, $4, $5, $6, $7, $8,
-                     $9, $10)"
+                     $9, $10, $11)"
         );
         let earlier_sql = format!("SELECT {COLUMNS} FROM approvals WHERE step_id = $1");
         // Every transition `transition` builds is of this step: its records join one chain.
@@ -584,6 +626,7 @@ impl Store {
                     .bind(&approval.token_hash)
                     .bind(approval.decided_at)
                     .bind(approval.expires_at)
+                    .bind(&approval.signature)
                     .execute(&mut *tx)
                     .await?;
                 // Counted as the gate counts them: bound to these inputs and not expired.

@@ -29,6 +29,7 @@ use uuid::Uuid;
 use crate::approvals::{DecideError, Decider, GateRules, Verdict};
 use crate::audit::{AuditEvent, NewAuditRecord};
 use crate::model::StepStatus;
+use crate::signing::verified::VerifiedSignature;
 use crate::store::{Step, Store, StoreError};
 
 /// The most steps one batch may list.
@@ -175,6 +176,7 @@ pub fn decide_code(e: &DecideError) -> &'static str {
         DecideError::FourEyesUnknownCreator { .. } => "four_eyes_unknown",
         DecideError::AlreadyDecided => "already_decided",
         DecideError::StepUpRequired { .. } => "step_up_required",
+        DecideError::Signature(r) => r.rule(),
         DecideError::Store(_) => "unavailable",
     }
 }
@@ -183,7 +185,9 @@ impl Store {
     /// Applies `grant` for `decider`: each listed step inside the bounds gets its own approval
     /// through [`Store::decide_step`] with the rules `rules_for` gives for it (from the
     /// registry in force and its inputs; `None` = unknown tool); every other listed step is
-    /// refused individually and left as it was. Audits the batch as one record first.
+    /// refused individually and left as it was. Audits the batch as one record first. A step
+    /// whose gate requires a signature is approved only when `signature` (one assertion over
+    /// the batch's ordered (step id, inputs hash) pairs) covers it.
     ///
     /// # Errors
     /// The batch itself is malformed or expired (nothing written), or the database failed.
@@ -192,6 +196,7 @@ impl Store {
         grant: &BatchGrant,
         decider: &Decider,
         rules_for: impl Fn(&Step) -> Option<GateRules>,
+        signature: Option<&VerifiedSignature>,
     ) -> Result<BatchOutcome, BatchError> {
         if grant.reason.trim().is_empty() {
             return Err(BatchError::NoReason);
@@ -254,7 +259,7 @@ impl Store {
         let mut results = Vec::with_capacity(grant.step_ids.len());
         for id in &grant.step_ids {
             let result = self
-                .batch_step(grant, &batch_id, decider, &rules_for, id, given)
+                .batch_step(grant, &batch_id, decider, &rules_for, id, given, signature)
                 .await?;
             if matches!(result, StepResult::Approved { .. }) {
                 given += 1;
@@ -264,6 +269,7 @@ impl Store {
         Ok(BatchOutcome { batch_id, results })
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn batch_step(
         &self,
         grant: &BatchGrant,
@@ -272,6 +278,7 @@ impl Store {
         rules_for: &impl Fn(&Step) -> Option<GateRules>,
         id: &str,
         given: u32,
+        signature: Option<&VerifiedSignature>,
     ) -> Result<StepResult, StoreError> {
         let outside = |o| Ok(StepResult::Outside(o));
         let step = match self.get_step(id).await {
@@ -316,6 +323,7 @@ impl Store {
                 Verdict::Approved,
                 &grant.reason,
                 Some((batch_id, grant.expires_at)),
+                signature,
             )
             .await
         {

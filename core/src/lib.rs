@@ -22,6 +22,7 @@ pub mod registry;
 pub mod schema;
 pub mod secret;
 pub mod sessions;
+pub mod signing;
 pub mod store;
 
 pub use bundle::{Bundle, BundleError, BundleSources};

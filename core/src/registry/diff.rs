@@ -150,6 +150,9 @@ fn approval_summary(a: &Option<Approval>) -> String {
             if let Some(k) = &a.reversal_cost {
                 s.push_str(&format!(", reversal cost {k} approvals"));
             }
+            if a.signature_required {
+                s.push_str(", signed with a passkey");
+            }
             s
         }
     }

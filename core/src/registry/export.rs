@@ -80,6 +80,8 @@ struct ApprovalOut<'a> {
     party_confirms: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     reversal_cost: Option<&'a serde_json::Number>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signature: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -111,6 +113,7 @@ fn tool_out(t: &Tool) -> ToolOut<'_> {
             second_approval_above: a.second_approval_above.as_ref(),
             party_confirms: a.party_confirms,
             reversal_cost: a.reversal_cost.as_ref(),
+            signature: a.signature_required.then_some("required"),
         }),
         handler: HandlerOut {
             provider: t.handler.provider.as_str(),

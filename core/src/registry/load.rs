@@ -210,6 +210,7 @@ pub(crate) const APPROVAL_KEYS: &[&str] = &[
     "second_approval_above",
     "party_confirms",
     "reversal_cost",
+    "signature",
 ];
 pub(crate) const HANDLER_KEYS: &[&str] = &["provider", "operation"];
 pub(crate) const REDACT_KEYS: &[&str] = &["field", "how"];

@@ -104,6 +104,9 @@ pub struct Approval {
     /// What undoing a wrong call costs, in approvals (one person's review of one gate): the
     /// `k` of seed 000's break-even, read by the gate advisor. Advice only; never enforced.
     pub reversal_cost: Option<serde_json::Number>,
+    /// `signature: required`: every approval is a passkey signature over the gate's exact
+    /// inputs, verified before it counts (rejections need none).
+    pub signature_required: bool,
 }
 
 /// Which provider runs a tool, and which of its operations.

@@ -188,6 +188,18 @@ pub(crate) fn parse_approval(v: &Value, sink: &mut Sink<'_>) -> Option<Approval>
     {
         sink.push("/approval/reversal_cost", "must not be negative");
     }
+    let signature: Option<String> = f.opt("signature", sink);
+    let signature_required = match signature.as_deref() {
+        None | Some("none") => false,
+        Some("required") => true,
+        Some(other) => {
+            sink.push(
+                "/approval/signature",
+                format!("must be required or none, not {other:?}"),
+            );
+            false
+        }
+    };
     if party_confirms == Some(true) && second_approval_above.is_some() {
         sink.push(
             "/approval/party_confirms",
@@ -202,6 +214,7 @@ pub(crate) fn parse_approval(v: &Value, sink: &mut Sink<'_>) -> Option<Approval>
         second_approval_above,
         party_confirms: party_confirms.unwrap_or(false),
         reversal_cost,
+        signature_required,
     })
 }
 

@@ -34,6 +34,7 @@ mod imports;
 mod leases;
 mod mcp_sessions;
 mod oauth_agents;
+mod passkeys;
 mod planned;
 mod proposals;
 mod recorded;
@@ -76,6 +77,9 @@ pub use handle::{Backend, Store};
 pub(crate) use handle::{Pool, on_pool};
 pub use imports::BundleImport;
 pub use oauth_agents::OAuthRegistration;
+pub use passkeys::{
+    NonceTaken, PASSKEY_REGISTERED_RULE, PASSKEY_REMOVED_RULE, PASSKEY_REVOKED_RULE, Passkey,
+};
 pub use planned::PlannedCall;
 pub use proposals::{
     ApproveOutcome, BundleChange, Change, ChangeOp, ListingChange, NewProposal, Proposal,

@@ -19,6 +19,7 @@ mod registry;
 mod registry_store;
 mod schema_fuzz;
 mod shadow;
+mod signatures;
 mod standing;
 mod store;
 

@@ -131,7 +131,7 @@ pub fn routes() -> Router<AppState> {
 /// Paths that need no session.
 fn exempt(path: &str) -> bool {
     let prefixed = |p: &str| path == p || path.starts_with(&format!("{p}/"));
-    if ["/auth", "/healthz", "/metrics", "/mcp", "/pkg"]
+    if ["/auth", "/healthz", "/metrics", "/mcp", "/pkg", "/assets"]
         .iter()
         .any(|p| prefixed(p))
     {
@@ -216,7 +216,8 @@ pub async fn gate(
     next.run(request).await
 }
 
-/// Middleware: state-changing requests must come from `public_url`'s origin.
+/// Middleware: state-changing requests must come from `public_url`'s origin (or, behind a
+/// loopback public URL, from `http://localhost` on its port).
 pub async fn csrf(
     State(state): State<AppState>,
     request: axum::extract::Request,
@@ -230,7 +231,13 @@ pub async fn csrf(
     let mcp = path == "/mcp" || path.starts_with("/mcp/");
     // The provider calls it server to server; its signed logout token is the credential.
     let backchannel = path == logout::BACKCHANNEL_PATH;
-    if safe || mcp || backchannel || same_origin(request.headers(), &state.auth.origin) {
+    // Behind a loopback public URL, `http://localhost:PORT` is the same server: the origin
+    // passkeys work on (browsers refuse WebAuthn on IP addresses).
+    let alias = state
+        .config
+        .relying_party()
+        .is_some_and(|rp| same_origin(request.headers(), &rp.origin));
+    if safe || mcp || backchannel || alias || same_origin(request.headers(), &state.auth.origin) {
         return next.run(request).await;
     }
     page(

@@ -182,6 +182,13 @@ struct Raw {
 }
 
 impl Config {
+    /// The WebAuthn relying party passkeys sign for, from `public_url` (a loopback address
+    /// stands for `localhost` on the same port); `None` when passkeys cannot work there (a
+    /// public URL on any other IP address).
+    pub fn relying_party(&self) -> Option<countersign_core::signing::webauthn::RelyingParty> {
+        countersign_core::signing::webauthn::RelyingParty::from_public_url(&self.public_url)
+    }
+
     /// Loads from an optional file and the given environment (pass `std::env::vars()`).
     /// `file` is the `--config` flag; without it `COUNTERSIGN_CONFIG`, then
     /// `countersign.toml` if it exists, are tried.

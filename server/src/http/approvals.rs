@@ -23,11 +23,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use countersign_core::approvals::{DecideError, Verdict};
 use countersign_core::batch::{BatchError, BatchGrant, BatchOutcome, Outside, StepResult};
+use countersign_core::signing::decide::Submission;
+use countersign_core::signing::verified::SignatureRefusal;
 use countersign_core::store::Step;
 use countersign_core::{Person, StepStatus, StoreError, ToolName};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::signature::{SignatureBody, relying_party};
 use crate::AppState;
 use crate::auth::{Approver, RequireRole};
 use crate::pipeline::gate_rules;
@@ -146,6 +149,9 @@ pub struct DecisionBody {
     pub verdict: String,
     /// Why; required.
     pub reason: String,
+    /// The passkey assertion, for a gate whose tool requires a signature.
+    #[serde(default)]
+    pub signature: Option<SignatureBody>,
 }
 
 /// A decision that went through.
@@ -174,13 +180,15 @@ pub enum Refusal {
 
 /// The one decision path of the JSON API and the inbox form: the step must be visible to
 /// `person` (tenant, approver role of its tool), and the rules come from the registry in
-/// force and the step's own inputs; [`countersign_core::Store::decide_step`] checks the rest.
+/// force and the step's own inputs; [`countersign_core::Store::decide_step_signed`] checks
+/// the rest, the passkey signature (`submission`) of a gate that requires one included.
 pub async fn decide_as(
     state: &AppState,
     person: &Person,
     step_id: &str,
     verdict: Verdict,
     reason: &str,
+    submission: Option<&Submission>,
 ) -> Result<Decided, Refusal> {
     let step = match state.store.get_step(step_id).await {
         Ok(s) => s,
@@ -209,9 +217,18 @@ pub async fn decide_as(
     };
     let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
     let rules = gate_rules(tool, &inputs);
+    let rp = relying_party(state);
     match state
         .store
-        .decide_step(&step.id, &person.decider(), &rules, verdict, reason)
+        .decide_step_signed(
+            rp.as_ref(),
+            &step.id,
+            &person.decider(),
+            &rules,
+            verdict,
+            reason,
+            submission,
+        )
         .await
     {
         Ok((approval, _token)) => {
@@ -240,7 +257,17 @@ pub async fn decide(
             "verdict must be approved or rejected",
         );
     };
-    match decide_as(&state, &person, &step_id, verdict, &body.reason).await {
+    let submission = body.signature.as_ref().and_then(SignatureBody::submission);
+    match decide_as(
+        &state,
+        &person,
+        &step_id,
+        verdict,
+        &body.reason,
+        submission.as_ref(),
+    )
+    .await
+    {
         Ok(done) => Json(json!({
             "step_id": step_id, "decision": done.approval.decision,
             "status": done.status.map(|s| s.as_str()).unwrap_or("unknown"),
@@ -256,6 +283,11 @@ pub async fn decide(
         Err(Refusal::Decide(e @ DecideError::StepUpRequired { .. })) => {
             error(StatusCode::UNAUTHORIZED, e.to_string())
         }
+        Err(Refusal::Decide(DecideError::Signature(r))) => (
+            StatusCode::FORBIDDEN,
+            Json(json!({"error": r.to_string(), "rule": r.rule()})),
+        )
+            .into_response(),
         Err(Refusal::Decide(
             e @ (DecideError::NotAnApprover
             | DecideError::SelfApproval
@@ -295,6 +327,26 @@ pub struct BatchBody {
     pub expires_at: i64,
     /// Why; required, recorded on every approval.
     pub reason: String,
+    /// One passkey assertion over the batch's challenge
+    /// (`POST /api/gates/batch/challenge`), for tools that require a signature.
+    #[serde(default)]
+    pub signature: Option<SignatureBody>,
+}
+
+impl BatchBody {
+    /// The grant these bounds make for `tenant`.
+    pub fn into_grant(self, tenant: String) -> BatchGrant {
+        BatchGrant {
+            tool: self.tool,
+            step_ids: self.step_ids,
+            max_count: self.max_count,
+            proposed_from: self.proposed_from,
+            proposed_to: self.proposed_to,
+            expires_at: self.expires_at,
+            tenant,
+            reason: self.reason,
+        }
+    }
 }
 
 /// `POST /api/gates/batch`: approve many waiting steps of one tool at once, within bounds.
@@ -309,17 +361,9 @@ pub async fn batch(
     let Some(tenant) = person.tenant.clone() else {
         return error(StatusCode::FORBIDDEN, "your sign-in names no tenant");
     };
-    let grant = BatchGrant {
-        tool: body.tool,
-        step_ids: body.step_ids,
-        max_count: body.max_count,
-        proposed_from: body.proposed_from,
-        proposed_to: body.proposed_to,
-        expires_at: body.expires_at,
-        tenant,
-        reason: body.reason,
-    };
-    let outcome = match batch_as(&state, &person, &grant).await {
+    let submission = body.signature.as_ref().and_then(SignatureBody::submission);
+    let grant = body.into_grant(tenant);
+    let outcome = match batch_as(&state, &person, &grant, submission.as_ref()).await {
         Ok(o) => o,
         Err((status, message)) => return error(status, message),
     };
@@ -357,11 +401,14 @@ pub async fn batch(
 }
 
 /// Applies `grant` for `person` (the JSON API and the inbox's batch form): each step in bounds
-/// through the per-step checks; or why the whole batch was refused (nothing written).
+/// through the per-step checks; or why the whole batch was refused (nothing written but the
+/// audited refusal of a bad signature). With `submission`, its one signature over the batch
+/// is verified first and then covers each signature-required step it signs.
 pub async fn batch_as(
     state: &AppState,
     person: &Person,
     grant: &BatchGrant,
+    submission: Option<&Submission>,
 ) -> Result<BatchOutcome, (StatusCode, String)> {
     let Some(loaded) = state.registry.current() else {
         return Err((
@@ -376,9 +423,35 @@ pub async fn batch_as(
         let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
         Some(gate_rules(tool, &inputs))
     };
+    let verified = match submission {
+        None => None,
+        Some(sub) => {
+            let Some(rp) = relying_party(state) else {
+                return Err((
+                    StatusCode::CONFLICT,
+                    SignatureRefusal::NoRelyingParty.to_string(),
+                ));
+            };
+            match state
+                .store
+                .verify_batch_signature(&rp, grant, &person.approver(), sub)
+                .await
+            {
+                Ok(Ok(v)) => Some(v),
+                Ok(Err(refusal)) => return Err((StatusCode::FORBIDDEN, refusal.to_string())),
+                Err(e) => {
+                    tracing::error!(error = %e, "batch approval: signature check failed");
+                    return Err((
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the database did not answer".into(),
+                    ));
+                }
+            }
+        }
+    };
     match state
         .store
-        .approve_batch(grant, &person.decider(), rules_for)
+        .approve_batch(grant, &person.decider(), rules_for, verified.as_ref())
         .await
     {
         Ok(o) => Ok(o),

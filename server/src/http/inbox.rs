@@ -13,6 +13,7 @@
 //!   redirect carrying a fixed code, never free text.
 
 mod batch;
+mod signing;
 pub use batch::batch_form;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use countersign_app::inbox::{
     pretty_canonical,
 };
 use countersign_core::approvals::{DecideError, Verdict};
+use countersign_core::signing::verified::SignatureRefusal;
 use countersign_core::store::Step;
 use countersign_core::{Person, StepStatus, StoreError, ToolName};
 use serde::Deserialize;
@@ -32,6 +34,7 @@ use serde_json::Value;
 
 use super::approvals::{self, Decided, Refusal};
 use super::names::Names;
+use super::signature::SignatureBody;
 use crate::AppState;
 use crate::auth::{Approver, RequireRole};
 use crate::pipeline::gate_rules;
@@ -170,6 +173,8 @@ impl InboxBackend {
                 other => other.to_string(),
             })
             .collect();
+        let signature =
+            signing::signature_needs(state, person, &step, tool, &rules, &inputs).await?;
         let names = Names::load(&state.store, person.tenant.as_deref().unwrap_or_default()).await?;
         let history = state
             .store
@@ -202,6 +207,7 @@ impl InboxBackend {
             four_eyes: rules.four_eyes,
             step_up_minutes: rules.step_up_max_age_ms.map(|ms| ms / 60_000),
             history,
+            signature,
         }))
     }
 }
@@ -242,6 +248,10 @@ pub struct DecisionForm {
     /// Why; required.
     #[serde(default)]
     reason: String,
+    /// The passkey assertion the page's script adds for a gate that requires a signature
+    /// (all empty otherwise).
+    #[serde(flatten)]
+    signature: SignatureBody,
 }
 
 fn encode(text: &str) -> String {
@@ -263,7 +273,17 @@ pub async fn decide_form(
     let Some(verdict) = approvals::parse_verdict(&form.verdict) else {
         return back("verdict");
     };
-    match approvals::decide_as(&state, &person, &step_id, verdict, &form.reason).await {
+    let submission = form.signature.submission();
+    match approvals::decide_as(
+        &state,
+        &person,
+        &step_id,
+        verdict,
+        &form.reason,
+        submission.as_ref(),
+    )
+    .await
+    {
         Ok(Decided { status, .. }) => {
             let done = match (verdict, status) {
                 (Verdict::Rejected, _) => "rejected",
@@ -288,7 +308,24 @@ pub async fn decide_form(
             DecideError::AlreadyDecided => "already",
             DecideError::Expired => "expired",
             DecideError::NotWaiting(_) => "not_waiting",
+            DecideError::Signature(r) => signature_code(r),
             DecideError::Store(_) => "unavailable",
         }),
+    }
+}
+
+/// The page's code for a refused signature.
+pub(crate) fn signature_code(r: SignatureRefusal) -> &'static str {
+    match r {
+        SignatureRefusal::Missing => "signature_missing",
+        SignatureRefusal::UnknownNonce
+        | SignatureRefusal::Replayed
+        | SignatureRefusal::NonceExpired => "signature_again",
+        SignatureRefusal::Challenge | SignatureRefusal::Invalid => "signature_invalid",
+        SignatureRefusal::Credential => "signature_credential",
+        SignatureRefusal::UserVerification => "signature_uv",
+        SignatureRefusal::Counter => "signature_counter",
+        SignatureRefusal::SameSigner => "signature_same",
+        SignatureRefusal::NoRelyingParty => "signature_no_rp",
     }
 }

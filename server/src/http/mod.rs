@@ -9,7 +9,9 @@ mod health;
 mod inbox;
 mod metrics;
 mod names;
+mod passkeys;
 mod render;
+mod signature;
 pub mod views;
 
 use axum::Router;
@@ -43,6 +45,7 @@ pub fn router(state: AppState) -> Router {
     let inbox = inbox::context(&state);
     let escalations = escalations::context(&state);
     let admin = admin::context(&state);
+    let passkeys = passkeys::context(&state);
     let (runs, audit, metrics) = views::contexts(&state);
     // The pages and their server functions, each request kept on its own reactive owner
     // (`render`); the other routes never touch Leptos and do without that wrapper.
@@ -55,6 +58,7 @@ pub fn router(state: AppState) -> Router {
                 leptos::prelude::provide_context(inbox.clone());
                 leptos::prelude::provide_context(escalations.clone());
                 leptos::prelude::provide_context(admin.clone());
+                leptos::prelude::provide_context(passkeys.clone());
                 leptos::prelude::provide_context(runs.clone());
                 leptos::prelude::provide_context(audit.clone());
                 leptos::prelude::provide_context(metrics.clone());
@@ -106,6 +110,32 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(admin::end_sessions),
         )
         .route("/admin/stop/lift", axum::routing::post(admin::lift))
+        .route(
+            "/api/steps/{id}/challenge",
+            axum::routing::post(passkeys::challenge),
+        )
+        .route(
+            "/api/gates/batch/challenge",
+            axum::routing::post(passkeys::batch_challenge),
+        )
+        .route(
+            "/api/passkeys/options",
+            axum::routing::post(passkeys::options),
+        )
+        .route("/api/passkeys", axum::routing::post(passkeys::register))
+        .route(
+            "/passkeys/register",
+            axum::routing::post(passkeys::register_form),
+        )
+        .route(
+            "/passkeys/{id}/remove",
+            axum::routing::post(passkeys::remove_form),
+        )
+        .route(
+            "/admin/passkeys/{id}/revoke",
+            axum::routing::post(passkeys::revoke_form),
+        )
+        .route("/assets/passkeys.js", get(passkeys::script))
         .route("/audit/export.jsonl", get(views::export))
         .route("/gates/draft", axum::routing::post(views::draft))
         .route("/admin/shadow/promote", axum::routing::post(views::promote))

@@ -69,6 +69,7 @@ pub fn gate_rules(tool: &Tool, arguments: &Value) -> countersign_core::approvals
             approvals_needed: 1,
             step_up_max_age_ms: None,
             party_confirms: false,
+            signature_required: false,
         };
     };
     let amount = arguments.get("amount").and_then(Value::as_f64);
@@ -89,6 +90,7 @@ pub fn gate_rules(tool: &Tool, arguments: &Value) -> countersign_core::approvals
             .step_up_max_age
             .map(|s| i64::try_from(s.as_secs()).unwrap_or(i64::MAX / 1000) * 1000),
         party_confirms: approval.party_confirms,
+        signature_required: approval.signature_required,
     }
 }
 

@@ -23,6 +23,7 @@ mod play;
 mod runner;
 mod script;
 mod session;
+mod sign;
 mod values;
 
 use countersign_core::store::NewAgent;
@@ -49,6 +50,7 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
         tokens: BTreeMap::new(),
         sessions: BTreeMap::new(),
         vars: BTreeMap::new(),
+        passkeys: BTreeMap::new(),
     };
     // Each scenario's agents are its own: names are unique among a tenant's active credentials.
     let nonce = uuid::Uuid::new_v4().simple().to_string();

@@ -259,9 +259,10 @@ impl Runner<'_, '_> {
     }
 
     /// A person outside the dashboard decides: the store's decision path, with the gate rules
-    /// of the registry in force for the step's tool and inputs.
+    /// of the registry in force for the step's tool and inputs; an approval their tool
+    /// requires a signature for is signed with the person's scenario passkey.
     pub(super) async fn decide_in_app(
-        &self,
+        &mut self,
         person: &str,
         role: &str,
         step: &str,
@@ -269,25 +270,13 @@ impl Runner<'_, '_> {
         reason: &str,
     ) -> Result<(u16, Value), String> {
         use countersign_core::approvals::{Approver, Decider, Verdict};
-        let store = &self.target.store;
+        let store = self.target.store.clone();
         let verdict = match verdict {
             "approved" => Verdict::Approved,
             "rejected" => Verdict::Rejected,
             other => return Err(format!("verdict {other}: approved or rejected")),
         };
-        let found = store.get_step(step).await.map_err(|e| e.to_string())?;
-        let (_, sources) = store
-            .current_bundle()
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("no registry in force")?;
-        let bundle = countersign_core::Bundle::load(sources).map_err(|e| e.to_string())?;
-        let tool = countersign_core::ToolName::parse(&found.tool)
-            .ok()
-            .and_then(|n| bundle.registry.tool(&n).cloned())
-            .ok_or_else(|| format!("{} is not in the registry in force", found.tool))?;
-        let inputs: Value = serde_json::from_str(&found.inputs).map_err(|e| e.to_string())?;
-        let rules = crate::pipeline::gate_rules(&tool, &inputs);
+        let (rules, tenant) = self.rules_of(step).await?;
         let decider = Decider {
             approver: Approver {
                 iss: IN_APP_ISSUER.into(),
@@ -297,8 +286,29 @@ impl Runner<'_, '_> {
             auth_time: store.clock().now_ms(),
             auth_time_unknown: false,
         };
+        // A signature that cannot be made (no gate window, an address without passkeys)
+        // leaves the decision unsigned: the server's answer then says why.
+        let submission = if rules.signature_required && verdict == Verdict::Approved {
+            self.sign_in_app(&decider.approver, &tenant, step, verdict)
+                .await
+                .inspect_err(|e| tracing::debug!(error = %e, "scenario: no signature"))
+                .ok()
+        } else {
+            None
+        };
+        let rp = url::Url::parse(self.target.origin.as_deref().unwrap_or(&self.target.url))
+            .ok()
+            .and_then(|u| countersign_core::signing::webauthn::RelyingParty::from_public_url(&u));
         match store
-            .decide_step(step, &decider, &rules, verdict, reason)
+            .decide_step_signed(
+                rp.as_ref(),
+                step,
+                &decider,
+                &rules,
+                verdict,
+                reason,
+                submission.as_ref(),
+            )
             .await
         {
             Ok((approval, _)) => {
@@ -317,23 +327,34 @@ impl Runner<'_, '_> {
         }
     }
 
-    /// Signs `person` in through the demo sign-in and posts the decision.
+    /// Signs `person` in through the demo sign-in and posts the decision (signed with their
+    /// scenario passkey where the tool requires it).
     pub(super) async fn decide(
-        &self,
+        &mut self,
         person: &str,
         step: &str,
         verdict: &str,
         reason: &str,
     ) -> Result<(u16, Value), String> {
-        let base = &self.target.url;
-        let origin = self.target.origin.as_deref().unwrap_or(base);
+        let base = self.target.url.clone();
+        let origin = self.target.origin.clone().unwrap_or_else(|| base.clone());
         let cookie = self.sign_in(person).await?;
+        let mut body = json!({"verdict": verdict, "reason": reason});
+        let (rules, _) = self.rules_of(step).await?;
+        // A challenge the server does not issue (a step this person may not see) leaves the
+        // decision unsigned: the server's answer to it is what the scenario checks.
+        if rules.signature_required && verdict == "approved" {
+            match self.sign_over_http(person, &cookie, step, verdict).await {
+                Ok(signature) => body["signature"] = signature,
+                Err(e) => tracing::debug!(error = %e, "scenario: no signature"),
+            }
+        }
         let resp = self
             .http
             .post(format!("{base}/api/steps/{step}/decision"))
             .header("origin", origin)
             .header(reqwest::header::COOKIE, cookie)
-            .json(&json!({"verdict": verdict, "reason": reason}))
+            .json(&body)
             .send()
             .await
             .map_err(|e| format!("decision: {e}"))?;

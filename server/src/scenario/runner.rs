@@ -14,6 +14,8 @@ pub(super) struct Runner<'a, 'b> {
     pub(super) tokens: BTreeMap<String, String>,
     pub(super) sessions: BTreeMap<String, Session>,
     pub(super) vars: BTreeMap<String, Value>,
+    /// Each scenario person's software passkey (by actor text), made on first signature.
+    pub(super) passkeys: BTreeMap<String, countersign_core::signing::webauthn::soft::SoftPasskey>,
 }
 
 impl Runner<'_, '_> {

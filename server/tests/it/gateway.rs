@@ -33,6 +33,7 @@ pub fn one() -> GateRules {
         approvals_needed: 1,
         step_up_max_age_ms: None,
         party_confirms: false,
+        signature_required: false,
     }
 }
 

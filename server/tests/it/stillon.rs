@@ -79,6 +79,7 @@ fn traveller_gate() -> GateRules {
         approvals_needed: 1,
         step_up_max_age_ms: None,
         party_confirms: true,
+        signature_required: false,
     }
 }
 

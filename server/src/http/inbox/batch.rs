@@ -186,7 +186,10 @@ async fn approve(
         tenant,
         reason: reason.to_string(),
     };
-    let outcome = match batch_as(state, person, &grant).await {
+    // The inbox's batch carries no signature: a gate whose tool requires one is refused
+    // individually and keeps waiting for its own signed approval (the JSON API's batch takes
+    // one signature over the whole batch).
+    let outcome = match batch_as(state, person, &grant, None).await {
         Ok(o) => o,
         Err((StatusCode::SERVICE_UNAVAILABLE, _)) => return Err("unavailable"),
         Err(_) => return Err("batch_refused"),
@@ -221,7 +224,9 @@ async fn reject(
     for step_id in steps {
         let what = gates.describe(step_id);
         let result =
-            match approvals::decide_as(state, person, step_id, Verdict::Rejected, reason).await {
+            match approvals::decide_as(state, person, step_id, Verdict::Rejected, reason, None)
+                .await
+            {
                 Ok(Decided { .. }) => Ok("rejected: it will never run"),
                 Err(Refusal::NotFound) => Err("no such gate waiting for you".to_string()),
                 Err(Refusal::NoRegistry | Refusal::Unavailable) => {

@@ -1,0 +1,132 @@
+// Countersign's passkey ceremonies (served at /assets/passkeys.js).
+//
+// Forms marked `data-passkey` run a WebAuthn ceremony before they are sent:
+// - "register": asks the server for creation options, creates a passkey (user verification
+//   required) and sends the browser's answer in the form's hidden fields;
+// - "approve": for the Approve button only, asks the server for the challenge of this gate
+//   (derived from its exact inputs, the step, the verdict, the approver, the approval's
+//   expiry and a nonce used once), has the passkey sign it, and sends the assertion.
+// The server verifies everything; this script only carries bytes. Rejections are never
+// signed: stopping is always safe.
+"use strict";
+
+(function () {
+  const b64u = {
+    encode(buffer) {
+      const bytes = new Uint8Array(buffer);
+      let text = "";
+      for (const b of bytes) text += String.fromCharCode(b);
+      return btoa(text).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+    },
+    decode(text) {
+      const base = text.replace(/-/g, "+").replace(/_/g, "/");
+      const padded = base + "===".slice((base.length + 3) % 4);
+      const raw = atob(padded);
+      const out = new Uint8Array(raw.length);
+      for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
+      return out;
+    },
+  };
+
+  function status(form, text) {
+    const el = form.querySelector("[data-passkey-status]");
+    if (el) el.textContent = text;
+  }
+
+  function set(form, name, value) {
+    const field = form.querySelector(`input[type=hidden][name="${name}"]`);
+    if (field) field.value = value;
+  }
+
+  async function postJson(path, body) {
+    const resp = await fetch(path, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "content-type": "application/json", accept: "application/json" },
+      body: JSON.stringify(body),
+    });
+    const data = await resp.json().catch(() => ({}));
+    if (!resp.ok) throw new Error(data.error || `the server answered ${resp.status}`);
+    return data;
+  }
+
+  async function register(form) {
+    status(form, "Asking your device to create a passkey…");
+    const o = await postJson("/api/passkeys/options", {});
+    const credential = await navigator.credentials.create({
+      publicKey: {
+        challenge: b64u.decode(o.challenge),
+        rp: o.rp,
+        user: { id: b64u.decode(o.user.id), name: o.user.name, displayName: o.user.displayName },
+        pubKeyCredParams: [{ type: "public-key", alg: -7 }],
+        authenticatorSelection: { residentKey: "preferred", userVerification: "required" },
+        attestation: "none",
+        excludeCredentials: (o.exclude_credentials || []).map((id) => ({
+          type: "public-key",
+          id: b64u.decode(id),
+        })),
+        timeout: o.timeout_ms,
+      },
+    });
+    set(form, "nonce", o.nonce);
+    set(form, "client_data_json", b64u.encode(credential.response.clientDataJSON));
+    set(form, "attestation_object", b64u.encode(credential.response.attestationObject));
+  }
+
+  async function approve(form) {
+    status(form, "Asking your passkey to sign this approval…");
+    const step = form.dataset.step;
+    const c = await postJson(`/api/steps/${encodeURIComponent(step)}/challenge`, {
+      verdict: "approved",
+    });
+    if (!c.allow_credentials || c.allow_credentials.length === 0) {
+      throw new Error("you have no passkey yet: add one on the Passkeys page");
+    }
+    const assertion = await navigator.credentials.get({
+      publicKey: {
+        challenge: b64u.decode(c.challenge),
+        rpId: c.rp_id,
+        allowCredentials: c.allow_credentials.map((id) => ({
+          type: "public-key",
+          id: b64u.decode(id),
+        })),
+        userVerification: "required",
+        timeout: c.timeout_ms,
+      },
+    });
+    set(form, "nonce", c.nonce);
+    set(form, "credential_id", b64u.encode(assertion.rawId));
+    set(form, "authenticator_data", b64u.encode(assertion.response.authenticatorData));
+    set(form, "client_data_json", b64u.encode(assertion.response.clientDataJSON));
+    set(form, "signature", b64u.encode(assertion.response.signature));
+  }
+
+  document.addEventListener(
+    "submit",
+    async (event) => {
+      const form = event.target;
+      if (!(form instanceof HTMLFormElement) || !form.dataset.passkey) return;
+      if (form.dataset.signed === "1") return;
+      const submitter = event.submitter;
+      const kind = form.dataset.passkey;
+      // Only an approval is signed; a rejection goes as it is.
+      if (kind === "approve" && !(submitter && submitter.value === "approved")) return;
+      event.preventDefault();
+      if (!window.PublicKeyCredential) {
+        status(form, "This browser cannot use passkeys.");
+        return;
+      }
+      try {
+        if (kind === "register") await register(form);
+        else if (kind === "approve") await approve(form);
+        else return;
+        form.dataset.signed = "1";
+        status(form, "Signed. Sending…");
+        form.requestSubmit(submitter || undefined);
+      } catch (e) {
+        status(form, `Not sent: ${e && e.message ? e.message : e}`);
+      }
+    },
+    true,
+  );
+})();
