@@ -36,7 +36,9 @@ export default defineConfig({
   reporter: [['list']],
   timeout: 30_000,
   use: {
-    baseURL: `http://127.0.0.1:${port}`,
+    // localhost, not 127.0.0.1: WebAuthn refuses IP addresses. Behind its loopback public URL
+    // the server takes http://localhost:PORT as its own origin (passkeys.spec.ts).
+    baseURL: `http://localhost:${port}`,
     screenshot: 'only-on-failure',
     trace: 'off',
     launchOptions: {

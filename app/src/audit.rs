@@ -154,6 +154,8 @@ pub struct AuditRow {
     pub record: String,
     /// Its hash.
     pub hash: String,
+    /// A passkey-signed decision.
+    pub signed: bool,
 }
 
 /// Where the chain stands.
@@ -203,6 +205,9 @@ pub struct AuditPage {
     pub chain: ChainStatus,
     /// A filter value that could not be read (the search did not run).
     pub invalid: Option<String>,
+    /// The signature check of the whole chain (`verify=full` only): `Ok((signed decisions,
+    /// passkey registrations))`, or the first failing record `(seq, why)`.
+    pub signatures: Option<Result<(usize, usize), (i64, String)>>,
 }
 
 /// The search as the signed-in person may see it.
@@ -352,6 +357,30 @@ fn SearchForm(query: AuditQuery) -> impl IntoView {
     }
 }
 
+/// The result of checking every passkey signature of the chain.
+#[component]
+fn Signatures(result: Result<(usize, usize), (i64, String)>) -> impl IntoView {
+    let (state, classes, text) = match result {
+        Ok((signed, keys)) => (
+            "ok",
+            "border-emerald-300 bg-emerald-50 text-emerald-900",
+            format!(
+                "Signatures OK: {signed} signed decision(s) verified against the public keys of {keys} passkey registration(s) in this chain."
+            ),
+        ),
+        Err((seq, why)) => (
+            "broken",
+            "border-red-400 bg-red-50 text-red-900",
+            format!("Signature check FAILED at record {seq}: {why}"),
+        ),
+    };
+    view! {
+        <p data-testid="signature-status" data-signatures=state role="status" class=format!("rounded border p-3 text-sm font-medium {classes}")>
+            {text}
+        </p>
+    }
+}
+
 #[component]
 fn Chain(chain: ChainStatus, verify_href: String) -> impl IntoView {
     let (classes, text) = match &chain {
@@ -434,6 +463,7 @@ fn Results(query: AuditQuery, page: AuditPage) -> impl IntoView {
     view! {
         <SearchForm query=query.clone()/>
         <Chain chain=page.chain verify_href=verify/>
+        {page.signatures.map(|result| view! { <Signatures result/> })}
         {page.invalid.map(|msg| view! { <p role="alert" data-testid="invalid" class="rounded border border-red-300 bg-red-50 p-3 text-red-900">{msg}</p> })}
         <div class="flex flex-wrap items-center gap-4 text-sm">
             <span data-testid="result-count">{format!("{count} record(s) on this page, newest first")}</span>
@@ -461,6 +491,13 @@ fn Results(query: AuditQuery, page: AuditPage) -> impl IntoView {
                                 <span class="text-slate-700">{r.at.clone()}</span>
                                 {r.tool.clone().map(|t| view! { <span class="font-mono">{t}</span> })}
                                 {r.rule.clone().map(|t| view! { <span>"rule " <code>{t}</code></span> })}
+                                {r.signed.then(|| view! {
+                                    <span
+                                        data-testid="audit-signed"
+                                        title="Signed with the approver's passkey over the exact inputs; checked by “Verify the whole chain now” and `countersign audit verify-signatures`"
+                                        class="rounded bg-emerald-100 px-2 py-0.5 text-xs font-semibold text-emerald-900"
+                                    >"signed"</span>
+                                })}
                                 {run}
                                 {actor}
                             </div>

@@ -100,7 +100,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <MetaTags/>
                 // Runs the WebAuthn ceremonies of `data-passkey` forms (same origin, so the
                 // page policy's 'self' allows it).
-                <script src="/assets/passkeys.js" defer></script>
+                <script src="/assets/passkeys.js" defer nonce=leptos::nonce::use_nonce()></script>
             </head>
             <body class=body_class>
                 <App/>

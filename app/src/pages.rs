@@ -367,7 +367,7 @@ fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
     let ticked = RwSignal::new(std::collections::BTreeSet::<String>::new());
     let summary = move || rows.with(|all| ticked.with(|t| selection_text(all, t)));
     view! {
-        <form method="post" action=BATCH_PATH id="batch" autocomplete="off" class="space-y-3">
+        <form method="post" action=BATCH_PATH id="batch" data-passkey="batch" autocomplete="off" class="space-y-3">
         <div class="overflow-x-auto">
         <table class="w-full border-collapse overflow-hidden rounded border border-slate-200 bg-white text-left text-sm">
             <caption class="sr-only">"Gated calls waiting for approval, oldest first"</caption>
@@ -394,6 +394,11 @@ fn GateTable(rows: RwSignal<Vec<GateRow>>) -> impl IntoView {
         <fieldset class="space-y-2 rounded border border-slate-200 bg-white p-3" data-testid="batch-panel">
             <legend class="px-1 text-sm font-medium">"Decide the ticked gates together"</legend>
             <p class="text-sm" role="status" aria-live="polite" data-testid="batch-summary">{summary}</p>
+            // Filled by /assets/passkeys.js when the ticked tool requires a signature: one
+            // assertion over the batch's ordered (step, inputs hash) pairs.
+            {["nonce", "credential_id", "authenticator_data", "client_data_json", "signature", "batch_expires_at"]
+                .map(|name| view! { <input type="hidden" name=name value=""/> })}
+            <p data-passkey-status aria-live="polite" class="text-sm text-slate-700"></p>
             <div class="flex flex-wrap items-end gap-2">
                 <div class="flex flex-col text-sm">
                     <label for="batch-reason">"Reason (recorded on each decision)"</label>

@@ -192,7 +192,7 @@ fn PasskeysBody(d: PasskeysData) -> impl IntoView {
                 <input type="hidden" name="nonce" value=""/>
                 <input type="hidden" name="client_data_json" value=""/>
                 <input type="hidden" name="attestation_object" value=""/>
-                <p data-passkey-status role="status" class="text-sm text-slate-700"></p>
+                <p data-passkey-status aria-live="polite" class="text-sm text-slate-700"></p>
                 <button type="submit" data-testid="passkey-add" class="rounded bg-indigo-700 px-4 py-2 text-sm font-medium text-white hover:bg-indigo-800 focus:outline-none focus:ring-2 focus:ring-indigo-500 focus:ring-offset-2">"Add a passkey"</button>
                 <p class="text-xs text-slate-600">
                     "Your browser asks your device to create the key and verify you (PIN or biometrics). Passkeys work on " <code>{origin}</code>
@@ -306,7 +306,7 @@ pub fn SignatureFields(needs: SignatureNeeds) -> impl IntoView {
             <input type="hidden" name="authenticator_data" value=""/>
             <input type="hidden" name="client_data_json" value=""/>
             <input type="hidden" name="signature" value=""/>
-            <p data-passkey-status role="status" class="text-slate-700"></p>
+            <p data-passkey-status aria-live="polite" class="text-slate-700"></p>
         </div>
     }
 }

@@ -45,13 +45,13 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::audit::{AuditEvent, NewAuditRecord, hash_text};
-use crate::canonical::CanonicalJson;
-use crate::keys::InputsHash;
 use crate::model::StepStatus;
 use crate::secret::Secret;
 use crate::signing::verified::{SignatureRefusal, VerifiedSignature};
 use crate::store::audit_append::{insert_all_pg, insert_all_sqlite};
-use crate::store::{Pool, Step, Store, StoreError, Transition, on_pool};
+use crate::store::{Pool, Step, Store, StoreError, Transition};
+
+mod valid;
 
 /// A person's decision on a gated step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -662,59 +662,6 @@ impl Store {
                 run_in!(p, "BEGIN", true, insert_all_pg)
             }
         })
-    }
-
-    /// The approval that lets `step` run with `inputs` (the canonical inputs about to be
-    /// executed) now: `needed` distinct approvals, each bound to the hash of exactly these
-    /// inputs and not expired, and no rejection. Returns the latest of them; `None` otherwise.
-    ///
-    /// Fails closed: when `inputs`, the step's stored canonical text and its stored hash do
-    /// not all hash alike (inputs changed after the decision, in a call or in the database),
-    /// no approval binds them.
-    pub async fn valid_approval(
-        &self,
-        step: &Step,
-        inputs: &CanonicalJson,
-        needed: u32,
-    ) -> Result<Option<Approval>, StoreError> {
-        // Approvals are recorded only for a step parked at its gate, which opens its window
-        // (`expires_at`, never cleared afterwards): a step without one has none to read.
-        if step.expires_at.is_none() {
-            return Ok(None);
-        }
-        let current = InputsHash::of(inputs).to_string();
-        let stored_text_hash = CanonicalJson::from_canonical_text(&step.inputs)
-            .ok()
-            .map(|c| InputsHash::of(&c).to_string());
-        if step.inputs_hash != current || stored_text_hash.as_deref() != Some(current.as_str()) {
-            return Ok(None);
-        }
-        let now = self.clock.now_ms();
-        let all = self.approvals_for_step(&step.id).await?;
-        if all.iter().any(|a| a.decision == "rejected") {
-            return Ok(None);
-        }
-        let valid: Vec<&Approval> = all
-            .iter()
-            .filter(|a| {
-                a.decision == "approved"
-                    && a.step_id == step.id
-                    && a.inputs_hash == current
-                    && a.expires_at > now
-            })
-            .collect();
-        let needed = usize::try_from(needed.max(1)).unwrap_or(usize::MAX);
-        Ok((valid.len() >= needed)
-            .then(|| valid.last().map(|a| (*a).clone()))
-            .flatten())
-    }
-
-    /// Every decision on a step, oldest first.
-    pub async fn approvals_for_step(&self, step_id: &str) -> Result<Vec<Approval>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM approvals WHERE step_id = $1 ORDER BY decided_at");
-        Ok(on_pool!(self, |p| {
-            sqlx::query_as(&sql).bind(step_id).fetch_all(p).await?
-        }))
     }
 }
 

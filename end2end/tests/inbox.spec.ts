@@ -1,5 +1,5 @@
 import { test, expect } from '@playwright/test';
-import { agentToken, decide, gatedPayment, mcp, mcpSession, payment, shot, signIn } from './support';
+import { addPasskey, agentToken, decide, gatedPayment, mcp, mcpSession, payment, shot, signIn } from './support';
 
 test('ana opens the inbox, sees the gated payment and approves it with a reason', async ({ page, baseURL }) => {
   const token = agentToken();
@@ -8,6 +8,8 @@ test('ana opens the inbox, sees the gated payment and approves it with a reason'
   const step = await gatedPayment(baseURL!, token, session, 2, args);
 
   await signIn(page, /Sign in as Ana/);
+  // payment.schedule requires a signature: her approval is signed with a passkey.
+  await addPasskey(page);
   await page.getByRole('navigation', { name: 'Main' }).getByRole('link', { name: 'Inbox' }).click();
   await expect(page.getByRole('heading', { level: 1, name: 'Approval inbox' })).toBeVisible();
   const row = page.locator(`[data-testid="gate-row"][data-step-id="${step}"]`);
@@ -88,6 +90,7 @@ test('the creator of an agent credential cannot countersign its payment; the gat
   const step = await gatedPayment(baseURL!, token, session, 2, args);
 
   await signIn(page, /Sign in as Ana/);
+  await addPasskey(page);
   await page.goto(`/inbox/${step}`);
   await page.getByLabel(/Reason/).fill('Three-way match checked against PO 4471');
   await page.getByTestId('approve').click();
@@ -116,6 +119,9 @@ test('ana ticks three gates of one tool, sees their total, approves them at once
   const c = await gatedPayment(baseURL!, own, ownSession, 2, payment('INV-20260612', 1400.0, reason, '2026-06-30'));
 
   await signIn(page, /Sign in as Ana/, '/inbox');
+  // One passkey signature over the three payments' ordered (step, inputs hash) pairs.
+  await addPasskey(page);
+  await page.goto('/inbox');
   await expect(page.getByTestId('gate-count')).toHaveAttribute('data-live', 'on');
   for (const step of [a, b, c]) {
     await page.locator(`[data-testid="gate-row"][data-step-id="${step}"]`).getByTestId('gate-select').check();

@@ -118,8 +118,37 @@ export async function signIn(page: Page, who: RegExp, next?: string) {
   await expect(page).toHaveURL(next ? new RegExp(`${next.replace(/[/?]/g, '\\$&')}$`) : /\/$/);
 }
 
-/** Approves or rejects gate `step` in the inbox, with a reason. */
+/** Pages that hold a virtual authenticator with a registered passkey. */
+const withPasskey = new WeakSet<Page>();
+
+/** Gives `page` a CDP virtual authenticator (CTAP2, internal, user verification on, presence
+ * answered automatically: WebAuthn without a device) and registers a passkey for the signed-in
+ * person on the Passkeys page. Once per page. */
+export async function addPasskey(page: Page, label = 'e2e authenticator') {
+  if (withPasskey.has(page)) return;
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send('WebAuthn.enable', { enableUI: false });
+  await cdp.send('WebAuthn.addVirtualAuthenticator', {
+    options: {
+      protocol: 'ctap2',
+      transport: 'internal',
+      hasResidentKey: true,
+      hasUserVerification: true,
+      isUserVerified: true,
+      automaticPresenceSimulation: true,
+    },
+  });
+  await page.goto('/passkeys');
+  await page.getByLabel(/Name this passkey/).fill(label);
+  await page.getByTestId('passkey-add').click();
+  await expect(page).toHaveURL(/\/passkeys\?done=registered$/);
+  withPasskey.add(page);
+}
+
+/** Approves or rejects gate `step` in the inbox, with a reason (an approval of a tool that
+ * requires a signature is signed with a passkey, added first when the page has none). */
 export async function decide(page: Page, step: string, verdict: 'approve' | 'reject') {
+  if (verdict === 'approve') await addPasskey(page);
   await page.goto(`/inbox/${step}`);
   await page.getByLabel(/Reason/).fill(verdict === 'approve' ? 'Three-way match checked against PO 4471' : 'Amount does not match the purchase order');
   await page.getByTestId(verdict).click();

@@ -5,7 +5,9 @@
 //   required) and sends the browser's answer in the form's hidden fields;
 // - "approve": for the Approve button only, asks the server for the challenge of this gate
 //   (derived from its exact inputs, the step, the verdict, the approver, the approval's
-//   expiry and a nonce used once), has the passkey sign it, and sends the assertion.
+//   expiry and a nonce used once), has the passkey sign it, and sends the assertion;
+// - "batch": the inbox's "Approve ticked": one assertion over the ticked gates' ordered
+//   (step, inputs hash) pairs, when their tool requires a signature.
 // The server verifies everything; this script only carries bytes. Rejections are never
 // signed: stopping is always safe.
 "use strict";
@@ -79,6 +81,10 @@
     const c = await postJson(`/api/steps/${encodeURIComponent(step)}/challenge`, {
       verdict: "approved",
     });
+    await signWith(form, c);
+  }
+
+  async function signWith(form, c) {
     if (!c.allow_credentials || c.allow_credentials.length === 0) {
       throw new Error("you have no passkey yet: add one on the Passkeys page");
     }
@@ -101,6 +107,18 @@
     set(form, "signature", b64u.encode(assertion.response.signature));
   }
 
+  // The inbox's batch: one signature over the ticked gates' ordered (step, inputs hash)
+  // pairs, when their tool requires one.
+  async function batch(form) {
+    const steps = new FormData(form).getAll("step");
+    if (steps.length === 0) return;
+    const c = await postJson("/inbox/batch/challenge", { steps });
+    if (!c.signature) return;
+    status(form, `Asking your passkey to sign ${steps.length} approval(s) at once…`);
+    await signWith(form, c);
+    set(form, "batch_expires_at", String(c.expires_at));
+  }
+
   document.addEventListener(
     "submit",
     async (event) => {
@@ -110,7 +128,7 @@
       const submitter = event.submitter;
       const kind = form.dataset.passkey;
       // Only an approval is signed; a rejection goes as it is.
-      if (kind === "approve" && !(submitter && submitter.value === "approved")) return;
+      if ((kind === "approve" || kind === "batch") && !(submitter && submitter.value === "approved")) return;
       event.preventDefault();
       if (!window.PublicKeyCredential) {
         status(form, "This browser cannot use passkeys.");
@@ -119,6 +137,7 @@
       try {
         if (kind === "register") await register(form);
         else if (kind === "approve") await approve(form);
+        else if (kind === "batch") await batch(form);
         else return;
         form.dataset.signed = "1";
         status(form, "Signed. Sending…");

@@ -92,6 +92,18 @@ pub enum AuditCommand {
     },
     /// Print the public key that verifies this server's checkpoints (hex).
     PublicKey,
+    /// Check every passkey-signed approval: re-derive its challenge from the record (what
+    /// was signed, verdict, approver, expiry, nonce) and verify its signature with the public
+    /// key recorded at the passkey's registration; exit 1 naming the first record that fails.
+    /// With --from-export, an export file (`audit export`) offline, needing nothing else.
+    VerifySignatures {
+        /// A JSON-lines export to check instead of the database.
+        #[arg(long = "from-export", value_name = "FILE")]
+        from_export: Option<PathBuf>,
+        /// Only this tenant's chain.
+        #[arg(long, conflicts_with = "from_export")]
+        tenant: Option<String>,
+    },
 }
 
 /// Why an audit command failed.
@@ -139,6 +151,10 @@ pub async fn run_command(
             let external = read_checkpoints(&from_checkpoint)?;
             verify_file(&file, sparse, &external, &trusted)
         }
+        AuditCommand::VerifySignatures {
+            from_export: Some(file),
+            ..
+        } => signatures_in_file(&file),
         command => {
             let store = crate::connect_and_migrate(config, clock)
                 .await
@@ -157,6 +173,16 @@ async fn with_store(
 ) -> Result<(), AuditCliError> {
     match command {
         AuditCommand::PublicKey => Ok(()),
+        AuditCommand::VerifySignatures { tenant, .. } => {
+            let only = tenant.as_deref().map(chain_named).transpose()?;
+            let report = store
+                .verify_stored_signatures(only.as_deref())
+                .await
+                .map_err(db)?
+                .map_err(|f| refused(format!("signature check failed: {f}")))?;
+            print_signatures(&report);
+            Ok(())
+        }
         AuditCommand::Verify {
             tenant,
             from_checkpoint,
@@ -657,4 +683,41 @@ pub async fn record_redaction_key(store: &Store, key: &RedactionKey) -> Result<(
         );
     }
     Ok(())
+}
+
+/// `audit verify-signatures --from-export FILE`: every record of the export (chain by chain,
+/// as `audit export` writes them; a leading checkpoint proof is skipped).
+fn signatures_in_file(path: &Path) -> Result<(), AuditCliError> {
+    let file =
+        std::fs::File::open(path).map_err(|e| refused(format!("{}: {e}", path.display())))?;
+    let mut records = Vec::new();
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| refused(format!("{}: {e}", path.display())))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<AuditRecord>(&line) {
+            Ok(r) => records.push(r),
+            // The proof a tenant export starts with is not a record.
+            Err(_) if n == 0 => {}
+            Err(e) => {
+                return Err(refused(format!(
+                    "{} line {}: not an audit record: {e}",
+                    path.display(),
+                    n + 1
+                )));
+            }
+        }
+    }
+    let report = countersign_core::signing::offline::verify_signatures(&records)
+        .map_err(|f| refused(format!("signature check failed: {f}")))?;
+    print_signatures(&report);
+    Ok(())
+}
+
+fn print_signatures(report: &countersign_core::signing::offline::SignatureReport) {
+    println!(
+        "signatures intact: {} signed decision(s) verified against {} passkey registration(s)",
+        report.signatures, report.registrations
+    );
 }

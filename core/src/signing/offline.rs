@@ -187,3 +187,43 @@ fn check_one(
     }
     verify_signature(&key.cose_key, &assertion).map_err(|e| e.to_string())
 }
+
+/// Records read per round trip when checking a stored chain.
+const PAGE: i64 = 5_000;
+
+impl crate::store::Store {
+    /// [`verify_signatures`] over the stored chains (every chain, or only `chain`), each read
+    /// in seq order.
+    pub async fn verify_stored_signatures(
+        &self,
+        chain: Option<&str>,
+    ) -> Result<Result<SignatureReport, SignatureFailure>, crate::store::StoreError> {
+        let chains = match chain {
+            Some(c) => vec![c.to_string()],
+            None => self.audit_chain_names().await?,
+        };
+        let mut total = SignatureReport::default();
+        for chain in chains {
+            let mut records = Vec::new();
+            let mut from = 1;
+            loop {
+                let page = self.audit_records(&chain, from, PAGE).await?;
+                let Some(last) = page.last() else { break };
+                from = last.seq + 1;
+                let full = i64::try_from(page.len()).unwrap_or(i64::MAX) == PAGE;
+                records.extend(page);
+                if !full {
+                    break;
+                }
+            }
+            match verify_signatures(&records) {
+                Ok(r) => {
+                    total.signatures += r.signatures;
+                    total.registrations += r.registrations;
+                }
+                Err(f) => return Ok(Err(f)),
+            }
+        }
+        Ok(Ok(total))
+    }
+}

@@ -3,8 +3,6 @@
 //! signature can be wrong refused and audited with its own rule, and offline verification
 //! of the trail naming the record an edit broke.
 
-use std::time::Duration;
-
 use countersign_core::approvals::{Approver, DecideError, Decider, GateRules, Verdict};
 use countersign_core::audit::AuditRecord;
 use countersign_core::signing::challenge::Signed;
@@ -269,7 +267,7 @@ async fn every_wrong_signature_is_refused_and_audited_with_its_own_rule() {
                 SignatureRefusal::Counter
             );
             // An expired nonce.
-            manual.advance(Duration::from_secs(6 * 60));
+            manual.advance(chrono::Duration::minutes(6));
             assert_eq!(
                 refused(decide(&store, &ana, &step, &rules, Some(&good)).await),
                 SignatureRefusal::NonceExpired

@@ -14,7 +14,7 @@
 
 mod batch;
 mod signing;
-pub use batch::batch_form;
+pub use batch::{batch_challenge, batch_form};
 
 use std::sync::Arc;
 

@@ -83,6 +83,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/inbox/batch", axum::routing::post(inbox::batch_form))
         .route(
+            "/inbox/batch/challenge",
+            axum::routing::post(inbox::batch_challenge),
+        )
+        .route(
             "/escalations/{id}",
             axum::routing::post(escalations::act_form),
         )

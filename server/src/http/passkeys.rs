@@ -21,36 +21,31 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Form, Json};
 use countersign_app::inbox::BoxFuture;
 use countersign_app::passkeys::{PasskeyRow, PasskeySource, Passkeys, PasskeysData};
-use countersign_core::approvals::Verdict;
 use countersign_core::signing::challenge::Signed;
 use countersign_core::signing::decide::{NONCE_TTL_MS, REGISTER_PURPOSE};
-use countersign_core::signing::webauthn::{
-    RelyingParty, WebauthnError, b64, read_registration, unb64,
-};
+use countersign_core::signing::webauthn::{WebauthnError, b64, read_registration, unb64};
 use countersign_core::store::{NonceTaken, Passkey};
 use countersign_core::{AppRole, Person, StoreError};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::approvals::{self, parse_verdict};
 use super::inbox::utc;
 use super::names::Names;
-use super::signature::relying_party;
+use super::signature::{CEREMONY_TIMEOUT_MS, issue_batch, issued_json, relying_party};
 use crate::AppState;
 use crate::auth::{Admin, Approver, CurrentUser, RequireRole};
 
 /// A passkey is registered only within this long of a sign-in (10 minutes).
 pub const REGISTER_STEP_UP_MS: i64 = 10 * 60 * 1000;
-/// How long a browser may take over a ceremony (the WebAuthn `timeout`).
-const CEREMONY_TIMEOUT_MS: i64 = 120_000;
 /// The longest label kept for a passkey.
 const MAX_LABEL: usize = 60;
 
 /// The script behind every passkey form (`/assets/passkeys.js`).
 const SCRIPT: &str = include_str!("../../assets/passkeys.js");
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+pub(super) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message.into(), "code": code}))).into_response()
 }
 
@@ -302,18 +297,6 @@ pub struct ChallengeBody {
     pub verdict: String,
 }
 
-fn issued_json(rp: &RelyingParty, issued: &countersign_core::signing::decide::Issued) -> Value {
-    json!({
-        "nonce": issued.nonce,
-        "challenge": b64(&issued.challenge),
-        "approval_expires_at": issued.approval_expires_at,
-        "allow_credentials": issued.credential_ids,
-        "rp_id": rp.id,
-        "timeout_ms": CEREMONY_TIMEOUT_MS,
-        "user_verification": "required",
-    })
-}
-
 /// `POST /api/steps/{id}/challenge`: the challenge this person's passkey signs to decide the
 /// gate as it is now.
 pub async fn challenge(
@@ -374,9 +357,6 @@ pub async fn batch_challenge(
     Json(body): Json<approvals::BatchBody>,
 ) -> Response {
     let person = approver.0;
-    let Some(rp) = relying_party(&state) else {
-        return error(StatusCode::CONFLICT, "no_rp", NO_RP);
-    };
     let Some(tenant) = person.tenant.clone() else {
         return error(
             StatusCode::FORBIDDEN,
@@ -384,28 +364,10 @@ pub async fn batch_challenge(
             "your sign-in names no tenant",
         );
     };
-    let grant = body.into_grant(tenant.clone());
-    let signed = match state.store.batch_signed(&grant).await {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
-    };
-    match state
-        .store
-        .issue_decision_challenge(
-            &tenant,
-            &person.approver(),
-            &signed,
-            Verdict::Approved,
-            grant.expires_at,
-        )
-        .await
-    {
-        Ok(issued) => {
-            let mut out = issued_json(&rp, &issued);
-            out["signed"] = signed.to_json();
-            Json(out).into_response()
-        }
-        Err(e) => unavailable(&e),
+    let grant = body.into_grant(tenant);
+    match issue_batch(&state, &person, &grant).await {
+        Ok(out) => Json(out).into_response(),
+        Err(resp) => resp,
     }
 }
 

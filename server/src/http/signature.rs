@@ -1,11 +1,76 @@
 //! A passkey signature as a request carries it, and the relying party it is checked for:
 //! shared by the decision endpoints and the passkey pages.
 
-use countersign_core::signing::decide::Submission;
-use countersign_core::signing::webauthn::{Assertion, RelyingParty, unb64};
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use countersign_core::Person;
+use countersign_core::approvals::Verdict;
+use countersign_core::batch::BatchGrant;
+use countersign_core::signing::decide::{Issued, Submission};
+use countersign_core::signing::webauthn::{Assertion, RelyingParty, b64, unb64};
 use serde::Deserialize;
+use serde_json::{Value, json};
 
 use crate::AppState;
+
+/// How long a browser may take over a ceremony (the WebAuthn `timeout`).
+pub const CEREMONY_TIMEOUT_MS: i64 = 120_000;
+
+/// An issued challenge as the page's script reads it.
+pub fn issued_json(rp: &RelyingParty, issued: &Issued) -> Value {
+    json!({
+        "nonce": issued.nonce,
+        "challenge": b64(&issued.challenge),
+        "approval_expires_at": issued.approval_expires_at,
+        "allow_credentials": issued.credential_ids,
+        "rp_id": rp.id,
+        "timeout_ms": CEREMONY_TIMEOUT_MS,
+        "user_verification": "required",
+    })
+}
+
+/// The one challenge a batch over `grant` signs (its steps' ordered (id, inputs hash) pairs
+/// as they are now, and its expiry), issued to `person`; or the answer refusing it.
+pub async fn issue_batch(
+    state: &AppState,
+    person: &Person,
+    grant: &BatchGrant,
+) -> Result<Value, Response> {
+    let refuse = |status: StatusCode, code: &str, message: &str| {
+        (status, Json(json!({"error": message, "code": code}))).into_response()
+    };
+    let Some(rp) = relying_party(state) else {
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            "no_rp",
+            "passkeys need this server's public URL to be a host name",
+        ));
+    };
+    let unavailable = |e: countersign_core::StoreError| {
+        tracing::error!(error = %e, "batch challenge: store failed");
+        refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the database did not answer",
+        )
+    };
+    let signed = state.store.batch_signed(grant).await.map_err(unavailable)?;
+    let issued = state
+        .store
+        .issue_decision_challenge(
+            &grant.tenant,
+            &person.approver(),
+            &signed,
+            Verdict::Approved,
+            grant.expires_at,
+        )
+        .await
+        .map_err(unavailable)?;
+    let mut out = issued_json(&rp, &issued);
+    out["signed"] = signed.to_json();
+    Ok(out)
+}
 
 /// The relying party signatures are checked for: from the public URL (a loopback address
 /// stands for `localhost`); `None` when passkeys cannot work there.

@@ -150,7 +150,12 @@ pub(super) async fn decide(
         None
     } else {
         store
-            .valid_approval(step, canonical, rules.approvals_needed)
+            .valid_approval_with(
+                step,
+                canonical,
+                rules.approvals_needed,
+                rules.signature_required,
+            )
             .await?
     };
     let origin = task_origin(run, credential);

@@ -4,13 +4,14 @@
 use countersign::adapters::builtin::ERP;
 use countersign_core::StepStatus;
 use countersign_core::approvals::{Approver, DecideError, Decider, Verdict};
+use countersign_core::signing::verified::SignatureRefusal;
 use countersign_core::store::{NewAgent, NewRun};
 use countersign_core::{Registry, ToolName};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::gateway::{ana, one};
-use crate::helpers::{TestApp, example};
+use crate::helpers::{TestApp, decide_signed, example, http_signature};
 use crate::mcp::{Client, REASON, agent, each_finance_app, payment_for};
 
 fn person(sub: &str, roles: &[&str], auth_time: i64) -> Decider {
@@ -61,10 +62,17 @@ async fn approvals_above_the_threshold_need_two_distinct_approvers() {
         assert_eq!(rules.approvals_needed, 2);
         let now = app.store.clock().now_ms();
         let ana = person("ana", &["approver"], now);
-        app.store
-            .decide_step(&step, &ana, &rules, Verdict::Approved, "first look: fine")
-            .await
-            .unwrap();
+        // payment.schedule requires signatures: each approval is the person's passkey's.
+        decide_signed(
+            &app,
+            &step,
+            &ana,
+            &rules,
+            Verdict::Approved,
+            "first look: fine",
+        )
+        .await
+        .unwrap();
         // One approval is not enough: the gate stays closed and nothing is paid.
         assert_eq!(
             app.store.get_step(&step).await.unwrap().status,
@@ -73,25 +81,25 @@ async fn approvals_above_the_threshold_need_two_distinct_approvers() {
         let reply = client.call("payment.schedule", args.clone()).await;
         assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");
         assert_eq!(payments(&app).await, 0);
-        let again = app
-            .store
-            .decide_step(&step, &ana, &rules, Verdict::Approved, "me again")
-            .await;
+        let again = decide_signed(&app, &step, &ana, &rules, Verdict::Approved, "me again").await;
         assert!(
-            matches!(again, Err(DecideError::AlreadyDecided)),
+            matches!(
+                again,
+                Err(DecideError::Signature(SignatureRefusal::SameSigner))
+            ),
             "{again:?}"
         );
         let pat = person("pat", &["approver"], now);
-        app.store
-            .decide_step(
-                &step,
-                &pat,
-                &rules,
-                Verdict::Approved,
-                "second pair of eyes",
-            )
-            .await
-            .unwrap();
+        decide_signed(
+            &app,
+            &step,
+            &pat,
+            &rules,
+            Verdict::Approved,
+            "second pair of eyes",
+        )
+        .await
+        .unwrap();
         let paid = client.call("payment.schedule", args).await;
         assert_eq!(content(&paid)["status"], "scheduled", "{paid}");
         assert_eq!(payments(&app).await, 1);
@@ -288,10 +296,14 @@ async fn approvals_http_api_lists_and_decides_for_signed_in_approvers_only() {
         );
 
         // Payment tools ask for a sign-in within 15 minutes: the demo sign-in is fresh.
+        let signature = http_signature(&app, &ana, "ana", &step).await;
         let ok = ana
             .post(app.url(&format!("/api/steps/{step}/decision")))
             .header("origin", &origin)
-            .json(&json!({"verdict": "approved", "reason": "three-way match checked"}))
+            .json(
+                &json!({"verdict": "approved", "reason": "three-way match checked",
+                          "signature": signature}),
+            )
             .send()
             .await
             .unwrap();
@@ -390,16 +402,16 @@ async fn decisions_record_the_inputs_policy_decided_on() {
         let step = content(&reply)["step_id"].as_str().unwrap().to_string();
         let now = app.store.clock().now_ms();
         let rules = finance_rules("payment.schedule", &args);
-        app.store
-            .decide_step(
-                &step,
-                &person("ana", &["approver"], now),
-                &rules,
-                Verdict::Approved,
-                "ok",
-            )
-            .await
-            .unwrap();
+        decide_signed(
+            &app,
+            &step,
+            &person("ana", &["approver"], now),
+            &rules,
+            Verdict::Approved,
+            "ok",
+        )
+        .await
+        .unwrap();
         let paid = client.call("payment.schedule", args).await;
         assert_eq!(content(&paid)["status"], "scheduled", "{paid}");
         let decided: Vec<Value> = app

@@ -8,7 +8,7 @@ use countersign_core::audit::AuditRecord;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, http_batch_signature};
 use crate::mcp::{Client, agent, each_finance_app, hold, payment_for};
 
 fn content(reply: &Value) -> &Value {
@@ -34,11 +34,23 @@ async fn status(app: &TestApp, step: &str) -> StepStatus {
     app.store.get_step(step).await.unwrap().status
 }
 
-async fn post_batch(app: &TestApp, who: &reqwest::Client, body: &Value) -> (StatusCode, Value) {
+/// Posts batch `body` as demo person `user` (signed in on `who`), signed with their passkey
+/// (payment.schedule requires signatures) whenever the server issues a challenge for it.
+async fn post_batch(
+    app: &TestApp,
+    who: &reqwest::Client,
+    user: &str,
+    body: &Value,
+) -> (StatusCode, Value) {
+    let mut body = body.clone();
+    let signature = http_batch_signature(app, who, user, &body).await;
+    if !signature.is_null() {
+        body["signature"] = signature;
+    }
     let resp = who
         .post(app.url("/api/gates/batch"))
         .header("origin", format!("http://{}", app.addr))
-        .json(body)
+        .json(&body)
         .send()
         .await
         .unwrap();
@@ -58,7 +70,7 @@ async fn approve_in_a_minute_long_batch(app: &TestApp, who: &reqwest::Client, st
         "proposed_from": now - 60_000, "proposed_to": now + 60_000,
         "expires_at": now + 60_000, "reason": "June supplier run, three-way matched",
     });
-    let (code, answer) = post_batch(app, who, &body).await;
+    let (code, answer) = post_batch(app, who, "ana", &body).await;
     assert_eq!(code, StatusCode::OK, "{answer}");
 }
 
@@ -155,22 +167,28 @@ async fn batch_refuses_each_step_outside_its_bounds_and_those_keep_waiting() {
         let listed = [&early, &inside, &other_tool, &other_tenant, &big, &last];
 
         // Malformed or expired batches are refused whole; nothing is decided.
-        let (code, _) = post_batch(&app, &ana, &body(&listed, 2, now)).await;
+        let (code, _) = post_batch(&app, &ana, "ana", &body(&listed, 2, now)).await;
         assert_eq!(code, StatusCode::CONFLICT, "an expired grant");
-        let (code, _) =
-            post_batch(&app, &ana, &body(&[&inside, &inside], 2, now + 3_600_000)).await;
+        let (code, _) = post_batch(
+            &app,
+            &ana,
+            "ana",
+            &body(&[&inside, &inside], 2, now + 3_600_000),
+        )
+        .await;
         assert_eq!(code, StatusCode::BAD_REQUEST, "a step listed twice");
-        let (code, _) = post_batch(&app, &ana, &body(&listed, 0, now + 3_600_000)).await;
+        let (code, _) = post_batch(&app, &ana, "ana", &body(&listed, 0, now + 3_600_000)).await;
         assert_eq!(code, StatusCode::BAD_REQUEST, "zero count");
         let mut no_reason = body(&listed, 2, now + 3_600_000);
         no_reason["reason"] = json!("  ");
-        let (code, _) = post_batch(&app, &ana, &no_reason).await;
+        let (code, _) = post_batch(&app, &ana, "ana", &no_reason).await;
         assert_eq!(code, StatusCode::BAD_REQUEST, "no reason");
         for step in &listed {
             assert!(app.store.approvals_for_step(step).await.unwrap().is_empty());
         }
 
-        let (code, answer) = post_batch(&app, &ana, &body(&listed, 2, now + 3_600_000)).await;
+        let (code, answer) =
+            post_batch(&app, &ana, "ana", &body(&listed, 2, now + 3_600_000)).await;
         assert_eq!(code, StatusCode::OK, "{answer}");
         let reason = |step: &String| result_for(&answer, step)["reason"].clone();
         assert_eq!(reason(&early), "outside_window", "{answer}");
@@ -230,7 +248,7 @@ async fn batch_refuses_each_step_outside_its_bounds_and_those_keep_waiting() {
         assert_eq!(payments(&app).await, 1);
 
         // Ana cannot be the second approver of the big payment through another batch…
-        let (_, again) = post_batch(&app, &ana, &body(&[&big], 5, now + 3_600_000)).await;
+        let (_, again) = post_batch(&app, &ana, "ana", &body(&[&big], 5, now + 3_600_000)).await;
         assert_eq!(
             result_for(&again, &big)["reason"],
             "already_decided",
@@ -239,7 +257,7 @@ async fn batch_refuses_each_step_outside_its_bounds_and_those_keep_waiting() {
         // …Pat can, and a step refused by the first batch can still get its own approval.
         let pat = app.demo_client("pat").await;
         let (code, second) =
-            post_batch(&app, &pat, &body(&[&big, &last], 5, now + 3_600_000)).await;
+            post_batch(&app, &pat, "pat", &body(&[&big, &last], 5, now + 3_600_000)).await;
         assert_eq!(code, StatusCode::OK, "{second}");
         assert_eq!(result_for(&second, &big)["status"], "pending", "{second}");
         assert_eq!(result_for(&second, &last)["status"], "pending", "{second}");
@@ -284,7 +302,7 @@ async fn batch_approves_exactly_the_listed_steps_each_runs_once_and_is_audited()
             .unwrap();
         assert_eq!(anon.status(), StatusCode::UNAUTHORIZED);
         let max = app.demo_client("max").await;
-        let (code, _) = post_batch(&app, &max, &body).await;
+        let (code, _) = post_batch(&app, &max, "max", &body).await;
         assert_eq!(code, StatusCode::FORBIDDEN);
         let ana = app.demo_client("ana").await;
         let forged = ana
@@ -299,7 +317,7 @@ async fn batch_approves_exactly_the_listed_steps_each_runs_once_and_is_audited()
             assert_eq!(status(&app, s).await, StepStatus::NeedsApproval);
         }
 
-        let (code, answer) = post_batch(&app, &ana, &body).await;
+        let (code, answer) = post_batch(&app, &ana, "ana", &body).await;
         assert_eq!(code, StatusCode::OK, "{answer}");
         assert_eq!(answer["approved"], 3, "{answer}");
         let batch_id = answer["batch_id"].as_str().unwrap().to_string();
@@ -385,6 +403,7 @@ async fn a_step_whose_inputs_change_after_the_batch_is_refused_at_execution() {
         let (code, answer) = post_batch(
             &app,
             &ana,
+            "ana",
             &json!({
                 "tool": "payment.schedule", "step_ids": [s1, s2], "max_count": 2,
                 "proposed_from": now - 60_000, "proposed_to": now,
@@ -502,6 +521,7 @@ async fn batch_answers_steps_of_tools_the_approver_cannot_approve_as_missing() {
             let (code, answer) = post_batch(
                 &app,
                 &ana,
+                "ana",
                 &json!({
                     "tool": tool, "step_ids": [&held, &paid], "max_count": 5,
                     "proposed_from": now - 3_600_000, "proposed_to": now + 3_600_000,
@@ -524,6 +544,7 @@ async fn batch_answers_steps_of_tools_the_approver_cannot_approve_as_missing() {
         let (code, answer) = post_batch(
             &app,
             &ana,
+            "ana",
             &json!({
                 "tool": "credit_note.issue", "step_ids": [&gone.id], "max_count": 1,
                 "proposed_from": now - 3_600_000, "proposed_to": now + 3_600_000,
@@ -552,13 +573,15 @@ async fn an_approver_whose_batch_approval_ended_may_approve_the_step_again() {
         let reply = client.call("payment.schedule", args.clone()).await;
         assert_eq!(content(&reply)["status"], "needs_approval", "{reply}");
         // Her approval lapsed with the batch: she may decide this step again.
-        let decide = |verdict: &str, reason: &str| {
-            ana.post(app.url(&format!("/api/steps/{step}/decision")))
-                .header("origin", format!("http://{}", app.addr))
-                .json(&json!({"verdict": verdict, "reason": reason}))
-                .send()
-        };
-        let again = decide("approved", "checked the payment run again")
+        let signature = crate::helpers::http_signature(&app, &ana, "ana", &step).await;
+        let again = ana
+            .post(app.url(&format!("/api/steps/{step}/decision")))
+            .header("origin", format!("http://{}", app.addr))
+            .json(
+                &json!({"verdict": "approved", "reason": "checked the payment run again",
+                          "signature": signature}),
+            )
+            .send()
             .await
             .unwrap();
         assert_eq!(
@@ -585,7 +608,13 @@ async fn an_approver_whose_batch_approval_ended_may_approve_the_step_again() {
             .count();
         assert_eq!(approved, 2);
         // A standing decision is still final: deciding once more is a conflict.
-        let late = decide("rejected", "too late").await.unwrap();
+        let late = ana
+            .post(app.url(&format!("/api/steps/{step}/decision")))
+            .header("origin", format!("http://{}", app.addr))
+            .json(&json!({"verdict": "rejected", "reason": "too late"}))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(late.status(), StatusCode::CONFLICT);
         app
     })

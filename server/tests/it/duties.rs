@@ -58,10 +58,22 @@ async fn gated(client: &mut Client<'_>, invoice: &str, amount: f64) -> String {
     content(&reply)["step_id"].as_str().unwrap().to_string()
 }
 
-async fn decide(app: &TestApp, who: &reqwest::Client, step: &str, verdict: &str) -> StatusCode {
+/// Decides `step` through the API as demo person `user` (signed in on `who`); an approval is
+/// signed with their passkey (payment.schedule requires it).
+async fn decide(
+    app: &TestApp,
+    who: &reqwest::Client,
+    user: &str,
+    step: &str,
+    verdict: &str,
+) -> StatusCode {
+    let mut body = json!({"verdict": verdict, "reason": "three-way match checked"});
+    if verdict == "approved" {
+        body["signature"] = crate::helpers::http_signature(app, who, user, step).await;
+    }
     who.post(app.url(&format!("/api/steps/{step}/decision")))
         .header("origin", format!("http://{}", app.addr))
-        .json(&json!({"verdict": verdict, "reason": "three-way match checked"}))
+        .json(&body)
         .send()
         .await
         .unwrap()
@@ -103,7 +115,7 @@ async fn the_creator_of_an_agents_credential_never_countersigns_its_steps() {
         // The JSON API: Ana's approval is refused (403), audited with its own rule; the step
         // still waits; Pat's is accepted and the payment goes out once.
         assert_eq!(
-            decide(&app, &ana, &api, "approved").await,
+            decide(&app, &ana, "ana", &api, "approved").await,
             StatusCode::FORBIDDEN
         );
         assert_eq!(status(&app, &api).await, StepStatus::NeedsApproval);
@@ -112,7 +124,10 @@ async fn the_creator_of_an_agents_credential_never_countersigns_its_steps() {
             refusals(&app, &api, "approval.creator").await,
             [demo_person("ana")]
         );
-        assert_eq!(decide(&app, &pat, &api, "approved").await, StatusCode::OK);
+        assert_eq!(
+            decide(&app, &pat, "pat", &api, "approved").await,
+            StatusCode::OK
+        );
         let paid = client
             .call(
                 "payment.schedule",
@@ -129,7 +144,7 @@ async fn the_creator_of_an_agents_credential_never_countersigns_its_steps() {
 
         // Her rejection is accepted: stopping is always safe.
         assert_eq!(
-            decide(&app, &ana, &rejected, "rejected").await,
+            decide(&app, &ana, "ana", &rejected, "rejected").await,
             StatusCode::OK
         );
         assert_eq!(status(&app, &rejected).await, StepStatus::Refused);
@@ -209,7 +224,7 @@ async fn the_party_an_agent_acts_for_never_countersigns_its_steps() {
         let step = gated(&mut client, "INV-20260611", 4180.00).await;
         let pat = app.demo_client("pat").await;
         assert_eq!(
-            decide(&app, &pat, &step, "approved").await,
+            decide(&app, &pat, "pat", &step, "approved").await,
             StatusCode::FORBIDDEN
         );
         assert_eq!(
@@ -235,7 +250,10 @@ async fn the_party_an_agent_acts_for_never_countersigns_its_steps() {
         let record: Value = serde_json::from_str(&bound[0].record).unwrap();
         assert_eq!(record["detail"]["was_acts_for"], demo_person("pat"));
         assert_eq!(record["detail"]["acts_for"], Value::Null);
-        assert_eq!(decide(&app, &pat, &step, "approved").await, StatusCode::OK);
+        assert_eq!(
+            decide(&app, &pat, "pat", &step, "approved").await,
+            StatusCode::OK
+        );
         app
     })
     .await;
@@ -401,7 +419,7 @@ async fn a_planned_payment_waits_for_its_reviewer_then_a_person_and_runs_on_its_
             .await;
         assert_eq!(content(&ok)["review"], "approved", "{ok}");
         reaches(&app, &pay, StepStatus::NeedsApproval).await;
-        assert_eq!(decide(&app, &ana, &pay, "approved").await, StatusCode::OK);
+        assert_eq!(decide(&app, &ana, "ana", &pay, "approved").await, StatusCode::OK);
         reaches(&app, &pay, StepStatus::Done).await;
 
         // The timeline names four identities: planner, reviewer, Ana, the execution credential.

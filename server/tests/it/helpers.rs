@@ -265,3 +265,216 @@ pub async fn webhook_sink() -> (String, Arc<std::sync::Mutex<Vec<serde_json::Val
     tokio::spawn(async move { axum::serve(listener, hook).await.unwrap() });
     (format!("http://{addr}/hook"), seen)
 }
+
+/// People's software passkeys, one per (server, person), registered on first use.
+static PASSKEYS: std::sync::LazyLock<
+    std::sync::Mutex<
+        std::collections::HashMap<String, countersign_core::signing::webauthn::soft::SoftPasskey>,
+    >,
+> = std::sync::LazyLock::new(Default::default);
+
+/// `approver`'s passkey assertion over `challenge` (their passkey registered in `tenant`
+/// through the store on first use, as a browser's registration would store it).
+async fn assert_as(
+    app: &TestApp,
+    approver: &countersign_core::approvals::Approver,
+    tenant: &str,
+    challenge: &[u8],
+) -> countersign_core::signing::webauthn::Assertion {
+    use countersign_core::signing::webauthn::read_registration;
+    use countersign_core::signing::webauthn::soft::SoftPasskey;
+    let rp = app
+        .state
+        .config
+        .relying_party()
+        .expect("a loopback public URL");
+    let slot = format!("{}/{}", app.addr, approver.actor());
+    let existing = PASSKEYS.lock().unwrap().get(&slot).cloned();
+    let mut key = match existing {
+        Some(k) => k,
+        None => {
+            let key = SoftPasskey::random().unwrap();
+            let (cd, att) = key.register(&rp, b"test");
+            let reg = read_registration(&rp, &cd, &att, b"test").unwrap();
+            app.store
+                .register_passkey(tenant, approver, "test passkey", &reg, &rp.id)
+                .await
+                .unwrap();
+            key
+        }
+    };
+    let assertion = key.assert(&rp, challenge);
+    PASSKEYS.lock().unwrap().insert(slot, key);
+    assertion
+}
+
+/// Decides `step_id` through the store as `decider`, signing an approval with their passkey
+/// when `rules` require it (the way the inbox's page does).
+pub async fn decide_signed(
+    app: &TestApp,
+    step_id: &str,
+    decider: &countersign_core::approvals::Decider,
+    rules: &countersign_core::approvals::GateRules,
+    verdict: countersign_core::approvals::Verdict,
+    reason: &str,
+) -> Result<countersign_core::approvals::Approval, countersign_core::approvals::DecideError> {
+    use countersign_core::approvals::Verdict;
+    use countersign_core::signing::challenge::Signed;
+    use countersign_core::signing::decide::Submission;
+    let rp = app.state.config.relying_party();
+    let submission = if rules.signature_required && verdict == Verdict::Approved {
+        let step = app.store.get_step(step_id).await.unwrap();
+        let tenant = app.store.get_run(&step.run_id).await.unwrap().tenant;
+        let issued = app
+            .store
+            .issue_decision_challenge(
+                &tenant,
+                &decider.approver,
+                &Signed::Step {
+                    step_id: step.id.clone(),
+                    inputs_hash: step.inputs_hash.clone(),
+                },
+                verdict,
+                step.expires_at.unwrap_or_default(),
+            )
+            .await
+            .unwrap();
+        Some(Submission {
+            assertion: assert_as(app, &decider.approver, &tenant, &issued.challenge).await,
+            nonce: issued.nonce,
+        })
+    } else {
+        None
+    };
+    app.store
+        .decide_step_signed(
+            rp.as_ref(),
+            step_id,
+            decider,
+            rules,
+            verdict,
+            reason,
+            submission.as_ref(),
+        )
+        .await
+        .map(|(approval, _)| approval)
+}
+
+/// The `signature` a browser sends with demo person `user`'s approval of `step_id`: the
+/// challenge asked for through `client` (signed in as `user`), signed with their passkey.
+pub async fn http_signature(
+    app: &TestApp,
+    client: &reqwest::Client,
+    user: &str,
+    step_id: &str,
+) -> serde_json::Value {
+    use countersign_core::signing::webauthn::{b64, unb64};
+    let issued: serde_json::Value = client
+        .post(app.url(&format!("/api/steps/{step_id}/challenge")))
+        .header("origin", format!("http://{}", app.addr))
+        .json(&serde_json::json!({"verdict": "approved"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let Some(challenge) = issued["challenge"].as_str() else {
+        // No challenge for this person (a step they may not see): an unsigned approval.
+        return serde_json::Value::Null;
+    };
+    let step = app.store.get_step(step_id).await.unwrap();
+    let tenant = app.store.get_run(&step.run_id).await.unwrap().tenant;
+    let approver = countersign_core::approvals::Approver {
+        iss: "urn:countersign:demo".into(),
+        sub: user.into(),
+    };
+    let a = assert_as(app, &approver, &tenant, &unb64(challenge, "c").unwrap()).await;
+    serde_json::json!({
+        "nonce": issued["nonce"],
+        "credential_id": b64(&a.credential_id),
+        "authenticator_data": b64(&a.authenticator_data),
+        "client_data_json": b64(&a.client_data_json),
+        "signature": b64(&a.signature),
+    })
+}
+
+/// The `signature` a browser sends with demo person `user`'s batch approval `body` (the
+/// `POST /api/gates/batch` body): one assertion over the batch's challenge, asked for through
+/// `client`; `Null` when no challenge is issued (not an approver, a malformed batch).
+pub async fn http_batch_signature(
+    app: &TestApp,
+    client: &reqwest::Client,
+    user: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    use countersign_core::signing::webauthn::{b64, unb64};
+    let resp = client
+        .post(app.url("/api/gates/batch/challenge"))
+        .header("origin", format!("http://{}", app.addr))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    if !resp.status().is_success() {
+        return serde_json::Value::Null;
+    }
+    let issued: serde_json::Value = resp.json().await.unwrap();
+    let approver = countersign_core::approvals::Approver {
+        iss: "urn:countersign:demo".into(),
+        sub: user.into(),
+    };
+    let challenge = unb64(issued["challenge"].as_str().unwrap(), "c").unwrap();
+    let a = assert_as(app, &approver, "acme", &challenge).await;
+    serde_json::json!({
+        "nonce": issued["nonce"],
+        "credential_id": b64(&a.credential_id),
+        "authenticator_data": b64(&a.authenticator_data),
+        "client_data_json": b64(&a.client_data_json),
+        "signature": b64(&a.signature),
+    })
+}
+
+/// The hidden fields the inbox's page adds to an "Approve ticked" form of `steps` for demo
+/// person `user` (signed in on `client`): one passkey assertion over the batch's challenge,
+/// and the expiry it binds; none when the tool requires no signature or no challenge is
+/// issued.
+pub async fn inbox_batch_signature(
+    app: &TestApp,
+    client: &reqwest::Client,
+    user: &str,
+    steps: &[String],
+) -> Vec<(String, String)> {
+    use countersign_core::signing::webauthn::{b64, unb64};
+    let resp = client
+        .post(app.url("/inbox/batch/challenge"))
+        .header("origin", format!("http://{}", app.addr))
+        .json(&serde_json::json!({"steps": steps}))
+        .send()
+        .await
+        .unwrap();
+    if !resp.status().is_success() {
+        return Vec::new();
+    }
+    let issued: serde_json::Value = resp.json().await.unwrap();
+    if issued["signature"] != serde_json::json!(true) {
+        return Vec::new();
+    }
+    let approver = countersign_core::approvals::Approver {
+        iss: "urn:countersign:demo".into(),
+        sub: user.into(),
+    };
+    let challenge = unb64(issued["challenge"].as_str().unwrap(), "c").unwrap();
+    let a = assert_as(app, &approver, "acme", &challenge).await;
+    vec![
+        (
+            "nonce".into(),
+            issued["nonce"].as_str().unwrap().to_string(),
+        ),
+        ("credential_id".into(), b64(&a.credential_id)),
+        ("authenticator_data".into(), b64(&a.authenticator_data)),
+        ("client_data_json".into(), b64(&a.client_data_json)),
+        ("signature".into(), b64(&a.signature)),
+        ("batch_expires_at".into(), issued["expires_at"].to_string()),
+    ]
+}

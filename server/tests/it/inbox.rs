@@ -241,13 +241,36 @@ async fn inbox_form_refuses_cross_origin_missing_reasons_and_stale_sign_ins_then
         );
 
         let ana = app.demo_client("ana").await;
-        let ok = ana
+        // Payments require her passkey's signature: an unsigned form is refused (audited).
+        let unsigned = ana
             .post(&action)
             .header("origin", &origin)
             .form(&[
                 ("verdict", "approved"),
                 ("reason", "three-way match checked"),
             ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            location(&unsigned),
+            format!("/inbox/{step}?error=signature_missing")
+        );
+        assert_eq!(step_status(&app, &step).await, StepStatus::NeedsApproval);
+        let shown = page(&ana, &app, &location(&unsigned)).await;
+        assert!(shown.contains("passkey"), "{shown}");
+        let signature = crate::helpers::http_signature(&app, &ana, "ana", &step).await;
+        let mut form = vec![
+            ("verdict".to_string(), "approved".to_string()),
+            ("reason".to_string(), "three-way match checked".to_string()),
+        ];
+        for (k, v) in signature.as_object().into_iter().flatten() {
+            form.push((k.clone(), v.as_str().unwrap_or_default().to_string()));
+        }
+        let ok = ana
+            .post(&action)
+            .header("origin", &origin)
+            .form(&form)
             .send()
             .await
             .unwrap();

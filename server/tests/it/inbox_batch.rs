@@ -43,15 +43,30 @@ async fn gated(client: &mut Client<'_>, tool: &str, args: serde_json::Value) -> 
     c["step_id"].as_str().unwrap().to_string()
 }
 
+/// Posts the inbox's batch form as demo person `user` (signed in on `who`); an approval is
+/// signed as the page signs it (payment.schedule requires signatures).
 async fn post(
     who: &reqwest::Client,
+    user: &str,
     app: &TestApp,
     form: &[(&str, &str)],
 ) -> (StatusCode, String, String) {
+    let mut fields: Vec<(String, String)> = form
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect();
+    if form.contains(&("verdict", "approved")) {
+        let steps: Vec<String> = form
+            .iter()
+            .filter(|(k, _)| *k == "step")
+            .map(|(_, v)| (*v).to_string())
+            .collect();
+        fields.extend(crate::helpers::inbox_batch_signature(app, who, user, &steps).await);
+    }
     let resp = who
         .post(app.url("/inbox/batch"))
         .header("origin", format!("http://{}", app.addr))
-        .form(form)
+        .form(&fields)
         .send()
         .await
         .unwrap();
@@ -111,13 +126,14 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         let reason = ("reason", "Freight instalments checked against PO-77813");
 
         // Refused whole, nothing decided: nothing ticked; no reason; two tools; not an approver.
-        let (status, to, _) = post(&ana, &app, &[("verdict", "approved"), reason]).await;
+        let (status, to, _) = post(&ana, "ana", &app, &[("verdict", "approved"), reason]).await;
         assert_eq!(
             (status, to.as_str()),
             (StatusCode::SEE_OTHER, "/inbox?error=batch_empty")
         );
         let (_, to, _) = post(
             &ana,
+            "ana",
             &app,
             &[("step", &a), ("verdict", "approved"), ("reason", " ")],
         )
@@ -125,6 +141,7 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         assert_eq!(to, "/inbox?error=reason");
         let (_, to, _) = post(
             &ana,
+            "ana",
             &app,
             &[("step", &a), ("step", &h), ("verdict", "approved"), reason],
         )
@@ -133,6 +150,7 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         // Ticked twice, or another tenant's gate alone: refused whole.
         let (_, to, _) = post(
             &ana,
+            "ana",
             &app,
             &[("step", &a), ("step", &a), ("verdict", "approved"), reason],
         )
@@ -140,6 +158,7 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         assert_eq!(to, "/inbox?error=batch_refused");
         let (_, to, _) = post(
             &ana,
+            "ana",
             &app,
             &[("step", &foreign), ("verdict", "approved"), reason],
         )
@@ -149,6 +168,7 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         // missing, never as a reason to refuse the batch.
         let (status, _, html) = post(
             &ana,
+            "ana",
             &app,
             &[
                 ("step", &foreign),
@@ -169,8 +189,13 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
             StepStatus::NeedsApproval
         );
         let max = app.demo_client("max").await;
-        let (status, _, _) =
-            post(&max, &app, &[("step", &a), ("verdict", "approved"), reason]).await;
+        let (status, _, _) = post(
+            &max,
+            "max",
+            &app,
+            &[("step", &a), ("verdict", "approved"), reason],
+        )
+        .await;
         assert_eq!(status, StatusCode::FORBIDDEN);
         for step in [&a, &b, &c, &h] {
             assert_eq!(
@@ -183,6 +208,7 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         // refused with why, still waiting.
         let (status, _, html) = post(
             &ana,
+            "ana",
             &app,
             &[
                 ("step", &a),
@@ -223,6 +249,7 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         // A rejection is each gate's own decision, of one tool too.
         let (_, to, _) = post(
             &ana,
+            "ana",
             &app,
             &[("step", &c), ("step", &h), ("verdict", "rejected"), reason],
         )
@@ -231,6 +258,7 @@ async fn inbox_batch_approves_within_bounds_refuses_per_step_and_rejects_each() 
         for step in [&c, &h] {
             let (status, _, html) = post(
                 &ana,
+                "ana",
                 &app,
                 &[("step", step), ("verdict", "rejected"), reason],
             )

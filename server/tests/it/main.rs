@@ -24,6 +24,7 @@ mod mcp;
 mod modern;
 mod names;
 mod oauth;
+mod passkeys;
 mod preview;
 mod registry;
 mod reliability;

@@ -331,10 +331,62 @@ async fn approve_on(base: &str, origin: &str, step: &str) {
         StatusCode::SEE_OTHER,
         "demo sign-in on {base}"
     );
+    // payment.schedule requires a passkey signature: register one through this replica's
+    // API, as a browser would, then sign the gate's challenge.
+    use countersign_core::signing::webauthn::soft::SoftPasskey;
+    use countersign_core::signing::webauthn::{RelyingParty, b64, unb64};
+    let rp = RelyingParty::from_public_url(&url::Url::parse(origin).unwrap()).unwrap();
+    let mut key = SoftPasskey::random().unwrap();
+    let post = |path: String, body: Value| {
+        http.post(format!("{base}{path}"))
+            .header("origin", origin)
+            .json(&body)
+            .send()
+    };
+    let options: Value = post("/api/passkeys/options".into(), json!({}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let nonce = options["nonce"].as_str().unwrap().to_string();
+    let (cd, att) = key.register(&rp, &unb64(&nonce, "nonce").unwrap());
+    let registered = post(
+        "/api/passkeys".into(),
+        json!({"label": "replica test", "nonce": nonce,
+               "client_data_json": b64(&cd), "attestation_object": b64(&att)}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        registered.status(),
+        StatusCode::CREATED,
+        "passkey on {base}"
+    );
+    let issued: Value = post(
+        format!("/api/steps/{step}/challenge"),
+        json!({"verdict": "approved"}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let a = key.assert(
+        &rp,
+        &unb64(issued["challenge"].as_str().unwrap(), "challenge").unwrap(),
+    );
     let decided = http
         .post(format!("{base}/api/steps/{step}/decision"))
         .header("origin", origin)
-        .json(&json!({"verdict": "approved", "reason": "Replica test approval"}))
+        .json(
+            &json!({"verdict": "approved", "reason": "Replica test approval",
+                      "signature": {"nonce": issued["nonce"],
+                                    "credential_id": b64(&a.credential_id),
+                                    "authenticator_data": b64(&a.authenticator_data),
+                                    "client_data_json": b64(&a.client_data_json),
+                                    "signature": b64(&a.signature)}}),
+        )
         .send()
         .await
         .unwrap();

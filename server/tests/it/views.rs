@@ -34,11 +34,23 @@ async fn gated(client: &mut Client<'_>, amount: Value) -> String {
     content["step_id"].as_str().unwrap().to_string()
 }
 
-async fn decide(app: &TestApp, who: &reqwest::Client, step: &str, verdict: &str) {
+/// Decides `step` in the inbox form as demo person `user` (signed in on `who`); an approval is
+/// signed with their passkey (payment.schedule requires it).
+async fn decide(app: &TestApp, who: &reqwest::Client, user: &str, step: &str, verdict: &str) {
+    let mut form = vec![
+        ("verdict".to_string(), verdict.to_string()),
+        ("reason".to_string(), "three-way match checked".to_string()),
+    ];
+    if verdict == "approved" {
+        let signature = crate::helpers::http_signature(app, who, user, step).await;
+        for (k, v) in signature.as_object().into_iter().flatten() {
+            form.push((k.clone(), v.as_str().unwrap_or_default().to_string()));
+        }
+    }
     let resp = who
         .post(app.url(&format!("/inbox/{step}/decision")))
         .header("origin", format!("http://{}", app.addr))
-        .form(&[("verdict", verdict), ("reason", "three-way match checked")])
+        .form(&form)
         .send()
         .await
         .unwrap();
@@ -233,7 +245,7 @@ async fn run_list_and_timeline_show_steps_statuses_unknown_reconciliation_and_li
         client.connect().await;
         let step = gated(&mut client, json!(4180.00)).await;
         let ana = app.demo_client("ana").await;
-        decide(&app, &ana, &step, "approved").await;
+        decide(&app, &ana, "ana", &step, "approved").await;
         let reply = client
             .call("payment.schedule", payment_for(INV, json!(4180.00)))
             .await;
@@ -414,7 +426,7 @@ async fn audit_search_filters_pages_by_seq_verifies_the_chain_and_exports_jsonl(
         client.connect().await;
         let step = gated(&mut client, json!(4180.00)).await;
         let ana = app.demo_client("ana").await;
-        decide(&app, &ana, &step, "approved").await;
+        decide(&app, &ana, "ana", &step, "approved").await;
         let run = app.store.get_step(&step).await.unwrap().run_id;
         // 120 more records of the run, to page through.
         for i in 0..120 {
@@ -579,7 +591,7 @@ async fn gate_metrics_show_rejection_rates_latency_expired_gates_and_break_even(
             (&c, 2, "rejected"),
         ] {
             app.clock.advance(chrono::Duration::minutes(minutes));
-            decide(&app, &ana, step, verdict).await;
+            decide(&app, &ana, "ana", step, verdict).await;
         }
         // The fourth gate is left until it expires (72 h), then the agent asks again.
         app.clock.advance(chrono::Duration::hours(73));

@@ -25,11 +25,13 @@ use countersign_core::{Person, StepStatus, ToolName};
 use serde_json::Value;
 
 use super::super::approvals::{self, Decided, Refusal, batch_as, outside_text};
+use super::super::signature::{SignatureBody, issue_batch};
 use super::{row, utc};
 use crate::AppState;
 use crate::auth::pages::{escape, page};
 use crate::auth::{Approver, RequireRole};
 use crate::http::admin::{coded_redirect, field, fields};
+use countersign_core::signing::decide::Submission;
 
 /// What happened to one ticked gate.
 struct Line {
@@ -74,8 +76,19 @@ pub async fn batch_form(
         Ok(g) => g,
         Err(code) => return back(code),
     };
+    let signature = SignatureBody {
+        nonce: value("nonce").to_string(),
+        credential_id: value("credential_id").to_string(),
+        authenticator_data: value("authenticator_data").to_string(),
+        client_data_json: value("client_data_json").to_string(),
+        signature: value("signature").to_string(),
+    };
+    let signed_expiry = value("batch_expires_at").parse::<i64>().ok();
     let lines = match verdict {
-        Verdict::Approved => approve(&state, &person, &steps, &gates, &reason).await,
+        Verdict::Approved => {
+            let signed = signature.submission().map(|s| (s, signed_expiry));
+            approve(&state, &person, &steps, &gates, &reason, signed).await
+        }
         Verdict::Rejected => Ok(reject(&state, &person, &steps, &gates, &reason).await),
     };
     match lines {
@@ -150,13 +163,17 @@ impl Gates {
     }
 }
 
-async fn approve(
+/// The grant the inbox makes of the ticked `steps`: exactly them, proposed up to now, ending
+/// with the tool's own approval expiry — or, for a signed batch, at the expiry its signature
+/// binds (`signed_expiry`, never later than the tool's).
+fn grant_for(
     state: &AppState,
     person: &Person,
     steps: &[String],
     gates: &Gates,
     reason: &str,
-) -> Result<Vec<Line>, &'static str> {
+    signed_expiry: Option<i64>,
+) -> Result<BatchGrant, &'static str> {
     let Some(tenant) = person.tenant.clone() else {
         return Err("not_found");
     };
@@ -176,20 +193,33 @@ async fn approve(
         return Err("not_found");
     };
     let now = state.store.clock().now_ms();
-    let grant = BatchGrant {
+    let longest = now.saturating_add(expiry);
+    Ok(BatchGrant {
         tool,
         step_ids: steps.to_vec(),
         max_count: u32::try_from(steps.len()).unwrap_or(u32::MAX),
         proposed_from: gates.earliest.unwrap_or(now),
         proposed_to: now,
-        expires_at: now.saturating_add(expiry),
+        expires_at: signed_expiry.map_or(longest, |e| e.min(longest)),
         tenant,
         reason: reason.to_string(),
-    };
-    // The inbox's batch carries no signature: a gate whose tool requires one is refused
-    // individually and keeps waiting for its own signed approval (the JSON API's batch takes
-    // one signature over the whole batch).
-    let outcome = match batch_as(state, person, &grant, None).await {
+    })
+}
+
+async fn approve(
+    state: &AppState,
+    person: &Person,
+    steps: &[String],
+    gates: &Gates,
+    reason: &str,
+    signed: Option<(Submission, Option<i64>)>,
+) -> Result<Vec<Line>, &'static str> {
+    let expiry = signed.as_ref().and_then(|(_, e)| *e);
+    let grant = grant_for(state, person, steps, gates, reason, expiry)?;
+    // A gate whose tool requires a signature counts only when the page's one signature over
+    // the batch covers it; without one, it is refused individually and keeps waiting.
+    let submission = signed.map(|(s, _)| s);
+    let outcome = match batch_as(state, person, &grant, submission.as_ref()).await {
         Ok(o) => o,
         Err((StatusCode::SERVICE_UNAVAILABLE, _)) => return Err("unavailable"),
         Err(_) => return Err("batch_refused"),
@@ -269,4 +299,54 @@ fn result_page(lines: &[Line], verdict: Verdict, demo: bool) -> Response {
         list(&refused)
     );
     page(StatusCode::OK, "Batch decision", &body, demo)
+}
+
+/// `POST /inbox/batch/challenge` (JSON `{"steps": [...]}`, the ticked gates in the form's
+/// order): the one challenge the page's passkey signs to approve them together, for exactly
+/// the grant [`batch_form`] will make of them (its expiry is sent back with the form), or
+/// `{"signature": false}` when their tool requires none.
+pub async fn batch_challenge(
+    State(state): State<AppState>,
+    approver: RequireRole<Approver>,
+    axum::Json(body): axum::Json<ChallengeBody>,
+) -> Response {
+    use axum::response::IntoResponse;
+    let person = approver.0;
+    let refuse = |status: StatusCode, code: &str| {
+        (status, axum::Json(serde_json::json!({"error": code}))).into_response()
+    };
+    let gates = match visible_gates(&state, &person, &body.steps).await {
+        Ok(g) => g,
+        Err(code) => return refuse(StatusCode::CONFLICT, code),
+    };
+    let needs = state.registry.current().is_some_and(|loaded| {
+        gates
+            .tools
+            .iter()
+            .filter_map(|t| ToolName::parse(t).ok())
+            .filter_map(|n| loaded.bundle.registry.tool(&n))
+            .any(|t| t.approval.as_ref().is_some_and(|a| a.signature_required))
+    });
+    if !needs {
+        return axum::Json(serde_json::json!({"signature": false})).into_response();
+    }
+    let grant = match grant_for(&state, &person, &body.steps, &gates, "", None) {
+        Ok(g) => g,
+        Err(code) => return refuse(StatusCode::CONFLICT, code),
+    };
+    match issue_batch(&state, &person, &grant).await {
+        Ok(mut out) => {
+            out["signature"] = serde_json::json!(true);
+            out["expires_at"] = serde_json::json!(grant.expires_at);
+            axum::Json(out).into_response()
+        }
+        Err(resp) => resp,
+    }
+}
+
+/// The body of [`batch_challenge`].
+#[derive(Debug, serde::Deserialize)]
+pub struct ChallengeBody {
+    /// The ticked gates, in the form's order.
+    pub steps: Vec<String>,
 }

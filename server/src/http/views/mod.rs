@@ -198,6 +198,13 @@ fn audit_row(r: &AuditRecord, names: &Names, tasks: &BTreeMap<String, String>) -
         summary: summary(&r.record),
         record: pretty_canonical(&r.record),
         hash: r.hash.clone(),
+        signed: serde_json::from_str::<serde_json::Value>(&r.record)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/detail/signature")
+                    .map(serde_json::Value::is_object)
+            })
+            .unwrap_or(false),
     }
 }
 
@@ -561,9 +568,23 @@ impl Views {
     }
 
     async fn search(&self, tenant: &str, q: &AuditQuery) -> Result<AuditPage, StoreError> {
-        let chain = self
-            .chain_status(tenant, q.verify.as_deref() == Some("full"))
-            .await?;
+        let full = q.verify.as_deref() == Some("full");
+        let chain = self.chain_status(tenant, full).await?;
+        // With the whole chain, every passkey signature in it: the same check as
+        // `countersign audit verify-signatures`.
+        let signatures = if full && !matches!(chain, ChainStatus::Busy) {
+            let name = chain_of_tenant(Some(tenant))?;
+            Some(
+                self.0
+                    .store
+                    .verify_stored_signatures(Some(&name))
+                    .await?
+                    .map(|r| (r.signatures, r.registrations))
+                    .map_err(|f| (f.seq, f.why)),
+            )
+        } else {
+            None
+        };
         let names = Names::load(&self.0.store, tenant).await?;
         let q = &with_agent_names(&names, tenant, q);
         let parsed = filter_for(tenant, q).and_then(|f| Ok((f, cursor_for(q)?)));
@@ -576,6 +597,7 @@ impl Views {
                     older: None,
                     chain,
                     invalid: Some(invalid),
+                    signatures,
                 });
             }
         };
@@ -628,6 +650,7 @@ impl Views {
             older,
             chain,
             invalid: None,
+            signatures,
         })
     }
 
