@@ -40,6 +40,21 @@ pub struct Submission {
     pub assertion: Assertion,
 }
 
+/// What a signature must sign, besides the nonce: for whom and what.
+#[derive(Debug, Clone, Copy)]
+pub struct Expected<'a> {
+    /// The tenant the nonce and the passkey belong to.
+    pub tenant: &'a str,
+    /// The approver.
+    pub approver: &'a Approver,
+    /// The step(s) as they are now.
+    pub signed: &'a Signed,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The latest instant the approval counts (Unix ms).
+    pub approval_expires_at: i64,
+}
+
 /// A challenge issued for a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Issued {
@@ -101,13 +116,16 @@ impl Store {
     pub async fn verify_signature(
         &self,
         rp: &RelyingParty,
-        tenant: &str,
-        approver: &Approver,
-        signed: &Signed,
-        verdict: Verdict,
-        approval_expires_at: i64,
+        expected: &Expected<'_>,
         submission: &Submission,
     ) -> Result<Result<VerifiedSignature, SignatureRefusal>, StoreError> {
+        let Expected {
+            tenant,
+            approver,
+            signed,
+            verdict,
+            approval_expires_at,
+        } = *expected;
         match self
             .take_nonce(tenant, approver, APPROVE_PURPOSE, &submission.nonce)
             .await?
@@ -219,17 +237,14 @@ impl Store {
             step_id: step.id.clone(),
             inputs_hash: step.inputs_hash.clone(),
         };
-        let verified = match self
-            .verify_signature(
-                rp,
-                &tenant,
-                &decider.approver,
-                &signed,
-                verdict,
-                approval_expires_at,
-                submission,
-            )
-            .await?
+        let expected = Expected {
+            tenant: &tenant,
+            approver: &decider.approver,
+            signed: &signed,
+            verdict,
+            approval_expires_at,
+        };
+        let verified = match self.verify_signature(rp, &expected, submission).await?
         {
             Ok(v) => v,
             Err(refusal) => return refuse(refusal).await,
@@ -294,17 +309,14 @@ impl Store {
         submission: &Submission,
     ) -> Result<Result<VerifiedSignature, SignatureRefusal>, StoreError> {
         let signed = self.batch_signed(grant).await?;
-        let verdict = self
-            .verify_signature(
-                rp,
-                &grant.tenant,
-                approver,
-                &signed,
-                Verdict::Approved,
-                grant.expires_at,
-                submission,
-            )
-            .await?;
+        let expected = Expected {
+            tenant: &grant.tenant,
+            approver,
+            signed: &signed,
+            verdict: Verdict::Approved,
+            approval_expires_at: grant.expires_at,
+        };
+        let verdict = self.verify_signature(rp, &expected, submission).await?;
         if let Err(refusal) = &verdict {
             let mut detail = Map::new();
             detail.insert("signed".into(), signed.to_json());
