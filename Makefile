@@ -29,7 +29,7 @@ RUN_REGISTRY ?= examples/finance
 .PHONY: help run build test bench reliability tools rust-tools node-tools interop-tools browser check fmt clippy layers test-rust site e2e tour clean-data
 
 help:
-	@echo "make run    build the dashboard and serve it (and /mcp) on http://127.0.0.1:3000 with SQLite"
+	@echo "make run    build the dashboard and serve it (and /mcp) on http://localhost:3000 (= 127.0.0.1:3000) with SQLite"
 	@echo "make test   everything CI runs: fmt, clippy, cargo tests (SQLite + Postgres), Playwright"
 	@echo "make layers the import-cycle check alone (also part of make test), and each crate's floors"
 	@echo "make build  release binary target/release/countersign and site target/site"
@@ -113,7 +113,7 @@ e2e: site browser
 	cd end2end && CHROMIUM=$(CHROMIUM) npx playwright test
 
 # The screenshots of docs/tour.md, regenerated from the browser suite's own pages.
-TOUR_SHOTS = inbox-list inbox-detail inbox-batch inbox-batch-result runs run-timeline audit advisor proposal-preview escalations
+TOUR_SHOTS = inbox-list inbox-detail passkeys passkey-gate inbox-batch inbox-batch-result runs run-timeline audit advisor proposal-preview escalations
 tour: e2e
 	mkdir -p docs/img
 	for s in $(TOUR_SHOTS); do cp end2end/test-results/screenshots/$$s.png docs/img/$$s.png; done

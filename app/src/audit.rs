@@ -494,9 +494,11 @@ fn Results(query: AuditQuery, page: AuditPage) -> impl IntoView {
                                 {r.signed.then(|| view! {
                                     <span
                                         data-testid="audit-signed"
-                                        title="Signed with the approver's passkey over the exact inputs; checked by “Verify the whole chain now” and `countersign audit verify-signatures`"
                                         class="rounded bg-emerald-100 px-2 py-0.5 text-xs font-semibold text-emerald-900"
-                                    >"signed"</span>
+                                    >
+                                        "signed"
+                                        <span class="sr-only">" with the approver's passkey over the exact inputs"</span>
+                                    </span>
                                 })}
                                 {run}
                                 {actor}

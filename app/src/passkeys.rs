@@ -226,8 +226,14 @@ fn PasskeysBody(d: PasskeysData) -> impl IntoView {
 
 #[component]
 fn KeyTable(rows: Vec<PasskeyRow>, revoke: bool) -> impl IntoView {
+    let caption = if revoke {
+        "Every passkey of your tenant"
+    } else {
+        "Your passkeys"
+    };
     view! {
         <table class="w-full border-collapse rounded border border-slate-200 bg-white text-left text-sm">
+            <caption class="sr-only">{caption}</caption>
             <thead class="bg-slate-100">
                 <tr>
                     <th scope="col" class="px-3 py-2">"Passkey"</th>

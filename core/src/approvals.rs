@@ -236,6 +236,8 @@ enum Recorded {
     AlreadyDecided,
     /// The step was no longer at `needs_approval`: nothing written.
     NotMoved,
+    /// The signing passkey was revoked before the decision could be written: nothing written.
+    KeyEnded,
 }
 
 const COLUMNS: &str = "id, step_id, inputs_hash, decision, approver_iss, approver_sub, reason, \
@@ -303,6 +305,7 @@ impl Store {
         signature: Option<&VerifiedSignature>,
     ) -> Result<(Approval, Option<Secret<String>>), DecideError> {
         let approver = &decider.approver;
+        let given_signature = signature.is_some();
         if reason.trim().is_empty() {
             return Err(DecideError::NoReason);
         }
@@ -357,6 +360,19 @@ impl Store {
             .map_err(|e| DecideError::Store(StoreError::Conflict(format!("random source: {e}"))))?;
         let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
         let token = format!("cs_appr_{token}");
+        // A batch's approvals end with the grant, if it ends before the gate.
+        let approval_expires = batch.map_or(expires_at, |(_, until)| until.min(expires_at));
+        // Only a signature of exactly this step, these inputs, verdict and approver, ending no
+        // earlier, is kept with the approval.
+        let signature = signature.filter(|s| {
+            s.covers(
+                &step.id,
+                &step.inputs_hash,
+                verdict.as_str(),
+                &person,
+                approval_expires,
+            )
+        });
         let approval = Approval {
             id: Uuid::new_v4().to_string(),
             step_id: step.id.clone(),
@@ -367,25 +383,18 @@ impl Store {
             reason: reason.to_string(),
             token_hash: hash_text(&token),
             decided_at: now,
-            // A batch's approvals end with the grant, if it ends before the gate.
-            expires_at: batch.map_or(expires_at, |(_, until)| until.min(expires_at)),
+            expires_at: approval_expires,
             signature: signature.map(|s| serde_json::Value::Object(s.record().clone()).to_string()),
         };
-        // INVARIANT: a signature-required approval carries a verified signature of exactly
-        // this step, these inputs, this verdict and approver, ending no earlier (fail closed).
-        if rules.signature_required
-            && verdict == Verdict::Approved
-            && !signature.is_some_and(|s| {
-                s.covers(
-                    &step.id,
-                    &step.inputs_hash,
-                    verdict.as_str(),
-                    &person,
-                    approval.expires_at,
-                )
-            })
-        {
-            let refusal = DecideError::Signature(SignatureRefusal::Missing);
+        // INVARIANT: a signature-required approval carries a verified signature that covers
+        // it (fail closed): none given is `missing`, one for something else `challenge`.
+        let signed_only = rules.signature_required;
+        if signed_only && verdict == Verdict::Approved && signature.is_none() {
+            let refusal = DecideError::Signature(if given_signature {
+                SignatureRefusal::Challenge
+            } else {
+                SignatureRefusal::Missing
+            });
             self.record_refused_decision(&step, &person, &refusal, reason)
                 .await?;
             return Err(refusal);
@@ -442,12 +451,18 @@ impl Store {
             }
         };
         let recorded = crate::store::steps::retry_collisions("deciding a step", || {
-            self.record_decision(&approval, &transition)
+            self.record_decision(&approval, &transition, signed_only)
         })
         .await?;
         match recorded {
             Recorded::Moved => {}
             Recorded::AlreadyDecided => return Err(DecideError::AlreadyDecided),
+            Recorded::KeyEnded => {
+                let refusal = DecideError::Signature(SignatureRefusal::Credential);
+                self.record_refused_decision(&step, &person, &refusal, reason)
+                    .await?;
+                return Err(refusal);
+            }
             Recorded::NotMoved => {
                 let now_status = self.get_step(step_id).await?.status;
                 return Err(DecideError::NotWaiting(now_status.as_str().into()));
@@ -565,12 +580,21 @@ impl Store {
     /// people approving at once cannot both count one), and a decision whose transition
     /// does not move the step (it left `needs_approval` meanwhile) is rolled back with it —
     /// no approval row exists without its audited transition.
+    /// With `signed_only` (the tool requires signatures) only signed approvals count, an
+    /// unsigned one of this person has lapsed, and the signing passkey must still be active
+    /// under the append lock (a revocation takes it too: its record and this one are in order).
     async fn record_decision(
         &self,
         approval: &Approval,
         transition: &impl Fn(usize) -> Transition,
+        signed_only: bool,
     ) -> Result<Recorded, StoreError> {
         let now = self.clock.now_ms();
+        let key = approval
+            .signature
+            .as_deref()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+            .and_then(|v| v["credential_id"].as_str().map(str::to_string));
         let insert = format!(
             "INSERT INTO approvals (tenant, {COLUMNS})
              VALUES ((SELECT tenant FROM steps WHERE id = $2), $1, $2, $3, $4, $5, $6, $7, $8,
@@ -593,6 +617,21 @@ impl Store {
                 let mut head: Option<crate::audit::ChainHead> = None;
                 // The append lock before any row lock (see `store::group`): no lock cycles.
                 crate::store::audit_append::hold_head!(&mut *tx, $lock, &mut head, &chain);
+                if let Some(key) = &key {
+                    let active: i64 = sqlx::query_scalar(
+                        "SELECT COUNT(*) FROM passkeys WHERE credential_id = $1
+                         AND revoked_at IS NULL
+                         AND tenant = (SELECT tenant FROM steps WHERE id = $2)",
+                    )
+                    .bind(key)
+                    .bind(&approval.step_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    if active == 0 {
+                        tx.rollback().await?;
+                        return Ok(Recorded::KeyEnded);
+                    }
+                }
                 let earlier: Vec<Approval> = sqlx::query_as(&earlier_sql)
                     .bind(&approval.step_id)
                     .fetch_all(&mut *tx)
@@ -605,7 +644,8 @@ impl Store {
                     // a new decision; its record stays in the audit.
                     let lapsed = mine.decision == Verdict::Approved.as_str()
                         && (mine.expires_at <= approval.decided_at
-                            || mine.inputs_hash != approval.inputs_hash);
+                            || mine.inputs_hash != approval.inputs_hash
+                            || (signed_only && mine.signature.is_none()));
                     if !lapsed {
                         tx.rollback().await?;
                         return Ok(Recorded::AlreadyDecided);
@@ -636,6 +676,7 @@ impl Store {
                         a.decision == "approved"
                             && a.inputs_hash == approval.inputs_hash
                             && a.expires_at > approval.decided_at
+                            && (!signed_only || a.signature.is_some())
                     })
                     .count();
                 let t = transition(approvals);

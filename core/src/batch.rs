@@ -29,7 +29,7 @@ use uuid::Uuid;
 use crate::approvals::{DecideError, Decider, GateRules, Verdict};
 use crate::audit::{AuditEvent, NewAuditRecord};
 use crate::model::StepStatus;
-use crate::signing::verified::VerifiedSignature;
+use crate::signing::verified::{SignatureRefusal, VerifiedSignature};
 use crate::store::{Step, Store, StoreError};
 
 /// The most steps one batch may list.
@@ -161,6 +161,41 @@ impl BatchOutcome {
     }
 }
 
+impl BatchGrant {
+    /// Everything about the grant itself but its reason: a tool, 1..=[`MAX_BATCH_STEPS`]
+    /// distinct steps, a positive count, an ordered window, an expiry after `now`.
+    ///
+    /// # Errors
+    /// The first bound it breaks (nothing is written for such a grant).
+    pub fn check_bounds(&self, now: i64) -> Result<(), BatchError> {
+        if self.tool.trim().is_empty() {
+            return Err(BatchError::NoTool);
+        }
+        if self.step_ids.is_empty() {
+            return Err(BatchError::Empty);
+        }
+        if self.step_ids.len() > MAX_BATCH_STEPS {
+            return Err(BatchError::TooMany);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for id in &self.step_ids {
+            if !seen.insert(id.as_str()) {
+                return Err(BatchError::Duplicate(id.clone()));
+            }
+        }
+        if self.max_count == 0 {
+            return Err(BatchError::ZeroCount);
+        }
+        if self.proposed_from > self.proposed_to {
+            return Err(BatchError::InvertedWindow);
+        }
+        if now >= self.expires_at {
+            return Err(BatchError::Expired);
+        }
+        Ok(())
+    }
+}
+
 /// A stable code for a per-step refusal.
 pub fn decide_code(e: &DecideError) -> &'static str {
     match e {
@@ -201,30 +236,7 @@ impl Store {
         if grant.reason.trim().is_empty() {
             return Err(BatchError::NoReason);
         }
-        if grant.tool.trim().is_empty() {
-            return Err(BatchError::NoTool);
-        }
-        if grant.step_ids.is_empty() {
-            return Err(BatchError::Empty);
-        }
-        if grant.step_ids.len() > MAX_BATCH_STEPS {
-            return Err(BatchError::TooMany);
-        }
-        let mut seen = std::collections::HashSet::new();
-        for id in &grant.step_ids {
-            if !seen.insert(id.as_str()) {
-                return Err(BatchError::Duplicate(id.clone()));
-            }
-        }
-        if grant.max_count == 0 {
-            return Err(BatchError::ZeroCount);
-        }
-        if grant.proposed_from > grant.proposed_to {
-            return Err(BatchError::InvertedWindow);
-        }
-        if self.clock.now_ms() >= grant.expires_at {
-            return Err(BatchError::Expired);
-        }
+        grant.check_bounds(self.clock.now_ms())?;
         let batch_id = Uuid::new_v4().to_string();
         let approver = &decider.approver;
         let mut detail = serde_json::Map::new();
@@ -335,6 +347,18 @@ impl Store {
                 })
             }
             Err(DecideError::Store(e)) => Err(e),
+            // A signer who already signed this step: the second signature is someone else's
+            // (audited, as on the single-step path).
+            Err(DecideError::AlreadyDecided) if rules.signature_required && signature.is_some() => {
+                let refusal = SignatureRefusal::SameSigner;
+                self.refuse_signature(&step, &decider.approver, refusal, &grant.reason)
+                    .await?;
+                let e = DecideError::Signature(refusal);
+                Ok(StepResult::Decide {
+                    code: decide_code(&e),
+                    message: e.to_string(),
+                })
+            }
             Err(e) => Ok(StepResult::Decide {
                 code: decide_code(&e),
                 message: e.to_string(),

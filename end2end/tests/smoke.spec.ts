@@ -68,6 +68,7 @@ test('every page is reachable from the navigation and says when it is empty', as
     ['Audit', 'Audit', /The audit trail is for auditors/],
     ['Metrics', 'Gate metrics', /Gate metrics is for managers/],
     ['Admin', 'Admin', /This page is for admins/],
+    ['Passkeys', 'Passkeys', /Your passkeys/],
   ];
   await page.goto('/');
   await expect(page.getByTestId('hydration-status')).toHaveText('Interactive', { timeout: 15_000 });

@@ -53,7 +53,10 @@ export async function mcp(baseURL: string, token: string, session: string | unde
     headers['mcp-protocol-version'] = '2025-06-18';
   }
   const body = id === null ? { jsonrpc: '2.0', method, params } : { jsonrpc: '2.0', id, method, params };
-  const resp = await fetch(`${baseURL}/mcp`, { method: 'POST', headers, body: JSON.stringify(body) });
+  // Node may resolve localhost to ::1 first, and the server listens on 127.0.0.1: an agent's
+  // bearer-token call needs no browser origin.
+  const url = `${baseURL.replace('//localhost:', '//127.0.0.1:')}/mcp`;
+  const resp = await fetch(url, { method: 'POST', headers, body: JSON.stringify(body) });
   const newSession = resp.headers.get('mcp-session-id') ?? session;
   if (id === null) {
     expect(resp.status).toBe(202);

@@ -25,6 +25,7 @@ const targets: Target[] = [
   { name: 'home', who: ana, path: '/' },
   { name: 'inbox', who: ana, path: '/inbox' },
   { name: 'escalations', who: ana, path: '/escalations' },
+  { name: 'passkeys', who: ana, path: '/passkeys' },
 ];
 
 test.describe.configure({ mode: 'serial' });

@@ -52,9 +52,19 @@
     return data;
   }
 
+  // Browsers refuse WebAuthn on an IP address: behind a loopback server, passkeys work on
+  // http://localhost on the same port.
+  function sameSite(rpId) {
+    if (rpId && location.hostname !== rpId) {
+      const there = `${location.protocol}//${rpId}${location.port ? `:${location.port}` : ""}`;
+      throw new Error(`passkeys work on ${there}: open this page there`);
+    }
+  }
+
   async function register(form) {
     status(form, "Asking your device to create a passkey…");
     const o = await postJson("/api/passkeys/options", {});
+    sameSite(o.rp && o.rp.id);
     const credential = await navigator.credentials.create({
       publicKey: {
         challenge: b64u.decode(o.challenge),
@@ -85,6 +95,7 @@
   }
 
   async function signWith(form, c) {
+    sameSite(c.rp_id);
     if (!c.allow_credentials || c.allow_credentials.length === 0) {
       throw new Error("you have no passkey yet: add one on the Passkeys page");
     }
@@ -109,14 +120,22 @@
 
   // The inbox's batch: one signature over the ticked gates' ordered (step, inputs hash)
   // pairs, when their tool requires one.
+  // Returns whether it signed; a batch the server issues no challenge for (nothing ticked,
+  // several tools, a tool that needs no signature) goes unsigned, and the server says why.
   async function batch(form) {
     const steps = new FormData(form).getAll("step");
-    if (steps.length === 0) return;
-    const c = await postJson("/inbox/batch/challenge", { steps });
-    if (!c.signature) return;
+    if (steps.length === 0) return false;
+    let c;
+    try {
+      c = await postJson("/inbox/batch/challenge", { steps });
+    } catch (_) {
+      return false;
+    }
+    if (!c.signature) return false;
     status(form, `Asking your passkey to sign ${steps.length} approval(s) at once…`);
     await signWith(form, c);
     set(form, "batch_expires_at", String(c.expires_at));
+    return true;
   }
 
   document.addEventListener(
@@ -124,26 +143,38 @@
     async (event) => {
       const form = event.target;
       if (!(form instanceof HTMLFormElement) || !form.dataset.passkey) return;
+      // The resubmission below: let it go (synchronously inside requestSubmit).
       if (form.dataset.signed === "1") return;
       const submitter = event.submitter;
       const kind = form.dataset.passkey;
       // Only an approval is signed; a rejection goes as it is.
       if ((kind === "approve" || kind === "batch") && !(submitter && submitter.value === "approved")) return;
       event.preventDefault();
+      // One ceremony at a time (a double click must not start a second one).
+      if (form.dataset.busy === "1") return;
       if (!window.PublicKeyCredential) {
         status(form, "This browser cannot use passkeys.");
         return;
       }
+      form.dataset.busy = "1";
       try {
+        let signed = true;
         if (kind === "register") await register(form);
         else if (kind === "approve") await approve(form);
-        else if (kind === "batch") await batch(form);
+        else if (kind === "batch") signed = await batch(form);
         else return;
+        status(form, signed ? "Signed. Sending…" : "Sending…");
         form.dataset.signed = "1";
-        status(form, "Signed. Sending…");
-        form.requestSubmit(submitter || undefined);
+        try {
+          form.requestSubmit(submitter || undefined);
+        } finally {
+          // A page restored later (back/forward) signs again: its nonce is spent.
+          delete form.dataset.signed;
+        }
       } catch (e) {
         status(form, `Not sent: ${e && e.message ? e.message : e}`);
+      } finally {
+        delete form.dataset.busy;
       }
     },
     true,

@@ -92,10 +92,11 @@ pub enum AuditCommand {
     },
     /// Print the public key that verifies this server's checkpoints (hex).
     PublicKey,
-    /// Check every passkey-signed approval: re-derive its challenge from the record (what
-    /// was signed, verdict, approver, expiry, nonce) and verify its signature with the public
-    /// key recorded at the passkey's registration; exit 1 naming the first record that fails.
-    /// With --from-export, an export file (`audit export`) offline, needing nothing else.
+    /// Check every passkey-signed approval: verify the chain(s) as `verify` does, then
+    /// re-derive each signed record's challenge from the record (what was signed, verdict,
+    /// approver, expiry, nonce) and verify its signature with the public key recorded at the
+    /// passkey's registration; exit 1 naming the first record that fails. With --from-export,
+    /// an export file (`audit export`) offline, needing nothing else.
     VerifySignatures {
         /// A JSON-lines export to check instead of the database.
         #[arg(long = "from-export", value_name = "FILE")]
@@ -154,7 +155,12 @@ pub async fn run_command(
         AuditCommand::VerifySignatures {
             from_export: Some(file),
             ..
-        } => signatures_in_file(&file),
+        } => {
+            // The records are only as good as their chain: verify it first (as `verify --file`).
+            let trusted = trusted_keys(config, &[])?;
+            verify_file(&file, false, &read_checkpoints(&[])?, &trusted)?;
+            signatures_in_file(&file)
+        }
         command => {
             let store = crate::connect_and_migrate(config, clock)
                 .await
@@ -175,6 +181,15 @@ async fn with_store(
         AuditCommand::PublicKey => Ok(()),
         AuditCommand::VerifySignatures { tenant, .. } => {
             let only = tenant.as_deref().map(chain_named).transpose()?;
+            // The records are only as good as their chain: verify it first (as `verify`).
+            let trusted = trusted_keys(config, &[])?;
+            if let Err(f) = store
+                .verify_audit_full(&trusted, &[], &[], only.as_deref())
+                .await
+                .map_err(db)?
+            {
+                return Err(refused(f.to_string()));
+            }
             let report = store
                 .verify_stored_signatures(only.as_deref())
                 .await

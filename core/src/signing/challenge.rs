@@ -13,7 +13,7 @@
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::canonical::CanonicalJson;
+use crate::canonical::{CanonicalError, CanonicalJson};
 
 /// What one signature decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +96,11 @@ pub struct ChallengeParts<'a> {
 }
 
 /// The 32 bytes a WebAuthn assertion for `parts` must sign as its challenge.
-pub fn challenge(parts: &ChallengeParts<'_>) -> [u8; 32] {
+///
+/// # Errors
+/// The parts have no canonical form (an expiry beyond ±(2^53−1), which JSON numbers cannot
+/// carry exactly): there is no challenge, and callers refuse (never a constant stand-in).
+pub fn challenge(parts: &ChallengeParts<'_>) -> Result<[u8; 32], CanonicalError> {
     let value = json!({
         "v": 1,
         "signed": parts.signed.to_json(),
@@ -105,12 +109,8 @@ pub fn challenge(parts: &ChallengeParts<'_>) -> [u8; 32] {
         "approval_expires_at": parts.approval_expires_at,
         "nonce": parts.nonce,
     });
-    // Strings and integers only: canonicalisation cannot fail; an empty text would still
-    // give a challenge no assertion was made for.
-    let text = CanonicalJson::from_value(&value)
-        .map(CanonicalJson::into_string)
-        .unwrap_or_default();
-    Sha256::digest(text.as_bytes()).into()
+    let text = CanonicalJson::from_value(&value)?.into_string();
+    Ok(Sha256::digest(text.as_bytes()).into())
 }
 
 #[cfg(test)]
@@ -134,8 +134,8 @@ mod tests {
             approval_expires_at: 1_000,
             nonce: "n1",
         };
-        let c0 = challenge(&base);
-        assert_eq!(c0, challenge(&base.clone()), "deterministic");
+        let c0 = challenge(&base).unwrap();
+        assert_eq!(c0, challenge(&base.clone()).unwrap(), "deterministic");
         let other_inputs = Signed::Step {
             step_id: "s1".into(),
             inputs_hash: "sha256:ab".into(),
@@ -171,7 +171,7 @@ mod tests {
             },
         ];
         for v in &variants {
-            assert_ne!(challenge(v), c0, "{v:?}");
+            assert_ne!(challenge(v).unwrap(), c0, "{v:?}");
         }
     }
 
@@ -192,11 +192,27 @@ mod tests {
             approval_expires_at: 5,
             nonce: "n",
         };
-        assert_ne!(challenge(&parts(&ab)), challenge(&parts(&ba)));
+        assert_ne!(
+            challenge(&parts(&ab)).unwrap(),
+            challenge(&parts(&ba)).unwrap()
+        );
         assert!(ab.covers("s2", "sha256:bb"));
         assert!(!ab.covers("s2", "sha256:aa"));
         assert_eq!(Signed::from_json(&ab.to_json()), Some(ab.clone()));
         assert_eq!(Signed::from_json(&step().to_json()), Some(step()));
         assert_eq!(Signed::from_json(&json!({"batch": []})), None);
+    }
+
+    #[test]
+    fn an_expiry_json_cannot_carry_exactly_has_no_challenge() {
+        let signed = step();
+        let parts = ChallengeParts {
+            signed: &signed,
+            verdict: "approved",
+            approver: "person:i#a",
+            approval_expires_at: i64::MAX,
+            nonce: "n",
+        };
+        assert!(challenge(&parts).is_err());
     }
 }

@@ -20,7 +20,7 @@ use super::challenge::{ChallengeParts, Signed, challenge};
 use super::verified::{SignatureRefusal, VerifiedSignature};
 use super::webauthn::{Assertion, RelyingParty, b64, verify_assertion};
 use crate::approvals::{Approval, Approver, DecideError, Decider, GateRules, Verdict};
-use crate::batch::BatchGrant;
+use crate::batch::{BatchError, BatchGrant};
 use crate::secret::Secret;
 use crate::store::{NonceTaken, Store, StoreError};
 
@@ -93,7 +93,8 @@ impl Store {
             approver: &actor,
             approval_expires_at,
             nonce: &nonce,
-        });
+        })
+        .map_err(|e| StoreError::Conflict(format!("no signing challenge: {e}")))?;
         let credential_ids = self
             .passkeys_of(tenant, approver)
             .await?
@@ -136,13 +137,16 @@ impl Store {
             NonceTaken::Unknown => return Ok(Err(SignatureRefusal::UnknownNonce)),
         }
         let actor = approver.actor();
-        let expected = challenge(&ChallengeParts {
+        // No canonical form, no challenge: nothing can have signed it (fail closed).
+        let Ok(expected) = challenge(&ChallengeParts {
             signed,
             verdict: verdict.as_str(),
             approver: &actor,
             approval_expires_at,
             nonce: &submission.nonce,
-        });
+        }) else {
+            return Ok(Err(SignatureRefusal::Invalid));
+        };
         let a = &submission.assertion;
         let credential_id = b64(&a.credential_id);
         let Some(key) = self
@@ -158,13 +162,22 @@ impl Store {
             Ok(n) => n,
             Err(e) => return Ok(Err(SignatureRefusal::from_webauthn(&e))),
         };
-        if presented != stored
-            && !self
-                .advance_sign_count(tenant, &credential_id, key.sign_count, presented.into())
-                .await?
+        // Always a conditional write, also when the counter stays at 0: it re-checks that the
+        // key is still active, and serialises two assertions of one key.
+        if !self
+            .advance_sign_count(tenant, &credential_id, key.sign_count, presented.into())
+            .await?
         {
-            // Another assertion of this passkey (or a revocation) came first.
-            return Ok(Err(SignatureRefusal::Counter));
+            // A revocation, or another assertion of this passkey, came first.
+            let revoked = self
+                .active_passkey(tenant, approver, &credential_id)
+                .await?
+                .is_none();
+            return Ok(Err(if revoked {
+                SignatureRefusal::Credential
+            } else {
+                SignatureRefusal::Counter
+            }));
         }
         let mut record = Map::new();
         record.insert("signed".into(), signed.to_json());
@@ -215,14 +228,17 @@ impl Store {
                 .await?;
             Err(DecideError::Signature(refusal))
         };
-        // A step this person signed already needs someone else's signature: refused before
-        // the nonce is spent.
+        // A step this person decided already (a rejection, or a signature still standing for
+        // these inputs) needs someone else's signature: refused before the nonce is spent. An
+        // unsigned approval (from before the tool required signatures) has lapsed.
         let now = self.clock.now_ms();
         if self.approvals_for_step(step_id).await?.iter().any(|a| {
             a.approver_iss == decider.approver.iss
                 && a.approver_sub == decider.approver.sub
-                && !(a.decision == Verdict::Approved.as_str()
-                    && (a.expires_at <= now || a.inputs_hash != step.inputs_hash))
+                && (a.decision != Verdict::Approved.as_str()
+                    || (a.expires_at > now
+                        && a.inputs_hash == step.inputs_hash
+                        && a.signature.is_some()))
         }) {
             return refuse(SignatureRefusal::SameSigner).await;
         }
@@ -244,8 +260,7 @@ impl Store {
             verdict,
             approval_expires_at,
         };
-        let verified = match self.verify_signature(rp, &expected, submission).await?
-        {
+        let verified = match self.verify_signature(rp, &expected, submission).await? {
             Ok(v) => v,
             Err(refusal) => return refuse(refusal).await,
         };
@@ -280,43 +295,64 @@ impl Store {
         .await
     }
 
-    /// What a batch over `grant` signs: its listed steps of the grant's tenant, in list
-    /// order, each with its inputs hash as it is now (steps that do not exist there are left
-    /// out; they are refused individually anyway).
-    pub async fn batch_signed(&self, grant: &BatchGrant) -> Result<Signed, StoreError> {
+    /// What a batch over `grant` signs for `decider`: its listed steps of the grant's tenant
+    /// that `decider` may approve (`rules_for` names approver roles they hold), in list order,
+    /// each with its inputs hash as it is now. Other steps are left out (they are refused
+    /// individually anyway, and nothing about them is told). The grant's bounds are checked
+    /// first (size, duplicates, window, expiry).
+    pub async fn batch_signed(
+        &self,
+        grant: &BatchGrant,
+        decider: &Decider,
+        rules_for: &impl Fn(&crate::store::Step) -> Option<GateRules>,
+    ) -> Result<Signed, BatchError> {
+        grant.check_bounds(self.clock.now_ms())?;
         let mut pairs = Vec::with_capacity(grant.step_ids.len());
         for id in &grant.step_ids {
             let step = match self.get_step(id).await {
                 Ok(s) => s,
                 Err(StoreError::NotFound) => continue,
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
-            if self.get_run(&step.run_id).await?.tenant == grant.tenant {
+            let approves = rules_for(&step).is_some_and(|r| {
+                r.approver_roles
+                    .iter()
+                    .any(|role| decider.roles.iter().any(|have| have == role))
+            });
+            if approves && self.get_run(&step.run_id).await?.tenant == grant.tenant {
                 pairs.push((step.id, step.inputs_hash));
             }
         }
         Ok(Signed::Batch(pairs))
     }
 
-    /// Checks `submission` as `approver`'s one signature over `grant` (as its steps are
-    /// now, [`Store::batch_signed`]); a refusal is audited on the tenant's chain with its
-    /// rule before it is returned.
+    /// Checks `submission` as `decider`'s one signature over `grant` (as its steps are now,
+    /// [`Store::batch_signed`]); a refusal (no relying party included) is audited on the
+    /// tenant's chain with its rule before it is returned. A grant out of bounds is refused
+    /// whole, as [`Store::approve_batch`] refuses it.
     pub async fn verify_batch_signature(
         &self,
-        rp: &RelyingParty,
+        rp: Option<&RelyingParty>,
         grant: &BatchGrant,
-        approver: &Approver,
+        decider: &Decider,
+        rules_for: &impl Fn(&crate::store::Step) -> Option<GateRules>,
         submission: &Submission,
-    ) -> Result<Result<VerifiedSignature, SignatureRefusal>, StoreError> {
-        let signed = self.batch_signed(grant).await?;
-        let expected = Expected {
-            tenant: &grant.tenant,
-            approver,
-            signed: &signed,
-            verdict: Verdict::Approved,
-            approval_expires_at: grant.expires_at,
+    ) -> Result<Result<VerifiedSignature, SignatureRefusal>, BatchError> {
+        let signed = self.batch_signed(grant, decider, rules_for).await?;
+        let approver = &decider.approver;
+        let verdict = match rp {
+            None => Err(SignatureRefusal::NoRelyingParty),
+            Some(rp) => {
+                let expected = Expected {
+                    tenant: &grant.tenant,
+                    approver,
+                    signed: &signed,
+                    verdict: Verdict::Approved,
+                    approval_expires_at: grant.expires_at,
+                };
+                self.verify_signature(rp, &expected, submission).await?
+            }
         };
-        let verdict = self.verify_signature(rp, &expected, submission).await?;
         if let Err(refusal) = &verdict {
             let mut detail = Map::new();
             detail.insert("signed".into(), signed.to_json());

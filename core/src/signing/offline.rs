@@ -2,14 +2,16 @@
 //! records read in chain order): no database, no registry, no server key.
 //!
 //! Invariants:
-//! * Everything is read from the hashed record text (`record`), never from the unhashed
-//!   columns beside it.
+//! * Everything is read from the hashed record text (`record`: its chain, seq, event, rule,
+//!   actor and detail), never from the unhashed columns beside it. That text is only as good
+//!   as the chain it sits in: callers verify the chain first (`audit verify-signatures` does).
 //! * A signature counts only against a key whose registration record (`passkey.registered`,
 //!   carrying the COSE key and the RP id) comes earlier in the same chain, names the same
 //!   person as the approval's actor, and was not removed or revoked before it.
 //! * The challenge is re-derived from the record (what was signed, verdict, actor, expiry,
 //!   nonce) and must equal the one the client data carries; the step and inputs hash the
-//!   record names must be (in) what was signed; the RP id hash, user presence and user
+//!   record names must be (in) what was signed; the client data's type, origin (the one the
+//!   key was registered on, never cross-origin), the RP id hash, user presence and user
 //!   verification flags, and the ES256 signature are checked as at decision time.
 //! * The first record that fails is named (chain and seq); nothing after it is trusted.
 
@@ -49,6 +51,7 @@ struct KeyRecord {
     owner: String,
     cose_key: Vec<u8>,
     rp_id: String,
+    origin: String,
     ended: bool,
 }
 
@@ -57,35 +60,43 @@ pub fn verify_signatures(records: &[AuditRecord]) -> Result<SignatureReport, Sig
     let mut keys: HashMap<(String, String), KeyRecord> = HashMap::new();
     let mut report = SignatureReport::default();
     for r in records {
-        let fail = |why: String| SignatureFailure {
+        let body: Value = serde_json::from_str(&r.record).map_err(|e| SignatureFailure {
             chain: r.chain.clone(),
             seq: r.seq,
+            why: format!("unreadable: {e}"),
+        })?;
+        let text = |k: &str| body.get(k).and_then(Value::as_str).unwrap_or_default();
+        // The chain and position the hash covers, not the columns beside it.
+        let chain = text("chain").to_string();
+        let seq = body.get("seq").and_then(Value::as_i64).unwrap_or(r.seq);
+        let fail = |why: String| SignatureFailure {
+            chain: chain.clone(),
+            seq,
             why,
         };
-        let body: Value =
-            serde_json::from_str(&r.record).map_err(|e| fail(format!("unreadable: {e}")))?;
-        let text = |k: &str| body.get(k).and_then(Value::as_str).unwrap_or_default();
         let detail = body.get("detail").cloned().unwrap_or(Value::Null);
         let dtext = |k: &str| detail.get(k).and_then(Value::as_str).unwrap_or_default();
+        let operational = text("event") == "operational";
         match text("rule") {
-            PASSKEY_REGISTERED_RULE => {
+            PASSKEY_REGISTERED_RULE if operational => {
                 let cose_key = unb64(dtext("cose_key"), "cose key")
                     .map_err(|e| fail(format!("passkey registration: {e}")))?;
                 verifying_key(&cose_key).map_err(|e| fail(format!("passkey registration: {e}")))?;
                 keys.insert(
-                    (r.chain.clone(), dtext("credential_id").to_string()),
+                    (chain.clone(), dtext("credential_id").to_string()),
                     KeyRecord {
                         owner: format!("person:{}#{}", dtext("iss"), dtext("sub")),
                         cose_key,
                         rp_id: dtext("rp_id").to_string(),
+                        origin: dtext("origin").to_string(),
                         ended: false,
                     },
                 );
                 report.registrations += 1;
                 continue;
             }
-            PASSKEY_REMOVED_RULE | PASSKEY_REVOKED_RULE => {
-                if let Some(k) = keys.get_mut(&(r.chain.clone(), dtext("credential_id").into())) {
+            PASSKEY_REMOVED_RULE | PASSKEY_REVOKED_RULE if operational => {
+                if let Some(k) = keys.get_mut(&(chain.clone(), dtext("credential_id").into())) {
                     k.ended = true;
                 }
                 continue;
@@ -98,7 +109,7 @@ pub fn verify_signatures(records: &[AuditRecord]) -> Result<SignatureReport, Sig
         if !matches!(text("event"), "approved" | "rejected") {
             continue;
         }
-        check_one(&body, sig, &r.chain, &keys).map_err(fail)?;
+        check_one(&body, sig, &chain, &keys).map_err(fail)?;
         report.signatures += 1;
     }
     Ok(report)
@@ -146,7 +157,8 @@ fn check_one(
         approver: actor,
         approval_expires_at: expires,
         nonce: field("nonce")?,
-    });
+    })
+    .map_err(|e| format!("no challenge can be derived: {e}"))?;
     let b = |k: &str| unb64(field(k)?, "signature field").map_err(|e| format!("{k}: {e}"));
     let assertion = Assertion {
         credential_id: b("credential_id")?,
@@ -163,6 +175,8 @@ fn check_one(
     if cd.get("type").and_then(Value::as_str) != Some("webauthn.get") {
         return Err("client data is not an assertion".into());
     }
+    let origin = cd.get("origin").and_then(Value::as_str).unwrap_or_default();
+    let cross = cd.get("crossOrigin") == Some(&Value::Bool(true));
     let key = keys
         .get(&(chain.to_string(), field("credential_id")?.to_string()))
         .ok_or_else(|| {
@@ -176,6 +190,12 @@ fn check_one(
     }
     if key.ended {
         return Err("passkey was removed or revoked before this signature".into());
+    }
+    if cross || origin != key.origin {
+        return Err(format!(
+            "signed on {origin}, not on {} where the passkey was registered",
+            key.origin
+        ));
     }
     let auth = &assertion.authenticator_data;
     let rp_hash: [u8; 32] = Sha256::digest(key.rp_id.as_bytes()).into();

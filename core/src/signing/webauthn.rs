@@ -255,9 +255,8 @@ pub fn verifying_key(cose_key: &[u8]) -> Result<VerifyingKey, WebauthnError> {
     if key.kty != KeyType::Assigned(iana::KeyType::EC2) {
         return Err(WebauthnError::UnsupportedKey);
     }
-    if let Some(alg) = &key.alg
-        && *alg != coset::Algorithm::Assigned(iana::Algorithm::ES256)
-    {
+    // WebAuthn credential public keys name their algorithm: only ES256.
+    if key.alg != Some(coset::Algorithm::Assigned(iana::Algorithm::ES256)) {
         return Err(WebauthnError::UnsupportedKey);
     }
     let param = |label: iana::Ec2KeyParameter| {

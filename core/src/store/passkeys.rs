@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use super::{Pool, Store, StoreError, on_pool};
 use crate::approvals::Approver;
 use crate::audit::{AuditEvent, NewAuditRecord};
-use crate::signing::webauthn::{Registered, b64};
+use crate::signing::webauthn::{Registered, RelyingParty, b64};
 use crate::store::audit_append::append_in_tx;
 
 /// The audit rule of a registration.
@@ -90,16 +90,16 @@ fn passkey_record(tenant: &str, actor: &str, rule: &str, key: &Passkey) -> NewAu
 }
 
 impl Store {
-    /// Stores `person`'s new passkey in `tenant`, audited with its public key and the RP id it
-    /// was registered for. A credential id already registered in the tenant is refused
-    /// (`Conflict`).
+    /// Stores `person`'s new passkey in `tenant`, audited with its public key and the relying
+    /// party (RP id and origin) it was registered for. A credential id already registered in
+    /// the tenant is refused (`Conflict`).
     pub async fn register_passkey(
         &self,
         tenant: &str,
         person: &Approver,
         label: &str,
         reg: &Registered,
-        rp_id: &str,
+        rp: &RelyingParty,
     ) -> Result<Passkey, StoreError> {
         let key = Passkey {
             tenant: tenant.to_string(),
@@ -115,7 +115,8 @@ impl Store {
             revoked_by: None,
         };
         let mut new = passkey_record(tenant, &person.actor(), PASSKEY_REGISTERED_RULE, &key);
-        new.detail.insert("rp_id".into(), json!(rp_id));
+        new.detail.insert("rp_id".into(), json!(rp.id));
+        new.detail.insert("origin".into(), json!(rp.origin));
         let chain = self.chain_for(&[&new]).await?;
         let now = key.created_at;
         macro_rules! run_in {

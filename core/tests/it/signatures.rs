@@ -100,7 +100,7 @@ async fn register(store: &Store, who: &Decider, key: &SoftPasskey) {
         countersign_core::signing::webauthn::read_registration(&rp(), &cd, &att, b"registration")
             .unwrap();
     store
-        .register_passkey(TENANT, &who.approver, "laptop", &reg, &rp().id)
+        .register_passkey(TENANT, &who.approver, "laptop", &reg, &rp())
         .await
         .unwrap();
 }
@@ -384,6 +384,82 @@ async fn offline_verification_names_the_record_an_edit_broke() {
         }))
         .unwrap_err();
         assert_eq!(e.seq, records[reg].seq, "{e}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_revoked_passkey_signs_nothing_and_unsigned_approvals_do_not_count() {
+    let (_, clock) = test_clock();
+    countersign_core::store::testing::each_backend(clock, |store| async move {
+        let ana = person("ana");
+        let ben = person("ben");
+        let mut key = SoftPasskey::new(6);
+        key.counting = false; // a platform passkey without a counter
+        register(&store, &ana, &key).await;
+        // Signed, then the key is revoked before the decision is made: refused, audited.
+        let step = waiting_step(&store, 700).await;
+        let sub = sign(&store, &ana, &mut key, &step).await;
+        assert!(
+            store
+                .revoke_passkey(TENANT, &b64(&key.credential_id), "person:admin", None)
+                .await
+                .unwrap()
+        );
+        let refused = decide(&store, &ana, &step, &signed_rules(1), Some(&sub)).await;
+        assert!(
+            matches!(
+                refused,
+                Err(DecideError::Signature(SignatureRefusal::Credential))
+            ),
+            "{refused:?}"
+        );
+        assert!(
+            refused_rules(&store)
+                .await
+                .contains(&"signature.credential".to_string())
+        );
+
+        // An approval written without a signature (rules that forgot it) does not count
+        // towards a signature-required gate: with two needed, Ben's unsigned one and one
+        // signature leave the gate closed.
+        let two = waiting_step(&store, 12_000).await;
+        store
+            .decide_step(
+                &two.id,
+                &ben,
+                &GateRules {
+                    signature_required: false,
+                    ..signed_rules(2)
+                },
+                Verdict::Approved,
+                "unsigned",
+            )
+            .await
+            .unwrap();
+        let mut bens = SoftPasskey::new(7);
+        register(&store, &ben, &bens).await;
+        let mut other = SoftPasskey::new(8);
+        let carl = person("carl");
+        register(&store, &carl, &other).await;
+        let sub = sign(&store, &carl, &mut other, &two).await;
+        decide(&store, &carl, &two, &signed_rules(2), Some(&sub))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get_step(&two.id).await.unwrap().status,
+            StepStatus::NeedsApproval,
+            "one signature of two"
+        );
+        // Ben's unsigned approval has lapsed: his signature replaces it and completes the set.
+        let sub = sign(&store, &ben, &mut bens, &two).await;
+        decide(&store, &ben, &two, &signed_rules(2), Some(&sub))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get_step(&two.id).await.unwrap().status,
+            StepStatus::Pending
+        );
     })
     .await;
 }

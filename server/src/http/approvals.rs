@@ -24,13 +24,12 @@ use axum::response::{IntoResponse, Response};
 use countersign_core::approvals::{DecideError, Verdict};
 use countersign_core::batch::{BatchError, BatchGrant, BatchOutcome, Outside, StepResult};
 use countersign_core::signing::decide::Submission;
-use countersign_core::signing::verified::SignatureRefusal;
 use countersign_core::store::Step;
 use countersign_core::{Person, StepStatus, StoreError, ToolName};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::signature::{SignatureBody, relying_party};
+use super::signature::{SignatureBody, relying_party, rules_under};
 use crate::AppState;
 use crate::auth::{Approver, RequireRole};
 use crate::pipeline::gate_rules;
@@ -416,36 +415,27 @@ pub async fn batch_as(
             "no registry in force".into(),
         ));
     };
-    let rules_for = |step: &Step| {
-        let tool = ToolName::parse(&step.tool)
-            .ok()
-            .and_then(|n| loaded.bundle.registry.tool(&n))?;
-        let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
-        Some(gate_rules(tool, &inputs))
-    };
+    let rules_for = rules_under(&loaded);
     let verified = match submission {
         None => None,
         Some(sub) => {
-            let Some(rp) = relying_party(state) else {
-                return Err((
-                    StatusCode::CONFLICT,
-                    SignatureRefusal::NoRelyingParty.to_string(),
-                ));
-            };
+            let rp = relying_party(state);
             match state
                 .store
-                .verify_batch_signature(&rp, grant, &person.approver(), sub)
+                .verify_batch_signature(rp.as_ref(), grant, &person.decider(), &rules_for, sub)
                 .await
             {
                 Ok(Ok(v)) => Some(v),
                 Ok(Err(refusal)) => return Err((StatusCode::FORBIDDEN, refusal.to_string())),
-                Err(e) => {
+                Err(BatchError::Store(e)) => {
                     tracing::error!(error = %e, "batch approval: signature check failed");
                     return Err((
                         StatusCode::SERVICE_UNAVAILABLE,
                         "the database did not answer".into(),
                     ));
                 }
+                Err(e @ BatchError::Expired) => return Err((StatusCode::CONFLICT, e.to_string())),
+                Err(e) => return Err((StatusCode::BAD_REQUEST, e.to_string())),
             }
         }
     };

@@ -194,7 +194,7 @@ async fn register_as(
     };
     match state
         .store
-        .register_passkey(tenant, &approver, &label, &reg, &rp.id)
+        .register_passkey(tenant, &approver, &label, &reg, &rp)
         .await
     {
         Ok(key) => Ok(key.credential_id),

@@ -5,14 +5,19 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use countersign_core::Person;
+use countersign_core::ToolName;
+use countersign_core::approvals::GateRules;
 use countersign_core::approvals::Verdict;
-use countersign_core::batch::BatchGrant;
+use countersign_core::batch::{BatchError, BatchGrant};
 use countersign_core::signing::decide::{Issued, Submission};
 use countersign_core::signing::webauthn::{Assertion, RelyingParty, b64, unb64};
+use countersign_core::store::Step;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::AppState;
+use crate::pipeline::gate_rules;
+use crate::registry::Loaded;
 
 /// How long a browser may take over a ceremony (the WebAuthn `timeout`).
 pub const CEREMONY_TIMEOUT_MS: i64 = 120_000;
@@ -30,8 +35,20 @@ pub fn issued_json(rp: &RelyingParty, issued: &Issued) -> Value {
     })
 }
 
-/// The one challenge a batch over `grant` signs (its steps' ordered (id, inputs hash) pairs
-/// as they are now, and its expiry), issued to `person`; or the answer refusing it.
+/// The gate rules of a step under the registry `loaded` (`None`: its tool is not there).
+pub fn rules_under(loaded: &Loaded) -> impl Fn(&Step) -> Option<GateRules> + '_ {
+    move |step: &Step| {
+        let tool = ToolName::parse(&step.tool)
+            .ok()
+            .and_then(|n| loaded.bundle.registry.tool(&n))?;
+        let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
+        Some(gate_rules(tool, &inputs))
+    }
+}
+
+/// The one challenge a batch over `grant` signs (the ordered (id, inputs hash) pairs of its
+/// steps that `person` may approve, as they are now, and its expiry), issued to `person`; or
+/// the answer refusing it (a grant out of bounds, no relying party, no registry).
 pub async fn issue_batch(
     state: &AppState,
     person: &Person,
@@ -55,7 +72,22 @@ pub async fn issue_batch(
             "the database did not answer",
         )
     };
-    let signed = state.store.batch_signed(grant).await.map_err(unavailable)?;
+    let Some(loaded) = state.registry.current() else {
+        return Err(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_registry",
+            "no registry in force",
+        ));
+    };
+    let signed = match state
+        .store
+        .batch_signed(grant, &person.decider(), &rules_under(&loaded))
+        .await
+    {
+        Ok(s) => s,
+        Err(BatchError::Store(e)) => return Err(unavailable(e)),
+        Err(e) => return Err(refuse(StatusCode::BAD_REQUEST, "batch", &e.to_string())),
+    };
     let issued = state
         .store
         .issue_decision_challenge(

@@ -75,7 +75,13 @@ impl Runner<'_, '_> {
             let (cd, att) = key.register(&rp, b"scenario");
             let reg = read_registration(&rp, &cd, &att, b"scenario").map_err(|e| e.to_string())?;
             store
-                .register_passkey(tenant, approver, "scenario passkey", &reg, &rp.id)
+                .register_passkey(
+                    tenant,
+                    approver,
+                    "scenario passkey (held by the scenario runner)",
+                    &reg,
+                    &rp,
+                )
                 .await
                 .map_err(|e| e.to_string())?;
         }
@@ -143,7 +149,7 @@ impl Runner<'_, '_> {
             answer(
                 post(
                     "/api/passkeys".into(),
-                    json!({"label": "scenario passkey", "nonce": nonce,
+                    json!({"label": "scenario passkey (held by the scenario runner)", "nonce": nonce,
                            "client_data_json": b64(&cd), "attestation_object": b64(&att)}),
                 )
                 .await,

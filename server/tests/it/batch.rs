@@ -247,11 +247,12 @@ async fn batch_refuses_each_step_outside_its_bounds_and_those_keep_waiting() {
         }
         assert_eq!(payments(&app).await, 1);
 
-        // Ana cannot be the second approver of the big payment through another batch…
+        // Ana cannot be the second approver of the big payment through another batch: the
+        // second signature must be someone else's (audited).
         let (_, again) = post_batch(&app, &ana, "ana", &body(&[&big], 5, now + 3_600_000)).await;
         assert_eq!(
             result_for(&again, &big)["reason"],
-            "already_decided",
+            "signature.same_signer",
             "{again}"
         );
         // …Pat can, and a step refused by the first batch can still get its own approval.

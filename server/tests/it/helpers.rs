@@ -297,7 +297,7 @@ async fn assert_as(
             let (cd, att) = key.register(&rp, b"test");
             let reg = read_registration(&rp, &cd, &att, b"test").unwrap();
             app.store
-                .register_passkey(tenant, approver, "test passkey", &reg, &rp.id)
+                .register_passkey(tenant, approver, "test passkey", &reg, &rp)
                 .await
                 .unwrap();
             key

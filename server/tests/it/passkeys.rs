@@ -330,22 +330,7 @@ async fn a_signed_payment_runs_once_and_its_signature_verifies_from_the_trail_an
             .find(|r| signed_record(r))
             .map(|r| r["seq"].as_i64().unwrap())
             .unwrap();
-        let edited: String = text
-            .lines()
-            .map(|l| {
-                let mut r: Value = match serde_json::from_str(l) {
-                    Ok(r) => r,
-                    Err(_) => return format!("{l}\n"),
-                };
-                if signed_record(&r) {
-                    let mut body: Value =
-                        serde_json::from_str(r["record"].as_str().unwrap()).unwrap();
-                    body["detail"]["inputs_hash"] = json!(format!("sha256:{}", "1".repeat(64)));
-                    r["record"] = json!(body.to_string());
-                }
-                format!("{r}\n")
-            })
-            .collect();
+        let edited = edited_text(&text, &signed_record);
         let bad = dir.join("bad.jsonl");
         std::fs::write(&bad, edited).unwrap();
         let out = countersign_on(&url)
@@ -354,9 +339,74 @@ async fn a_signed_payment_runs_once_and_its_signature_verifies_from_the_trail_an
             .unwrap();
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(&format!("record acme#{approved_seq}")), "{err}");
+        // The edit breaks the record's hash: the chain check, run first, names it.
+        assert!(
+            err.contains(&format!("chain acme broken at record {approved_seq}")),
+            "{err}"
+        );
+        // Someone who can rewrite the whole chain re-seals it after the edit (no checkpoint
+        // pins it here): the chain verifies, the signature does not, and names the record.
+        let resealed = dir.join("resealed.jsonl");
+        std::fs::write(&resealed, reseal(&edited_text(&text, &signed_record))).unwrap();
+        let out = countersign_on(&url)
+            .args(["audit", "verify", "--file", resealed.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "re-sealed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = countersign_on(&url)
+            .args(["audit", "verify-signatures", "--from-export", resealed.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("record acme#{approved_seq}:")), "{err}");
+        assert!(err.contains("not what the signature signs"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
         app
     })
     .await;
+}
+
+/// `text` (an export) with the inputs hash of each record `pick` selects changed.
+fn edited_text(text: &str, pick: &impl Fn(&Value) -> bool) -> String {
+    text.lines()
+        .map(|l| {
+            let mut r: Value = match serde_json::from_str(l) {
+                Ok(r) => r,
+                Err(_) => return format!("{l}\n"),
+            };
+            if pick(&r) {
+                let mut body: Value = serde_json::from_str(r["record"].as_str().unwrap()).unwrap();
+                body["detail"]["inputs_hash"] = json!(format!("sha256:{}", "1".repeat(64)));
+                r["record"] = json!(countersign_core::canonical::canonicalize(&body).unwrap());
+            }
+            format!("{r}\n")
+        })
+        .collect()
+}
+
+/// An export's records re-sealed from the first one whose hash no longer matches: each
+/// record's hash recomputed and the next one's `prev` relinked, as a writer of the whole
+/// database could.
+fn reseal(text: &str) -> String {
+    let mut prev: Option<String> = None;
+    text.lines()
+        .map(|l| {
+            let mut r: Value = match serde_json::from_str::<Value>(l) {
+                Ok(r) if r.get("record").is_some() => r,
+                _ => return format!("{l}\n"),
+            };
+            let mut body: Value = serde_json::from_str(r["record"].as_str().unwrap()).unwrap();
+            if let Some(p) = &prev {
+                body["prev"] = json!(p);
+                r["prev"] = json!(p);
+            }
+            let record = countersign_core::canonical::canonicalize(&body).unwrap();
+            let hash = countersign_core::audit::hash_text(&record);
+            r["record"] = json!(record);
+            r["hash"] = json!(hash);
+            prev = Some(hash);
+            format!("{r}\n")
+        })
+        .collect()
 }
