@@ -16,7 +16,6 @@ use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::access::{Refused, RefusedNote};
-use crate::query::use_page_query;
 
 /// Where an escalation's actions post: `/escalations/{id}`.
 pub const ACTION_PREFIX: &str = "/escalations/";
@@ -159,19 +158,7 @@ fn kind_text(kind: &str) -> &'static str {
 #[component]
 pub fn EscalationsPage() -> impl IntoView {
     let rows = Resource::new(|| (), |_| load_escalations());
-    let query = use_page_query();
-    let message = move || {
-        if let Some(text) = query.get("error").and_then(|c| error_text(&c)) {
-            return Some(
-                view! { <p role="alert" data-testid="error" class="rounded border border-red-300 bg-red-50 p-3 font-medium text-red-900">{text}</p> }
-                    .into_any(),
-            );
-        }
-        query.get("done").and_then(|c| notice_text(&c)).map(|text| {
-            view! { <p role="status" data-testid="notice" class="rounded border border-emerald-300 bg-emerald-50 p-3 text-emerald-900">{text}</p> }
-                .into_any()
-        })
-    };
+    let message = crate::query::coded_message(error_text, notice_text);
     view! {
         <section class="space-y-4">
             <h1 class="text-2xl font-semibold">"Escalations"</h1>

@@ -16,7 +16,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::access::{Refused, RefusedNote};
 use crate::inbox::SignatureNeeds;
-use crate::query::use_page_query;
 
 /// One passkey as the page shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,19 +135,7 @@ pub const STEP_UP_HREF: &str = "/auth/login?fresh=1&next=/passkeys";
 #[component]
 pub fn PasskeysPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| load_passkeys());
-    let query = use_page_query();
-    let message = move || {
-        if let Some(text) = query.get("error").and_then(|c| error_text(&c)) {
-            return Some(
-                view! { <p role="alert" data-testid="error" class="rounded border border-red-300 bg-red-50 p-3 font-medium text-red-900">{text}</p> }
-                    .into_any(),
-            );
-        }
-        query.get("done").and_then(|c| notice_text(&c)).map(|text| {
-            view! { <p role="status" data-testid="notice" class="rounded border border-emerald-300 bg-emerald-50 p-3 text-emerald-900">{text}</p> }
-                .into_any()
-        })
-    };
+    let message = crate::query::coded_message(error_text, notice_text);
     view! {
         <section class="space-y-4">
             <h1 class="text-2xl font-semibold">"Passkeys"</h1>

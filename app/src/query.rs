@@ -92,3 +92,26 @@ mod tests {
         assert_eq!(query.get("error"), None);
     }
 }
+
+/// The message a page shows after one of its forms: the fixed text `error` gives for
+/// `?error=` (an alert) or else the one `done` gives for `?done=` (a status). Only texts
+/// from those tables are shown, never the query's own words.
+pub fn coded_message(
+    error: fn(&str) -> Option<&'static str>,
+    done: fn(&str) -> Option<&'static str>,
+) -> impl Fn() -> Option<leptos::prelude::AnyView> + Clone + Send + 'static {
+    use leptos::prelude::*;
+    let query = use_page_query();
+    move || {
+        if let Some(text) = query.get("error").and_then(|c| error(&c)) {
+            return Some(
+                view! { <p role="alert" data-testid="error" class="rounded border border-red-300 bg-red-50 p-3 font-medium text-red-900">{text}</p> }
+                    .into_any(),
+            );
+        }
+        query.get("done").and_then(|c| done(&c)).map(|text| {
+            view! { <p role="status" data-testid="notice" class="rounded border border-emerald-300 bg-emerald-50 p-3 text-emerald-900">{text}</p> }
+                .into_any()
+        })
+    }
+}

@@ -154,13 +154,13 @@ async fn escalations_an_unknown_the_target_cannot_tell_is_settled_by_two_people(
         let ana = app.demo_client("ana").await;
         // Signed with her passkey, as the inbox's page signs it (payment.schedule requires it).
         let signature = crate::helpers::http_signature(&app, &ana, "ana", &step_id).await;
-        let mut form = vec![
-            ("verdict".to_string(), "approved".to_string()),
-            ("reason".to_string(), "Matches PO-77812 line 2".to_string()),
-        ];
-        for (k, v) in signature.as_object().into_iter().flatten() {
-            form.push((k.clone(), v.as_str().unwrap_or_default().to_string()));
-        }
+        let form = crate::helpers::with_signature(
+            &[
+                ("verdict", "approved"),
+                ("reason", "Matches PO-77812 line 2"),
+            ],
+            &signature,
+        );
         let resp = ana
             .post(app.url(&format!("/inbox/{step_id}/decision")))
             .header("origin", format!("http://{}", app.addr))

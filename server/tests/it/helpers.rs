@@ -368,7 +368,7 @@ pub async fn http_signature(
     user: &str,
     step_id: &str,
 ) -> serde_json::Value {
-    use countersign_core::signing::webauthn::{b64, unb64};
+    use countersign_core::signing::webauthn::unb64;
     let issued: serde_json::Value = client
         .post(app.url(&format!("/api/steps/{step_id}/challenge")))
         .header("origin", format!("http://{}", app.addr))
@@ -390,13 +390,7 @@ pub async fn http_signature(
         sub: user.into(),
     };
     let a = assert_as(app, &approver, &tenant, &unb64(challenge, "c").unwrap()).await;
-    serde_json::json!({
-        "nonce": issued["nonce"],
-        "credential_id": b64(&a.credential_id),
-        "authenticator_data": b64(&a.authenticator_data),
-        "client_data_json": b64(&a.client_data_json),
-        "signature": b64(&a.signature),
-    })
+    signature_json(&issued["nonce"], &a)
 }
 
 /// The `signature` a browser sends with demo person `user`'s batch approval `body` (the
@@ -408,7 +402,7 @@ pub async fn http_batch_signature(
     user: &str,
     body: &serde_json::Value,
 ) -> serde_json::Value {
-    use countersign_core::signing::webauthn::{b64, unb64};
+    use countersign_core::signing::webauthn::unb64;
     let resp = client
         .post(app.url("/api/gates/batch/challenge"))
         .header("origin", format!("http://{}", app.addr))
@@ -426,13 +420,7 @@ pub async fn http_batch_signature(
     };
     let challenge = unb64(issued["challenge"].as_str().unwrap(), "c").unwrap();
     let a = assert_as(app, &approver, "acme", &challenge).await;
-    serde_json::json!({
-        "nonce": issued["nonce"],
-        "credential_id": b64(&a.credential_id),
-        "authenticator_data": b64(&a.authenticator_data),
-        "client_data_json": b64(&a.client_data_json),
-        "signature": b64(&a.signature),
-    })
+    signature_json(&issued["nonce"], &a)
 }
 
 /// The hidden fields the inbox's page adds to an "Approve ticked" form of `steps` for demo
@@ -477,4 +465,34 @@ pub async fn inbox_batch_signature(
         ("signature".into(), b64(&a.signature)),
         ("batch_expires_at".into(), issued["expires_at"].to_string()),
     ]
+}
+
+/// The `signature` JSON a browser sends: the nonce it was issued and the assertion.
+fn signature_json(
+    nonce: &serde_json::Value,
+    a: &countersign_core::signing::webauthn::Assertion,
+) -> serde_json::Value {
+    use countersign_core::signing::webauthn::b64;
+    serde_json::json!({
+        "nonce": nonce,
+        "credential_id": b64(&a.credential_id),
+        "authenticator_data": b64(&a.authenticator_data),
+        "client_data_json": b64(&a.client_data_json),
+        "signature": b64(&a.signature),
+    })
+}
+
+/// An HTML form's `fields` with a signature's members added, as the page's script adds them.
+pub fn with_signature(
+    fields: &[(&str, &str)],
+    signature: &serde_json::Value,
+) -> Vec<(String, String)> {
+    let mut form: Vec<(String, String)> = fields
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect();
+    for (k, v) in signature.as_object().into_iter().flatten() {
+        form.push((k.clone(), v.as_str().unwrap_or_default().to_string()));
+    }
+    form
 }

@@ -260,13 +260,13 @@ async fn inbox_form_refuses_cross_origin_missing_reasons_and_stale_sign_ins_then
         let shown = page(&ana, &app, &location(&unsigned)).await;
         assert!(shown.contains("passkey"), "{shown}");
         let signature = crate::helpers::http_signature(&app, &ana, "ana", &step).await;
-        let mut form = vec![
-            ("verdict".to_string(), "approved".to_string()),
-            ("reason".to_string(), "three-way match checked".to_string()),
-        ];
-        for (k, v) in signature.as_object().into_iter().flatten() {
-            form.push((k.clone(), v.as_str().unwrap_or_default().to_string()));
-        }
+        let form = crate::helpers::with_signature(
+            &[
+                ("verdict", "approved"),
+                ("reason", "three-way match checked"),
+            ],
+            &signature,
+        );
         let ok = ana
             .post(&action)
             .header("origin", &origin)

@@ -37,16 +37,15 @@ async fn gated(client: &mut Client<'_>, amount: Value) -> String {
 /// Decides `step` in the inbox form as demo person `user` (signed in on `who`); an approval is
 /// signed with their passkey (payment.schedule requires it).
 async fn decide(app: &TestApp, who: &reqwest::Client, user: &str, step: &str, verdict: &str) {
-    let mut form = vec![
-        ("verdict".to_string(), verdict.to_string()),
-        ("reason".to_string(), "three-way match checked".to_string()),
-    ];
-    if verdict == "approved" {
-        let signature = crate::helpers::http_signature(app, who, user, step).await;
-        for (k, v) in signature.as_object().into_iter().flatten() {
-            form.push((k.clone(), v.as_str().unwrap_or_default().to_string()));
-        }
-    }
+    let signature = if verdict == "approved" {
+        crate::helpers::http_signature(app, who, user, step).await
+    } else {
+        serde_json::Value::Null
+    };
+    let form = crate::helpers::with_signature(
+        &[("verdict", verdict), ("reason", "three-way match checked")],
+        &signature,
+    );
     let resp = who
         .post(app.url(&format!("/inbox/{step}/decision")))
         .header("origin", format!("http://{}", app.addr))
