@@ -25,6 +25,15 @@ pub fn ana() -> Decider {
     }
 }
 
+/// One passkey-signed approval by an `approver` (payment.schedule's, below its second
+/// approver's threshold, without its step-up).
+pub fn signed() -> GateRules {
+    GateRules {
+        signature_required: true,
+        ..one()
+    }
+}
+
 /// One approval by an `approver`, no four eyes, no step-up.
 pub fn one() -> GateRules {
     GateRules {
@@ -71,17 +80,16 @@ async fn gateway_gated_payment_waits_for_a_person_then_pays_exactly_once() {
         assert_eq!(content(&again)["status"], "needs_approval");
         assert_eq!(payments(&app).await, 0);
 
-        let (approval, token) = app
-            .store
-            .decide_step(
-                &step_id,
-                &ana(),
-                &crate::gateway::one(),
-                Verdict::Approved,
-                "matches PO-77812 line 2",
-            )
-            .await
-            .unwrap();
+        let (approval, token) = crate::helpers::decide_signed(
+            &app,
+            &step_id,
+            &ana(),
+            &crate::gateway::signed(),
+            Verdict::Approved,
+            "matches PO-77812 line 2",
+        )
+        .await
+        .unwrap();
         assert!(token.is_some());
         assert_eq!(approval.decision, "approved");
 
@@ -145,16 +153,16 @@ async fn gateway_500_concurrent_identical_payments_make_one_payment() {
         let mut client = Client::new(&app, &fin);
         client.connect().await;
         let step_id = waiting_payment(&mut client, json!(4180.00)).await;
-        app.store
-            .decide_step(
-                &step_id,
-                &ana(),
-                &crate::gateway::one(),
-                Verdict::Approved,
-                "checked against the PO",
-            )
-            .await
-            .unwrap();
+        crate::helpers::decide_signed(
+            &app,
+            &step_id,
+            &ana(),
+            &crate::gateway::signed(),
+            Verdict::Approved,
+            "checked against the PO",
+        )
+        .await
+        .unwrap();
         let run_id = app.store.get_step(&step_id).await.unwrap().run_id;
         assert_eq!(
             app.store
@@ -338,16 +346,16 @@ async fn gateway_a_changed_cent_needs_a_new_approval_and_a_mismatched_step_is_re
         let mut client = Client::new(&app, &fin);
         client.connect().await;
         let approved = waiting_payment(&mut client, json!(4180.00)).await;
-        app.store
-            .decide_step(
-                &approved,
-                &ana(),
-                &crate::gateway::one(),
-                Verdict::Approved,
-                "checked",
-            )
-            .await
-            .unwrap();
+        crate::helpers::decide_signed(
+            &app,
+            &approved,
+            &ana(),
+            &crate::gateway::signed(),
+            Verdict::Approved,
+            "checked",
+        )
+        .await
+        .unwrap();
         // One cent more is another call: a new step, back through the gate, nothing paid.
         let changed = waiting_payment(&mut client, json!(4179.99)).await;
         assert_ne!(changed, approved);
@@ -385,16 +393,15 @@ async fn gateway_expired_gates_fail_closed() {
         // Never approved: past 72 h the step expires and cannot be approved any more.
         let stale = waiting_payment(&mut client, json!(4180.00)).await;
         app.clock.advance(chrono::Duration::seconds(72 * 3600 + 1));
-        let late = app
-            .store
-            .decide_step(
-                &stale,
-                &ana(),
-                &crate::gateway::one(),
-                Verdict::Approved,
-                "late",
-            )
-            .await;
+        let late = crate::helpers::decide_signed(
+            &app,
+            &stale,
+            &ana(),
+            &crate::gateway::signed(),
+            Verdict::Approved,
+            "late",
+        )
+        .await;
         assert!(matches!(late, Err(DecideError::Expired)), "{late:?}");
         let reply = client
             .call("payment.schedule", payment(json!(4180.00)))
@@ -501,16 +508,16 @@ async fn gateway_timeout_after_the_effect_leaves_an_irreversible_step_unknown_no
         let mut client = Client::new(&app, &fin);
         client.connect().await;
         let step = waiting_payment(&mut client, json!(4180.00)).await;
-        app.store
-            .decide_step(
-                &step,
-                &ana(),
-                &crate::gateway::one(),
-                Verdict::Approved,
-                "checked",
-            )
-            .await
-            .unwrap();
+        crate::helpers::decide_signed(
+            &app,
+            &step,
+            &ana(),
+            &crate::gateway::signed(),
+            Verdict::Approved,
+            "checked",
+        )
+        .await
+        .unwrap();
         let fault = Fault {
             mode: FaultMode::TimeoutAfterEffect,
             times: 1,

@@ -317,7 +317,13 @@ pub async fn decide_signed(
     rules: &countersign_core::approvals::GateRules,
     verdict: countersign_core::approvals::Verdict,
     reason: &str,
-) -> Result<countersign_core::approvals::Approval, countersign_core::approvals::DecideError> {
+) -> Result<
+    (
+        countersign_core::approvals::Approval,
+        Option<countersign_core::Secret<String>>,
+    ),
+    countersign_core::approvals::DecideError,
+> {
     use countersign_core::approvals::Verdict;
     use countersign_core::signing::challenge::Signed;
     use countersign_core::signing::decide::Submission;
@@ -357,7 +363,6 @@ pub async fn decide_signed(
             submission.as_ref(),
         )
         .await
-        .map(|(approval, _)| approval)
 }
 
 /// The `signature` a browser sends with demo person `user`'s approval of `step_id`: the

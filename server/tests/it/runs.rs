@@ -122,16 +122,16 @@ async fn runs_a_plan_executes_in_order_and_waits_at_the_gate_for_a_person() {
             "{status}"
         );
 
-        app.store
-            .decide_step(
-                &steps[1],
-                &crate::gateway::ana(),
-                &crate::gateway::one(),
-                Verdict::Approved,
-                "matches the PO",
-            )
-            .await
-            .unwrap();
+        crate::helpers::decide_signed(
+            &app,
+            &steps[1],
+            &crate::gateway::ana(),
+            &crate::gateway::signed(),
+            Verdict::Approved,
+            "matches the PO",
+        )
+        .await
+        .unwrap();
         wait_for(&app, &steps[1], StepStatus::Done).await;
         assert_eq!(effects(&app, "payments.schedule").await, 1);
         let began = Instant::now();
@@ -1031,16 +1031,16 @@ async fn runs_a_revoked_agents_planned_steps_never_start() {
         wait_for(&app, &steps[0], StepStatus::NeedsApproval).await;
         // The planner's credential leaks and is revoked while its payment waits for a person.
         app.store.revoke_agent(&planner_id, "test").await.unwrap();
-        app.store
-            .decide_step(
-                &steps[0],
-                &crate::gateway::ana(),
-                &crate::gateway::one(),
-                Verdict::Approved,
-                "matches the PO",
-            )
-            .await
-            .unwrap();
+        crate::helpers::decide_signed(
+            &app,
+            &steps[0],
+            &crate::gateway::ana(),
+            &crate::gateway::signed(),
+            Verdict::Approved,
+            "matches the PO",
+        )
+        .await
+        .unwrap();
         wait_for(&app, &steps[0], StepStatus::Refused).await;
         let step = app.store.get_step(&steps[0]).await.unwrap();
         assert_eq!(step.rule.as_deref(), Some("agent.revoked"));
@@ -1142,16 +1142,16 @@ async fn runs_a_planned_step_meets_the_schema_in_force_when_it_runs() {
             "amount: {type: number, exclusiveMinimum: 0, maximum: 1000}",
         )
         .await;
-        app.store
-            .decide_step(
-                &steps[0],
-                &crate::gateway::ana(),
-                &crate::gateway::one(),
-                Verdict::Approved,
-                "the dispute is real",
-            )
-            .await
-            .unwrap();
+        crate::helpers::decide_signed(
+            &app,
+            &steps[0],
+            &crate::gateway::ana(),
+            &crate::gateway::signed(),
+            Verdict::Approved,
+            "the dispute is real",
+        )
+        .await
+        .unwrap();
         wait_for(&app, &steps[0], StepStatus::Refused).await;
         let step = app.store.get_step(&steps[0]).await.unwrap();
         assert_eq!(step.rule.as_deref(), Some("input.schema"));
