@@ -602,6 +602,9 @@ fn GateView(detail: GateDetail) -> impl IntoView {
     if let Some(minutes) = detail.step_up_minutes {
         conditions.push(format!("needs a sign-in within the last {minutes} minutes"));
     }
+    if detail.signature.is_some() {
+        conditions.push("each approval is a passkey signature".into());
+    }
     view! {
         <article class="space-y-6" data-testid="gate-detail">
             <header class="space-y-1">

@@ -9,15 +9,15 @@ import { addPasskey, agentToken, gatedPayment, mcp, mcpSession, payment, shot, s
 test('pat signs a payment with a passkey; it runs once and its signature verifies from the audit trail', async ({ page, baseURL }) => {
   const token = agentToken();
   const session = await mcpSession(baseURL!, token, 'e2e-passkey');
-  const args = payment('INV-20260614', 980.0, 'Pallet delivery invoice matched to PO-77815', '2026-06-30');
+  const args = payment('INV-20260617', 2460.0, 'Spindle delivery invoice matched to PO-77817', '2026-07-01');
   const step = await gatedPayment(baseURL!, token, session, 2, args);
 
   // Without a passkey the gate says so plainly and links to registration.
   // Pat approves no payment in the specs before this one: he holds no passkey yet.
   await signIn(page, /Sign in as Pat/);
   await page.goto(`/inbox/${step}`);
-  await expect(page.getByTestId('signature-needs')).toContainText('980.00 EUR');
-  await expect(page.getByTestId('signed-fields')).toContainText('INV-20260614');
+  await expect(page.getByTestId('signature-needs')).toContainText('2,460.00 EUR');
+  await expect(page.getByTestId('signed-fields')).toContainText('INV-20260617');
   await expect(page.getByTestId('signature-list')).toContainText('First signature: an approver — needed');
   await expect(page.getByTestId('no-passkey')).toContainText('you have none yet');
   // The API refuses an approval without an assertion, audited.
@@ -37,7 +37,7 @@ test('pat signs a payment with a passkey; it runs once and its signature verifie
   // Approve: the browser's passkey signs the challenge derived from this exact payment.
   await page.goto(`/inbox/${step}`);
   await expect(page.getByTestId('no-passkey')).toHaveCount(0);
-  await page.getByLabel(/Reason/).fill('Three-way match checked against PO-77815');
+  await page.getByLabel(/Reason/).fill('Three-way match checked against PO-77817');
   await page.screenshot({ path: shot('passkey-gate'), fullPage: true });
   await page.getByTestId('approve').click();
   await expect(page).toHaveURL(/\/inbox\?done=approved$/);

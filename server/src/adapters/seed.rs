@@ -133,6 +133,19 @@ pub async fn seed_erp(store: &Store) -> Result<(), countersign_core::StoreError>
         ),
         (
             "invoice",
+            "INV-20260617",
+            "acme",
+            invoice(
+                "INV-20260617",
+                "SUP-000417",
+                "PO-77817",
+                2460.00,
+                "approved",
+                "Invoice 20260617 · Spindles · 2,460.00 EUR",
+            ),
+        ),
+        (
+            "invoice",
             "INV-20269001",
             "globex",
             invoice(

@@ -231,13 +231,7 @@ pub async fn csrf(
     let mcp = path == "/mcp" || path.starts_with("/mcp/");
     // The provider calls it server to server; its signed logout token is the credential.
     let backchannel = path == logout::BACKCHANNEL_PATH;
-    // Behind a loopback public URL, `http://localhost:PORT` is the same server: the origin
-    // passkeys work on (browsers refuse WebAuthn on IP addresses).
-    let alias = state
-        .config
-        .relying_party()
-        .is_some_and(|rp| same_origin(request.headers(), &rp.origin));
-    if safe || mcp || backchannel || alias || same_origin(request.headers(), &state.auth.origin) {
+    if safe || mcp || backchannel || own_origin(&state, request.headers()) {
         return next.run(request).await;
     }
     page(
@@ -247,6 +241,18 @@ pub async fn csrf(
          or names another site), so it was not carried out.",
         state.auth.demo(),
     )
+}
+
+/// Whether a request's `Origin` (or, without it, `Referer`) is this server's: `public_url`'s
+/// origin or, behind a loopback public URL, `http://localhost` on its port — the same server,
+/// and the origin passkeys work on (browsers refuse WebAuthn on IP addresses). The CSRF layer
+/// and every handler that repeats the check ask this.
+pub fn own_origin(state: &AppState, headers: &HeaderMap) -> bool {
+    same_origin(headers, &state.auth.origin)
+        || state
+            .config
+            .relying_party()
+            .is_some_and(|rp| same_origin(headers, &rp.origin))
 }
 
 /// Whether `Origin` (or, without it, `Referer`) names exactly `origin`.

@@ -39,7 +39,6 @@ use countersign_core::{AppRole, Gate, Person, Store, StoreError};
 
 use crate::AppState;
 use crate::auth::pages::page;
-use crate::auth::same_origin;
 use crate::preview::{Preview, PreviewError};
 use crate::stop::EMERGENCY_STOP;
 
@@ -497,8 +496,7 @@ pub(crate) fn coded_redirect(page: &str, done: Option<&str>, error: Option<&str>
 /// The explicit origin check every endpoint here repeats (the CSRF layer runs first); the
 /// metrics page's forms (`views::drafts`) use it too.
 pub(crate) fn cross_origin(state: &AppState, headers: &HeaderMap) -> Option<Response> {
-    let origin = state.config.public_url.origin().ascii_serialization();
-    (!same_origin(headers, &origin)).then(|| {
+    (!crate::auth::own_origin(state, headers)).then(|| {
         page(
             StatusCode::FORBIDDEN,
             "Cross-origin request refused",
