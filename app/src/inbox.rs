@@ -392,6 +392,11 @@ pub fn error_text(code: &str) -> Option<&'static str> {
             "A batch decides gates of one tool: tick gates of a single tool. Nothing was decided."
         }
         "batch_refused" => "The batch was refused as a whole. Nothing was decided.",
+        "batch_signature" => {
+            "Your passkey's signature over the batch did not verify (it was used already, \
+             expired, or the gates changed). Nothing was decided; the attempt was recorded. \
+             Approve again."
+        }
         "unavailable" => "The database did not answer. Nothing was decided; try again.",
         _ => return None,
     })

@@ -38,6 +38,12 @@
 //! * A decision is stored in the same transaction as the step's audited transition, under the
 //!   audit chain's append lock ([`Store::record_decision`]): no approval row exists without its
 //!   record, and concurrent decisions on one step each count every earlier one.
+//! * A tool that requires signatures ([`GateRules::signature_required`]) is approved only with a
+//!   [`VerifiedSignature`] that covers this step, its inputs, the verdict, the approver and
+//!   the approval's expiry (`signature.missing` / `signature.challenge` otherwise, audited);
+//!   only signed approvals count towards its gate, here and at execution; an unsigned approval
+//!   of the same person has lapsed; and the signing passkey must still be active when the
+//!   decision is written, under the append lock a revocation takes too.
 //! * The token is shown once to the caller; only its SHA-256 is stored.
 
 use serde::Serialize;

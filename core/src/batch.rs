@@ -83,6 +83,9 @@ pub enum BatchError {
     /// No tool named.
     #[error("a tool is required")]
     NoTool,
+    /// An expiry no date can carry (beyond what a signature's challenge can bind).
+    #[error("the batch's expiry is too far in the future")]
+    TooFar,
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -191,6 +194,9 @@ impl BatchGrant {
         }
         if now >= self.expires_at {
             return Err(BatchError::Expired);
+        }
+        if self.expires_at > crate::signing::challenge::MAX_INSTANT {
+            return Err(BatchError::TooFar);
         }
         Ok(())
     }

@@ -120,17 +120,27 @@
 
   // The inbox's batch: one signature over the ticked gates' ordered (step, inputs hash)
   // pairs, when their tool requires one.
-  // Returns whether it signed; a batch the server issues no challenge for (nothing ticked,
-  // several tools, a tool that needs no signature) goes unsigned, and the server says why.
+  const SIGNED_FIELDS = [
+    "nonce", "credential_id", "authenticator_data", "client_data_json", "signature",
+    "batch_expires_at",
+  ];
+
+  // Returns whether it signed. A batch the server refuses a challenge for (nothing ticked,
+  // several tools) or whose tool needs no signature goes unsigned, with no stale fields, and
+  // the server says why; a server or network failure stops it.
   async function batch(form) {
+    for (const name of SIGNED_FIELDS) set(form, name, "");
     const steps = new FormData(form).getAll("step");
     if (steps.length === 0) return false;
-    let c;
-    try {
-      c = await postJson("/inbox/batch/challenge", { steps });
-    } catch (_) {
-      return false;
-    }
+    const resp = await fetch("/inbox/batch/challenge", {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "content-type": "application/json", accept: "application/json" },
+      body: JSON.stringify({ steps }),
+    });
+    if (resp.status >= 500) throw new Error(`the server answered ${resp.status}`);
+    if (!resp.ok) return false;
+    const c = await resp.json();
     if (!c.signature) return false;
     status(form, `Asking your passkey to sign ${steps.length} approval(s) at once…`);
     await signWith(form, c);
@@ -157,6 +167,7 @@
         return;
       }
       form.dataset.busy = "1";
+      let sent = false;
       try {
         let signed = true;
         if (kind === "register") await register(form);
@@ -167,6 +178,7 @@
         form.dataset.signed = "1";
         try {
           form.requestSubmit(submitter || undefined);
+          sent = true;
         } finally {
           // A page restored later (back/forward) signs again: its nonce is spent.
           delete form.dataset.signed;
@@ -174,9 +186,19 @@
       } catch (e) {
         status(form, `Not sent: ${e && e.message ? e.message : e}`);
       } finally {
-        delete form.dataset.busy;
+        // Busy until the page leaves (no second ceremony meanwhile); see `pageshow` below.
+        if (!sent) delete form.dataset.busy;
       }
     },
     true,
   );
+
+  // A page shown again from the back/forward cache starts afresh.
+  window.addEventListener("pageshow", (event) => {
+    if (!event.persisted) return;
+    for (const form of document.querySelectorAll("form[data-passkey]")) {
+      delete form.dataset.busy;
+      delete form.dataset.signed;
+    }
+  });
 })();

@@ -104,6 +104,12 @@ pub enum AuditCommand {
         /// Only this tenant's chain.
         #[arg(long, conflicts_with = "from_export")]
         tenant: Option<String>,
+        /// An exported checkpoint the chains must still extend (as for `verify`). Repeatable.
+        #[arg(long = "from-checkpoint", value_name = "FILE")]
+        from_checkpoint: Vec<PathBuf>,
+        /// A trusted checkpoint public key (as for `verify`). Repeatable.
+        #[arg(long = "public-key", value_name = "KEY")]
+        public_key: Vec<String>,
     },
 }
 
@@ -154,11 +160,13 @@ pub async fn run_command(
         }
         AuditCommand::VerifySignatures {
             from_export: Some(file),
+            from_checkpoint,
+            public_key,
             ..
         } => {
             // The records are only as good as their chain: verify it first (as `verify --file`).
-            let trusted = trusted_keys(config, &[])?;
-            verify_file(&file, false, &read_checkpoints(&[])?, &trusted)?;
+            let trusted = trusted_keys(config, &public_key)?;
+            verify_file(&file, false, &read_checkpoints(&from_checkpoint)?, &trusted)?;
             signatures_in_file(&file)
         }
         command => {
@@ -179,12 +187,18 @@ async fn with_store(
 ) -> Result<(), AuditCliError> {
     match command {
         AuditCommand::PublicKey => Ok(()),
-        AuditCommand::VerifySignatures { tenant, .. } => {
+        AuditCommand::VerifySignatures {
+            tenant,
+            from_checkpoint,
+            public_key,
+            ..
+        } => {
             let only = tenant.as_deref().map(chain_named).transpose()?;
             // The records are only as good as their chain: verify it first (as `verify`).
-            let trusted = trusted_keys(config, &[])?;
+            let trusted = trusted_keys(config, &public_key)?;
+            let external = read_checkpoints(&from_checkpoint)?;
             if let Err(f) = store
-                .verify_audit_full(&trusted, &[], &[], only.as_deref())
+                .verify_audit_full(&trusted, &external.legacy, &external.notes, only.as_deref())
                 .await
                 .map_err(db)?
             {

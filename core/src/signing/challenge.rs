@@ -80,6 +80,10 @@ impl Signed {
     }
 }
 
+/// The latest instant (Unix ms) a challenge can bind: the largest integer JSON numbers carry
+/// exactly (2^53 − 1), far beyond any real expiry.
+pub const MAX_INSTANT: i64 = (1 << 53) - 1;
+
 /// Everything the challenge binds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChallengeParts<'a> {

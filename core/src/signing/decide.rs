@@ -163,7 +163,7 @@ impl Store {
             Err(e) => return Ok(Err(SignatureRefusal::from_webauthn(&e))),
         };
         // Always a conditional write, also when the counter stays at 0: it re-checks that the
-        // key is still active, and serialises two assertions of one key.
+        // key is still active (the nonce, not this, is what stops a replay).
         if !self
             .advance_sign_count(tenant, &credential_id, key.sign_count, presented.into())
             .await?
@@ -338,6 +338,10 @@ impl Store {
         rules_for: &impl Fn(&crate::store::Step) -> Option<GateRules>,
         submission: &Submission,
     ) -> Result<Result<VerifiedSignature, SignatureRefusal>, BatchError> {
+        // Refused as the unsigned path refuses it, before any nonce is spent.
+        if grant.reason.trim().is_empty() {
+            return Err(BatchError::NoReason);
+        }
         let signed = self.batch_signed(grant, decider, rules_for).await?;
         let approver = &decider.approver;
         let verdict = match rp {

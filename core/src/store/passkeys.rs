@@ -18,7 +18,7 @@ use super::{Pool, Store, StoreError, on_pool};
 use crate::approvals::Approver;
 use crate::audit::{AuditEvent, NewAuditRecord};
 use crate::signing::webauthn::{Registered, RelyingParty, b64};
-use crate::store::audit_append::append_in_tx;
+use crate::store::audit_append::{InsertRecords, hold_head, seal_next};
 
 /// The audit rule of a registration.
 pub const PASSKEY_REGISTERED_RULE: &str = "passkey.registered";
@@ -122,6 +122,9 @@ impl Store {
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
+                // The append lock before any row lock (see `store::group`).
+                let mut head: Option<crate::audit::ChainHead> = None;
+                let head = hold_head!(&mut *tx, $lock, &mut head, &chain);
                 let n = sqlx::query(&format!(
                     "INSERT INTO passkeys ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
                      NULL, NULL, NULL) ON CONFLICT (tenant, credential_id) DO NOTHING"
@@ -143,7 +146,8 @@ impl Store {
                         "this passkey is registered already".into(),
                     ));
                 }
-                let _ = append_in_tx!(&mut *tx, $lock, &chain, &new, AuditEvent::Operational, now);
+                let sealed = seal_next!(head, &new, AuditEvent::Operational, now);
+                InsertRecords::insert_records(&mut *tx, std::slice::from_ref(&sealed)).await?;
                 tx.commit().await?;
             }};
         }
@@ -217,7 +221,6 @@ impl Store {
         actor: &str,
         owner: Option<&Approver>,
     ) -> Result<bool, StoreError> {
-        let now = self.clock.now_ms();
         let Some(key) = self
             .passkeys_of_tenant_by_id(tenant, credential_id)
             .await?
@@ -236,6 +239,11 @@ impl Store {
         macro_rules! run_in {
             ($pool:expr, $begin:expr, $lock:expr) => {{
                 let mut tx = $pool.begin_with($begin).await?;
+                // The append lock before the row (see `store::group`): a decision signed with
+                // this key, which checks it under the same lock, lands wholly before or after.
+                let mut head: Option<crate::audit::ChainHead> = None;
+                let head = hold_head!(&mut *tx, $lock, &mut head, &chain);
+                let now = self.clock.now_ms();
                 let n = sqlx::query(
                     "UPDATE passkeys SET revoked_at = $3, revoked_by = $4
                      WHERE tenant = $1 AND credential_id = $2 AND revoked_at IS NULL",
@@ -248,8 +256,8 @@ impl Store {
                 .await?
                 .rows_affected();
                 if n == 1 {
-                    let _ =
-                        append_in_tx!(&mut *tx, $lock, &chain, &new, AuditEvent::Operational, now);
+                    let sealed = seal_next!(head, &new, AuditEvent::Operational, now);
+                    InsertRecords::insert_records(&mut *tx, std::slice::from_ref(&sealed)).await?;
                     tx.commit().await?;
                 } else {
                     tx.rollback().await?;

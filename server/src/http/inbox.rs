@@ -163,7 +163,12 @@ impl InboxBackend {
             .approvals_for_step(&step.id)
             .await?
             .iter()
-            .filter(|a| a.decision == "approved" && a.inputs_hash == step.inputs_hash)
+            .filter(|a| {
+                a.decision == "approved"
+                    && a.inputs_hash == step.inputs_hash
+                    && a.expires_at > now
+                    && (!rules.signature_required || a.signature.is_some())
+            })
             .count();
         let evidence = serde_json::from_str::<Vec<Value>>(&step.evidence)
             .unwrap_or_default()

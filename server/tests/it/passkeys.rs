@@ -283,6 +283,20 @@ async fn a_signed_payment_runs_once_and_its_signature_verifies_from_the_trail_an
         assert_ne!(unsigned["result"]["structuredContent"]["status"], "scheduled", "{unsigned}");
         assert!(app.store.demo_effects(ERP, "payments.schedule").await.unwrap().is_empty());
 
+        // A batch expiring beyond what a challenge can bind gets no challenge (never a
+        // constant one): refused as a malformed batch.
+        let now = app.store.clock().now_ms();
+        let (status, answer) = post_json(
+            &app,
+            &ana,
+            "/api/gates/batch/challenge",
+            json!({"tool": "payment.schedule", "step_ids": [step], "max_count": 1,
+                   "proposed_from": 0, "proposed_to": now, "expires_at": 1_i64 << 60,
+                   "reason": "June run"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+
         let signature = http_signature(&app, &ana, "ana", &step).await;
         let (status, answer) = post_json(
             &app,

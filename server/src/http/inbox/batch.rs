@@ -222,6 +222,8 @@ async fn approve(
     let outcome = match batch_as(state, person, &grant, submission.as_ref()).await {
         Ok(o) => o,
         Err((StatusCode::SERVICE_UNAVAILABLE, _)) => return Err("unavailable"),
+        // The one signature over the batch was refused (recorded with its rule).
+        Err((StatusCode::FORBIDDEN, _)) => return Err("batch_signature"),
         Err(_) => return Err("batch_refused"),
     };
     let mut lines = Vec::with_capacity(outcome.results.len());

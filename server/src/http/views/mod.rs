@@ -572,7 +572,8 @@ impl Views {
         let chain = self.chain_status(tenant, full).await?;
         // With the whole chain, every passkey signature in it: the same check as
         // `countersign audit verify-signatures`.
-        let signatures = if full && !matches!(chain, ChainStatus::Busy) {
+        // Only over a chain that verified: a broken one's records prove nothing.
+        let signatures = if full && matches!(chain, ChainStatus::Intact { .. }) {
             let name = chain_of_tenant(Some(tenant))?;
             Some(
                 self.0
