@@ -379,6 +379,7 @@ fn setting_label(key: &str) -> &'static str {
         "four_eyes" => "Four eyes (two distinct approvers)",
         "second_approval_above" => "Second approver above amount (empty: never)",
         "reversal_cost" => "Reversal cost in approvals (gate advisor; empty: unset)",
+        "signature" => "Passkey signature on each approval (required / none)",
         _ => "Setting",
     }
 }

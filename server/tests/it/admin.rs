@@ -761,6 +761,7 @@ async fn admin_tool_settings_change_only_after_a_second_admin_and_refuse_everyon
             ("invoice.hold", ("gate", "sometimes"), "invalid"),
             ("invoice.hold", ("effect", "harmless"), "invalid"),
             ("invoice.hold", ("expires", "soon"), "invalid"),
+            ("invoice.hold", ("signature", "maybe"), "invalid"),
             ("invoice.hold", ("gate", "policy"), "no_change"),
             ("no.such_tool", ("gate", "always"), "not_found"),
             // note.draft has no approval settings: gating it cannot load.

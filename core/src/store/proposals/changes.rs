@@ -75,11 +75,13 @@ pub enum ToolSetting {
     SecondApprovalAbove,
     /// What undoing a wrong call costs, in approvals (empty: unset); read by the gate advisor.
     ReversalCost,
+    /// `required` or `none`: each approval is a passkey signature over the exact inputs.
+    Signature,
 }
 
 impl ToolSetting {
     /// Every setting, in the order forms show them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Effect,
         Self::Gate,
         Self::Expires,
@@ -87,6 +89,7 @@ impl ToolSetting {
         Self::FourEyes,
         Self::SecondApprovalAbove,
         Self::ReversalCost,
+        Self::Signature,
     ];
 
     /// The registry key (under `approval:` for approval settings) and the form field name.
@@ -99,6 +102,7 @@ impl ToolSetting {
             Self::FourEyes => "four_eyes",
             Self::SecondApprovalAbove => "second_approval_above",
             Self::ReversalCost => "reversal_cost",
+            Self::Signature => "signature",
         }
     }
 
@@ -110,7 +114,8 @@ impl ToolSetting {
             | Self::StepUpMaxAge
             | Self::FourEyes
             | Self::SecondApprovalAbove
-            | Self::ReversalCost => true,
+            | Self::ReversalCost
+            | Self::Signature => true,
         }
     }
 
@@ -142,6 +147,16 @@ impl ToolSetting {
                 .and_then(|a| a.reversal_cost.as_ref())
                 .map(ToString::to_string)
                 .unwrap_or_default(),
+            Self::Signature => approval
+                .map(|a| {
+                    if a.signature_required {
+                        "required"
+                    } else {
+                        "none"
+                    }
+                })
+                .unwrap_or_default()
+                .to_string(),
         }
     }
 
@@ -174,6 +189,11 @@ impl ToolSetting {
             Self::FourEyes => match to {
                 "true" => Y::Bool(true),
                 "false" => Y::Bool(false),
+                _ => return Err(bad()),
+            },
+            Self::Signature => match to {
+                "required" => Y::String(to.into()),
+                "none" | "" => return Ok(None),
                 _ => return Err(bad()),
             },
             Self::SecondApprovalAbove | Self::ReversalCost => {
@@ -479,4 +499,24 @@ fn bundle_sources(
     }
     Bundle::load(sources.clone()).map_err(|e| e.one_line())?;
     Ok(sources)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ToolSetting;
+
+    #[test]
+    fn a_signature_setting_is_required_or_removed_and_nothing_else() {
+        let s = ToolSetting::Signature;
+        assert_eq!(s.key(), "signature");
+        assert!(s.in_approval());
+        assert_eq!(
+            s.yaml("required"),
+            Ok(Some(serde_norway::Value::String("required".into())))
+        );
+        assert_eq!(s.yaml("none"), Ok(None));
+        assert_eq!(s.yaml(""), Ok(None));
+        assert!(s.yaml("maybe").is_err());
+        assert!(ToolSetting::ALL.contains(&s));
+    }
 }
