@@ -26,13 +26,16 @@ pub struct SoftPasskey {
 }
 
 impl SoftPasskey {
-    /// A passkey whose key and id derive from `seed` (distinct seeds, distinct keys).
+    /// A passkey whose key and id derive from `seed` (distinct seeds, distinct keys): for
+    /// tests only (its private key is public knowledge).
+    #[cfg(any(test, feature = "test-support"))]
+    #[allow(clippy::expect_used)]
     pub fn new(seed: u8) -> Self {
         let mut scalar = [0x11u8; 32];
         scalar[31] = seed.max(1);
         scalar[0] = 0x42;
         // A fixed non-zero scalar below the group order: always a valid key.
-        let key = SigningKey::from_slice(&scalar).unwrap_or_else(|_| unreachable!());
+        let key = SigningKey::from_slice(&scalar).expect("a valid scalar");
         Self {
             key,
             credential_id: vec![seed, 0xC0, 0xDE, seed],
@@ -63,11 +66,12 @@ impl SoftPasskey {
         }
     }
 
-    /// The COSE public key (what registration stores).
+    /// The COSE public key (what registration stores; empty if it cannot be encoded, which
+    /// registration then refuses as malformed).
     pub fn cose_key(&self) -> Vec<u8> {
         let point = self.key.verifying_key().to_sec1_point(false);
         let (Some(x), Some(y)) = (point.x(), point.y()) else {
-            unreachable!("an uncompressed point has both coordinates")
+            return Vec::new();
         };
         CoseKeyBuilder::new_ec2_pub_key(iana::EllipticCurve::P_256, x.to_vec(), y.to_vec())
             .algorithm(iana::Algorithm::ES256)
