@@ -457,7 +457,12 @@ impl Store {
             }
         };
         let recorded = crate::store::steps::retry_collisions("deciding a step", || {
-            self.record_decision(&approval, &transition, signed_only)
+            self.record_decision(
+                &approval,
+                &transition,
+                signed_only,
+                signature.and_then(VerifiedSignature::credential_id),
+            )
         })
         .await?;
         match recorded {
@@ -588,19 +593,16 @@ impl Store {
     /// no approval row exists without its audited transition.
     /// With `signed_only` (the tool requires signatures) only signed approvals count, an
     /// unsigned one of this person has lapsed, and the signing passkey must still be active
-    /// under the append lock (a revocation takes it too: its record and this one are in order).
+    /// under the append lock (a revocation takes it too: its record and this one are in order):
+    /// `key` is the signature's credential id, `None` for an unsigned decision.
     async fn record_decision(
         &self,
         approval: &Approval,
         transition: &impl Fn(usize) -> Transition,
         signed_only: bool,
+        key: Option<&str>,
     ) -> Result<Recorded, StoreError> {
         let now = self.clock.now_ms();
-        let key = approval
-            .signature
-            .as_deref()
-            .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
-            .and_then(|v| v["credential_id"].as_str().map(str::to_string));
         let insert = format!(
             "INSERT INTO approvals (tenant, {COLUMNS})
              VALUES ((SELECT tenant FROM steps WHERE id = $2), $1, $2, $3, $4, $5, $6, $7, $8,
@@ -623,7 +625,7 @@ impl Store {
                 let mut head: Option<crate::audit::ChainHead> = None;
                 // The append lock before any row lock (see `store::group`): no lock cycles.
                 crate::store::audit_append::hold_head!(&mut *tx, $lock, &mut head, &chain);
-                if let Some(key) = &key {
+                if let Some(key) = key {
                     let active: i64 = sqlx::query_scalar(
                         "SELECT COUNT(*) FROM passkeys WHERE credential_id = $1
                          AND revoked_at IS NULL

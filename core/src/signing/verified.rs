@@ -116,4 +116,9 @@ impl VerifiedSignature {
     pub fn record(&self) -> &Map<String, Value> {
         &self.record
     }
+
+    /// The signing passkey's credential id (base64url).
+    pub fn credential_id(&self) -> Option<&str> {
+        self.record.get("credential_id").and_then(Value::as_str)
+    }
 }

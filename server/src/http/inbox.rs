@@ -158,18 +158,21 @@ impl InboxBackend {
         let now = state.store.clock().now_ms();
         let inputs: Value = serde_json::from_str(&step.inputs).unwrap_or(Value::Null);
         let rules = gate_rules(tool, &inputs);
-        let given = state
+        // The approvals the gate counts, as it counts them (signed ones only where the tool
+        // requires signatures), read once for the count and the signature list.
+        let counted: Vec<_> = state
             .store
             .approvals_for_step(&step.id)
             .await?
-            .iter()
+            .into_iter()
             .filter(|a| {
                 a.decision == "approved"
                     && a.inputs_hash == step.inputs_hash
                     && a.expires_at > now
                     && (!rules.signature_required || a.signature.is_some())
             })
-            .count();
+            .collect();
+        let given = counted.len();
         let evidence = serde_json::from_str::<Vec<Value>>(&step.evidence)
             .unwrap_or_default()
             .into_iter()
@@ -178,9 +181,11 @@ impl InboxBackend {
                 other => other.to_string(),
             })
             .collect();
-        let signature =
-            signing::signature_needs(state, person, &step, tool, &rules, &inputs).await?;
         let names = Names::load(&state.store, person.tenant.as_deref().unwrap_or_default()).await?;
+        let signature = signing::signature_needs(
+            state, person, &step, tool, &rules, &inputs, &counted, &names,
+        )
+        .await?;
         let history = state
             .store
             .audit_for_step(&step.run_id, &step.id, HISTORY_LIMIT)

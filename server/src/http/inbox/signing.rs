@@ -2,6 +2,7 @@
 //! which signatures the gate has and still needs.
 
 use countersign_app::inbox::SignatureNeeds;
+use countersign_core::approvals::Approval;
 use countersign_core::{Person, StoreError};
 use serde_json::Value;
 
@@ -10,8 +11,9 @@ use crate::AppState;
 
 /// What a gate of a signature-requiring tool shows `person`: the fields its signature binds
 /// (from the canonical inputs, redacted fields masked), the signatures it has for these
-/// inputs and the ones it still needs, and whether `person` holds a passkey. `None` for a
-/// tool that requires no signature.
+/// inputs (`counted`: the approvals the gate counts, signed ones only) and the ones it still
+/// needs, and whether `person` holds a passkey. `None` for a tool that requires no signature.
+#[allow(clippy::too_many_arguments)]
 pub async fn signature_needs(
     state: &AppState,
     person: &Person,
@@ -19,24 +21,15 @@ pub async fn signature_needs(
     tool: &countersign_core::registry::Tool,
     rules: &countersign_core::approvals::GateRules,
     inputs: &Value,
+    counted: &[Approval],
+    names: &Names,
 ) -> Result<Option<SignatureNeeds>, StoreError> {
     if !rules.signature_required {
         return Ok(None);
     }
     let tenant = person.tenant.clone().unwrap_or_default();
-    let names = Names::load(&state.store, &tenant).await?;
-    let now = state.store.clock().now_ms();
-    let signed: Vec<String> = state
-        .store
-        .approvals_for_step(&step.id)
-        .await?
-        .into_iter()
-        .filter(|a| {
-            a.decision == "approved"
-                && a.inputs_hash == step.inputs_hash
-                && a.expires_at > now
-                && a.signature.is_some()
-        })
+    let signed: Vec<String> = counted
+        .iter()
         .map(|a| names.person(&format!("person:{}#{}", a.approver_iss, a.approver_sub)))
         .collect();
     let needed = usize::try_from(rules.approvals_needed.max(1)).unwrap_or(1);
