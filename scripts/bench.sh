@@ -31,9 +31,11 @@ cargo bench -p countersign --bench gateway_load >"$logs/gateway.md"
 step "executor_steps"
 cargo bench -p countersign --bench executor_steps >"$logs/executor.md"
 # The ablation run (issue 34): each write-path mechanism off, against everything on.
+# (Reads in one trip concern the gateway only: the executor's steps are written before they run.)
 ablations="one_trip"
-step "ablation: gateway ($ablations off in turn)"
-BENCH_ABLATE="$ablations" cargo bench -p countersign --bench gateway_load >"$logs/ablate.md"
+gateway_ablations="one_trip;one_trip_reads"
+step "ablation: gateway ($gateway_ablations off in turn)"
+BENCH_ABLATE="$gateway_ablations" cargo bench -p countersign --bench gateway_load >"$logs/ablate.md"
 step "ablation: executor"
 {
   echo "Executor at 4 workers (${BENCH_STEPS:-2000} no-op steps a round, ${BENCH_ROUNDS:-3} alternating rounds each"
@@ -112,7 +114,7 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo "Reproduce: \`cargo bench -p countersign --bench executor_steps\` (\`BENCH_STEPS\`, \`BENCH_STEP_TOOL\`, \`BENCH_ROUNDS\`)."
   echo
   cat "$logs/ablate.md"
-  echo "Reproduce: \`BENCH_ABLATE='one_trip' cargo bench -p countersign --bench gateway_load\`;"
+  echo "Reproduce: \`BENCH_ABLATE='one_trip;one_trip_reads' cargo bench -p countersign --bench gateway_load\`;"
   echo "\`BENCH_PAIRED_ONLY=1 BENCH_STORE_ABLATE=one_trip cargo bench -p countersign --bench executor_steps\`."
   echo
   cat "$logs/chains.md"

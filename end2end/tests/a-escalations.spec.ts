@@ -51,7 +51,9 @@ steps:
           reason: Hold the damaged bearings' share
           evidence: [INV-20260611]
     save: {failing: /run_id}
-  - wait: {run: "\${failing}", status: failed}
+  # The hold fails (retried with backoff), then the note's undo (retried likewise) before the
+  # run ends failed: ~15 s on a quiet machine, more on a busy one.
+  - wait: {run: "\${failing}", status: failed, timeout_ms: 90000}
 expect: {}
 `;
 
@@ -76,14 +78,22 @@ async function escalation(page: Page, kind: string) {
 }
 
 test('set-up: a payment whose outcome nobody can tell, and a failed run whose undo failed', async ({ baseURL }) => {
-  test.setTimeout(60_000);
+  test.setTimeout(150_000);
   const dir = mkdtempSync(join(tmpdir(), 'countersign-e2e-esc-'));
   const file = join(dir, 'escalations.yaml');
   writeFileSync(file, SCENARIO);
-  execFileSync(e2eBinary, ['scenario', 'run', file, '--url', baseURL!], {
-    env: { ...process.env, ...e2eEnv },
-    encoding: 'utf8',
-  });
+  const began = Date.now();
+  try {
+    const out = execFileSync(e2eBinary, ['scenario', 'run', file, '--url', baseURL!], {
+      env: { ...process.env, ...e2eEnv },
+      encoding: 'utf8',
+    });
+    console.log(`scenario played in ${Date.now() - began} ms\n${out}`);
+  } catch (e) {
+    // The runner names each failed check on stdout; the error's message carries only stderr.
+    const stdout = (e as { stdout?: string }).stdout ?? '';
+    throw new Error(`${(e as Error).message}\n${stdout}`);
+  }
 });
 
 test('two clerks settle the unknown payment with the ERP reference', async ({ browser, baseURL }) => {

@@ -13,11 +13,14 @@ pub struct Ablations {
     /// Never write a batch as one statement (`countersign_commit_batch`): the
     /// multi-statement batch only.
     pub no_one_trip: bool,
+    /// Never write a read (its step row with its outcome) in the one-trip batch: a batch
+    /// holding one takes the multi-statement path.
+    pub no_one_trip_reads: bool,
 }
 
 impl Ablations {
     /// The names [`Ablations::parse`] accepts.
-    pub const NAMES: [&'static str; 1] = ["one_trip"];
+    pub const NAMES: [&'static str; 2] = ["one_trip", "one_trip_reads"];
 
     /// A comma-separated list of [`Ablations::NAMES`] (empty: none); an unknown name is an
     /// error naming it.
@@ -26,6 +29,7 @@ impl Ablations {
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
                 "one_trip" => out.no_one_trip = true,
+                "one_trip_reads" => out.no_one_trip_reads = true,
                 other => {
                     return Err(format!(
                         "unknown mechanism {other:?} (expected some of {})",

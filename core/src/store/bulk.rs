@@ -107,7 +107,8 @@ fn guard_columns<'a>(ts: impl Iterator<Item = &'a Transition>) -> (Column, Colum
 }
 
 /// The read steps' rows of `inserts`, written already moved, as the JSON array
-/// `countersign_insert_moved` (migration 18) takes: one object a row, in job order (`ord`).
+/// `countersign_insert_moved` (migration 18) takes, on either batch path: one object a row,
+/// in job order (`ord`).
 fn reads_json(inserts: &[(&Transition, &Step)]) -> String {
     let rows: Vec<serde_json::Value> = inserts
         .iter()
@@ -258,13 +259,14 @@ async fn update_moved(
     bind_moves!(q, &moves).fetch_all(&mut *tx).await
 }
 
-/// Whether [`commit_one_trip`] can write `jobs`: transitions of distinct steps already
-/// written (no read written with its outcome: measured, reads in one trip did not pay,
-/// docs/performance.md) and appends.
-pub(crate) fn one_trip_applicable(jobs: &[Job]) -> bool {
+/// Whether [`commit_one_trip`] can write `jobs`: transitions of distinct steps and appends;
+/// a read written with its outcome (its own step's row, no key) only when `reads`.
+pub(crate) fn one_trip_applicable(jobs: &[Job], reads: bool) -> bool {
     let mut seen = HashSet::new();
     jobs.iter().all(|job| match &job.work {
-        Work::Transition(t) => t.insert.is_none() && seen.insert(t.step_id.as_str()),
+        Work::Transition(t) => {
+            seen.insert(t.step_id.as_str()) && (t.insert.is_none() || (reads && writes_own_row(t)))
+        }
         Work::Append(..) => true,
     })
 }
@@ -308,9 +310,10 @@ pub(crate) fn moved_head(e: &sqlx::Error, chain: &str) -> Option<crate::audit::C
     })
 }
 
-/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migrations 13
-/// and 16): under chain `chain`'s head lock, only if its head is still `last` (`(seq,
-/// hash)`, `(0, GENESIS)` for an empty chain), every one of `transitions` moves, every key they claim
+/// Writes a batch in one autocommitted statement (`countersign_commit_batch`, migrations 13,
+/// 16 and 24): under chain `chain`'s head lock, only if its head is still `last` (`(seq,
+/// hash)`, `(0, GENESIS)` for an empty chain), every one of `transitions` moves (a read's row
+/// written with its outcome is written, its guard holding), every key they claim
 /// ([`Transition::reserve`]) is reserved and `records` (sealed after `last`, in chain order)
 /// are inserted; otherwise it raises ([`is_one_trip_refusal`]) and writes nothing. Its COMMIT
 /// waits for the WAL flush: the function is asked to make sure of it, whatever the session's
@@ -323,7 +326,16 @@ pub(crate) async fn commit_one_trip(
     records: &[AuditRecord],
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    let moves = Moves::of(transitions);
+    let updates: Vec<&Transition> = transitions
+        .iter()
+        .filter(|t| t.insert.is_none())
+        .copied()
+        .collect();
+    let inserts: Vec<(&Transition, &Step)> = transitions
+        .iter()
+        .filter_map(|t| t.insert.as_deref().map(|s| (*t, s)))
+        .collect();
+    let moves = Moves::of(&updates);
     let claims: Vec<(&Transition, &super::steps::KeyClaim)> = transitions
         .iter()
         .filter_map(|t| t.reserve.as_ref().map(|k| (*t, k)))
@@ -331,7 +343,7 @@ pub(crate) async fn commit_one_trip(
     let q = sqlx::query_scalar::<_, String>(
         "SELECT countersign_commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
             $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,
-            $29, $30, $31, $32, $33, $34, $35, $36)",
+            $29, $30, $31, $32, $33, $34, $35, $36, $37::json)",
     )
     .bind(chain)
     .bind(last.0)
@@ -348,6 +360,7 @@ pub(crate) async fn commit_one_trip(
         .bind(claim(|_, k| k.owner.clone()));
     // The function answers the `synchronous_commit` it committed under: `on`, as asked.
     let _setting = crate::store::audit_append::bind_record_arrays!(q, records)
+        .bind(reads_json(&inserts))
         .fetch_one(pool)
         .await?;
     Ok(())

@@ -25,17 +25,18 @@
 //!   other processes' batches cannot deadlock.
 //! * Other processes (workers, replicas) lock the same head rows: whole batches of one chain
 //!   interleave, never parts of one.
-//! * One round trip (Postgres): a batch of transitions of distinct, already written steps and
-//!   appends is sealed on the chain head this committer last wrote or read, and written by one
-//!   autocommitted statement (`countersign_commit_batch`, migration 13) that takes the same
-//!   append lock first and writes nothing unless the chain's last record is still that head
-//!   and every transition moves. A refusal because another process moved the head names the
+//! * One round trip (Postgres): a batch of transitions of distinct steps (reads' rows written
+//!   with their outcome included) and appends is sealed on the chain head this committer last
+//!   wrote or read, and written by one autocommitted statement (`countersign_commit_batch`,
+//!   migrations 13 and 24) that takes the same append lock first and writes nothing unless the
+//!   chain's last record is still that head, every transition moves and every read's row is
+//!   written (its guard holding, its run position free). A refusal because another process moved the head names the
 //!   head it found (migration 17): the batch is sealed again on it and sent again, up to
 //!   [`ONE_TRIP_ATTEMPTS`] times in all; any other refusal (or the last) sends the batch down
 //!   the multi-statement path (which reads the head under the lock). Each attempt is checked
 //!   by the function under the head lock, so a stale head can never be extended, and the rows
-//!   written are the ones that path writes (its bulk UPDATE is the same SQL function; a lone
-//!   transition's UPDATE, `transition_sql`, writes the same columns). A one-trip statement
+//!   written are the ones that path writes (its bulk UPDATE and its reads' INSERT are the same
+//!   SQL functions; a lone transition's UPDATE, `transition_sql`, writes the same columns). A one-trip statement
 //!   whose connection broke is looked up by its last record: found, it is answered as
 //!   written; not found, its outcome is unknown (it may still be waiting for the lock or its
 //!   flush at the server) and it is never retried.
@@ -300,7 +301,7 @@ impl Store {
                 // the transaction as begun only once the whole query succeeded).
                 if let Some(mut head) = chain.head.take()
                     && !self.ablations.no_one_trip
-                    && super::bulk::one_trip_applicable(jobs)
+                    && super::bulk::one_trip_applicable(jobs, !self.ablations.no_one_trip_reads)
                 {
                     for attempt in 1..=ONE_TRIP_ATTEMPTS {
                         match self.commit_one_trip_pg(p, jobs, head).await? {
@@ -322,6 +323,15 @@ impl Store {
                             // The server refused it: nothing of it is written (one statement).
                             OneTrip::Refused(e) if super::bulk::is_one_trip_refusal(&e) => {
                                 tracing::debug!(error = %e, "one-trip batch refused; the long path");
+                                break;
+                            }
+                            // A read's step took a position another step of its run took
+                            // meanwhile: the long path numbers it again.
+                            OneTrip::Refused(e)
+                                if e.as_database_error()
+                                    .is_some_and(|d| d.is_unique_violation()) =>
+                            {
+                                tracing::debug!(error = %e, "one-trip batch met a taken position; the long path");
                                 break;
                             }
                             OneTrip::Refused(e) => {
@@ -382,7 +392,7 @@ impl Store {
     }
 
     /// Postgres: [`Store::commit_batch`] in one round trip for a batch of transitions of
-    /// distinct, written steps and appends ([`super::bulk::one_trip_applicable`]): its records
+    /// distinct steps and appends ([`super::bulk::one_trip_applicable`]): its records
     /// sealed in job order at `head` as if every transition moves, then written by
     /// `countersign_commit_batch` only if that head is still the chain's and every transition
     /// does move — the rows and the chain the multi-statement path would have written.

@@ -1332,6 +1332,75 @@ async fn a_step_is_taken_with_its_key_or_told_the_key_exists() {
     .await;
 }
 
+/// Postgres: a read written with its outcome goes in one trip once the committer knows its
+/// chain's head (migration 24), and one whose guard refuses it there (its run was cancelled)
+/// writes nothing in that trip: the multi-statement path keeps its row as prepared, with no
+/// record.
+#[tokio::test]
+async fn reads_go_in_one_trip_and_a_refused_one_is_kept_prepared() {
+    use countersign_core::model::StepStatus;
+    use countersign_core::store::RunGuard;
+    let (_, clock) = test_clock();
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    let store = db.store(clock).await;
+    let run = store.create_run(&new_run("acme")).await.unwrap();
+    let guard = RunGuard {
+        run_id: run.id.clone(),
+        allow_failed: false,
+        unless_switch: None,
+    };
+    // The first batch reads the chain's head.
+    let first = closing_read(&store, &run.id, 0, Some(guard.clone()));
+    assert!(store.move_step(&first).await.unwrap());
+    let trips = store.one_trip_batches();
+    let second = closing_read(&store, &run.id, 1, Some(guard.clone()));
+    assert!(store.move_step(&second).await.unwrap());
+    assert_eq!(
+        store.one_trip_batches(),
+        trips + 1,
+        "a read goes in one trip"
+    );
+    let written = store.get_step(&second.step_id).await.unwrap();
+    assert_eq!(written.status, StepStatus::Done);
+    assert_eq!(written.seq, 2, "the run's next position");
+    assert_eq!(written.attempts, 1);
+    assert_eq!(written.outcome.as_deref(), Some("{}"));
+    let records = store.audit_in_order(0, 1_000_000).await.unwrap();
+    assert_eq!(
+        records
+            .iter()
+            .filter(|r| r.step_id.as_deref() == Some(second.step_id.as_str()))
+            .count(),
+        1,
+        "its one record"
+    );
+
+    store
+        .set_run_status(&run.id, RunStatus::Cancelled)
+        .await
+        .unwrap();
+    let refused = closing_read(&store, &run.id, 2, Some(guard));
+    assert!(!store.move_step(&refused).await.unwrap());
+    assert_eq!(
+        store.one_trip_batches(),
+        trips + 1,
+        "the refused trip wrote nothing"
+    );
+    let kept = store.get_step(&refused.step_id).await.unwrap();
+    assert_eq!(kept.status, StepStatus::Pending, "kept as prepared");
+    assert_eq!(kept.seq, 3);
+    assert_eq!(kept.outcome, None);
+    assert_eq!(
+        store.audit_in_order(0, 1_000_000).await.unwrap().len(),
+        records.len(),
+        "no record for the refused read"
+    );
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// SQLite keeps temporary tables and statement journals in memory on every pooled connection
 /// (no temp file created and unlinked per write transaction).
 #[tokio::test]
