@@ -3,8 +3,12 @@
 -- could not go in one trip, so every read paid the multi-statement path (BEGIN, head lock,
 -- step INSERT, audit INSERT, COMMIT). Tried once before (migration 18's first form) beside the
 -- pipelined commit, whose unflushed multi-statement path it could not beat; that pipeline is
--- gone (every batch commits durably), and measured again the one trip pays
--- (docs/performance.md). A new parameter is a new signature, so migration 17's function goes.
+-- gone (every batch commits durably), and it is measured again (docs/performance.md).
+--
+-- Additive, as docs/deploy.md asks of a migration during a rolling upgrade: the function with
+-- the new `t_inserts` parameter is a new overload beside migration 17's (which replicas still
+-- running the previous release keep calling with their 36 arguments). A later migration may
+-- drop the old overload once no release calls it.
 --
 -- `t_inserts`: read rows written already moved (`countersign_insert_moved`, migration 18, the
 -- multi-statement path's INSERT too, so both paths write the same rows). Every one must be
@@ -12,10 +16,6 @@
 -- the batch is written; the multi-statement path then keeps that read's row as prepared. A
 -- read whose run position another step took meanwhile fails on the unique key, writes nothing,
 -- and the multi-statement path numbers it again.
-DROP FUNCTION countersign_commit_batch(text, bigint, text, bigint, boolean, text[], text[],
-    text[], text[], text[], int8[], text[], int8[], int8[], text[], text[], text[], text[],
-    text[], text[], text[], text[], text[], text[], text[], int8[], int8[], text[], text[],
-    text[], text[], text[], text[], text[], text[], text[]);
 CREATE FUNCTION countersign_commit_batch(
     chain_id text, last_seq bigint, last_hash text, now_ms bigint, durable boolean,
     t_id text[], t_status text[], t_decision text[], t_rule text[], t_outcome text[],

@@ -163,7 +163,7 @@ async fn insert_moved(
 }
 
 /// The columns of a batch's step transitions, as `countersign_move_steps` takes them (the
-/// batch UPDATE of the multi-statement path and of [`commit_fast`] alike).
+/// batch UPDATE of the multi-statement path and of [`commit_one_trip`] alike).
 struct Moves {
     id: Column,
     status: Column,

@@ -36,7 +36,8 @@
 //!   the multi-statement path (which reads the head under the lock). Each attempt is checked
 //!   by the function under the head lock, so a stale head can never be extended, and the rows
 //!   written are the ones that path writes (its bulk UPDATE and its reads' INSERT are the same
-//!   SQL functions; a lone transition's UPDATE, `transition_sql`, writes the same columns). A one-trip statement
+//!   SQL functions; a lone transition's UPDATE, `transition_sql`, and a lone read's INSERT,
+//!   `INSERT_MOVED_SQL`, write the same columns). A one-trip statement
 //!   whose connection broke is looked up by its last record: found, it is answered as
 //!   written; not found, its outcome is unknown (it may still be waiting for the lock or its
 //!   flush at the server) and it is never retried.

@@ -276,20 +276,25 @@ async fn nothing_takes_an_advisory_lock_and_batch_functions_keep_generic_plans()
         "countersign_commit_batch",
         "countersign_insert_moved",
     ] {
-        let config: Vec<String> = sqlx::query_scalar(
-            "SELECT unnest(p.proconfig)::text FROM pg_proc p
+        // Every overload (migration 24 added one beside migration 17's for rolling upgrades).
+        let overloads: Vec<(String, String)> = sqlx::query_as(
+            "SELECT p.oid::regprocedure::text, COALESCE(array_to_string(p.proconfig, ','), '')
+               FROM pg_proc p
               WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = $1",
         )
         .bind(f)
         .fetch_all(&mut conn)
         .await
         .unwrap();
-        assert!(
-            config
-                .iter()
-                .any(|c| c == "plan_cache_mode=force_generic_plan"),
-            "{f}: {config:?}"
-        );
+        assert!(!overloads.is_empty(), "{f} exists");
+        for (signature, config) in &overloads {
+            assert!(
+                config
+                    .split(',')
+                    .any(|c| c == "plan_cache_mode=force_generic_plan"),
+                "{signature}: {config:?}"
+            );
+        }
     }
     let _ = conn.close().await;
     db.drop_db().await;

@@ -1401,6 +1401,38 @@ async fn reads_go_in_one_trip_and_a_refused_one_is_kept_prepared() {
     db.drop_db().await;
 }
 
+/// Postgres, with `one_trip_reads` ablated (the benchmark's switch): a read takes the
+/// multi-statement path even once the head is known, and is written the same, done.
+#[tokio::test]
+async fn with_reads_ablated_a_read_takes_the_long_path_and_is_written_the_same() {
+    use countersign_core::model::StepStatus;
+    use countersign_core::store::Ablations;
+    let (_, clock) = test_clock();
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    let options = ConnectOptions {
+        ablations: Ablations::parse("one_trip_reads").unwrap(),
+        ..ConnectOptions::default()
+    };
+    let store = Store::connect(&db.url, &options, clock).await.unwrap();
+    store.migrate().await.unwrap();
+    let run = store.create_run(&new_run("acme")).await.unwrap();
+    let first = closing_read(&store, &run.id, 0, None);
+    assert!(store.move_step(&first).await.unwrap());
+    let second = closing_read(&store, &run.id, 1, None);
+    assert!(store.move_step(&second).await.unwrap());
+    assert_eq!(store.one_trip_batches(), 0, "no read went in one trip");
+    let written = store.get_step(&second.step_id).await.unwrap();
+    assert_eq!(
+        (written.status, written.seq, written.attempts),
+        (StepStatus::Done, 2, 1)
+    );
+    assert_eq!(store.verify_audit().await.unwrap(), Ok(2));
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// SQLite keeps temporary tables and statement journals in memory on every pooled connection
 /// (no temp file created and unlinked per write transaction).
 #[tokio::test]

@@ -234,7 +234,7 @@ pub const KEYS: &[KeySpec] = &[
         name: "store_ablate",
         secret: false,
         default: None,
-        help: "benchmarks only: Postgres write-path mechanisms to turn off (one_trip), to measure what each pays; every guarantee holds without them",
+        help: "benchmarks only: Postgres write-path mechanisms to turn off (one_trip, one_trip_reads), to measure what each pays; every guarantee holds without them",
     },
 ];
 
