@@ -81,3 +81,23 @@ ALTER FUNCTION countersign_commit_batch(text, bigint, text, bigint, boolean, tex
     text[], text[], text[], text[], text[], text[], text[], int8[], int8[], text[], text[],
     text[], text[], text[], text[], text[], text[], text[], json)
     SET plan_cache_mode = force_generic_plan;
+
+-- Index paths for the batch functions' statements, whatever the statistics were when a session
+-- first planned them. Their plans are generic (above) and a session keeps them until the
+-- tables' statistics are next invalidated: a session whose first batch ran on a near-empty
+-- `steps` table planned the batch UPDATE as a hash join over a sequential scan of `steps`,
+-- and kept scanning the whole table for every batch as it grew (measured: a demo ERP write's
+-- one-trip batch took 30–46 ms of Postgres time on a table of ~100,000 steps, writes fell from
+-- ~360 to ~40 per second within five minutes; docs/performance.md). Every statement in them
+-- reaches its rows by key — a handful of steps by id, a run's last position, a key by step —
+-- so a nested loop over index lookups is the right plan at any size.
+ALTER FUNCTION countersign_move_steps(bigint, text[], text[], text[], text[], text[], int8[],
+    text[], int8[], int8[], text[], text[], text[], text[], text[], text[], text[])
+    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
+ALTER FUNCTION countersign_insert_moved(bigint, json)
+    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
+ALTER FUNCTION countersign_commit_batch(text, bigint, text, bigint, boolean, text[], text[],
+    text[], text[], text[], int8[], text[], int8[], int8[], text[], text[], text[], text[],
+    text[], text[], text[], text[], text[], text[], text[], int8[], int8[], text[], text[],
+    text[], text[], text[], text[], text[], text[], text[], json)
+    SET enable_seqscan = off;

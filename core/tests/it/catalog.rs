@@ -303,6 +303,62 @@ async fn nothing_takes_an_advisory_lock_and_batch_functions_keep_generic_plans()
 /// A database of schema 16 migrates: every row of the tables that gain a tenant gets its
 /// parent's (a step its run's; a key, an approval, a duty its step's; a stop's revocation its
 /// credential's), on both backends, and the store reads them as before.
+/// The batch functions reach `steps` by key even when a session first planned them on an empty
+/// table (migration 24): their generic plans are kept for the session's life, and one made on
+/// a near-empty table scanned the whole table for every batch as it grew. Counted by Postgres
+/// itself (`pg_stat_xact_user_tables`: this transaction's scans of `steps`).
+#[tokio::test]
+async fn batch_functions_planned_on_an_empty_table_still_reach_steps_by_key() {
+    use countersign_core::model::Effect;
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    let (_, clock) = test_clock();
+    let store = db.store(clock).await;
+    let mut conn = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+    let move_step = "SELECT count(*) FROM countersign_move_steps($1, ARRAY[$2], ARRAY['running'],
+        ARRAY[NULL]::text[], ARRAY[NULL]::text[], ARRAY[NULL]::text[], ARRAY[NULL]::int8[],
+        ARRAY[NULL]::text[], ARRAY[0]::int8[], ARRAY[NULL]::int8[], ARRAY['pending'],
+        ARRAY[NULL]::text[], ARRAY[NULL]::text[], ARRAY[NULL]::text[], ARRAY[NULL]::text[],
+        ARRAY[NULL]::text[], ARRAY[NULL]::text[])";
+    // Planned on the empty table: a step id that is not there moves nothing.
+    let moved: i64 = sqlx::query_scalar(move_step)
+        .bind(1_i64)
+        .bind("no-such-step")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(moved, 0);
+    let run = store
+        .create_run(&crate::store::new_run("acme"))
+        .await
+        .unwrap();
+    let (step, _) = store
+        .open_step(&crate::store::new_step(&run.id, Effect::Write, 1))
+        .await
+        .unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let moved: i64 = sqlx::query_scalar(move_step)
+        .bind(2_i64)
+        .bind(&step.id)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(moved, 1, "the step moved");
+    let scans: Option<i64> = sqlx::query_scalar(
+        "SELECT seq_scan FROM pg_stat_xact_user_tables
+          WHERE relname = 'steps' AND schemaname = current_schema()",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(scans, Some(0), "sequential scans of steps in the batch");
+    tx.rollback().await.unwrap();
+    let _ = conn.close().await;
+    store.close().await;
+    db.drop_db().await;
+}
+
 #[tokio::test]
 async fn rows_written_before_the_tenant_column_get_their_parents_tenant() {
     let (_, clock) = test_clock();

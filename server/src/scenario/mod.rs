@@ -39,10 +39,14 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
         what: "actors".into(),
         message,
     };
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| setup(e.to_string()))?;
+    let mut http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+    // A server on this machine is reached directly: a proxy named by the environment
+    // (`HTTP_PROXY`, say, set for package registries) is not meant for it, and the demo
+    // sign-in refuses requests that came through one.
+    if is_loopback(&target.url) {
+        http = http.no_proxy();
+    }
+    let http = http.build().map_err(|e| setup(e.to_string()))?;
     let mut runner = Runner {
         target,
         http,
@@ -119,4 +123,37 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
         checks,
         vars: runner.vars,
     })
+}
+
+/// Whether `url` names this machine (`localhost`, `127.0.0.0/8`, `::1`).
+fn is_loopback(url: &str) -> bool {
+    match url::Url::parse(url).ok().as_ref().and_then(url::Url::host) {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn loopback_targets_are_named_by_their_host() {
+        for url in [
+            "http://localhost:3107",
+            "http://127.0.0.1:80",
+            "http://[::1]:3000/",
+        ] {
+            assert!(is_loopback(url), "{url}");
+        }
+        for url in [
+            "https://countersign.example",
+            "http://10.0.0.5:3000",
+            "not a url",
+        ] {
+            assert!(!is_loopback(url), "{url}");
+        }
+    }
 }
