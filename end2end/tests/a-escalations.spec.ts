@@ -51,7 +51,8 @@ steps:
           reason: Hold the damaged bearings' share
           evidence: [INV-20260611]
     save: {failing: /run_id}
-  - wait: {run: "\${failing}", status: failed}
+  # Under a second here (the hold fails for good, the undo is escalated); slack for a busy machine.
+  - wait: {run: "\${failing}", status: failed, timeout_ms: 60000}
 expect: {}
 `;
 
@@ -76,7 +77,7 @@ async function escalation(page: Page, kind: string) {
 }
 
 test('set-up: a payment whose outcome nobody can tell, and a failed run whose undo failed', async ({ baseURL }) => {
-  test.setTimeout(60_000);
+  test.setTimeout(90_000);
   const dir = mkdtempSync(join(tmpdir(), 'countersign-e2e-esc-'));
   const file = join(dir, 'escalations.yaml');
   writeFileSync(file, SCENARIO);

@@ -87,8 +87,8 @@ ALTER FUNCTION countersign_commit_batch(text, bigint, text, bigint, boolean, tex
 -- tables' statistics are next invalidated: a session whose first batch ran on a near-empty
 -- `steps` table planned the batch UPDATE as a hash join over a sequential scan of `steps`,
 -- and kept scanning the whole table for every batch as it grew (measured: a demo ERP write's
--- one-trip batch took 30–46 ms of Postgres time on a table of ~100,000 steps, writes fell from
--- ~360 to ~40 per second within five minutes; docs/performance.md). Every statement in them
+-- one-trip batch took 30–46 ms of Postgres time once the table had grown, and writes fell from
+-- 359 to 165 and from 167 to 43 per second within five minutes; docs/performance.md). Every statement in them
 -- reaches its rows by key — a handful of steps by id, a run's last position, a key by step —
 -- so a nested loop over index lookups is the right plan at any size.
 ALTER FUNCTION countersign_move_steps(bigint, text[], text[], text[], text[], text[], int8[],

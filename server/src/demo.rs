@@ -262,7 +262,10 @@ pub async fn seed_when_up(
     origin: Option<String>,
     hand: Option<Arc<dyn ClockHand>>,
 ) {
-    let http = reqwest::Client::new();
+    let Ok(http) = scenario::client_for(&url).build() else {
+        tracing::warn!("demo: no HTTP client; the demo is not played");
+        return;
+    };
     for _ in 0..100 {
         if http
             .get(format!("{url}/healthz"))

@@ -300,13 +300,10 @@ async fn nothing_takes_an_advisory_lock_and_batch_functions_keep_generic_plans()
     db.drop_db().await;
 }
 
-/// A database of schema 16 migrates: every row of the tables that gain a tenant gets its
-/// parent's (a step its run's; a key, an approval, a duty its step's; a stop's revocation its
-/// credential's), on both backends, and the store reads them as before.
 /// The batch functions reach `steps` by key even when a session first planned them on an empty
 /// table (migration 24): their generic plans are kept for the session's life, and one made on
 /// a near-empty table scanned the whole table for every batch as it grew. Counted by Postgres
-/// itself (`pg_stat_xact_user_tables`: this transaction's scans of `steps`).
+/// itself (`pg_stat_xact_user_tables`: this session's scans of `steps` not yet reported).
 #[tokio::test]
 async fn batch_functions_planned_on_an_empty_table_still_reach_steps_by_key() {
     use countersign_core::model::Effect;
@@ -359,6 +356,9 @@ async fn batch_functions_planned_on_an_empty_table_still_reach_steps_by_key() {
     db.drop_db().await;
 }
 
+/// A database of schema 16 migrates: every row of the tables that gain a tenant gets its
+/// parent's (a step its run's; a key, an approval, a duty its step's; a stop's revocation its
+/// credential's), on both backends, and the store reads them as before.
 #[tokio::test]
 async fn rows_written_before_the_tenant_column_get_their_parents_tenant() {
     let (_, clock) = test_clock();

@@ -39,14 +39,10 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
         what: "actors".into(),
         message,
     };
-    let mut http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
-    // A server on this machine is reached directly: a proxy named by the environment
-    // (`HTTP_PROXY`, say, set for package registries) is not meant for it, and the demo
-    // sign-in refuses requests that came through one.
-    if is_loopback(&target.url) {
-        http = http.no_proxy();
-    }
-    let http = http.build().map_err(|e| setup(e.to_string()))?;
+    let http = client_for(&target.url)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| setup(e.to_string()))?;
     let mut runner = Runner {
         target,
         http,
@@ -125,12 +121,30 @@ pub async fn run(scenario: &Scenario, target: &Target<'_>) -> Result<Report, Sce
     })
 }
 
-/// Whether `url` names this machine (`localhost`, `127.0.0.0/8`, `::1`).
+/// An HTTP client for the server at `url`: a server on this machine is reached directly — a
+/// proxy named by the environment (`HTTP_PROXY`, say, set for package registries) is not
+/// meant for it, and the demo sign-in refuses requests that came through one.
+pub(crate) fn client_for(url: &str) -> reqwest::ClientBuilder {
+    let builder = reqwest::Client::builder();
+    if is_loopback(url) {
+        builder.no_proxy()
+    } else {
+        builder
+    }
+}
+
+/// Whether `url` names this machine (`localhost` and its subdomains, `127.0.0.0/8`, `::1`,
+/// IPv4-mapped loopback).
 fn is_loopback(url: &str) -> bool {
     match url::Url::parse(url).ok().as_ref().and_then(url::Url::host) {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Domain(d)) => {
+            let d = d.strip_suffix('.').unwrap_or(d).to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
         Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => {
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
         None => false,
     }
 }
@@ -143,6 +157,9 @@ mod tests {
     fn loopback_targets_are_named_by_their_host() {
         for url in [
             "http://localhost:3107",
+            "http://localhost.:3107",
+            "http://app.localhost:3107",
+            "http://[::ffff:127.0.0.1]:3000/",
             "http://127.0.0.1:80",
             "http://[::1]:3000/",
         ] {
@@ -150,6 +167,7 @@ mod tests {
         }
         for url in [
             "https://countersign.example",
+            "http://localhost.example:3000",
             "http://10.0.0.5:3000",
             "not a url",
         ] {
