@@ -55,15 +55,7 @@ pub(crate) async fn apply(
             Work::Append(..) => None,
         })
         .collect();
-    let inserts: Vec<(&Transition, &Step)> = transitions
-        .iter()
-        .filter_map(|(_, t)| t.insert.as_deref().map(|s| (*t, s)))
-        .collect();
-    let updates: Vec<&Transition> = transitions
-        .iter()
-        .filter(|(_, t)| t.insert.is_none())
-        .map(|(_, t)| *t)
-        .collect();
+    let (updates, inserts) = split_reads(transitions.iter().map(|(_, t)| *t));
 
     let mut moved: HashSet<String> = HashSet::new();
     if !inserts.is_empty() {
@@ -104,6 +96,22 @@ fn guard_columns<'a>(ts: impl Iterator<Item = &'a Transition>) -> (Column, Colum
         switch.push(g.and_then(|g| g.unless_switch.clone()));
     }
     (run, failed, switch)
+}
+
+/// `transitions` split, in order, into those of steps already written (UPDATEs) and reads
+/// written with their outcome (INSERTs, with the row each writes).
+fn split_reads<'a>(
+    transitions: impl Iterator<Item = &'a Transition>,
+) -> (Vec<&'a Transition>, Vec<(&'a Transition, &'a Step)>) {
+    let mut updates = Vec::new();
+    let mut inserts = Vec::new();
+    for t in transitions {
+        match t.insert.as_deref() {
+            Some(step) => inserts.push((t, step)),
+            None => updates.push(t),
+        }
+    }
+    (updates, inserts)
 }
 
 /// The read steps' rows of `inserts`, written already moved, as the JSON array
@@ -326,15 +334,7 @@ pub(crate) async fn commit_one_trip(
     records: &[AuditRecord],
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    let updates: Vec<&Transition> = transitions
-        .iter()
-        .filter(|t| t.insert.is_none())
-        .copied()
-        .collect();
-    let inserts: Vec<(&Transition, &Step)> = transitions
-        .iter()
-        .filter_map(|t| t.insert.as_deref().map(|s| (*t, s)))
-        .collect();
+    let (updates, inserts) = split_reads(transitions.iter().copied());
     let moves = Moves::of(&updates);
     let claims: Vec<(&Transition, &super::steps::KeyClaim)> = transitions
         .iter()

@@ -133,20 +133,23 @@ pub(crate) fn client_for(url: &str) -> reqwest::ClientBuilder {
     }
 }
 
-/// Whether `url` names this machine (`localhost` and its subdomains, `127.0.0.0/8`, `::1`,
-/// IPv4-mapped loopback).
+/// Whether `url` names this machine: a loopback host as the configuration judges one
+/// ([`crate::config::loopback_host`]), or one only a client needs to know (`localhost.`,
+/// `*.localhost`, IPv4-mapped loopback) — widened here, where it only decides whether to
+/// bypass a proxy, not what the server trusts.
 fn is_loopback(url: &str) -> bool {
-    match url::Url::parse(url).ok().as_ref().and_then(url::Url::host) {
-        Some(url::Host::Domain(d)) => {
-            let d = d.strip_suffix('.').unwrap_or(d).to_ascii_lowercase();
-            d == "localhost" || d.ends_with(".localhost")
+    let Ok(url) = url::Url::parse(url) else {
+        return false;
+    };
+    crate::config::loopback_host(&url)
+        || match url.host() {
+            Some(url::Host::Domain(d)) => {
+                let d = d.strip_suffix('.').unwrap_or(d).to_ascii_lowercase();
+                d == "localhost" || d.ends_with(".localhost")
+            }
+            Some(url::Host::Ipv6(ip)) => ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+            _ => false,
         }
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => {
-            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-        }
-        None => false,
-    }
 }
 
 #[cfg(test)]
