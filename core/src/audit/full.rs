@@ -165,17 +165,37 @@ impl Store {
                 "verifying the store needs the chain to verify".into(),
             ));
         }
+        // The head first: a record and the head move in one transaction, so every record up
+        // to the head read here is visible below. Records appended meanwhile (a live chain)
+        // are past it and are not part of this verification; read the other way round, they
+        // would look like a truncated tail.
+        let head = self.audit_chain_head(&chain).await?;
         loop {
-            let page = self.audit_records(&chain, v.next_seq(), PAGE).await?;
+            let mut page = self.audit_records(&chain, v.next_seq(), PAGE).await?;
+            let full = i64::try_from(page.len()).is_ok_and(|n| n == PAGE);
+            if let Some((seq, _)) = &head {
+                page.retain(|r| r.seq <= *seq);
+            }
             if page.is_empty() {
                 break;
             }
             if let Err(b) = v.push_all(&page) {
                 return Ok(Err(b));
             }
+            if !full || head.as_ref().is_some_and(|(seq, _)| v.next_seq() > *seq) {
+                break;
+            }
         }
-        let last = v.next_seq() - 1;
-        let head = self.audit_chain_head(&chain).await?;
+        let mut last = v.next_seq() - 1;
+        // Records past the head: appended since it was read (then the head has moved too), or
+        // written without moving it — then the head does not name the chain's last record.
+        if let Some((seq, hash)) = &head
+            && last == *seq
+            && let Some(past) = self.audit_records(&chain, seq + 1, 1).await?.first()
+            && self.audit_chain_head(&chain).await?.as_ref() == Some(&(*seq, hash.clone()))
+        {
+            last = past.seq;
+        }
         if head.is_none() && last > 0 {
             return Ok(Err(ChainBreak {
                 chain,
