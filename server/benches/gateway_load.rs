@@ -26,7 +26,9 @@
 //!
 //! Writes one markdown section per backend on stdout, progress on stderr, and the issue-34
 //! figures to `BENCH_FIGURES` (`common::figures`). `BENCH_BACKENDS` (default
-//! `postgres,sqlite`) picks the backends; `BENCH_ABLATE` runs the ablation instead
+//! `postgres,sqlite`) picks the backends; `BENCH_ONLY` (e.g. `read` or `read,floor`: the keys
+//! of [`Work::key`]) runs only those workloads and prints their table, no figures (for a
+//! profiler attached to the server); `BENCH_ABLATE` runs the ablation instead
 //! (`gateway/ablate.rs`); `BENCH_MCP=2026-07-28` makes the clients of Countersign speak the
 //! session-less revision (no session; answers as JSON) instead of 2025-06-18. Run with `cargo bench -p countersign --bench
 //! gateway_load` (Postgres from `COUNTERSIGN_TEST_POSTGRES_URL`).
@@ -82,6 +84,38 @@ impl Work {
         Work::Through,
         Work::Direct,
     ];
+
+    /// Its name in `BENCH_ONLY`.
+    fn key(self) -> &'static str {
+        match self {
+            Work::Baseline => "baseline",
+            Work::Read => "read",
+            Work::Floor => "floor",
+            Work::Ping => "ping",
+            Work::ErpRead => "erp_read",
+            Work::Write => "write",
+            Work::Through => "through",
+            Work::Direct => "direct",
+        }
+    }
+
+    /// The workloads `BENCH_ONLY` (comma-separated keys) keeps; all without it.
+    fn chosen() -> Vec<Work> {
+        let Ok(only) = std::env::var("BENCH_ONLY") else {
+            return Work::ALL.to_vec();
+        };
+        let keys: Vec<&str> = only.split(',').map(str::trim).collect();
+        for k in &keys {
+            assert!(
+                Work::ALL.iter().any(|w| w.key() == *k),
+                "BENCH_ONLY: unknown workload {k:?}"
+            );
+        }
+        Work::ALL
+            .into_iter()
+            .filter(|w| keys.contains(&w.key()))
+            .collect()
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -422,8 +456,12 @@ struct Runs {
 }
 
 impl Runs {
+    /// The windows of `work`; none when `BENCH_ONLY` left it out.
     fn of(&self, work: Work) -> &[Window] {
-        &self.by_work.iter().find(|(w, _)| *w == work).unwrap().1
+        self.by_work
+            .iter()
+            .find(|(w, _)| *w == work)
+            .map_or(&[], |(_, ws)| ws)
     }
 
     /// Per round, `f(a) / f(b)`.
@@ -463,7 +501,7 @@ async fn run_backend(backend: Backend, clients: usize, rounds: usize, secs: Dura
     );
 
     let mut pools = Vec::new();
-    for work in Work::ALL {
+    for work in Work::chosen() {
         let cs = match work {
             Work::Baseline => {
                 let raw = baseline_pool(&db, &dir, 16).await;
@@ -731,7 +769,12 @@ async fn main() {
             other => panic!("BENCH_BACKENDS: unknown backend {other:?}"),
         };
         let runs = run_backend(backend, clients, rounds, secs).await;
-        print_backend(&runs);
+        if std::env::var_os("BENCH_ONLY").is_some() {
+            // Some workloads only (profiling one): no figure has both its sides.
+            print_table(&runs);
+        } else {
+            print_backend(&runs);
+        }
     }
     print_busy(busy);
 }

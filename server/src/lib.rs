@@ -41,14 +41,14 @@ use tokio::net::TcpListener;
 
 pub use config::Config;
 pub use registry::LiveRegistry;
-pub use state::{AppState, StartError, connect_and_migrate};
+pub use state::{AppParts, AppState, StartError, connect_and_migrate};
 
 /// How often a server checks the database for a new registry version.
 pub const REGISTRY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long connections may take to finish once shutdown is signalled.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// [`AppState::shown_key`]: derived from the configured key (its own label), else a fresh
+/// [`AppParts::shown_key`]: derived from the configured key (its own label), else a fresh
 /// random one.
 fn shown_key(configured: Option<&Arc<RedactionKey>>) -> Result<Arc<RedactionKey>, StartError> {
     match configured {
@@ -88,7 +88,7 @@ pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<App
         .build();
     let redaction = config.redaction_key.clone();
     let shown_key = shown_key(redaction.as_ref())?;
-    Ok(AppState {
+    Ok(AppState::new(AppParts {
         store,
         leptos,
         config: Arc::new(config),
@@ -98,7 +98,7 @@ pub async fn headless_state(config: Config, clock: Arc<dyn Clock>) -> Result<App
         redaction,
         shown_key,
         shutdown: tokio_util::sync::CancellationToken::new(),
-    })
+    }))
 }
 
 impl Application {
@@ -141,7 +141,7 @@ impl Application {
             .build();
         let redaction = config.redaction_key.clone();
         let shown_key = shown_key(redaction.as_ref())?;
-        let state = AppState {
+        let state = AppState::new(AppParts {
             store,
             leptos,
             config: Arc::new(config),
@@ -151,7 +151,7 @@ impl Application {
             redaction,
             shown_key,
             shutdown: tokio_util::sync::CancellationToken::new(),
-        };
+        });
         let router = http::router(state.clone());
         Ok(Self {
             listener,

@@ -15,9 +15,31 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::registry::LiveRegistry;
 
-/// Shared state every handler can reach.
+/// Shared state every handler can reach: one allocation behind one reference count. axum
+/// clones the state for every request (the `/mcp` guard's and each handler's); its parts
+/// hold strings (the Leptos options) and a cancellation token whose clones take a lock, so a
+/// clone of the parts themselves cost allocations and locks per request.
 #[derive(Clone, Debug)]
-pub struct AppState {
+pub struct AppState(Arc<AppParts>);
+
+impl AppState {
+    /// The state of these parts.
+    pub fn new(parts: AppParts) -> Self {
+        Self(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppParts;
+
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+/// What [`AppState`] holds.
+#[derive(Debug)]
+pub struct AppParts {
     /// The database.
     pub store: Store,
     /// Leptos rendering options.
@@ -31,7 +53,7 @@ pub struct AppState {
     /// Dashboard sign-in and sessions.
     pub auth: Arc<Auth>,
     /// The HMAC key redacted values are hashed with (config `redaction_key`). `None`: they are
-    /// keyed by [`AppState::shown_key`], a random key of this process (equal values compare
+    /// keyed by [`AppParts::shown_key`], a random key of this process (equal values compare
     /// equal only within one process's records; fine on loopback for trying things out).
     pub redaction: Option<Arc<RedactionKey>>,
     /// The key values an agent is shown hashed are keyed with (`redacted:hmac-sha256:…`):

@@ -78,7 +78,13 @@ pub(crate) struct Names {
     pub(crate) tool: EntityTypeName,
     pub(crate) agent: EntityTypeName,
     pub(crate) human: EntityTypeName,
+    /// Resource kinds' type names already made ([`Names::kind`]).
+    kinds: std::sync::RwLock<HashMap<String, EntityTypeName>>,
 }
+
+/// At most this many resource kinds' type names are remembered; a kind beyond them is made
+/// every time it comes (same answer, Cedar's parser run again).
+const KINDS_REMEMBERED: usize = 256;
 
 impl Names {
     pub(crate) fn new() -> Result<Self, InputError> {
@@ -90,7 +96,26 @@ impl Names {
             tool: name("Tool")?,
             agent: name("Agent")?,
             human: name("Human")?,
+            kinds: std::sync::RwLock::default(),
         })
+    }
+
+    /// [`kind_type_name`] of `kind`, made once: making one runs Cedar's name parser, a few
+    /// microseconds — the largest part of preparing a request with a resource. A kind that
+    /// is refused is refused every time (never remembered).
+    pub(crate) fn kind(&self, kind: &str) -> Result<EntityTypeName, InputError> {
+        if let Ok(known) = self.kinds.read()
+            && let Some(ty) = known.get(kind)
+        {
+            return Ok(ty.clone());
+        }
+        let ty = kind_type_name(kind)?;
+        if let Ok(mut known) = self.kinds.write()
+            && known.len() < KINDS_REMEMBERED
+        {
+            known.insert(kind.to_owned(), ty.clone());
+        }
+        Ok(ty)
     }
 }
 
@@ -148,8 +173,8 @@ pub(crate) fn principal_entity(names: &Names, p: &Principal) -> Result<Entity, I
 
 /// A resource entity: `<Kind>::"id"` with `tenant`, `owner` (when known) and the converted
 /// attributes.
-pub(crate) fn resource_entity(fact: &ResourceFact) -> Result<Entity, InputError> {
-    let ty = kind_type_name(&fact.kind)?;
+pub(crate) fn resource_entity(names: &Names, fact: &ResourceFact) -> Result<Entity, InputError> {
+    let ty = names.kind(&fact.kind)?;
     let mut attrs = HashMap::new();
     for reserved in ["tenant", "owner"] {
         if fact.attrs.contains_key(reserved) {

@@ -434,7 +434,7 @@ impl PolicyEngine {
         } else {
             req.resources
                 .iter()
-                .map(input::resource_entity)
+                .map(|fact| input::resource_entity(&self.names, fact))
                 .collect::<Result<_, _>>()?
         };
 

@@ -117,43 +117,74 @@ fn split_reads<'a>(
 /// The read steps' rows of `inserts`, written already moved, as the JSON array
 /// `countersign_insert_moved` (migration 18) takes, on either batch path: one object a row,
 /// in job order (`ord`).
-fn reads_json(inserts: &[(&Transition, &Step)]) -> String {
-    let rows: Vec<serde_json::Value> = inserts
+fn reads_json(inserts: &[(&Transition, &Step)]) -> Result<String, sqlx::Error> {
+    let rows: Vec<ReadRow<'_>> = inserts
         .iter()
         .enumerate()
         .map(|(ord, (t, s))| {
             let g = t.guard.as_ref();
-            serde_json::json!({
-                "ord": ord,
-                "id": s.id,
-                "run_id": s.run_id,
-                "role": s.role,
-                "tool": s.tool,
-                "effect": s.effect.as_str(),
-                "inputs": s.inputs,
-                "inputs_hash": s.inputs_hash,
-                "idem_key": s.idem_key,
-                "status": t.to.unwrap_or(s.status).as_str(),
-                "attempts": i64::from(t.bump_attempts),
-                "reason": s.reason,
-                "evidence": s.evidence,
-                "observed": s.observed,
-                "trace_id": s.trace_id,
-                "not_before": t.not_before.unwrap_or(s.not_before),
-                "created_at": s.created_at,
-                "agent_id": s.agent_id,
-                "decision": t.decision,
-                "rule": t.rule,
-                "outcome": t.outcome,
-                "expires_at": t.expires_at,
-                "approval": t.approval,
-                "guard_run": g.map(|g| g.run_id.as_str()),
-                "guard_failed": g.and_then(|g| g.allow_failed.then_some("failed")),
-                "guard_switch": g.and_then(|g| g.unless_switch.as_deref()),
-            })
+            ReadRow {
+                ord,
+                id: &s.id,
+                run_id: &s.run_id,
+                role: &s.role,
+                tool: &s.tool,
+                effect: s.effect.as_str(),
+                inputs: &s.inputs,
+                inputs_hash: &s.inputs_hash,
+                idem_key: &s.idem_key,
+                status: t.to.unwrap_or(s.status).as_str(),
+                attempts: i64::from(t.bump_attempts),
+                reason: &s.reason,
+                evidence: &s.evidence,
+                observed: s.observed.as_deref(),
+                trace_id: s.trace_id.as_deref(),
+                not_before: t.not_before.unwrap_or(s.not_before),
+                created_at: s.created_at,
+                agent_id: s.agent_id.as_deref(),
+                decision: t.decision.as_deref(),
+                rule: t.rule.as_deref(),
+                outcome: t.outcome.as_deref(),
+                expires_at: t.expires_at,
+                approval: t.approval.as_deref(),
+                guard_run: g.map(|g| g.run_id.as_str()),
+                guard_failed: g.and_then(|g| g.allow_failed.then_some("failed")),
+                guard_switch: g.and_then(|g| g.unless_switch.as_deref()),
+            }
         })
         .collect();
-    serde_json::Value::Array(rows).to_string()
+    serde_json::to_string(&rows).map_err(|e| sqlx::Error::Encode(Box::new(e)))
+}
+
+/// One read's row as `countersign_insert_moved` takes it (borrowed: no copy of its inputs).
+#[derive(serde::Serialize)]
+struct ReadRow<'a> {
+    ord: usize,
+    id: &'a str,
+    run_id: &'a str,
+    role: &'a str,
+    tool: &'a str,
+    effect: &'a str,
+    inputs: &'a str,
+    inputs_hash: &'a str,
+    idem_key: &'a str,
+    status: &'a str,
+    attempts: i64,
+    reason: &'a str,
+    evidence: &'a str,
+    observed: Option<&'a str>,
+    trace_id: Option<&'a str>,
+    not_before: i64,
+    created_at: i64,
+    agent_id: Option<&'a str>,
+    decision: Option<&'a str>,
+    rule: Option<&'a str>,
+    outcome: Option<&'a str>,
+    expires_at: Option<i64>,
+    approval: Option<&'a str>,
+    guard_run: Option<&'a str>,
+    guard_failed: Option<&'a str>,
+    guard_switch: Option<&'a str>,
 }
 
 /// The read steps' rows, written already moved (`countersign_insert_moved`); returns the ids
@@ -165,7 +196,7 @@ async fn insert_moved(
 ) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar("SELECT * FROM countersign_insert_moved($1, $2::json)")
         .bind(now)
-        .bind(reads_json(inserts))
+        .bind(reads_json(inserts)?)
         .fetch_all(&mut *tx)
         .await
 }
@@ -360,7 +391,7 @@ pub(crate) async fn commit_one_trip(
         .bind(claim(|_, k| k.owner.clone()));
     // The function answers the `synchronous_commit` it committed under: `on`, as asked.
     let _setting = crate::store::audit_append::bind_record_arrays!(q, records)
-        .bind(reads_json(&inserts))
+        .bind(reads_json(&inserts)?)
         .fetch_one(pool)
         .await?;
     Ok(())

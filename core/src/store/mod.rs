@@ -62,7 +62,7 @@ use crate::secret::Secret;
 
 pub use ablations::Ablations;
 pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
-pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite};
+pub use demo::{Applied, DemoEffect, DemoObject, ObjectWrite, demo_lookup_sql};
 pub use directory::MAX_DISPLAY_NAME;
 pub use duties::{REVIEW_APPROVED_RULE, ReviewError, StepDuties};
 pub use error::StoreError;
@@ -90,7 +90,10 @@ pub use run_model::{NewRun, Run, RunStatus};
 pub use standing::{
     CallContext, GRANTED_RULE, NewStanding, REVOKED_RULE, Standing, StandingError, StandingState,
 };
-pub use steps::{KeyClaim, KeyRecord, KeyState, NewStep, Reservation, RunGuard, Step, Transition};
+pub use steps::{
+    KeyClaim, KeyRecord, KeyState, NEXT_POSITION_SQL, NewStep, Reservation, RunGuard, Step,
+    Transition,
+};
 pub use stops::{StopScope, tenant_switch};
 pub use views::{AuditCursor, AuditFilter, approver_parts};
 

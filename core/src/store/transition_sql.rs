@@ -9,7 +9,7 @@ use super::StoreError;
 pub(crate) const PREPARED_INSERT_SQL: &str = "INSERT INTO steps (tenant, id, run_id, seq, role,
         tool, effect, inputs, inputs_hash, idem_key, status, attempts, reason, evidence,
         observed, trace_id, not_before, created_at, updated_at, agent_id)
-     VALUES ((SELECT tenant FROM runs WHERE id = $2), $1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2), $3, $4,
+     VALUES ((SELECT tenant FROM runs WHERE id = $2), $1, $2, COALESCE((SELECT seq FROM steps WHERE run_id = $2 ORDER BY seq DESC LIMIT 1), 0) + 1, $3, $4,
         $5, $6, $7, $8, $9, 0, $10, $11, $12, $13, $14, $15, $15, $16)
      RETURNING CAST(seq AS BIGINT)";
 
@@ -75,7 +75,7 @@ pub(crate) const INSERT_MOVED_TEMPLATE: &str =
         inputs, inputs_hash, idem_key, status, attempts, reason, evidence, observed, trace_id,
         not_before, created_at, updated_at, agent_id, decision, rule, outcome, expires_at,
         approval)
-     SELECT (SELECT tenant FROM runs WHERE runs.id = $2), $1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE run_id = $2), $3, $4,
+     SELECT (SELECT tenant FROM runs WHERE runs.id = $2), $1, $2, COALESCE((SELECT seq FROM steps WHERE run_id = $2 ORDER BY seq DESC LIMIT 1), 0) + 1, $3, $4,
         $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23
       WHERE ($24 IS NULL OR EXISTS (SELECT 1 FROM runs
                 WHERE runs.id = $24 AND (runs.status = 'active' OR runs.status = $25)))

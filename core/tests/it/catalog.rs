@@ -452,3 +452,110 @@ async fn rows_written_before_the_tenant_column_get_their_parents_tenant() {
         db.drop_db().await;
     }
 }
+
+/// `EXPLAIN ANALYZE` of `sql`, a line a row.
+async fn explain_analyze(conn: &mut sqlx::PgConnection, sql: &str) -> Vec<String> {
+    sqlx::query_scalar(&format!("EXPLAIN ANALYZE {sql}"))
+        .fetch_all(conn)
+        .await
+        .unwrap()
+}
+
+/// Rows the scans of a text-format `EXPLAIN ANALYZE` touched: what each scan node returned
+/// (rows × loops) plus what a filter or a recheck removed.
+fn rows_touched(plan: &[String]) -> i64 {
+    let number_after = |line: &str, label: &str| -> Option<i64> {
+        let rest = &line[line.find(label)? + label.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    let mut touched = 0;
+    for line in plan {
+        if line.contains("Scan")
+            && let Some(actual) = line.find("(actual ")
+        {
+            let actual = &line[actual..];
+            let rows = number_after(actual, " rows=").unwrap_or(0);
+            let loops = number_after(actual, " loops=").unwrap_or(1);
+            touched += rows * loops;
+        }
+        for label in [
+            "Rows Removed by Filter: ",
+            "Rows Removed by Index Recheck: ",
+        ] {
+            touched += number_after(line, label).unwrap_or(0);
+        }
+    }
+    touched
+}
+
+/// The request path's look-ups, planned generically while their tables were small, still
+/// reach their rows by key once the tables have grown. sqlx prepares every statement; after
+/// five executions Postgres may switch a session to a generic plan and keep it until the
+/// table's statistics change. Two such plans read what grows on every call (measured in the
+/// write benchmark, docs/performance.md): the demo ERP's look-up of a call's objects (ORs of
+/// kind and id: the generic plan looked up only `system` in the key and filtered every object)
+/// and a write's next run position (`MAX(seq)`: the generic plan read every step of the run).
+/// Planned here on empty tables, then run on 400 objects and a run of 300 steps: the rows their
+/// scans touch, from EXPLAIN ANALYZE.
+#[tokio::test]
+async fn lookups_planned_on_small_tables_still_reach_rows_by_key() {
+    use countersign_core::model::Effect;
+    use countersign_core::store::{NEXT_POSITION_SQL, demo_lookup_sql};
+    let Some(db) = FreshDb::create(Backend::Postgres).await else {
+        return;
+    };
+    let (_, clock) = test_clock();
+    let store = db.store(clock).await;
+    let run = store
+        .create_run(&crate::store::new_run("acme"))
+        .await
+        .unwrap();
+    let mut conn = sqlx::PgConnection::connect(db.url.expose()).await.unwrap();
+    for sql in [
+        "SET plan_cache_mode = force_generic_plan".to_string(),
+        format!(
+            "PREPARE lookup(text, text, text, text, text) AS {}",
+            demo_lookup_sql(2)
+        ),
+        format!("PREPARE next_position(text) AS {NEXT_POSITION_SQL}"),
+        // Planned (generically) on the empty tables.
+        "EXECUTE lookup('erp', 'fault', 'notes.draft', 'note', 'NOTE-1')".to_string(),
+        format!("EXECUTE next_position('{}')", run.id),
+    ] {
+        sqlx::raw_sql(&sql).execute(&mut conn).await.unwrap();
+    }
+    for i in 0..400 {
+        store
+            .demo_seed("erp", "note", &format!("NOTE-{i:08}"), "acme", "{}")
+            .await
+            .unwrap();
+    }
+    for i in 0..300 {
+        store
+            .open_step(&crate::store::new_step(&run.id, Effect::Write, i))
+            .await
+            .unwrap();
+    }
+    let plan = explain_analyze(
+        &mut conn,
+        "EXECUTE lookup('erp', 'note', 'NOTE-00000007', 'note', 'NOTE-00000300')",
+    )
+    .await;
+    assert!(
+        rows_touched(&plan) <= 4,
+        "the demo look-up touched {} rows for 2 objects:\n{}",
+        rows_touched(&plan),
+        plan.join("\n")
+    );
+    let plan = explain_analyze(&mut conn, &format!("EXECUTE next_position('{}')", run.id)).await;
+    assert!(
+        rows_touched(&plan) <= 2,
+        "the next position touched {} rows of a run of 300 steps:\n{}",
+        rows_touched(&plan),
+        plan.join("\n")
+    );
+    let _ = conn.close().await;
+    store.close().await;
+    db.drop_db().await;
+}

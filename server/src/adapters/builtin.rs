@@ -24,6 +24,9 @@ use serde_json::{Map, Value, json};
 
 use super::contract::{Adapter, AdapterError, BoxFuture, Invocation};
 
+/// The object kind of the ERP's counters (notes and payments are numbered from them).
+pub const COUNTER: &str = "counter";
+
 /// The no-op system's provider name: for load tests of the gateway and executor themselves.
 pub const NOOP: &str = "noop";
 
@@ -164,7 +167,6 @@ impl Erp {
             data: data.to_string(),
             expected_version: expected,
         };
-        let seq = |n: usize| format!("{:08}", n + 1);
         match call.operation.as_str() {
             "notes.draft" => {
                 let invoice_id = arg(args, "invoice_id")?;
@@ -172,14 +174,17 @@ impl Erp {
                 // The next number; a draft that lost that number to a concurrent one (its
                 // write found the id taken) takes one derived from its own key instead, so
                 // concurrent drafts do not all race for the next number again.
-                let id = if attempt == 0 {
-                    format!("NOTE-{}", seq(self.count("note").await?))
+                let (id, mut writes) = if attempt == 0 {
+                    let (n, counter) = self.next_number("note").await?;
+                    (format!("NOTE-{n:08}"), vec![counter])
                 } else {
-                    format!("NOTE-{:08}", keyed_number(&call.idem_key, attempt))
+                    let n = keyed_number(&call.idem_key, attempt);
+                    (format!("NOTE-{n:08}"), Vec::new())
                 };
                 let note = json!({"note_id": id, "invoice_id": invoice_id,
                                   "text": arg(args, "text")?, "status": "draft"});
-                Ok((note.clone(), vec![write("note", &id, &note, None)]))
+                writes.push(write("note", &id, &note, None));
+                Ok((note, writes))
             }
             "notes.discard" => {
                 let id = arg(args, "note_id")?;
@@ -223,8 +228,8 @@ impl Erp {
                     ));
                 }
                 let date = arg(args, "value_date")?;
-                let n = self.count("payment").await?;
-                let reference = format!("PAYRUN-{date}/{:04}", (n % 9999) + 1);
+                let (n, counter) = self.next_number("payment").await?;
+                let reference = format!("PAYRUN-{date}/{:04}", ((n - 1) % 9999) + 1);
                 let payment = json!({"ref": reference, "invoice_id": id,
                     "supplier_id": inv["supplier_id"], "amount": args["amount"],
                     "currency": args["currency"], "value_date": date, "status": "scheduled",
@@ -234,6 +239,7 @@ impl Erp {
                 Ok((
                     json!({"ref": reference, "status": "scheduled"}),
                     vec![
+                        counter,
                         write("payment", &reference, &payment, None),
                         write("invoice", id, &inv, Some(obj.version)),
                     ],
@@ -258,13 +264,44 @@ impl Erp {
         }
     }
 
-    async fn count(&self, kind: &str) -> Result<usize, AdapterError> {
-        let n = self
+    /// The next number of `kind` (1, 2, …) and the write that takes it: the ERP's counter
+    /// object (kind [`COUNTER`], id `kind`, data `{"next": n}`) moved on under its version, so
+    /// two plans that read the same number cannot both take it (one is `Changed` and plans
+    /// again). A database without the counter yet (before it existed) starts after the
+    /// records already there — the one time the ERP counts them.
+    async fn next_number(&self, kind: &str) -> Result<(u64, ObjectWrite), AdapterError> {
+        let counter = self
             .store
-            .demo_count(ERP, kind)
+            .demo_get(ERP, COUNTER, kind)
             .await
             .map_err(unavailable)?;
-        Ok(usize::try_from(n).unwrap_or(0))
+        let (next, expected_version) = match counter {
+            Some(obj) => {
+                let data: Value = serde_json::from_str(&obj.data).map_err(|e| {
+                    AdapterError::Unavailable(format!("the ERP's {kind} counter: {e}"))
+                })?;
+                let next = data["next"].as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                    AdapterError::Unavailable(format!("the ERP's {kind} counter has no next"))
+                })?;
+                (next, Some(obj.version))
+            }
+            None => {
+                let existing = self
+                    .store
+                    .demo_count(ERP, kind)
+                    .await
+                    .map_err(unavailable)?;
+                (u64::try_from(existing).unwrap_or(0) + 1, None)
+            }
+        };
+        let write = ObjectWrite {
+            kind: COUNTER.into(),
+            id: kind.into(),
+            tenant: "*".into(),
+            data: json!({ "next": next + 1 }).to_string(),
+            expected_version,
+        };
+        Ok((next, write))
     }
 
     async fn write(&self, call: &Invocation) -> Result<Value, AdapterError> {

@@ -76,7 +76,7 @@ pub(super) fn plan_audit_inputs(state: &AppState, arguments: &Value) -> Value {
 }
 
 /// `result` with the tool's `redact` fields hidden from the agent (hashed with `key`, the
-/// server's [`AppState::shown_key`], when the rule says hash: equal values still compare
+/// server's [`crate::AppParts::shown_key`], when the rule says hash: equal values still compare
 /// equal; dropped otherwise). A rule's field is
 /// a bare member name (any depth) or a dotted path from the root (arrays transparent), as in
 /// the audit's redaction; when two rules match one member, drop wins. A rule that does not

@@ -1032,6 +1032,79 @@ async fn demo_targets_refuse_a_used_key_for_another_request() {
     .await;
 }
 
+/// The demo ERP numbers notes from its counter, not by counting them (a count scans every
+/// note, and the write benchmark slowed as notes piled up): a database whose notes were
+/// written before the counter existed continues after them, and from then on the counter
+/// alone decides — a note added underneath does not move the next number.
+#[tokio::test]
+async fn demo_erp_numbers_notes_from_its_counter() {
+    use countersign::adapters::Invocation;
+    use countersign::adapters::builtin::{COUNTER, ERP};
+    crate::mcp::each_finance_app(|app| async move {
+        let store = &app.state.store;
+        let erp = app
+            .state
+            .registry
+            .current()
+            .unwrap()
+            .adapters
+            .get("erp")
+            .unwrap()
+            .clone();
+        let draft = |i: u32| {
+            let erp = erp.clone();
+            async move {
+                let note = erp
+                    .invoke(&Invocation {
+                        tool: "note.draft".into(),
+                        operation: "notes.draft".into(),
+                        arguments: json!({"invoice_id": crate::mcp::INV, "text": format!("c{i}")}),
+                        idem_key: format!("idem:counter-{i}"),
+                        approval_token: None,
+                        trace_id: "t".into(),
+                        tenant: "acme".into(),
+                        acts_for: None,
+                        resend: false,
+                    })
+                    .await
+                    .expect("the draft lands");
+                note["note_id"].as_str().unwrap().to_string()
+            }
+        };
+        assert!(
+            store
+                .demo_get(ERP, COUNTER, "note")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        for id in ["NOTE-90000001", "NOTE-90000002"] {
+            store.demo_put(ERP, "note", id, "acme", "{}").await.unwrap();
+        }
+        let before = store.demo_list(ERP, "note").await.unwrap().len();
+        assert_eq!(
+            draft(1).await,
+            format!("NOTE-{:08}", before + 1),
+            "after the notes there"
+        );
+        store
+            .demo_put(ERP, "note", "NOTE-90000003", "acme", "{}")
+            .await
+            .unwrap();
+        assert_eq!(
+            draft(2).await,
+            format!("NOTE-{:08}", before + 2),
+            "the counter decides, not a count (which would say {})",
+            before + 3
+        );
+        let counter = store.demo_get(ERP, COUNTER, "note").await.unwrap().unwrap();
+        assert_eq!(counter.data, json!({"next": before + 3}).to_string());
+        assert_eq!(counter.version, 2, "moved once per draft");
+        app
+    })
+    .await;
+}
+
 /// Concurrent drafts on the demo ERP all land, each under its own note id: a draft that loses
 /// the next number to another takes one derived from its key (before, every loser counted
 /// again and raced for the same next number; the write benchmark lost calls to it).
