@@ -171,9 +171,9 @@ impl Erp {
             "notes.draft" => {
                 let invoice_id = arg(args, "invoice_id")?;
                 self.must_get("invoice", invoice_id, &tenant).await?;
-                // The next number; a draft that lost that number to a concurrent one (its
-                // write found the id taken) takes one derived from its own key instead, so
-                // concurrent drafts do not all race for the next number again.
+                // The counter's next number; a draft that lost it to a concurrent one (its
+                // write found the counter moved) takes one derived from its own key instead
+                // (`KEYED_FROM` and up), so concurrent drafts do not all race again.
                 let (id, mut writes) = if attempt == 0 {
                     let (n, counter) = self.next_number("note").await?;
                     (format!("NOTE-{n:08}"), vec![counter])
@@ -342,14 +342,20 @@ impl Erp {
     }
 }
 
-/// A number below 10^8 derived from `key` and `attempt` (sha256), for ids that concurrent
-/// calls must not share.
+/// Where numbers derived from a key start: above any number the ERP's counters reach in
+/// practice, so that a counter never runs into a note numbered from a key (its draft would
+/// find the id taken, roll back with the counter unmoved, and every later draft would meet
+/// the same taken number).
+const KEYED_FROM: u64 = 50_000_000;
+
+/// A number in `KEYED_FROM..10^8` derived from `key` and `attempt` (sha256), for ids that
+/// concurrent calls must not share.
 fn keyed_number(key: &str, attempt: u32) -> u64 {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{key}:{attempt}").as_bytes());
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(first) % 100_000_000
+    KEYED_FROM + u64::from_be_bytes(first) % (100_000_000 - KEYED_FROM)
 }
 
 const READS: &[&str] = &[

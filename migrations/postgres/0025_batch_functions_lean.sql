@@ -1,11 +1,16 @@
--- The one-trip batch skips what a batch does not carry (issue 34). Measured with
+-- Two replacements of batch functions (issue 34), each with the same signature, answers and
+-- errors: the one-trip batch skips what a batch does not carry, and a read's row takes its run
+-- position by key (below).
+--
+-- The one-trip batch skips what a batch does not carry. Measured with
 -- pg_stat_statements (track = all) over 15 s of no-op reads at 16 clients (2026-12-07): every
 -- batch called `countersign_move_steps` with empty arrays — a batch of reads or of appends
 -- only has no transition to move — for 135–146 µs of Postgres time a batch (a fifth of an
 -- appends-only batch's 720 µs), and ran the keys' INSERT over empty arrays. Both now run only
 -- when the batch has rows for them. Same signature, same answers, same errors: a
 -- replacement, safe during a rolling upgrade (docs/deploy.md). Its settings are named again
--- (CREATE OR REPLACE resets them; core/tests/it/catalog.rs checks them).
+-- (CREATE OR REPLACE resets them; core/tests/it/catalog.rs checks the plan cache mode of every
+-- batch function).
 CREATE OR REPLACE FUNCTION countersign_commit_batch(
     chain_id text, last_seq bigint, last_hash text, now_ms bigint, durable boolean,
     t_id text[], t_status text[], t_decision text[], t_rule text[], t_outcome text[],
@@ -70,5 +75,44 @@ BEGIN
     SELECT chain_id, r.* FROM UNNEST(r_seq, r_at, r_event, r_run_id, r_step_id, r_tool,
                                      r_actor, r_rule, r_record, r_prev, r_hash) AS r;
     RETURN current_setting('synchronous_commit');
+END
+$fn$;
+
+-- A read's run position, as the Rust statements now take it (core/src/store/steps.rs,
+-- `NEXT_POSITION_SQL`): the run's last step by the `(run_id, seq)` index, not MAX(seq). A
+-- generic plan of `MAX(seq) … WHERE run_id = $1` was seen reading every step of the run (the
+-- write benchmark, docs/performance.md); here the plan (generic, forced) happened to stop at
+-- the first entry, but the form decides that now, not the statistics. Same rows, same answers.
+CREATE OR REPLACE FUNCTION countersign_insert_moved(now_ms bigint, rows_json json)
+RETURNS SETOF text LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $fn$
+BEGIN
+    RETURN QUERY INSERT INTO steps (tenant, id, run_id, seq, role, tool, effect, inputs,
+        inputs_hash, idem_key, status, attempts, reason, evidence, observed, trace_id,
+        not_before, created_at, updated_at, agent_id, decision, rule, outcome, expires_at,
+        approval)
+     SELECT (SELECT runs.tenant FROM runs WHERE runs.id = v.run_id), v.id, v.run_id,
+        COALESCE((SELECT s.seq FROM steps s WHERE s.run_id = v.run_id
+                  ORDER BY s.seq DESC LIMIT 1), 0)
+          + row_number() OVER (PARTITION BY v.run_id ORDER BY v.ord),
+        v.role, v.tool, v.effect, v.inputs, v.inputs_hash, v.idem_key, v.status, v.attempts,
+        v.reason, v.evidence, v.observed, v.trace_id, v.not_before, v.created_at, now_ms,
+        v.agent_id, v.decision, v.rule, v.outcome, v.expires_at, v.approval
+     FROM json_to_recordset(rows_json) AS v(ord bigint, id text, run_id text, role text,
+          tool text, effect text, inputs text, inputs_hash text, idem_key text, status text,
+          attempts bigint, reason text, evidence text, observed text, trace_id text,
+          not_before bigint, created_at bigint, agent_id text, decision text, rule text,
+          outcome text, expires_at bigint, approval text, guard_run text, guard_failed text,
+          guard_switch text)
+     WHERE (v.guard_run IS NULL OR EXISTS (SELECT 1 FROM runs
+               WHERE runs.id = v.guard_run
+                 AND (runs.status = 'active' OR runs.status = v.guard_failed)))
+       AND (v.guard_switch IS NULL OR NOT EXISTS (SELECT 1 FROM switches
+               WHERE name = v.guard_switch
+                  OR name = v.guard_switch || ':'
+                            || (SELECT runs.tenant FROM runs WHERE runs.id = v.run_id)))
+     RETURNING steps.id;
 END
 $fn$;
