@@ -8,9 +8,9 @@
 //!   provider, which answers at once and touches nothing — so what is measured is the executor:
 //!   claim, policy, key reservation, status changes and audit records. `BENCH_STEP_TOOL`
 //!   picks another tool: `invoice.get` (a read against the demo ERP: one indexed read, no key
-//!   reservation) or `note.draft` (a write to the demo ERP, which numbers notes by counting all
-//!   of them, so concurrent drafts collide and are retried with backoff; that measures the demo
-//!   target, not the executor). Each configuration executes `BENCH_STEPS` (default 2,000)
+//!   reservation) or `note.draft` (a write to the demo ERP, which numbers notes from a counter
+//!   written with the note, so concurrent drafts collide and the losers take a number derived
+//!   from their key; that measures the demo target, not the executor). Each configuration executes `BENCH_STEPS` (default 2,000)
 //!   fresh steps. After seeding, `ANALYZE steps, runs` gives the planner the statistics a
 //!   running system has (autovacuum's); a fresh table without them gets a plan that sorts
 //!   every pending step, for both sides alike.

@@ -294,8 +294,8 @@ async fn nothing_takes_an_advisory_lock_and_batch_functions_keep_generic_plans()
                     .any(|c| c == "plan_cache_mode=force_generic_plan"),
                 "{signature}: {config:?}"
             );
-            // Index paths whatever the statistics (migration 24; migration 25 replaced the
-            // newest batch function and had to name its settings again). The 36-argument
+            // Index paths whatever the statistics (migration 24; migration 25 replaced two of
+            // the functions and had to name their settings again). The 36-argument
             // overload kept for rolling upgrades (migration 17) never had it.
             if !signature.starts_with("countersign_commit_batch") || signature.ends_with("json)") {
                 assert!(
