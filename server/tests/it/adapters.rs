@@ -1032,13 +1032,27 @@ async fn demo_targets_refuse_a_used_key_for_another_request() {
     .await;
 }
 
+/// A demo ERP `notes.draft` in tenant `acme` on the finance example's invoice.
+fn note_draft(text: &str, idem_key: &str) -> countersign::adapters::Invocation {
+    countersign::adapters::Invocation {
+        tool: "note.draft".into(),
+        operation: "notes.draft".into(),
+        arguments: json!({"invoice_id": crate::mcp::INV, "text": text}),
+        idem_key: idem_key.into(),
+        approval_token: None,
+        trace_id: "t".into(),
+        tenant: "acme".into(),
+        acts_for: None,
+        resend: false,
+    }
+}
+
 /// The demo ERP numbers notes from its counter, not by counting them (a count scans every
 /// note, and the write benchmark slowed as notes piled up): a database whose notes were
 /// written before the counter existed continues after them, and from then on the counter
 /// alone decides — a note added underneath does not move the next number.
 #[tokio::test]
 async fn demo_erp_numbers_notes_from_its_counter() {
-    use countersign::adapters::Invocation;
     use countersign::adapters::builtin::{COUNTER, ERP};
     crate::mcp::each_finance_app(|app| async move {
         let store = &app.state.store;
@@ -1055,17 +1069,7 @@ async fn demo_erp_numbers_notes_from_its_counter() {
             let erp = erp.clone();
             async move {
                 let note = erp
-                    .invoke(&Invocation {
-                        tool: "note.draft".into(),
-                        operation: "notes.draft".into(),
-                        arguments: json!({"invoice_id": crate::mcp::INV, "text": format!("c{i}")}),
-                        idem_key: format!("idem:counter-{i}"),
-                        approval_token: None,
-                        trace_id: "t".into(),
-                        tenant: "acme".into(),
-                        acts_for: None,
-                        resend: false,
-                    })
+                    .invoke(&note_draft(&format!("c{i}"), &format!("idem:counter-{i}")))
                     .await
                     .expect("the draft lands");
                 note["note_id"].as_str().unwrap().to_string()
@@ -1110,7 +1114,6 @@ async fn demo_erp_numbers_notes_from_its_counter() {
 /// again and raced for the same next number; the write benchmark lost calls to it).
 #[tokio::test]
 async fn demo_erp_concurrent_drafts_all_land_with_distinct_ids() {
-    use countersign::adapters::Invocation;
     crate::mcp::each_finance_app(|app| async move {
         let loaded = app.state.registry.current().unwrap();
         let erp = loaded.adapters.get("erp").unwrap().clone();
@@ -1118,18 +1121,8 @@ async fn demo_erp_concurrent_drafts_all_land_with_distinct_ids() {
         let calls = (0..DRAFTS).map(|i| {
             let erp = erp.clone();
             tokio::spawn(async move {
-                erp.invoke(&Invocation {
-                    tool: "note.draft".into(),
-                    operation: "notes.draft".into(),
-                    arguments: json!({"invoice_id": crate::mcp::INV, "text": format!("n{i}")}),
-                    idem_key: format!("idem:draft-{i}"),
-                    approval_token: None,
-                    trace_id: "t".into(),
-                    tenant: "acme".into(),
-                    acts_for: None,
-                    resend: false,
-                })
-                .await
+                erp.invoke(&note_draft(&format!("n{i}"), &format!("idem:draft-{i}")))
+                    .await
             })
         });
         let mut ids = std::collections::BTreeSet::new();
