@@ -11,11 +11,11 @@
 //! effect was applied, or accept the call and apply something else — by writing a `fault`
 //! object (see [`Fault`]).
 
-pub use super::demo_kit::{Fault, FaultMode, Latency, inject_fault, set_latency};
 use super::demo_kit::{
-    arg, fault_and_latency, faulted, must_tenant_object, parse, rejected, replayed, unavailable,
-    with_faults,
+    ANY_TENANT, arg, fault_and_latency, faulted, must_tenant_object, parse, rejected, replayed,
+    unavailable, with_faults,
 };
+pub use super::demo_kit::{Fault, FaultMode, Latency, inject_fault, set_latency};
 pub use super::seed::seed_erp;
 use countersign_core::Store;
 use countersign_core::policy::ResourceFact;
@@ -297,7 +297,7 @@ impl Erp {
         let write = ObjectWrite {
             kind: COUNTER.into(),
             id: kind.into(),
-            tenant: "*".into(),
+            tenant: ANY_TENANT.into(),
             data: json!({ "next": next + 1 }).to_string(),
             expected_version,
         };

@@ -39,6 +39,9 @@ pub enum FaultMode {
 }
 
 /// The object kind injected faults are stored as (id = the operation).
+/// The tenant of a demo system's own objects (faults, latencies, counters): no tenant's.
+pub(super) const ANY_TENANT: &str = "*";
+
 pub(super) const FAULT: &str = "fault";
 
 /// How long a [`FaultMode::Slow`] call takes.
@@ -53,7 +56,9 @@ pub async fn inject_fault(
 ) -> Result<(), countersign_core::StoreError> {
     let data = serde_json::to_string(fault)
         .map_err(|e| countersign_core::StoreError::Conflict(e.to_string()))?;
-    store.demo_put(system, FAULT, operation, "*", &data).await?;
+    store
+        .demo_put(system, FAULT, operation, ANY_TENANT, &data)
+        .await?;
     Ok(())
 }
 
@@ -80,7 +85,7 @@ pub async fn set_latency(
     let data = serde_json::to_string(&latency)
         .map_err(|e| countersign_core::StoreError::Conflict(e.to_string()))?;
     store
-        .demo_put(system, LATENCY, operation, "*", &data)
+        .demo_put(system, LATENCY, operation, ANY_TENANT, &data)
         .await?;
     Ok(())
 }
