@@ -165,7 +165,24 @@ pub async fn guard(State(state): State<GuardState>, req: Request, next: Next) ->
             .await
             .unwrap_or_else(|_| Refusal::Internal.into_response());
     }
+    // Whether rmcp serves the session here now: it may close it while the request is handed
+    // to it (ended elsewhere, idle, ended by a concurrent DELETE).
+    let served_here = match &session {
+        Some(id) => sessions::served_here(&state.sessions, id).await,
+        None => false,
+    };
     let response = scope.run(next.run(req)).await;
+    if served_here
+        && response.status() == StatusCode::INTERNAL_SERVER_ERROR
+        && let Some(id) = &session
+        && !sessions::served_here(&state.sessions, id).await
+    {
+        // rmcp found the session it had just checked gone (its "get session" error): the
+        // message reached no session, and the session is over — what the next request would
+        // be told, 404, not a server fault the client would retry.
+        tracing::info!("mcp: a request's session closed while it was handed over");
+        return session_not_found();
+    }
     if ending && response.status() == StatusCode::ACCEPTED {
         if let Some(id) = &session {
             state.owners.remove(id);

@@ -22,6 +22,9 @@
 //! * An `initialize` whose session could not be recorded does not open one: the guard closes
 //!   it, ends its row if there is one, and answers 500 (a session only this process knew would
 //!   break on any other).
+//! * A request whose session this process closes while rmcp takes it (ended elsewhere, idle)
+//!   is answered 404, as the next one would be, not 500: rmcp's "session gone" after its own
+//!   check means the message reached no session.
 //! * A session ended on one replica (`DELETE /mcp`) is refused by every other replica within
 //!   [`ENDED_POLL`] when the replicas' clocks agree within [`ENDED_OVERLAP`], and in any case
 //!   at its next touch.
@@ -397,12 +400,17 @@ fn store_now(store: &Store) -> i64 {
     store.clock().now_ms()
 }
 
+/// Whether rmcp serves session `id` in this process now.
+pub async fn served_here(sessions: &LocalSessionManager, id: &str) -> bool {
+    let key: rmcp::transport::streamable_http_server::session::SessionId = Arc::from(id);
+    sessions.sessions.read().await.contains_key(&key)
+}
+
 /// Closes this process's copy of session `id`, if it has one, then forgets its owner (in
 /// this order: a request meanwhile still finds the owner, or no session).
 pub async fn close_here(sessions: &LocalSessionManager, owners: &Owners, id: &str) {
-    let key: rmcp::transport::streamable_http_server::session::SessionId = Arc::from(id);
-    let here = sessions.sessions.read().await.contains_key(&key);
-    if here {
+    if served_here(sessions, id).await {
+        let key: rmcp::transport::streamable_http_server::session::SessionId = Arc::from(id);
         use rmcp::transport::streamable_http_server::session::SessionManager;
         if let Err(e) = sessions.close_session(&key).await {
             tracing::warn!(error = %e, "mcp: closing a session ended elsewhere failed");

@@ -154,6 +154,87 @@ async fn sessions_continue_on_another_replica_and_end_everywhere() {
     }
 }
 
+/// The status alone of `token`'s `tools/list` in `session` on `app` (the body unread: a
+/// request whose session ends while it is served may see its stream cut).
+async fn list_status_only(app: &TestApp, token: &str, session: &str) -> StatusCode {
+    app.client
+        .post(app.url("/mcp"))
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", crate::mcp::PROTOCOL)
+        .header("Mcp-Session-Id", session)
+        .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// Requests in flight on replica A while its poll closes a session ended on B are answered
+/// as served (200) or as a session that does not exist (404) — never as a server fault: the
+/// session may vanish between rmcp's check and its hand-over of the message.
+#[tokio::test]
+async fn requests_racing_a_session_closed_here_are_not_server_faults() {
+    const SESSIONS: usize = 8;
+    const CLIENTS_EACH: usize = 4;
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some((a, b)) = two_replicas(backend).await else {
+            continue;
+        };
+        let (_, token) = agent(&a, "fin-1", "worker.finance").await;
+        let mut sessions = Vec::new();
+        for _ in 0..SESSIONS {
+            let mut on_a = Client::new(&a, &token);
+            on_a.connect().await;
+            sessions.push(on_a.session().unwrap());
+        }
+        for session in &sessions {
+            assert_eq!(delete(&b, &token, session).await, StatusCode::NO_CONTENT);
+        }
+        // Every client sends requests back to back until A refuses its session.
+        let (on_a, token) = (&a, &token);
+        let hammer = sessions.iter().flat_map(|session| {
+            (0..CLIENTS_EACH).map(move |_| {
+                let token = token.clone();
+                async move {
+                    let began = Instant::now();
+                    let mut seen = Vec::new();
+                    loop {
+                        let status = list_status_only(on_a, &token, session).await;
+                        seen.push(status);
+                        if status != StatusCode::OK
+                            || began.elapsed() > countersign::mcp::sessions::ENDED_POLL * 3
+                        {
+                            return seen;
+                        }
+                    }
+                }
+            })
+        });
+        let seen: Vec<StatusCode> = futures_util::future::join_all(hammer)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let faults: Vec<_> = seen
+            .iter()
+            .filter(|s| **s != StatusCode::OK && **s != StatusCode::NOT_FOUND)
+            .collect();
+        assert!(
+            faults.is_empty(),
+            "{backend:?}: {faults:?} of {}",
+            seen.len()
+        );
+        assert_eq!(
+            seen.last(),
+            Some(&StatusCode::NOT_FOUND),
+            "{backend:?}: A still serves sessions ended on B"
+        );
+        b.stop().await;
+        a.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn the_session_cap_counts_every_replica() {
     for backend in [Backend::Sqlite, Backend::Postgres] {
