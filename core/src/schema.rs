@@ -150,6 +150,10 @@ fn within(prefix: &str, e: SchemaError) -> SchemaError {
 
 fn run(validator: &Validator, instance: &Value) -> Result<(), Vec<SchemaError>> {
     check_size(instance)?;
+    // The common case, without building errors; the errors only when there are some.
+    if validator.is_valid(instance) {
+        return Ok(());
+    }
     let errors: Vec<SchemaError> = validator
         .iter_errors(instance)
         .take(MAX_ERRORS)
@@ -175,8 +179,62 @@ fn cut(s: &str) -> String {
     }
 }
 
-/// Refuses oversized or over-deep arguments without recursion.
+/// Refuses oversized or over-deep arguments without recursion: a walk that only counts, and
+/// only when it finds a limit passed, the walk that says where ([`size_refusal`]).
 fn check_size(root: &Value) -> Result<(), Vec<SchemaError>> {
+    if within_size(root) {
+        return Ok(());
+    }
+    match size_refusal(root) {
+        Err(refused) => Err(refused),
+        // The two walks disagree: refuse all the same.
+        Ok(()) => Err(vec![SchemaError {
+            path: String::new(),
+            message: "arguments are too large".into(),
+        }]),
+    }
+}
+
+/// Whether `root` is within [`MAX_DEPTH`], [`MAX_NODES`] and [`MAX_TEXT_BYTES`], counted as
+/// [`size_refusal`] counts them.
+fn within_size(root: &Value) -> bool {
+    let mut nodes = 1usize;
+    let mut text = 0usize;
+    let mut stack: Vec<(&Value, usize)> = vec![(root, 1)];
+    while let Some((value, depth)) = stack.pop() {
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        match value {
+            Value::String(s) => text = text.saturating_add(s.len()),
+            Value::Array(items) => {
+                nodes = nodes.saturating_add(items.len());
+                if nodes > MAX_NODES {
+                    return false;
+                }
+                stack.extend(items.iter().map(|item| (item, depth + 1)));
+            }
+            Value::Object(map) => {
+                nodes = nodes.saturating_add(map.len());
+                if nodes > MAX_NODES {
+                    return false;
+                }
+                for (k, item) in map {
+                    text = text.saturating_add(k.len());
+                    stack.push((item, depth + 1));
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+        if text > MAX_TEXT_BYTES {
+            return false;
+        }
+    }
+    true
+}
+
+/// The refusal of arguments past a size limit, with the JSON pointer of where.
+fn size_refusal(root: &Value) -> Result<(), Vec<SchemaError>> {
     let refuse = |path: String, message: String| Err(vec![SchemaError { path, message }]);
     let mut nodes = 1usize;
     let mut text = 0usize;
@@ -256,5 +314,34 @@ mod tests {
         let errs = check_size(&deep).unwrap_err();
         assert!(errs[0].message.contains("nested deeper"), "{errs:?}");
         assert!(errs[0].path.starts_with("/a/a/a"), "{errs:?}");
+    }
+
+    /// The counting walk and the walk that says where agree at and just past every limit.
+    #[test]
+    fn the_two_size_walks_agree_at_each_limit() {
+        let nested = |levels: usize| {
+            let mut v = json!(1);
+            for _ in 1..levels {
+                v = json!([v]);
+            }
+            v
+        };
+        // `n` values in all (the root array and its members).
+        let values = |n: usize| json!(vec![0; n - 1]);
+        // Exactly `bytes` of text (a key of one byte and its string).
+        let text = |bytes: usize| json!({ "k": "x".repeat(bytes - 1) });
+        let cases = [
+            (nested(MAX_DEPTH), true),
+            (nested(MAX_DEPTH + 1), false),
+            (values(MAX_NODES), true),
+            (values(MAX_NODES + 1), false),
+            (text(MAX_TEXT_BYTES), true),
+            (text(MAX_TEXT_BYTES + 1), false),
+        ];
+        for (i, (value, within)) in cases.iter().enumerate() {
+            assert_eq!(within_size(value), *within, "case {i}");
+            assert_eq!(size_refusal(value).is_ok(), *within, "case {i}");
+            assert_eq!(check_size(value).is_ok(), *within, "case {i}");
+        }
     }
 }

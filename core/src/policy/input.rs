@@ -184,7 +184,8 @@ pub(crate) fn resource_entity(names: &Names, fact: &ResourceFact) -> Result<Enti
             ));
         }
     }
-    for (k, v) in convert_members(&fact.attrs, &format!("{}:{}", fact.kind, fact.id))? {
+    let at = Path::Entity(&fact.kind, &fact.id);
+    for (k, v) in convert_members(&fact.attrs, &at)? {
         attrs.insert(k, v);
     }
     attrs.insert(
@@ -217,7 +218,7 @@ pub(crate) fn context(req: &Request) -> Result<Context, InputError> {
     let Value::Object(args) = &req.arguments else {
         return Err(InputError::ArgumentsNotObject);
     };
-    let args = record(convert_members(args, "args")?)?;
+    let args = record(convert_members(args, &Path::Root("args"))?)?;
     let call = record(vec![
         (
             "tenant".to_owned(),
@@ -244,19 +245,44 @@ fn record(fields: Vec<(String, RestrictedExpression)>) -> Result<RestrictedExpre
     RestrictedExpression::new_record(fields).map_err(|e| InputError::Cedar(e.to_string()))
 }
 
+/// Where a converted value sits, for error messages: `args.lines[2].amount`,
+/// `invoice:INV-1.total`. Written out only when a conversion fails.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    /// A top-level name (`args`).
+    Root(&'a str),
+    /// A resource entity's attributes: its kind and id (`invoice:INV-1`).
+    Entity(&'a str, &'a str),
+    /// A member of an object.
+    Member(&'a Path<'a>, &'a str),
+    /// An item of an array.
+    Item(&'a Path<'a>, usize),
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Root(name) => f.write_str(name),
+            Self::Entity(kind, id) => write!(f, "{kind}:{id}"),
+            Self::Member(parent, name) => write!(f, "{parent}.{name}"),
+            Self::Item(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
 /// Converts an object's members, applying the money rule at this level.
 fn convert_members(
     map: &Map<String, Value>,
-    path: &str,
+    path: &Path<'_>,
 ) -> Result<Vec<(String, RestrictedExpression)>, InputError> {
     let mut out = Vec::with_capacity(map.len());
     for (name, value) in map {
-        let here = format!("{path}.{name}");
+        let here = Path::Member(path, name);
         if name == MONEY_MINOR_FIELD {
-            return Err(InputError::MinorUnitsSupplied(here));
+            return Err(InputError::MinorUnitsSupplied(here.to_string()));
         }
         if name == MONEY_FIELD {
-            let minor = money_member(map, value, &here)?;
+            let minor = money_at(map, value, &here)?;
             out.push((
                 MONEY_MINOR_FIELD.to_owned(),
                 RestrictedExpression::new_long(minor),
@@ -277,19 +303,23 @@ pub(crate) fn money_member(
     amount: &Value,
     path: &str,
 ) -> Result<i64, InputError> {
+    money_at(map, amount, &Path::Root(path))
+}
+
+fn money_at(map: &Map<String, Value>, amount: &Value, path: &Path<'_>) -> Result<i64, InputError> {
     let Some(currency) = map.get(CURRENCY_FIELD).and_then(Value::as_str) else {
-        return Err(InputError::AmountWithoutCurrency(path.to_owned()));
+        return Err(InputError::AmountWithoutCurrency(path.to_string()));
     };
     let Value::Number(n) = amount else {
-        return Err(InputError::AmountNotNumber(path.to_owned()));
+        return Err(InputError::AmountNotNumber(path.to_string()));
     };
     to_minor_units(n, currency).map_err(|source| InputError::Money {
-        path: path.to_owned(),
+        path: path.to_string(),
         source,
     })
 }
 
-fn convert(value: &Value, path: &str) -> Result<RestrictedExpression, InputError> {
+fn convert(value: &Value, path: &Path<'_>) -> Result<RestrictedExpression, InputError> {
     Ok(match value {
         Value::Bool(b) => RestrictedExpression::new_bool(*b),
         Value::String(s) => RestrictedExpression::new_string(s.clone()),
@@ -297,7 +327,7 @@ fn convert(value: &Value, path: &str) -> Result<RestrictedExpression, InputError
             if let Some(i) = n.as_i64() {
                 RestrictedExpression::new_long(i)
             } else if n.is_u64() {
-                return Err(InputError::IntegerRange(path.to_owned()));
+                return Err(InputError::IntegerRange(path.to_string()));
             } else {
                 // `4.0` and `4` are the same JSON number (and canonicalise alike): integral
                 // doubles within the exact range are Longs too.
@@ -307,16 +337,16 @@ fn convert(value: &Value, path: &str) -> Result<RestrictedExpression, InputError
                         #[allow(clippy::cast_possible_truncation)]
                         RestrictedExpression::new_long(f as i64)
                     }
-                    Some(_) | None => return Err(InputError::Fractional(path.to_owned())),
+                    Some(_) | None => return Err(InputError::Fractional(path.to_string())),
                 }
             }
         }
         Value::Array(items) => {
             let mut set = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
-                let here = format!("{path}[{i}]");
+                let here = Path::Item(path, i);
                 if item.is_null() {
-                    return Err(InputError::NullInArray(here));
+                    return Err(InputError::NullInArray(here.to_string()));
                 }
                 set.push(convert(item, &here)?);
             }
@@ -324,6 +354,6 @@ fn convert(value: &Value, path: &str) -> Result<RestrictedExpression, InputError
         }
         Value::Object(map) => record(convert_members(map, path)?)?,
         // Members that are null are skipped by the caller; a bare null has no Cedar value.
-        Value::Null => return Err(InputError::NullInArray(path.to_owned())),
+        Value::Null => return Err(InputError::NullInArray(path.to_string())),
     })
 }

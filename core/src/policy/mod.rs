@@ -19,7 +19,10 @@
 //!    `deny(tenant.mismatch)`;
 //! 2. Cedar, once per resource the call points at (or once against `Tool::"<name>"` when it
 //!    points at none); the most restrictive outcome wins, in this order: error, forbid,
-//!    no permit, require approval, allow;
+//!    no permit, require approval, allow. Only the policies whose scope may match the call's
+//!    action are put to Cedar: one scoped `action == Action::"x"` is false for any other
+//!    action before its conditions are read, so leaving it out changes no decision and hides
+//!    no error;
 //! 3. standing authorizations: when step 2 ended in `require_approval(<policy rule>)` or
 //!    `deny(policy.no_permit)`, an unexpired grant that covers the call turns it into
 //!    `allow_within_authorization(<grant id>)`;
@@ -153,12 +156,33 @@ impl Outcome {
     }
 }
 
-/// A shadow rule: its id and rule, itself alone, and the policies in force with it added.
+/// A shadow rule: its id and rule, itself alone, the policies in force with it added, and
+/// the one action its scope names (`action == Action::"…"`), if it names one.
 struct Shadow {
     id: PolicyId,
     rule: Rule,
     alone: PolicySet,
     with: PolicySet,
+    only: Option<EntityUid>,
+}
+
+/// Whether `policy` can match a call of `action`: a policy scoped `action == Action::"x"`
+/// cannot match a call of another action — Cedar checks the scope before the conditions and
+/// stops there, so such a policy neither decides nor raises an error. Any other scope
+/// (`action in […]`, any action) may match.
+fn may_apply(policy: &cedar::Policy, action: &EntityUid) -> bool {
+    match policy.action_constraint() {
+        cedar::ActionConstraint::Eq(only) => only == *action,
+        cedar::ActionConstraint::Any | cedar::ActionConstraint::In(_) => true,
+    }
+}
+
+/// The one action `policy`'s scope names, if it names exactly one.
+fn only_action(policy: &cedar::Policy) -> Option<EntityUid> {
+    match policy.action_constraint() {
+        cedar::ActionConstraint::Eq(only) => Some(only),
+        cedar::ActionConstraint::Any | cedar::ActionConstraint::In(_) => None,
+    }
 }
 
 /// The Cedar requests of one call (one per target resource), built once and put to each
@@ -169,6 +193,8 @@ type Prepared = Result<Vec<(cedar::Request, Entities)>, InputError>;
 pub struct PolicyEngine {
     /// The policies in force: never a shadow rule.
     policies: PolicySet,
+    /// For each action of the schema, the policies in force that [`may_apply`] to it.
+    by_action: HashMap<EntityUid, PolicySet>,
     shadows: Vec<Shadow>,
     meta: HashMap<PolicyId, Meta>,
     actions: HashMap<EntityUid, Entity>,
@@ -249,18 +275,43 @@ impl PolicyEngine {
                 id,
                 alone,
                 with,
+                only: only_action(policy),
             });
         }
         shadows.sort_by_key(|s| s.id.to_string());
+        let by_action = Self::slice(&enforced, &actions).map_err(cedar_err)?;
 
         Ok(Self {
             policies: enforced,
+            by_action,
             shadows,
             meta: annotated.meta,
             actions,
             names,
             authorizer: Authorizer::new(),
         })
+    }
+
+    /// Each action's share of `enforced`: the policies that [`may_apply`] to it.
+    fn slice(
+        enforced: &PolicySet,
+        actions: &HashMap<EntityUid, Entity>,
+    ) -> Result<HashMap<EntityUid, PolicySet>, cedar::PolicySetError> {
+        let mut by_action = HashMap::with_capacity(actions.len());
+        for action in actions.keys() {
+            let mut share = PolicySet::new();
+            for p in enforced.policies().filter(|p| may_apply(p, action)) {
+                share.add(p.clone())?;
+            }
+            by_action.insert(action.clone(), share);
+        }
+        Ok(by_action)
+    }
+
+    /// The policies in force that may apply to `action` (all of them for an action the
+    /// schema does not declare).
+    fn enforced_for(&self, action: &EntityUid) -> &PolicySet {
+        self.by_action.get(action).unwrap_or(&self.policies)
     }
 
     /// The `@id`s of the loaded policies (shadow rules included), sorted.
@@ -312,7 +363,9 @@ impl PolicyEngine {
         if let Some(report) = floor_before_cedar(req) {
             return report;
         }
-        self.decide_with(&self.policies, req, &self.prepare(req))
+        let action = input::uid(&self.names.action, &req.tool.name);
+        let prepared = self.prepare(req, &action);
+        self.decide_with(self.enforced_for(&action), req, &prepared)
     }
 
     /// Rules on `req` with the policies in force, then lists each shadow rule that would have
@@ -321,9 +374,13 @@ impl PolicyEngine {
         if let Some(report) = floor_before_cedar(req) {
             return report;
         }
-        let prepared = self.prepare(req);
-        let mut report = self.decide_with(&self.policies, req, &prepared);
+        let action = input::uid(&self.names.action, &req.tool.name);
+        let prepared = self.prepare(req, &action);
+        let mut report = self.decide_with(self.enforced_for(&action), req, &prepared);
         for shadow in &self.shadows {
+            if shadow.only.as_ref().is_some_and(|only| *only != action) {
+                continue; // cannot match this call (`may_apply`)
+            }
             // A rule that neither matches nor errs on its own adds nothing to the set in
             // force: only a rule that does is decided with it (one small evaluation per
             // shadow rule per call, the full one only when it could matter).
@@ -425,9 +482,8 @@ impl PolicyEngine {
 
     /// The Cedar requests of `req`: one per resource it points at, or one against
     /// `Tool::"<name>"` when it points at none.
-    fn prepare(&self, req: &Request) -> Prepared {
+    fn prepare(&self, req: &Request, action_uid: &EntityUid) -> Prepared {
         let principal = input::principal_entity(&self.names, &req.principal)?;
-        let action_uid = input::uid(&self.names.action, &req.tool.name);
         let context = input::context(req)?;
         let targets: Vec<Entity> = if req.resources.is_empty() {
             vec![input::tool_entity(&self.names, req)?]
@@ -438,20 +494,31 @@ impl PolicyEngine {
                 .collect::<Result<_, _>>()?
         };
 
+        let principal_uid = principal.uid();
         let mut requests = Vec::with_capacity(targets.len());
-        for target in targets {
+        // The principal and the context go to each target's request: copies for all but the
+        // last, which takes them.
+        let mut shared = Some((principal, context));
+        let last = targets.len().saturating_sub(1);
+        for (i, target) in targets.into_iter().enumerate() {
+            let (principal, context) = if i == last {
+                shared.take()
+            } else {
+                shared.clone()
+            }
+            .ok_or_else(|| InputError::Cedar("a request past the last target".into()))?;
             let resource_uid = target.uid();
-            let mut entities = vec![principal.clone(), target];
-            if let Some(action) = self.actions.get(&action_uid) {
+            let mut entities = vec![principal, target];
+            if let Some(action) = self.actions.get(action_uid) {
                 entities.push(action.clone());
             }
             let entities = Entities::from_entities(entities, None)
                 .map_err(|e| InputError::Cedar(e.to_string()))?;
             let request = cedar::Request::new(
-                principal.uid(),
+                principal_uid.clone(),
                 action_uid.clone(),
                 resource_uid,
-                context.clone(),
+                context,
                 None,
             )
             .map_err(|e| InputError::Cedar(e.to_string()))?;
