@@ -232,6 +232,64 @@ fn an_evaluation_error_in_any_policy_denies() {
     assert_eq!(not_object.decision, Decision::Deny(Rule::POLICY_ERROR));
 }
 
+/// Cedar is given only the policies whose action scope may match the call: a policy scoped
+/// to another action neither decides nor errs (it would not have in the whole set: Cedar
+/// reads the scope first), one scoped to this action or to a group holding it still does.
+#[test]
+fn policies_scoped_to_other_actions_change_nothing_and_this_actions_still_decide() {
+    const TWO: &str = r#"
+    entity Role;
+    entity Agent in [Role] { role: String, tenant: String, acts_for: String };
+    entity Human in [Role] { role: String, tenant: String, acts_for: String };
+    entity Tool { tenant: String };
+    type Call = { tenant: String, task_origin: String, approval: String, now: Long };
+    action "x.do", "x.undo" appliesTo {
+      principal: [Agent, Human], resource: [Tool],
+      context: { args: { n: Long }, call: Call }
+    };
+    "#;
+    let engine = PolicyEngine::load(
+        r#"
+        @id("all") permit (principal, action in [Action::"x.do", Action::"x.undo"], resource);
+        @id("undo.big") @decision("require_approval") @rule("undo.big")
+        permit (principal, action == Action::"x.undo", resource) when { context.args.n > 10 };
+        @id("undo.never") @rule("undo.never")
+        forbid (principal, action in [Action::"x.undo"], resource) when { context.args.n == 7 };
+        "#,
+        TWO,
+    )
+    .unwrap();
+    let mut row = row_named("planner searches invoices");
+    let call = |tool: &str, args: serde_json::Value, row: &mut Row| {
+        let mut r = row.request();
+        r.tool.name = tool.into();
+        r.arguments = args;
+        engine.decide(&r)
+    };
+    // `undo.big` would err on arguments without `n`, and `undo.never` forbid n = 7: neither
+    // reaches a call of `x.do`.
+    let done = call("x.do", json!({}), &mut row);
+    assert_eq!(done.decision, Decision::Allow, "{done:?}");
+    assert!(done.errors.is_empty());
+    assert_eq!(done.policy_ids, ["all"]);
+    assert_eq!(
+        call("x.do", json!({"n": 7}), &mut row).decision,
+        Decision::Allow
+    );
+    // On `x.undo` both decide, and the error denies.
+    let missing = call("x.undo", json!({}), &mut row);
+    assert_eq!(missing.decision, Decision::Deny(Rule::POLICY_ERROR));
+    assert!(!missing.errors.is_empty());
+    assert_eq!(
+        call("x.undo", json!({"n": 11}), &mut row).decision,
+        Decision::RequireApproval(Rule::parse("undo.big").unwrap())
+    );
+    assert_eq!(
+        call("x.undo", json!({"n": 7}), &mut row).decision,
+        Decision::Deny(Rule::parse("undo.never").unwrap())
+    );
+}
+
 #[test]
 fn floors_after_cedar_only_raise() {
     let engine =

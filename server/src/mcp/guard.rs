@@ -175,12 +175,12 @@ pub async fn guard(State(state): State<GuardState>, req: Request, next: Next) ->
     if served_here
         && response.status() == StatusCode::INTERNAL_SERVER_ERROR
         && let Some(id) = &session
-        && !sessions::served_here(&state.sessions, id).await
+        && session_over(&state, &scope, id).await
     {
         // rmcp found the session it had just checked gone (its "get session" error): the
-        // message reached no session, and the session is over — what the next request would
+        // message reached no session, and the session is over — what the next request will
         // be told, 404, not a server fault the client would retry.
-        tracing::info!("mcp: a request's session closed while it was handed over");
+        tracing::info!(session = %id, "mcp: a request's session ended while it was handed over");
         return session_not_found();
     }
     if ending && response.status() == StatusCode::ACCEPTED {
@@ -190,6 +190,20 @@ pub async fn guard(State(state): State<GuardState>, req: Request, next: Next) ->
         return ended(&known, scope.done());
     }
     response
+}
+
+/// Whether session `id`, which rmcp served here when the request reached it, is over: no
+/// longer served here, and not a live session of the caller's in the database. A copy closed
+/// here while its row lives (shutdown, rmcp's idle timeout, a worker that failed) is not
+/// over: the next request restores it; nor when the database cannot be asked.
+async fn session_over(state: &GuardState, scope: &Scope, id: &str) -> bool {
+    if sessions::served_here(&state.sessions, id).await {
+        return false;
+    }
+    matches!(
+        sessions::touch(&state.app.store, scope.tenant(), id, scope.agent()).await,
+        Ok(None)
+    )
 }
 
 /// The session a request names, and whether it opens one. A POST without a session, or at a

@@ -22,9 +22,11 @@
 //! * An `initialize` whose session could not be recorded does not open one: the guard closes
 //!   it, ends its row if there is one, and answers 500 (a session only this process knew would
 //!   break on any other).
-//! * A request whose session this process closes while rmcp takes it (ended elsewhere, idle)
-//!   is answered 404, as the next one would be, not 500: rmcp's "session gone" after its own
-//!   check means the message reached no session.
+//! * A request whose session this process closes while rmcp takes it is answered 404 when
+//!   the session is over in the database (ended elsewhere, idle), as the next request would
+//!   be; rmcp's "session gone" after its own check means the message reached no session. A
+//!   copy closed while its row lives (shutdown, a failed worker) keeps rmcp's 500: the next
+//!   request restores it.
 //! * A session ended on one replica (`DELETE /mcp`) is refused by every other replica within
 //!   [`ENDED_POLL`] when the replicas' clocks agree within [`ENDED_OVERLAP`], and in any case
 //!   at its next touch.
