@@ -279,7 +279,7 @@ impl PolicyEngine {
             });
         }
         shadows.sort_by_key(|s| s.id.to_string());
-        let by_action = Self::slice(&enforced, &actions).map_err(cedar_err)?;
+        let by_action = Self::slice(&enforced, &actions)?;
 
         Ok(Self {
             policies: enforced,
@@ -296,12 +296,14 @@ impl PolicyEngine {
     fn slice(
         enforced: &PolicySet,
         actions: &HashMap<EntityUid, Entity>,
-    ) -> Result<HashMap<EntityUid, PolicySet>, cedar::PolicySetError> {
+    ) -> Result<HashMap<EntityUid, PolicySet>, PolicyLoadError> {
         let mut by_action = HashMap::with_capacity(actions.len());
         for action in actions.keys() {
             let mut share = PolicySet::new();
             for p in enforced.policies().filter(|p| may_apply(p, action)) {
-                share.add(p.clone())?;
+                share
+                    .add(p.clone())
+                    .map_err(|e| PolicyLoadError::Cedar(e.to_string()))?;
             }
             by_action.insert(action.clone(), share);
         }
