@@ -271,7 +271,8 @@ fn main() {
         || bare_once(&sliced),
     );
     println!(
-        "payment.schedule decide: ours median {ours_median:?}, bare Cedar on the {} policies          that can apply (of {}) median {sliced_median:?}, ratio {ratio:.2}x (not the figure)",
+        "payment.schedule decide: ours median {ours_median:?}, bare Cedar on the {} policies \
+         that can apply (of {}) median {sliced_median:?}, ratio {ratio:.2}x (not the figure)",
         sliced.policies.policies().count(),
         b.policies.policies().count(),
     );
