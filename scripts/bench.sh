@@ -126,7 +126,9 @@ pg=$(psql "${COUNTERSIGN_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/p
   echo "### Policy decision (core, criterion)"
   echo
   echo "Countersign's decision (schema validation + canonicalisation + \`PolicyEngine::decide\`) on a"
-  echo "finance \`payment.schedule\` request against bare Cedar \`is_authorized\` on the same policies."
+  echo "finance \`payment.schedule\` request against bare Cedar \`is_authorized\` on all the bundle's policies"
+  echo "(the figure), then on the share of them that can apply to \`payment.schedule\` (the engine puts only"
+  echo "that share to Cedar)."
   echo
   echo '```'
   grep -E 'ratio' "$logs/decide.txt" || echo "(no summary line found)"

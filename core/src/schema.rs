@@ -163,7 +163,11 @@ fn run(validator: &Validator, instance: &Value) -> Result<(), Vec<SchemaError>> 
         })
         .collect();
     if errors.is_empty() {
-        Ok(())
+        // Invalid, yet no error to show: refuse all the same.
+        Err(vec![SchemaError {
+            path: String::new(),
+            message: "the value does not fit the schema".into(),
+        }])
     } else {
         Err(errors)
     }

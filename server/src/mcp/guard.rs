@@ -172,22 +172,35 @@ pub async fn guard(State(state): State<GuardState>, req: Request, next: Next) ->
         None => false,
     };
     let response = scope.run(next.run(req)).await;
-    if served_here
-        && response.status() == StatusCode::INTERNAL_SERVER_ERROR
-        && let Some(id) = &session
-        && session_over(&state, &scope, id).await
-    {
-        // rmcp found the session it had just checked gone (its "get session" error): the
-        // message reached no session, and the session is over — what the next request will
-        // be told, 404, not a server fault the client would retry.
-        tracing::info!(session = %id, "mcp: a request's session ended while it was handed over");
-        return session_not_found();
-    }
+    let response = match &session {
+        Some(id) if served_here => ended_meanwhile(&state, &scope, id, response).await,
+        _ => response,
+    };
     if ending && response.status() == StatusCode::ACCEPTED {
         if let Some(id) = &session {
             state.owners.remove(id);
         }
         return ended(&known, scope.done());
+    }
+    response
+}
+
+/// rmcp's `response` to a request in session `id`, which rmcp served here when the request
+/// reached it: a 500 because the session was gone by the time rmcp handed the message over
+/// (rmcp's "get session", "accept message", … errors: a message rmcp could not hand to a
+/// session reached none) becomes 404 when the session is over — what the next request will
+/// be told, not a server fault the client would retry.
+async fn ended_meanwhile(
+    state: &GuardState,
+    scope: &Scope,
+    id: &str,
+    response: Response,
+) -> Response {
+    if response.status() == StatusCode::INTERNAL_SERVER_ERROR
+        && session_over(state, scope, id).await
+    {
+        tracing::info!(session = %id, "mcp: a request's session ended while it was handed over");
+        return session_not_found();
     }
     response
 }

@@ -17,16 +17,17 @@
 //!   touched within [`DB_IDLE`]): the guard touches its row first, which is also what rmcp's
 //!   restore replays. Otherwise the answer is as for a session that does not exist (404).
 //! * A session is touched in the database at its first request on a replica and then at most
-//!   every [`TOUCH_EVERY`]; a touch that finds it ended or idle closes this process's copy
+//!   every [`TOUCH_EVERY`] (and once more when rmcp fails a request because its copy here
+//!   closed meanwhile: below); a touch that finds it ended or idle closes this process's copy
 //!   and answers 404. A touch never revives an idle session.
 //! * An `initialize` whose session could not be recorded does not open one: the guard closes
 //!   it, ends its row if there is one, and answers 500 (a session only this process knew would
 //!   break on any other).
 //! * A request whose session this process closes while rmcp takes it is answered 404 when
 //!   the session is over in the database (ended elsewhere, idle), as the next request would
-//!   be; rmcp's "session gone" after its own check means the message reached no session. A
-//!   copy closed while its row lives (shutdown, a failed worker) keeps rmcp's 500: the next
-//!   request restores it.
+//!   be: rmcp answers 500 only when it could not hand the message to the session, so the
+//!   message reached none. A copy closed while its row lives (shutdown, a failed worker)
+//!   keeps rmcp's 500: the next request restores it.
 //! * A session ended on one replica (`DELETE /mcp`) is refused by every other replica within
 //!   [`ENDED_POLL`] when the replicas' clocks agree within [`ENDED_OVERLAP`], and in any case
 //!   at its next touch.

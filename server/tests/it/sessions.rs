@@ -157,7 +157,8 @@ async fn sessions_continue_on_another_replica_and_end_everywhere() {
 /// The status alone of `token`'s `tools/list` in `session` on `app` (the body unread: a
 /// request whose session ends while it is served may see its stream cut).
 async fn list_status_only(app: &TestApp, token: &str, session: &str) -> StatusCode {
-    app.client
+    let resp = app
+        .client
         .post(app.url("/mcp"))
         .bearer_auth(token)
         .header("Accept", "application/json, text/event-stream")
@@ -166,8 +167,11 @@ async fn list_status_only(app: &TestApp, token: &str, session: &str) -> StatusCo
         .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}}))
         .send()
         .await
-        .unwrap()
-        .status()
+        .unwrap();
+    // The body is left unread: the next request goes out while this answer's stream may
+    // still be open (more requests in flight, more chances to meet the close; reading it
+    // made the race too rare to show).
+    resp.status()
 }
 
 /// Requests in flight on replica A while its poll closes a session ended on B are answered
@@ -202,8 +206,9 @@ async fn requests_racing_a_session_closed_here_are_not_server_faults() {
                     loop {
                         let status = list_status_only(on_a, &token, session).await;
                         seen.push(status);
+                        // The bound only ends a failing run (each client stops at its 404).
                         if status != StatusCode::OK
-                            || began.elapsed() > countersign::mcp::sessions::ENDED_POLL * 3
+                            || began.elapsed() > countersign::mcp::sessions::ENDED_POLL * 10
                         {
                             return seen;
                         }
