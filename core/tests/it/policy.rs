@@ -237,17 +237,9 @@ fn an_evaluation_error_in_any_policy_denies() {
 /// reads the scope first), one scoped to this action or to a group holding it still does.
 #[test]
 fn policies_scoped_to_other_actions_change_nothing_and_this_actions_still_decide() {
-    const TWO: &str = r#"
-    entity Role;
-    entity Agent in [Role] { role: String, tenant: String, acts_for: String };
-    entity Human in [Role] { role: String, tenant: String, acts_for: String };
-    entity Tool { tenant: String };
-    type Call = { tenant: String, task_origin: String, approval: String, now: Long };
-    action "x.do", "x.undo" appliesTo {
-      principal: [Agent, Human], resource: [Tool],
-      context: { args: { n: Long }, call: Call }
-    };
-    "#;
+    // The engine's test schema with a second action beside `x.do`.
+    let two = SCHEMA.replace(r#"action "x.do""#, r#"action "x.do", "x.undo""#);
+    assert_ne!(two, SCHEMA);
     let engine = PolicyEngine::load(
         r#"
         @id("all") permit (principal, action in [Action::"x.do", Action::"x.undo"], resource);
@@ -256,7 +248,7 @@ fn policies_scoped_to_other_actions_change_nothing_and_this_actions_still_decide
         @id("undo.never") @rule("undo.never")
         forbid (principal, action in [Action::"x.undo"], resource) when { context.args.n == 7 };
         "#,
-        TWO,
+        &two,
     )
     .unwrap();
     let mut row = row_named("planner searches invoices");
