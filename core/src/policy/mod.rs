@@ -171,10 +171,7 @@ struct Shadow {
 /// stops there, so such a policy neither decides nor raises an error. Any other scope
 /// (`action in […]`, any action) may match.
 fn may_apply(policy: &cedar::Policy, action: &EntityUid) -> bool {
-    match policy.action_constraint() {
-        cedar::ActionConstraint::Eq(only) => only == *action,
-        cedar::ActionConstraint::Any | cedar::ActionConstraint::In(_) => true,
-    }
+    only_action(policy).is_none_or(|only| only == *action)
 }
 
 /// The one action `policy`'s scope names, if it names exactly one.

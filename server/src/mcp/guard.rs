@@ -165,16 +165,10 @@ pub async fn guard(State(state): State<GuardState>, req: Request, next: Next) ->
             .await
             .unwrap_or_else(|_| Refusal::Internal.into_response());
     }
-    // Whether rmcp serves the session here now: it may close it while the request is handed
-    // to it (ended elsewhere, idle, ended by a concurrent DELETE).
-    let served_here = match &session {
-        Some(id) => sessions::served_here(&state.sessions, id).await,
-        None => false,
-    };
     let response = scope.run(next.run(req)).await;
     let response = match &session {
-        Some(id) if served_here => ended_meanwhile(&state, &scope, id, response).await,
-        _ => response,
+        Some(id) => ended_meanwhile(&state, &scope, id, response).await,
+        None => response,
     };
     if ending && response.status() == StatusCode::ACCEPTED {
         if let Some(id) = &session {
@@ -185,11 +179,11 @@ pub async fn guard(State(state): State<GuardState>, req: Request, next: Next) ->
     response
 }
 
-/// rmcp's `response` to a request in session `id`, which rmcp served here when the request
-/// reached it: a 500 because the session was gone by the time rmcp handed the message over
-/// (rmcp's "get session", "accept message", … errors: a message rmcp could not hand to a
-/// session reached none) becomes 404 when the session is over — what the next request will
-/// be told, not a server fault the client would retry.
+/// rmcp's `response` to a request in session `id`: a 500 because the session was gone by
+/// the time rmcp handed the message over (rmcp's "get session", "accept message", … errors:
+/// a message rmcp could not hand to a session reached none) becomes 404 when the session is
+/// over — what the next request will be told, not a server fault the client would retry.
+/// Only a failed request pays for the check (nothing is looked up on the way in).
 async fn ended_meanwhile(
     state: &GuardState,
     scope: &Scope,
@@ -205,7 +199,7 @@ async fn ended_meanwhile(
     response
 }
 
-/// Whether session `id`, which rmcp served here when the request reached it, is over: no
+/// Whether session `id` is over: no
 /// longer served here, and not a live session of the caller's in the database. A copy closed
 /// here while its row lives (shutdown, rmcp's idle timeout, a worker that failed) is not
 /// over: the next request restores it; nor when the database cannot be asked.
