@@ -9,6 +9,8 @@
 //!   executes. A stored key whose inputs hash differs from the caller's is a mismatch.
 //! * A transition names the statuses it may leave; if the step moved meanwhile nothing is
 //!   written. The status change, the key's state and the audit records commit together.
+//! * A step's id is a UUID of version 7 ([`new_step_id`]): unique, and later than every id
+//!   this process made before, so the indexes keyed by it grow at their end.
 
 pub use super::step_model::{
     KeyClaim, KeyRecord, KeyState, NewStep, Reservation, RunGuard, Step, Transition,
@@ -37,6 +39,18 @@ use crate::store::audit_append::{hold_head, insert_all_pg, insert_all_sqlite};
 pub const NEXT_POSITION_SQL: &str = "SELECT CAST(COALESCE((SELECT seq FROM steps WHERE run_id = $1 \
      ORDER BY seq DESC LIMIT 1), 0) + 1 AS BIGINT)";
 
+/// A new step's id: a version 7 UUID (RFC 9562: the Unix time in milliseconds, then a counter
+/// started at random each millisecond, then random bits), later than every id this process
+/// made before. Ids in time order keep the
+/// indexes keyed by a step's id (its primary key, the id look-up, the audit's
+/// `(step_id, pos)`) growing at their end: with random (version 4) ids every new step wrote
+/// into a random leaf page of each, on Postgres and SQLite alike (docs/performance.md). The
+/// id is no secret: who may see or move a step is decided by role and tenant, never by
+/// knowing its id.
+pub(crate) fn new_step_id() -> String {
+    Uuid::now_v7().to_string()
+}
+
 impl Store {
     /// [reads] A read's step as it will be stored, without writing it: a read has no effect
     /// to guard, so its row is written with its outcome ([`Transition::insert`]) or, on a path
@@ -52,7 +66,7 @@ impl Store {
         let evidence = serde_json::to_string(&new.evidence)
             .map_err(|e| StoreError::Conflict(format!("evidence: {e}")))?;
         let now = self.clock.now_ms();
-        let id = Uuid::new_v4().to_string();
+        let id = new_step_id();
         let key = IdemKey::for_read(&id, &new.inputs);
         Ok(Step {
             id,
@@ -114,7 +128,7 @@ impl Store {
             .map_err(|e| StoreError::Conflict(format!("evidence: {e}")))?;
         for _ in 0..32 {
             let now = self.clock.now_ms();
-            let id = Uuid::new_v4().to_string();
+            let id = new_step_id();
             // [reads] A read has no effect and its key guards nothing: it is derived from
             // the step's own id, so the row opens in one statement that takes the next
             // position itself. A write's key is derived from its position (the run's order),
@@ -620,6 +634,16 @@ impl Store {
 mod tests {
     use super::*;
     use crate::canonical::CanonicalJson;
+
+    #[test]
+    fn step_ids_are_version_7_and_each_sorts_after_the_one_before() {
+        let ids: Vec<String> = (0..2_000).map(|_| new_step_id()).collect();
+        for id in &ids {
+            assert_eq!(Uuid::parse_str(id).unwrap().get_version_num(), 7, "{id}");
+        }
+        // As text (how the indexes compare them), each later than the one before.
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    }
 
     #[test]
     fn dedupe_separates_runs_tools_and_inputs() {

@@ -74,9 +74,10 @@ pub(crate) fn target(inputs: &Value) -> Option<String> {
                 .map(|(k, _)| k.clone())
         })?;
     let value = map.get(&key)?.as_str()?;
-    // Countersign's own ids (a run, a step) are UUIDs: shortened, the whole one stays in the
-    // record.
-    let value = if is_uuid(value) { &value[..8] } else { value };
+    // Countersign's own ids (a run, a step) are UUIDs: shortened to their last 8 hex digits,
+    // random in every version (a step id's first ones are its time: version 7), the whole one
+    // stays in the record.
+    let value = if is_uuid(value) { &value[28..] } else { value };
     Some(format!(
         "{} {value}",
         key.trim_end_matches("_id").replace('_', " ")
@@ -337,5 +338,25 @@ pub(crate) fn signature_code(r: SignatureRefusal) -> &'static str {
         SignatureRefusal::Counter => "signature_counter",
         SignatureRefusal::SameSigner => "signature_same",
         SignatureRefusal::NoRelyingParty => "signature_no_rp",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::target;
+    use serde_json::json;
+
+    #[test]
+    fn a_uuid_in_a_label_is_shortened_to_its_random_end() {
+        // Two version 7 step ids of one millisecond share their first digits (the time).
+        let a = "019af1c2-7d3e-7a01-8b2c-4d5e6f708192";
+        let b = "019af1c2-7d3e-7a01-8b2c-4d5e6f70aabb";
+        let label = |id: &str| target(&json!({ "step_id": id })).unwrap();
+        assert_eq!(label(a), "step 6f708192");
+        assert_ne!(label(a), label(b));
+        assert_eq!(
+            target(&json!({ "invoice_id": "INV-1" })).as_deref(),
+            Some("invoice INV-1")
+        );
     }
 }
