@@ -41,12 +41,11 @@ pub const NEXT_POSITION_SQL: &str = "SELECT CAST(COALESCE((SELECT seq FROM steps
 
 /// A new step's id: a version 7 UUID (RFC 9562: the Unix time in milliseconds, then a counter
 /// started at random each millisecond, then random bits), later than every id this process
-/// made before. Ids in time order keep the
-/// indexes keyed by a step's id (its primary key, the id look-up, the audit's
-/// `(step_id, pos)`) growing at their end: with random (version 4) ids every new step wrote
-/// into a random leaf page of each, on Postgres and SQLite alike (docs/performance.md). The
-/// id is no secret: who may see or move a step is decided by role and tenant, never by
-/// knowing its id.
+/// made before. Ids in time order keep the indexes keyed by a step's id (its primary key,
+/// the id look-up, the audit's `(step_id, pos)`) growing at their end: with random (version
+/// 4) ids every new step wrote into a random leaf page of each, on Postgres and SQLite alike
+/// (docs/performance.md). The id is no secret: who may see or move a step is decided by role
+/// and tenant, never by knowing its id.
 pub(crate) fn new_step_id() -> String {
     Uuid::now_v7().to_string()
 }

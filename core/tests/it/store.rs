@@ -409,11 +409,12 @@ async fn opened_steps_are_what_is_stored_with_distinct_positions_and_keys() {
             opened.push(t.await.unwrap());
         }
         let mut seqs = Vec::new();
+        // A step's id is in time order (version 7), so the indexes keyed by it grow at their end.
+        let version = |id: &str| uuid::Uuid::parse_str(id).unwrap().get_version_num();
         for (s, created) in &opened {
             // What open_step answers is exactly the stored row.
             assert_eq!(&store.get_step(&s.id).await.unwrap(), s);
-            // Its id is in time order (version 7), so the indexes keyed by it grow at their end.
-            assert_eq!(uuid::Uuid::parse_str(&s.id).unwrap().get_version_num(), 7);
+            assert_eq!(version(&s.id), 7);
             let inputs = CanonicalJson::from_canonical_text(&s.inputs).unwrap();
             match s.effect {
                 Effect::Read => {
@@ -431,12 +432,7 @@ async fn opened_steps_are_what_is_stored_with_distinct_positions_and_keys() {
         }
         // A read prepared to be written with its outcome takes one too.
         let prepared = store.prepare_read(&step(99, Effect::Read)).unwrap();
-        assert_eq!(
-            uuid::Uuid::parse_str(&prepared.id)
-                .unwrap()
-                .get_version_num(),
-            7
-        );
+        assert_eq!(version(&prepared.id), 7);
         // Twelve reads, and three distinct writes (identical writes share one step).
         seqs.sort();
         assert_eq!(

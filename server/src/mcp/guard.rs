@@ -199,10 +199,10 @@ async fn ended_meanwhile(
     response
 }
 
-/// Whether session `id` is over: no
-/// longer served here, and not a live session of the caller's in the database. A copy closed
-/// here while its row lives (shutdown, rmcp's idle timeout, a worker that failed) is not
-/// over: the next request restores it; nor when the database cannot be asked.
+/// Whether session `id` is over: no longer served here, and not a live session of the
+/// caller's in the database. A copy closed here while its row lives (shutdown, rmcp's idle
+/// timeout, a worker that failed) is not over: the next request restores it; nor when the
+/// database cannot be asked.
 async fn session_over(state: &GuardState, scope: &Scope, id: &str) -> bool {
     if sessions::served_here(&state.sessions, id).await {
         return false;
