@@ -23,6 +23,7 @@
 use std::collections::HashSet;
 
 use super::commit_queue::{Job, Work};
+use super::lean_pool::LeanPool;
 use super::steps::{PREPARED_INSERT_SQL, prepared_insert};
 use super::{Step, Transition};
 use crate::audit::AuditRecord;
@@ -358,7 +359,7 @@ pub(crate) fn moved_head(e: &sqlx::Error, chain: &str) -> Option<crate::audit::C
 /// waits for the WAL flush: the function is asked to make sure of it, whatever the session's
 /// `synchronous_commit`.
 pub(crate) async fn commit_one_trip(
-    pool: &sqlx::PgPool,
+    pool: &LeanPool<sqlx::Postgres>,
     chain: &str,
     last: (i64, &str),
     transitions: &[&Transition],

@@ -62,6 +62,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use super::commit_queue::{CommitQueue, Done, Job, Submitted, Work};
+use super::lean_pool::LeanPool;
 use super::steps::{apply_transition, reserve_with, seal_records};
 use super::{Pool, Store, StoreError, Transition};
 use crate::audit::{AuditRecord, ChainHead};
@@ -360,7 +361,7 @@ impl Store {
     /// one-by-one.
     async fn commit_bulk_pg(
         &self,
-        pool: &sqlx::PgPool,
+        pool: &LeanPool<sqlx::Postgres>,
         jobs: &[Job],
         chain: &str,
     ) -> Result<(Vec<Done>, ChainHead), StoreError> {
@@ -405,7 +406,7 @@ impl Store {
     /// [`StoreError::OutcomeUnknown`], which nobody retries — it is never written twice.
     async fn commit_one_trip_pg(
         &self,
-        pool: &sqlx::PgPool,
+        pool: &LeanPool<sqlx::Postgres>,
         jobs: &[Job],
         mut head: ChainHead,
     ) -> Result<OneTrip, StoreError> {

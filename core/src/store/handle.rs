@@ -10,10 +10,11 @@
 
 use std::sync::Arc;
 
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{Postgres, Sqlite};
 
 use super::caches::Bounded;
 use super::commit_queue::CommitQueue;
+use super::lean_pool::LeanPool;
 use super::run_model::Run;
 use crate::clock::Clock;
 
@@ -26,7 +27,8 @@ pub(crate) const CALL_HINTS_KEPT: usize = 50_000;
 /// How many runs' tenants a store remembers (the audit chain of their records).
 pub(crate) const RUN_TENANTS_KEPT: usize = 65_536;
 
-/// Expands `$body` once per backend with `$pool` bound to the concrete pool.
+/// Expands `$body` once per backend with `$pool` bound to the concrete pool (a
+/// [`LeanPool`]: a statement run on it hands its connection back without a round trip).
 macro_rules! on_pool {
     ($store:expr, |$pool:ident| $body:expr) => {
         match &$store.pool {
@@ -69,8 +71,8 @@ impl Backend {
 
 #[derive(Clone)]
 pub(crate) enum Pool {
-    Sqlite(SqlitePool),
-    Postgres(PgPool),
+    Sqlite(LeanPool<Sqlite>),
+    Postgres(LeanPool<Postgres>),
 }
 
 /// The handle every component uses to reach the database. Cheap to clone.

@@ -31,6 +31,7 @@ mod escalations;
 pub(crate) mod group;
 mod handle;
 mod imports;
+mod lean_pool;
 mod leases;
 mod mcp_sessions;
 mod oauth_agents;
@@ -59,6 +60,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
 use crate::clock::Clock;
 use crate::secret::Secret;
+use lean_pool::LeanPool;
 
 pub use ablations::Ablations;
 pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
@@ -154,7 +156,8 @@ pub fn redact_url(url: &str) -> String {
     parsed.to_string()
 }
 
-/// How long a pooled Postgres connection may sit idle before it is pinged on acquire. Under
+/// How long a pooled connection may sit idle before it is pinged on acquire (sqlx's pool, for
+/// Postgres; the lean pool's free list, for both backends). Under
 /// load connections are reused within milliseconds and never pinged; after any pause (a
 /// database restart included: the connections that failed during it are closed, the others
 /// have been idle) the next use of each one is checked first.
@@ -229,7 +232,7 @@ impl Store {
                     .connect_with(opts)
                     .await
                     .map_err(connect)?;
-                Pool::Sqlite(pool)
+                Pool::Sqlite(LeanPool::new(pool))
             }
             Some(Backend::Postgres) => {
                 let mut opts = PgConnectOptions::from_str(raw).map_err(malformed)?;
@@ -265,7 +268,7 @@ impl Store {
                     .connect_with(opts)
                     .await
                     .map_err(connect)?;
-                Pool::Postgres(pool)
+                Pool::Postgres(LeanPool::new(pool))
             }
             None => return Err(StoreError::UnsupportedUrl { url: shown }),
         };
@@ -291,8 +294,8 @@ impl Store {
         };
         let newest = self.latest_migration();
         let result = match &self.pool {
-            Pool::Sqlite(p) => known.run(p).await,
-            Pool::Postgres(p) => known.run(p).await,
+            Pool::Sqlite(p) => known.run(p.unparked()).await,
+            Pool::Postgres(p) => known.run(p.unparked()).await,
         };
         match result {
             Ok(()) => Ok(()),
@@ -323,8 +326,8 @@ impl Store {
             no_tx: m.no_tx,
         };
         match &self.pool {
-            Pool::Sqlite(p) => upto(&SQLITE_MIGRATIONS).run(p).await?,
-            Pool::Postgres(p) => upto(&POSTGRES_MIGRATIONS).run(p).await?,
+            Pool::Sqlite(p) => upto(&SQLITE_MIGRATIONS).run(p.unparked()).await?,
+            Pool::Postgres(p) => upto(&POSTGRES_MIGRATIONS).run(p.unparked()).await?,
         }
         Ok(())
     }

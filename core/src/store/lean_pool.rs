@@ -1,0 +1,598 @@
+//! A pool in front of sqlx's that lends a connection again without sqlx's round trip on its
+//! return.
+//!
+//! sqlx 0.8 pings every connection it takes back into its pool (a `Sync` and its answer on
+//! Postgres; a message to the connection's worker thread and back on SQLite): one round trip
+//! more per statement on the request path and per committer batch, about a sixth of a read's
+//! CPU on Postgres (docs/performance.md, 2026-12-07 night). This pool keeps the connections
+//! that finished their work cleanly in a free list of its own, still checked out of sqlx's
+//! pool, and lends them again without that round trip.
+//!
+//! Invariants:
+//! * A connection enters the free list only after the statement it ran completed without
+//!   error: nothing is in flight on it and no transaction is open. A use dropped mid-way (a
+//!   cancelled request), a failed one, and every transaction's connection go back through
+//!   sqlx, which pings it and closes it if it is broken (its ping also sends a dropped
+//!   transaction's queued ROLLBACK).
+//! * A connection in the free list is still counted by sqlx's pool: `max_connections` bounds
+//!   lent, free and sqlx-idle connections together.
+//! * A borrower waiting on sqlx's pool is woken when a connection enters the free list, so a
+//!   connection parked here never leaves a borrower waiting for one (no stall at the pool's
+//!   size).
+//! * A borrower waits on one sqlx acquire at most, for the pool's acquire timeout at most
+//!   (the store's `PoolTimedOut` answer under overload stays); if a parked connection serves
+//!   it first, the acquire still pending is finished in the background and its connection
+//!   handed back to sqlx.
+//! * A connection idle here for [`PING_AFTER_IDLE`] is pinged before it is lent again (one a
+//!   firewall or a database restart may have cut): the rule of sqlx's own acquire
+//!   ([`super::pg_pool_options`]). One idle here for [`IDLE_AT_MOST`], or kept in circulation
+//!   for [`KEPT_AT_MOST`], goes back through sqlx (checked at every lend and park and by a
+//!   sweep every [`IDLE_AT_MOST`]), whose idle and lifetime rules then apply to it.
+//! * After [`LeanPool::close`] nothing is parked or lent: the free list is emptied, a
+//!   connection whose statement ends later goes back to sqlx, and a borrower gets
+//!   `PoolClosed`; sqlx's close then waits only for statements in flight.
+//! * Code that takes connections from sqlx's pool directly (migrations) first empties the free
+//!   list ([`LeanPool::unparked`]).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures_core::future::BoxFuture;
+use futures_core::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt, stream};
+use sqlx::pool::{MaybePoolConnection, PoolConnection};
+use sqlx::{Connection, Database, Describe, Either, Error, Execute, Executor, Pool, Transaction};
+use tokio::sync::Notify;
+
+use super::PING_AFTER_IDLE;
+
+/// How long a connection may stay in the free list's circulation before it goes back through
+/// sqlx's pool (which closes one past its lifetime and replaces it).
+pub(crate) const KEPT_AT_MOST: Duration = Duration::from_secs(5 * 60);
+
+/// How long a connection may wait in the free list before it goes back through sqlx's pool
+/// (whose idle timeout then closes the ones a quiet server does not need).
+pub(crate) const IDLE_AT_MOST: Duration = Duration::from_secs(60);
+
+/// sqlx's pool with a free list of connections lent without a round trip on return.
+pub(crate) struct LeanPool<DB: Database> {
+    shared: Arc<Shared<DB>>,
+}
+
+struct Shared<DB: Database> {
+    sqlx: Pool<DB>,
+    free: Mutex<Free<DB>>,
+    parked: Notify,
+}
+
+/// The free list, oldest parked first, and whether the pool was closed.
+struct Free<DB: Database> {
+    parked: Vec<Parked<DB>>,
+    closed: bool,
+}
+
+impl<DB: Database> Free<DB> {
+    /// Takes out the connections idle or kept too long (the oldest parked are first).
+    fn stale(&mut self) -> Vec<Parked<DB>> {
+        let fresh = self
+            .parked
+            .iter()
+            .position(|p| {
+                p.idle_since.elapsed() < IDLE_AT_MOST && p.kept_since.elapsed() < KEPT_AT_MOST
+            })
+            .unwrap_or(self.parked.len());
+        self.parked.drain(..fresh).collect()
+    }
+}
+
+impl<DB: Database> Shared<DB> {
+    fn free(&self) -> MutexGuard<'_, Free<DB>> {
+        // Push, pop and drain only: a panic elsewhere cannot leave the list half-changed.
+        self.free
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Hands the stale parked connections back to sqlx (outside the lock).
+    fn sweep(&self) {
+        let stale = self.free().stale();
+        drop(stale);
+    }
+}
+
+/// A connection in the free list: since when it waits, and since when this pool keeps it.
+struct Parked<DB: Database> {
+    conn: PoolConnection<DB>,
+    idle_since: Instant,
+    kept_since: Instant,
+}
+
+impl<DB: Database> Clone for LeanPool<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for LeanPool<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeanPool")
+            .field("parked", &self.shared.free().parked.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Database> LeanPool<DB> {
+    /// A lean pool over `sqlx`, with its sweep (a task that ends with the pool). Call within
+    /// a Tokio runtime.
+    pub(crate) fn new(sqlx: Pool<DB>) -> Self {
+        let shared = Arc::new(Shared {
+            sqlx,
+            free: Mutex::new(Free {
+                parked: Vec::new(),
+                closed: false,
+            }),
+            parked: Notify::new(),
+        });
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(IDLE_AT_MOST);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let Some(shared) = weak.upgrade() else { break };
+                shared.sweep();
+            }
+        });
+        Self { shared }
+    }
+
+    /// sqlx's pool itself, the free list emptied first (migrations take their connections
+    /// from sqlx's pool, where a parked connection would never come back).
+    pub(crate) fn unparked(&self) -> &Pool<DB> {
+        let parked: Vec<Parked<DB>> = std::mem::take(&mut self.shared.free().parked);
+        drop(parked);
+        &self.shared.sqlx
+    }
+
+    /// A connection: the free list's most recently parked one, else sqlx's pool's. A waiter
+    /// on sqlx's pool is woken by a connection parked meanwhile and takes it instead.
+    async fn lend(&self) -> Result<Lent<DB>, Error> {
+        let timeout = self.shared.sqlx.options().get_acquire_timeout();
+        match tokio::time::timeout(timeout, self.lend_within()).await {
+            Ok(lent) => lent,
+            Err(_) => Err(Error::PoolTimedOut),
+        }
+    }
+
+    async fn lend_within(&self) -> Result<Lent<DB>, Error> {
+        // One acquire from sqlx's pool, started when the free list is first found empty and
+        // kept across wake-ups (its place in sqlx's queue, its own checks).
+        let mut acquire: Option<BoxFuture<'static, Result<PoolConnection<DB>, Error>>> = None;
+        loop {
+            let parked = self.shared.parked.notified();
+            let mut parked = std::pin::pin!(parked);
+            parked.as_mut().enable();
+            let (next, stale) = {
+                let mut free = self.shared.free();
+                if free.closed {
+                    return Err(Error::PoolClosed);
+                }
+                let stale = free.stale();
+                (free.parked.pop(), stale)
+            };
+            drop(stale);
+            if let Some(p) = next {
+                if let Some(pending) = acquire.take() {
+                    finish_in_background(pending, &self.shared);
+                }
+                let mut conn = p.conn;
+                if p.idle_since.elapsed() >= PING_AFTER_IDLE && conn.ping().await.is_err() {
+                    drop(conn); // sqlx's own ping fails too, and it closes the connection
+                    continue;
+                }
+                return Ok(Lent::new(conn, p.kept_since, &self.shared));
+            }
+            let pending = acquire.get_or_insert_with(|| Box::pin(self.shared.sqlx.acquire()));
+            match futures_util::future::select(pending.as_mut(), parked).await {
+                futures_util::future::Either::Left((conn, _)) => {
+                    return Ok(Lent::new(conn?, Instant::now(), &self.shared));
+                }
+                futures_util::future::Either::Right(((), _)) => {}
+            }
+        }
+    }
+
+    /// A transaction begun with `statement` on a lent connection; the connection goes back
+    /// through sqlx when the transaction ends.
+    pub(crate) async fn begin_with(
+        &self,
+        statement: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> Result<Transaction<'static, DB>, Error> {
+        let conn = self.lend().await?.into_inner()?;
+        Transaction::begin(
+            MaybePoolConnection::PoolConnection(conn),
+            Some(statement.into()),
+        )
+        .await
+    }
+
+    /// A transaction begun with the database's plain `BEGIN`.
+    pub(crate) async fn begin(&self) -> Result<Transaction<'static, DB>, Error> {
+        let conn = self.lend().await?.into_inner()?;
+        Transaction::begin(MaybePoolConnection::PoolConnection(conn), None).await
+    }
+
+    /// Stops parking and lending, empties the free list, then closes sqlx's pool (which
+    /// waits for the statements in flight).
+    pub(crate) async fn close(&self) {
+        let parked: Vec<Parked<DB>> = {
+            let mut free = self.shared.free();
+            free.closed = true;
+            std::mem::take(&mut free.parked)
+        };
+        drop(parked);
+        self.shared.sqlx.close().await;
+    }
+
+    /// Connections in the free list now (tests).
+    #[cfg(test)]
+    fn parked_now(&self) -> usize {
+        self.shared.free().parked.len()
+    }
+}
+
+/// Lets an acquire from sqlx's pool that a parked connection overtook finish in the
+/// background, parking what it brings (dropping it: back to sqlx, when the pool closed).
+fn finish_in_background<DB: Database>(
+    pending: BoxFuture<'static, Result<PoolConnection<DB>, Error>>,
+    shared: &Arc<Shared<DB>>,
+) {
+    let shared = Arc::clone(shared);
+    tokio::spawn(async move {
+        if let Ok(conn) = pending.await {
+            Lent::new(conn, Instant::now(), &shared).finished();
+        }
+    });
+}
+
+/// A connection lent by a [`LeanPool`]: back into the free list once [`Lent::finished`]
+/// says its work completed, otherwise back through sqlx's pool.
+struct Lent<DB: Database> {
+    conn: Option<PoolConnection<DB>>,
+    kept_since: Instant,
+    shared: Arc<Shared<DB>>,
+    finished: bool,
+}
+
+impl<DB: Database> Lent<DB> {
+    fn new(conn: PoolConnection<DB>, kept_since: Instant, shared: &Arc<Shared<DB>>) -> Self {
+        Self {
+            conn: Some(conn),
+            kept_since,
+            shared: Arc::clone(shared),
+            finished: false,
+        }
+    }
+
+    /// The connection, to run one statement on.
+    fn conn(&mut self) -> Result<&mut DB::Connection, Error> {
+        self.conn
+            .as_deref_mut()
+            .ok_or_else(|| Error::Protocol("lean pool: connection already handed on".into()))
+    }
+
+    /// The statement completed without error: the connection may be lent again as it is.
+    fn finished(mut self) {
+        self.finished = true;
+    }
+
+    /// The connection itself, leaving this pool's hands (it returns through sqlx).
+    fn into_inner(mut self) -> Result<PoolConnection<DB>, Error> {
+        self.conn
+            .take()
+            .ok_or_else(|| Error::Protocol("lean pool: connection already handed on".into()))
+    }
+}
+
+impl<DB: Database> Drop for Lent<DB> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        if !self.finished {
+            return; // `conn` drops here: sqlx pings it and keeps or closes it
+        }
+        if self.kept_since.elapsed() >= KEPT_AT_MOST {
+            return; // `conn` drops here: back through sqlx, its lifetime rule
+        }
+        let stale = {
+            let mut free = self.shared.free();
+            if free.closed {
+                return; // `conn` drops here (after the lock): back to sqlx's closing pool
+            }
+            free.parked.push(Parked {
+                conn,
+                idle_since: Instant::now(),
+                kept_since: self.kept_since,
+            });
+            free.stale()
+        };
+        drop(stale);
+        self.shared.parked.notify_one();
+    }
+}
+
+impl<'p, DB: Database> Executor<'p> for &'_ LeanPool<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    type Database = DB;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<DB::QueryResult, DB::Row>, Error>>
+    where
+        'p: 'e,
+        E: 'q + Execute<'q, DB>,
+    {
+        let pool = self.clone();
+        // Every statement of the store reads its whole answer (no caller streams), so the
+        // rows are collected before the connection is handed back.
+        stream::once(async move {
+            let mut lent = pool.lend().await?;
+            let items: Vec<Either<DB::QueryResult, DB::Row>> =
+                lent.conn()?.fetch_many(query).try_collect().await?;
+            lent.finished();
+            Ok::<_, Error>(stream::iter(items.into_iter().map(Ok)))
+        })
+        .try_flatten()
+        .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<DB::Row>, Error>>
+    where
+        'p: 'e,
+        E: 'q + Execute<'q, DB>,
+    {
+        let pool = self.clone();
+        Box::pin(async move {
+            let mut lent = pool.lend().await?;
+            let row = lent.conn()?.fetch_optional(query).await?;
+            lent.finished();
+            Ok(row)
+        })
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [DB::TypeInfo],
+    ) -> BoxFuture<'e, Result<DB::Statement<'q>, Error>>
+    where
+        'p: 'e,
+    {
+        let pool = self.clone();
+        Box::pin(async move {
+            let mut lent = pool.lend().await?;
+            let statement = lent.conn()?.prepare_with(sql, parameters).await?;
+            lent.finished();
+            Ok(statement)
+        })
+    }
+
+    fn describe<'e, 'q: 'e>(self, sql: &'q str) -> BoxFuture<'e, Result<Describe<DB>, Error>>
+    where
+        'p: 'e,
+    {
+        let pool = self.clone();
+        Box::pin(async move {
+            let mut lent = pool.lend().await?;
+            let described = lent.conn()?.describe(sql).await?;
+            lent.finished();
+            Ok(described)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::postgres::PgPoolOptions;
+    use sqlx::{PgPool, Postgres};
+
+    use super::LeanPool;
+    use crate::store::testing::postgres_admin_url;
+
+    /// A lean pool of at most `size` connections to the test Postgres; `None` when it is
+    /// unreachable outside CI.
+    async fn pool(size: u32) -> Option<LeanPool<Postgres>> {
+        let connected = PgPoolOptions::new()
+            .max_connections(size)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect(&postgres_admin_url())
+            .await;
+        match connected {
+            Ok(p) => Some(LeanPool::new(p)),
+            Err(e) if std::env::var("CI").is_err() => {
+                eprintln!("WARNING: Postgres unreachable, lean pool tests skipped: {e}");
+                None
+            }
+            Err(e) => panic!("Postgres unreachable in CI: {e}"),
+        }
+    }
+
+    async fn backend_pid(p: &LeanPool<Postgres>) -> i32 {
+        sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(p)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_finished_statement_parks_its_connection_and_the_next_reuses_it() {
+        let Some(p) = pool(4).await else { return };
+        let first = backend_pid(&p).await;
+        assert_eq!(p.parked_now(), 1);
+        for _ in 0..5 {
+            assert_eq!(
+                backend_pid(&p).await,
+                first,
+                "the parked connection is lent again"
+            );
+        }
+        assert_eq!(p.parked_now(), 1);
+        p.close().await;
+    }
+
+    #[tokio::test]
+    async fn failed_cancelled_and_transaction_uses_go_back_through_sqlx() {
+        let Some(p) = pool(4).await else { return };
+        // A failed statement.
+        assert!(
+            sqlx::query("SELECT * FROM no_such_table")
+                .execute(&p)
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            p.parked_now(),
+            0,
+            "a failed statement's connection is not parked"
+        );
+        // A statement dropped mid-way (its request cancelled).
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(100),
+            sqlx::query("SELECT pg_sleep(1)").execute(&p),
+        )
+        .await;
+        assert!(cancelled.is_err(), "the sleep was cut short");
+        assert_eq!(
+            p.parked_now(),
+            0,
+            "a cancelled statement's connection is not parked"
+        );
+        // A transaction, committed or dropped.
+        let tx = p.begin().await.unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = p.begin_with("BEGIN").await.unwrap();
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        drop(tx);
+        assert_eq!(
+            p.parked_now(),
+            0,
+            "a transaction's connection is not parked"
+        );
+        // The pool still answers (sqlx kept or replaced those connections).
+        backend_pid(&p).await;
+        p.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_borrower_waiting_at_the_pools_size_takes_a_connection_parked_meanwhile() {
+        // One connection: the second statement waits on sqlx's pool while the first holds it;
+        // the first parks it in the free list, not in sqlx's pool. Without the wake-up the
+        // second would wait out sqlx's acquire timeout (3 s) and fail.
+        let Some(p) = pool(1).await else { return };
+        let slow = sqlx::query("SELECT pg_sleep(0.3)").execute(&p);
+        let quick = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            backend_pid(&p).await
+        };
+        let (slow, _) = tokio::join!(slow, quick);
+        slow.unwrap();
+        assert_eq!(p.parked_now(), 1);
+        p.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_past_the_ping_interval_is_checked_before_it_is_lent() {
+        let Some(p) = pool(4).await else { return };
+        let parked = backend_pid(&p).await;
+        assert_eq!(p.parked_now(), 1);
+        // The database ends the parked connection's session (a restart, a firewall).
+        let admin = PgPool::connect(&postgres_admin_url()).await.unwrap();
+        let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(parked)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+        assert!(ended);
+        admin.close().await;
+        tokio::time::sleep(super::PING_AFTER_IDLE + Duration::from_millis(200)).await;
+        // The ping finds it broken: the statement runs on another connection.
+        let next = backend_pid(&p).await;
+        assert_ne!(next, parked);
+        p.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_statement_ending_after_close_hands_its_connection_to_sqlx_and_close_returns() {
+        let Some(p) = pool(4).await else { return };
+        backend_pid(&p).await;
+        let slow = sqlx::query("SELECT pg_sleep(0.5)").execute(&p);
+        let close = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::timeout(Duration::from_secs(10), p.close()).await
+        };
+        let (slow, closed) = tokio::join!(slow, close);
+        slow.unwrap();
+        closed.expect("close returns once the statement in flight ends");
+        assert_eq!(p.parked_now(), 0);
+        let after = sqlx::query("SELECT 1").execute(&p).await;
+        assert!(
+            matches!(after, Err(sqlx::Error::PoolClosed)),
+            "nothing is lent after close: {after:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn sqlite_connections_are_parked_and_lent_again_too() {
+        let dir = std::env::temp_dir().join(format!("lean-pool-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("t.db").display());
+        let sqlx = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(crate::store::sqlite_connect_options(&url).unwrap())
+            .await
+            .unwrap();
+        let p = LeanPool::new(sqlx);
+        // A temporary table lives on its connection only: the next statement finds it.
+        sqlx::query("CREATE TEMP TABLE mine (x INTEGER)")
+            .execute(&p)
+            .await
+            .unwrap();
+        assert_eq!(p.parked_now(), 1);
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM temp.mine")
+            .fetch_one(&p)
+            .await
+            .unwrap();
+        assert_eq!(n, 0);
+        assert!(
+            sqlx::query("SELECT * FROM nowhere")
+                .execute(&p)
+                .await
+                .is_err()
+        );
+        assert_eq!(p.parked_now(), 0);
+        p.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn closing_with_parked_connections_returns() {
+        let Some(p) = pool(4).await else { return };
+        let (a, b) = tokio::join!(backend_pid(&p), backend_pid(&p));
+        assert!(a > 0 && b > 0);
+        assert!(p.parked_now() >= 1);
+        tokio::time::timeout(Duration::from_secs(10), p.close())
+            .await
+            .expect("close waits for no parked connection");
+    }
+}
