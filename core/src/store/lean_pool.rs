@@ -16,18 +16,17 @@
 //!   transaction's queued ROLLBACK).
 //! * A connection in the free list is still counted by sqlx's pool: `max_connections` bounds
 //!   lent, free and sqlx-idle connections together.
-//! * A borrower waiting on sqlx's pool is woken when a connection enters the free list, so a
-//!   connection parked here never leaves a borrower waiting for one (no stall at the pool's
-//!   size).
-//! * A borrower waits on one sqlx acquire at most, for the pool's acquire timeout at most
-//!   (the store's `PoolTimedOut` answer under overload stays); if a parked connection serves
-//!   it first, the acquire still pending is finished in the background and its connection
-//!   handed back to sqlx.
+//! * While a borrower waits on sqlx's pool, a connection that finishes goes back through sqlx,
+//!   whose queue serves the oldest waiter: nothing is parked then, so a parked connection
+//!   never leaves a borrower waiting (no stall at the pool's size), and under overload the
+//!   pool is as fair as sqlx's (it pays sqlx's ping again). Borrowers and returns decide under
+//!   one lock.
 //! * A connection idle here for [`PING_AFTER_IDLE`] is pinged before it is lent again (one a
 //!   firewall or a database restart may have cut): the rule of sqlx's own acquire
-//!   ([`super::pg_pool_options`]). One idle here for [`IDLE_AT_MOST`], or kept in circulation
-//!   for [`KEPT_AT_MOST`], goes back through sqlx (checked at every lend and park and by a
-//!   sweep every [`IDLE_AT_MOST`]), whose idle and lifetime rules then apply to it.
+//!   (`pg_pool_options` in the store module). One idle here for about [`IDLE_AT_MOST`] (checked at every
+//!   lend and park and by a sweep twice in that time), or found in circulation for longer than
+//!   [`KEPT_AT_MOST`] when it is parked, goes back through sqlx, whose idle and lifetime rules
+//!   then apply to it.
 //! * After [`LeanPool::close`] nothing is parked or lent: the free list is emptied, a
 //!   connection whose statement ends later goes back to sqlx, and a borrower gets
 //!   `PoolClosed`; sqlx's close then waits only for statements in flight.
@@ -42,9 +41,13 @@ use futures_core::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt, stream};
 use sqlx::pool::{MaybePoolConnection, PoolConnection};
 use sqlx::{Connection, Database, Describe, Either, Error, Execute, Executor, Pool, Transaction};
-use tokio::sync::Notify;
 
-use super::PING_AFTER_IDLE;
+/// How long a pooled connection may sit idle before it is pinged on acquire (sqlx's pool, for
+/// Postgres; the lean pool's free list, for both backends). Under
+/// load connections are reused within milliseconds and never pinged; after any pause (a
+/// database restart included: the connections that failed during it are closed, the others
+/// have been idle) the next use of each one is checked first.
+pub(crate) const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// How long a connection may stay in the free list's circulation before it goes back through
 /// sqlx's pool (which closes one past its lifetime and replaces it).
@@ -62,24 +65,23 @@ pub(crate) struct LeanPool<DB: Database> {
 struct Shared<DB: Database> {
     sqlx: Pool<DB>,
     free: Mutex<Free<DB>>,
-    parked: Notify,
 }
 
-/// The free list, oldest parked first, and whether the pool was closed.
+/// The free list (oldest parked first), how many borrowers wait on sqlx's pool, and whether
+/// the pool was closed.
 struct Free<DB: Database> {
     parked: Vec<Parked<DB>>,
+    waiting: usize,
     closed: bool,
 }
 
 impl<DB: Database> Free<DB> {
-    /// Takes out the connections idle or kept too long (the oldest parked are first).
+    /// Takes out the connections parked too long ago (the oldest parked are first).
     fn stale(&mut self) -> Vec<Parked<DB>> {
         let fresh = self
             .parked
             .iter()
-            .position(|p| {
-                p.idle_since.elapsed() < IDLE_AT_MOST && p.kept_since.elapsed() < KEPT_AT_MOST
-            })
+            .position(|p| p.idle_since.elapsed() < IDLE_AT_MOST)
             .unwrap_or(self.parked.len());
         self.parked.drain(..fresh).collect()
     }
@@ -131,13 +133,13 @@ impl<DB: Database> LeanPool<DB> {
             sqlx,
             free: Mutex::new(Free {
                 parked: Vec::new(),
+                waiting: 0,
                 closed: false,
             }),
-            parked: Notify::new(),
         });
         let weak = Arc::downgrade(&shared);
         tokio::spawn(async move {
-            let mut every = tokio::time::interval(IDLE_AT_MOST);
+            let mut every = tokio::time::interval(IDLE_AT_MOST / 2);
             every.tick().await;
             loop {
                 every.tick().await;
@@ -156,51 +158,38 @@ impl<DB: Database> LeanPool<DB> {
         &self.shared.sqlx
     }
 
-    /// A connection: the free list's most recently parked one, else sqlx's pool's. A waiter
-    /// on sqlx's pool is woken by a connection parked meanwhile and takes it instead.
+    /// A connection: the free list's most recently parked one, else sqlx's pool's (for the
+    /// pool's acquire timeout at most, as sqlx's own acquire).
     async fn lend(&self) -> Result<Lent<DB>, Error> {
-        let timeout = self.shared.sqlx.options().get_acquire_timeout();
-        match tokio::time::timeout(timeout, self.lend_within()).await {
-            Ok(lent) => lent,
-            Err(_) => Err(Error::PoolTimedOut),
-        }
-    }
-
-    async fn lend_within(&self) -> Result<Lent<DB>, Error> {
-        // One acquire from sqlx's pool, started when the free list is first found empty and
-        // kept across wake-ups (its place in sqlx's queue, its own checks).
-        let mut acquire: Option<BoxFuture<'static, Result<PoolConnection<DB>, Error>>> = None;
         loop {
-            let parked = self.shared.parked.notified();
-            let mut parked = std::pin::pin!(parked);
-            parked.as_mut().enable();
             let (next, stale) = {
                 let mut free = self.shared.free();
                 if free.closed {
                     return Err(Error::PoolClosed);
                 }
                 let stale = free.stale();
-                (free.parked.pop(), stale)
+                let next = free.parked.pop();
+                if next.is_none() {
+                    free.waiting += 1;
+                }
+                (next, stale)
             };
             drop(stale);
-            if let Some(p) = next {
-                if let Some(pending) = acquire.take() {
-                    finish_in_background(pending, &self.shared);
-                }
-                let mut conn = p.conn;
-                if p.idle_since.elapsed() >= PING_AFTER_IDLE && conn.ping().await.is_err() {
-                    drop(conn); // sqlx's own ping fails too, and it closes the connection
+            let Some(p) = next else {
+                let waiting = Waiting(&self.shared);
+                let conn = self.shared.sqlx.acquire().await;
+                drop(waiting);
+                return Ok(Lent::new(conn?, Instant::now(), &self.shared));
+            };
+            let mut conn = p.conn;
+            if p.idle_since.elapsed() >= PING_AFTER_IDLE {
+                let within = self.shared.sqlx.options().get_acquire_timeout();
+                if !matches!(tokio::time::timeout(within, conn.ping()).await, Ok(Ok(()))) {
+                    drop(conn); // back through sqlx, whose own ping fails too: it closes it
                     continue;
                 }
-                return Ok(Lent::new(conn, p.kept_since, &self.shared));
             }
-            let pending = acquire.get_or_insert_with(|| Box::pin(self.shared.sqlx.acquire()));
-            match futures_util::future::select(pending.as_mut(), parked).await {
-                futures_util::future::Either::Left((conn, _)) => {
-                    return Ok(Lent::new(conn?, Instant::now(), &self.shared));
-                }
-                futures_util::future::Either::Right(((), _)) => {}
-            }
+            return Ok(Lent::new(conn, p.kept_since, &self.shared));
         }
     }
 
@@ -243,18 +232,15 @@ impl<DB: Database> LeanPool<DB> {
     }
 }
 
-/// Lets an acquire from sqlx's pool that a parked connection overtook finish in the
-/// background, parking what it brings (dropping it: back to sqlx, when the pool closed).
-fn finish_in_background<DB: Database>(
-    pending: BoxFuture<'static, Result<PoolConnection<DB>, Error>>,
-    shared: &Arc<Shared<DB>>,
-) {
-    let shared = Arc::clone(shared);
-    tokio::spawn(async move {
-        if let Ok(conn) = pending.await {
-            Lent::new(conn, Instant::now(), &shared).finished();
-        }
-    });
+/// A borrower counted as waiting on sqlx's pool until this drops (its acquire ended or was
+/// cancelled).
+struct Waiting<'a, DB: Database>(&'a Shared<DB>);
+
+impl<DB: Database> Drop for Waiting<'_, DB> {
+    fn drop(&mut self) {
+        let mut free = self.0.free();
+        free.waiting = free.waiting.saturating_sub(1);
+    }
 }
 
 /// A connection lent by a [`LeanPool`]: back into the free list once [`Lent::finished`]
@@ -309,8 +295,10 @@ impl<DB: Database> Drop for Lent<DB> {
         }
         let stale = {
             let mut free = self.shared.free();
-            if free.closed {
-                return; // `conn` drops here (after the lock): back to sqlx's closing pool
+            if free.closed || free.waiting > 0 {
+                // `conn` drops here (after the lock): back to sqlx, which closes it or hands
+                // it to its oldest waiter.
+                return;
             }
             free.parked.push(Parked {
                 conn,
@@ -320,7 +308,6 @@ impl<DB: Database> Drop for Lent<DB> {
             free.stale()
         };
         drop(stale);
-        self.shared.parked.notify_one();
     }
 }
 
@@ -420,7 +407,7 @@ mod tests {
             .await;
         match connected {
             Ok(p) => Some(LeanPool::new(p)),
-            Err(e) if std::env::var("CI").is_err() => {
+            Err(e) if !crate::store::testing::in_ci() => {
                 eprintln!("WARNING: Postgres unreachable, lean pool tests skipped: {e}");
                 None
             }
@@ -495,10 +482,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_borrower_waiting_at_the_pools_size_takes_a_connection_parked_meanwhile() {
-        // One connection: the second statement waits on sqlx's pool while the first holds it;
-        // the first parks it in the free list, not in sqlx's pool. Without the wake-up the
-        // second would wait out sqlx's acquire timeout (3 s) and fail.
+    async fn a_borrower_waiting_at_the_pools_size_gets_the_connection_that_finishes() {
+        // One connection: the second statement waits on sqlx's pool while the first holds it.
+        // Were the first's connection parked in the free list, the second would wait out
+        // sqlx's acquire timeout (3 s) and fail; it goes back through sqlx instead, and is
+        // parked after the second statement (nobody waits then).
         let Some(p) = pool(1).await else { return };
         let slow = sqlx::query("SELECT pg_sleep(0.3)").execute(&p);
         let quick = async {

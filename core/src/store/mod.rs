@@ -60,7 +60,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
 use crate::clock::Clock;
 use crate::secret::Secret;
-use lean_pool::LeanPool;
+use lean_pool::{LeanPool, PING_AFTER_IDLE};
 
 pub use ablations::Ablations;
 pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
@@ -155,13 +155,6 @@ pub fn redact_url(url: &str) -> String {
     }
     parsed.to_string()
 }
-
-/// How long a pooled connection may sit idle before it is pinged on acquire (sqlx's pool, for
-/// Postgres; the lean pool's free list, for both backends). Under
-/// load connections are reused within milliseconds and never pinged; after any pause (a
-/// database restart included: the connections that failed during it are closed, the others
-/// have been idle) the next use of each one is checked first.
-const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// The pool settings of every Postgres pool the store opens (benchmarks build their
 /// baselines' pools from it too, so both sides pay the same per-acquire cost).

@@ -25,7 +25,7 @@ pub fn postgres_admin_url() -> String {
         .unwrap_or_else(|_| DEFAULT_TEST_POSTGRES_URL.to_string())
 }
 
-fn in_ci() -> bool {
+pub(crate) fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 

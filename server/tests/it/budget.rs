@@ -271,7 +271,8 @@ async fn a_steady_state_read_stays_within_its_statement_budget() {
     assert_eq!(one_trips, CALLS, "{:?}", best.batch);
     assert!(request.len() >= CALLS, "{request:?}");
     // The store's lean pool hands a completed statement's connection back without sqlx's
-    // round trip (41 pings for 10 reads before it): none is expected here.
+    // round trip (41 pings for 10 reads before it): the reads send none; a background
+    // transaction or an idle connection's check may add one or two.
     assert!(
         best.pings < CALLS,
         "{} pings on release for {CALLS} reads: connections go back through sqlx's pool",
