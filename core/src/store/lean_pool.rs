@@ -158,8 +158,9 @@ impl<DB: Database> LeanPool<DB> {
         &self.shared.sqlx
     }
 
-    /// A connection: the free list's most recently parked one, else sqlx's pool's (for the
-    /// pool's acquire timeout at most, as sqlx's own acquire).
+    /// A connection: the free list's most recently parked one, else sqlx's pool's. Each wait
+    /// (an idle connection's check, sqlx's acquire) is bounded by the pool's acquire timeout;
+    /// the whole is not (after a network black-hole, each dead parked connection adds one).
     async fn lend(&self) -> Result<Lent<DB>, Error> {
         loop {
             let (next, stale) = {
