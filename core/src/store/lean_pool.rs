@@ -265,9 +265,7 @@ impl<DB: Database> Lent<DB> {
 
     /// The connection, to run one statement on.
     fn conn(&mut self) -> Result<&mut DB::Connection, Error> {
-        self.conn
-            .as_deref_mut()
-            .ok_or_else(|| Error::Protocol("lean pool: connection already handed on".into()))
+        self.conn.as_deref_mut().ok_or_else(handed_on)
     }
 
     /// The statement completed without error: the connection may be lent again as it is.
@@ -277,10 +275,14 @@ impl<DB: Database> Lent<DB> {
 
     /// The connection itself, leaving this pool's hands (it returns through sqlx).
     fn into_inner(mut self) -> Result<PoolConnection<DB>, Error> {
-        self.conn
-            .take()
-            .ok_or_else(|| Error::Protocol("lean pool: connection already handed on".into()))
+        self.conn.take().ok_or_else(handed_on)
     }
+}
+
+/// The error of using a [`Lent`] whose connection was already handed on (`conn` is taken
+/// only by `into_inner` and `drop`, which consume it: never seen in practice).
+fn handed_on() -> Error {
+    Error::Protocol("lean pool: connection already handed on".into())
 }
 
 impl<DB: Database> Drop for Lent<DB> {
