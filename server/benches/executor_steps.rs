@@ -22,8 +22,9 @@
 //!   on a connection that does not wait for the WAL flush (a lost claim only leaves its step
 //!   pending; the store's claims commit durably since its unflushed pool went) — then one
 //!   `UPDATE … SET status = 'done'` completing the step, committed durably (as any recorded
-//!   outcome must be), each autocommitted, through 16-connection sqlx `PgPool`s with the
-//!   store's own pool settings (`store::pg_pool_options`: no ping on acquire), on steps
+//!   outcome must be), each autocommitted, through 16-connection pools of the store's own
+//!   kind and settings (`store::LeanPool` over `store::pg_pool_options`: no ping on acquire,
+//!   none on return), on steps
 //!   seeded the same way. The floor of a durable queue: one claim and one synchronous commit
 //!   per step.
 //! * CPU per step, both sides: the machine's busy CPU time over each run (and the bench
@@ -66,11 +67,11 @@ use std::time::{Duration, Instant};
 use common::{CpuUsed, Mcp, Server, cpu_reading, cpu_used, env_num, fresh_postgres, pct};
 use countersign::executor::{TIMING, Timings, work_once};
 use countersign::stop::EMERGENCY_STOP;
-use countersign_core::store::{COMMITTER_TIMING, pg_pool_options};
+use countersign_core::store::{COMMITTER_TIMING, LeanPool, pg_pool_options};
 use countersign_core::{Clock, StepStatus};
 use serde_json::{Value, json};
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{PgPool, Row};
+use sqlx::{Postgres, Row};
 
 const INVOICE: &str = "INV-20260611";
 const PLAN_STEPS: usize = 20;
@@ -156,7 +157,7 @@ fn bench_registry() -> std::path::PathBuf {
 
 /// Submits plans totalling `steps` steps of `tool`; `tag` keeps texts distinct across rounds.
 /// Then analyzes the queue tables (see the module docs).
-async fn seed(planner: &mut Mcp, pool: &PgPool, tool: &str, steps: usize, tag: &str) {
+async fn seed(planner: &mut Mcp, pool: &LeanPool<Postgres>, tool: &str, steps: usize, tag: &str) {
     // A fresh MCP session per round: the server forgets sessions idle for minutes, and a
     // round of workers can take that long.
     planner.connect().await;
@@ -321,8 +322,8 @@ async fn joined(tasks: Vec<tokio::task::JoinHandle<u64>>, began: Instant) -> (u6
 /// a claim needs), completions on ordinary ones.
 struct Raw {
     claim: String,
-    claims: PgPool,
-    completions: PgPool,
+    claims: LeanPool<Postgres>,
+    completions: LeanPool<Postgres>,
 }
 
 /// The executor's claim statement + what `shape` does with the step, in a bare sqlx loop per
@@ -717,16 +718,20 @@ async fn main() {
     let options = PgConnectOptions::from_str(db.url.expose()).unwrap();
     let raw = Raw {
         claim: store.claim_statement(),
-        claims: pg_pool_options()
-            .max_connections(16)
-            .connect_with(options.clone().options([("synchronous_commit", "off")]))
-            .await
-            .unwrap(),
-        completions: pg_pool_options()
-            .max_connections(16)
-            .connect_with(options)
-            .await
-            .unwrap(),
+        claims: LeanPool::new(
+            pg_pool_options()
+                .max_connections(16)
+                .connect_with(options.clone().options([("synchronous_commit", "off")]))
+                .await
+                .unwrap(),
+        ),
+        completions: LeanPool::new(
+            pg_pool_options()
+                .max_connections(16)
+                .connect_with(options)
+                .await
+                .unwrap(),
+        ),
     };
     let pool = &raw.completions;
     for sql in [

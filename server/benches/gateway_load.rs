@@ -12,8 +12,9 @@
 //! * Workloads, each `BENCH_CLIENTS` (default 16) clients in closed loops, each client its
 //!   own MCP session and agent:
 //!   - baseline: `BEGIN; INSERT; COMMIT` of a 400-byte row (about one audit record) per call
-//!     through a pool of the server's size and settings (`store::pg_pool_options`,
-//!     `store::sqlite_connect_options`, its own SQLite file beside the server's);
+//!     through a pool of the server's kind, size and settings (the store's `LeanPool` over
+//!     `store::pg_pool_options` or `store::sqlite_connect_options`, its own SQLite file
+//!     beside the server's);
 //!   - `bench.read`: an allowed read of the built-in no-op system — the gateway alone;
 //!   - floor: a `tools/call` of a tool the role is not listed for — transport, credential,
 //!     the role's listing and one chained, durable audit record: the least an audited call
@@ -49,7 +50,9 @@ use common::procs::{Parties, ServerProcess, Spent, UPSTREAM_ENV, UpstreamProcess
 use common::{Mcp, env_num, fresh_postgres, ms, percentile};
 use countersign_core::clock::SystemClock;
 use countersign_core::store::testing::FreshDb;
-use countersign_core::store::{ConnectOptions, NewAgent, pg_pool_options, sqlite_connect_options};
+use countersign_core::store::{
+    ConnectOptions, LeanPool, NewAgent, pg_pool_options, sqlite_connect_options,
+};
 use countersign_core::{Backend, Store};
 use serde_json::json;
 
@@ -133,11 +136,12 @@ impl Work {
     }
 }
 
-/// A raw baseline pool.
+/// A raw baseline pool: the store's kind of pool, so that the baseline pays what the store
+/// pays per statement and per commit.
 #[derive(Clone)]
 enum Raw {
-    Pg(sqlx::PgPool),
-    Sqlite(sqlx::SqlitePool),
+    Pg(LeanPool<sqlx::Postgres>),
+    Sqlite(LeanPool<sqlx::Sqlite>),
 }
 
 impl Raw {
@@ -395,7 +399,7 @@ async fn baseline_pool(db: &FreshDb, dir: &Path, size: u32) -> Raw {
                 .unwrap();
             let table = TABLE.replace("INTEGER PRIMARY KEY", "BIGSERIAL PRIMARY KEY");
             sqlx::query(&table).execute(&pool).await.unwrap();
-            Raw::Pg(pool)
+            Raw::Pg(LeanPool::new(pool))
         }
         Backend::Sqlite => {
             let url = format!("sqlite://{}", dir.join("baseline.db").display());
@@ -405,7 +409,7 @@ async fn baseline_pool(db: &FreshDb, dir: &Path, size: u32) -> Raw {
                 .await
                 .unwrap();
             sqlx::query(TABLE).execute(&pool).await.unwrap();
-            Raw::Sqlite(pool)
+            Raw::Sqlite(LeanPool::new(pool))
         }
     }
 }

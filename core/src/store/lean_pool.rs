@@ -10,10 +10,11 @@
 //!
 //! Invariants:
 //! * A connection enters the free list only after the statement it ran completed without
-//!   error: nothing is in flight on it and no transaction is open. A use dropped mid-way (a
-//!   cancelled request), a failed one, and every transaction's connection go back through
-//!   sqlx, which pings it and closes it if it is broken (its ping also sends a dropped
-//!   transaction's queued ROLLBACK).
+//!   error, or the transaction it ran committed ([`LeanTx`]): nothing is in flight on it and
+//!   no transaction is open. A use dropped mid-way (a cancelled request), a failed one, and a
+//!   transaction rolled back, failed or dropped go back through sqlx, which pings the
+//!   connection and closes it if it is broken (its ping also sends a dropped transaction's
+//!   queued ROLLBACK).
 //! * A connection in the free list is still counted by sqlx's pool: `max_connections` bounds
 //!   lent, free and sqlx-idle connections together.
 //! * While a borrower waits on sqlx's pool, a connection that finishes goes back through sqlx,
@@ -23,10 +24,18 @@
 //!   one lock.
 //! * A connection idle here for [`PING_AFTER_IDLE`] is pinged before it is lent again (one a
 //!   firewall or a database restart may have cut): the rule of sqlx's own acquire
-//!   (`pg_pool_options` in the store module). One idle here for about [`IDLE_AT_MOST`] (checked at every
-//!   lend and park and by a sweep twice in that time), or found in circulation for longer than
-//!   [`KEPT_AT_MOST`] when it is parked, goes back through sqlx, whose idle and lifetime rules
-//!   then apply to it.
+//!   (`pg_pool_options` in the store module). One that fails or does not answer, or whose
+//!   borrower goes away meanwhile, is detached from sqlx's pool and dropped (its place freed
+//!   at once, no second check that could hang). A whole lend, checks and sqlx's acquire
+//!   together, is bounded by the acquire timeout.
+//! * A connection whose `BEGIN` was sent but not answered (its borrower went away, or the
+//!   connection broke) is detached and dropped too: it may be in a transaction sqlx does not
+//!   know of. (SQLite's worker thread then finishes that `BEGIN`, rolls it back and closes
+//!   its handle on its own: briefly one connection more than the pool's size.)
+//! * A connection idle here for about [`IDLE_AT_MOST`] (checked at every lend and park and by
+//!   a sweep twice in that time), or found in circulation for longer than [`KEPT_AT_MOST`]
+//!   when it is parked, goes back through sqlx, whose idle and lifetime rules then apply to
+//!   it.
 //! * After [`LeanPool::close`] nothing is parked or lent: the free list is emptied, a
 //!   connection whose statement ends later goes back to sqlx, and a borrower gets
 //!   `PoolClosed`; sqlx's close then waits only for statements in flight.
@@ -39,8 +48,10 @@ use std::time::{Duration, Instant};
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt, stream};
-use sqlx::pool::{MaybePoolConnection, PoolConnection};
-use sqlx::{Connection, Database, Describe, Either, Error, Execute, Executor, Pool, Transaction};
+use sqlx::pool::PoolConnection;
+use sqlx::{
+    Connection, Database, Describe, Either, Error, Execute, Executor, Pool, TransactionManager,
+};
 
 /// How long a pooled connection may sit idle before it is pinged on acquire (sqlx's pool, for
 /// Postgres; the lean pool's free list, for both backends). Under
@@ -58,7 +69,7 @@ pub(crate) const KEPT_AT_MOST: Duration = Duration::from_secs(5 * 60);
 pub(crate) const IDLE_AT_MOST: Duration = Duration::from_secs(60);
 
 /// sqlx's pool with a free list of connections lent without a round trip on return.
-pub(crate) struct LeanPool<DB: Database> {
+pub struct LeanPool<DB: Database> {
     shared: Arc<Shared<DB>>,
 }
 
@@ -128,7 +139,7 @@ impl<DB: Database> std::fmt::Debug for LeanPool<DB> {
 impl<DB: Database> LeanPool<DB> {
     /// A lean pool over `sqlx`, with its sweep (a task that ends with the pool). Call within
     /// a Tokio runtime.
-    pub(crate) fn new(sqlx: Pool<DB>) -> Self {
+    pub fn new(sqlx: Pool<DB>) -> Self {
         let shared = Arc::new(Shared {
             sqlx,
             free: Mutex::new(Free {
@@ -158,10 +169,13 @@ impl<DB: Database> LeanPool<DB> {
         &self.shared.sqlx
     }
 
-    /// A connection: the free list's most recently parked one, else sqlx's pool's. Each wait
-    /// (an idle connection's check, sqlx's acquire) is bounded by the pool's acquire timeout;
-    /// the whole is not (after a network black-hole, each dead parked connection adds one).
+    /// A connection: the free list's most recently parked one, else sqlx's pool's. The whole
+    /// lend (each idle connection's check, then sqlx's acquire) is bounded by the pool's
+    /// acquire timeout, and one idle check by a quarter of it (a silent parked connection
+    /// leaves time for a fresh one).
     async fn lend(&self) -> Result<Lent<DB>, Error> {
+        let within = self.shared.sqlx.options().get_acquire_timeout();
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             let (next, stale) = {
                 let mut free = self.shared.free();
@@ -169,54 +183,60 @@ impl<DB: Database> LeanPool<DB> {
                     return Err(Error::PoolClosed);
                 }
                 let stale = free.stale();
-                let next = free.parked.pop();
-                if next.is_none() {
-                    free.waiting += 1;
-                }
+                let next = match free.parked.pop() {
+                    Some(p) => Next::Parked(p),
+                    None => Next::Sqlx(Waiting::counted(&mut free, &self.shared)),
+                };
                 (next, stale)
             };
             drop(stale);
-            let Some(p) = next else {
-                let waiting = Waiting(&self.shared);
-                let conn = self.shared.sqlx.acquire().await;
-                drop(waiting);
-                return Ok(Lent::new(conn?, Instant::now(), &self.shared));
+            let p = match next {
+                Next::Parked(p) => p,
+                Next::Sqlx(waiting) => {
+                    let conn = tokio::time::timeout_at(deadline, self.shared.sqlx.acquire()).await;
+                    drop(waiting);
+                    let conn = conn.map_err(|_| Error::PoolTimedOut)??;
+                    return Ok(Lent::new(conn, Instant::now(), &self.shared));
+                }
             };
-            let mut conn = p.conn;
+            let mut lent = Lent::new(p.conn, p.kept_since, &self.shared);
             if p.idle_since.elapsed() >= PING_AFTER_IDLE {
-                let within = self.shared.sqlx.options().get_acquire_timeout();
-                if !matches!(tokio::time::timeout(within, conn.ping()).await, Ok(Ok(()))) {
-                    drop(conn); // back through sqlx, whose own ping fails too: it closes it
+                // Broken, silent, or its borrower gone meanwhile: `lent` drops doubtful, so it
+                // is closed and its place in sqlx's pool freed at once.
+                lent.doubtful = true;
+                let by = deadline.min(tokio::time::Instant::now() + within / 4);
+                if !matches!(
+                    tokio::time::timeout_at(by, lent.conn()?.ping()).await,
+                    Ok(Ok(()))
+                ) {
+                    drop(lent);
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Error::PoolTimedOut);
+                    }
                     continue;
                 }
+                lent.doubtful = false;
             }
-            return Ok(Lent::new(conn, p.kept_since, &self.shared));
+            return Ok(lent);
         }
     }
 
-    /// A transaction begun with `statement` on a lent connection; the connection goes back
-    /// through sqlx when the transaction ends.
-    pub(crate) async fn begin_with(
+    /// A transaction begun with `statement` on a lent connection.
+    pub async fn begin_with(
         &self,
         statement: impl Into<std::borrow::Cow<'static, str>>,
-    ) -> Result<Transaction<'static, DB>, Error> {
-        let conn = self.lend().await?.into_inner()?;
-        Transaction::begin(
-            MaybePoolConnection::PoolConnection(conn),
-            Some(statement.into()),
-        )
-        .await
+    ) -> Result<LeanTx<DB>, Error> {
+        LeanTx::begin(self.lend().await?, Some(statement.into())).await
     }
 
     /// A transaction begun with the database's plain `BEGIN`.
-    pub(crate) async fn begin(&self) -> Result<Transaction<'static, DB>, Error> {
-        let conn = self.lend().await?.into_inner()?;
-        Transaction::begin(MaybePoolConnection::PoolConnection(conn), None).await
+    pub async fn begin(&self) -> Result<LeanTx<DB>, Error> {
+        LeanTx::begin(self.lend().await?, None).await
     }
 
     /// Stops parking and lending, empties the free list, then closes sqlx's pool (which
     /// waits for the statements in flight).
-    pub(crate) async fn close(&self) {
+    pub async fn close(&self) {
         let parked: Vec<Parked<DB>> = {
             let mut free = self.shared.free();
             free.closed = true;
@@ -233,9 +253,25 @@ impl<DB: Database> LeanPool<DB> {
     }
 }
 
+/// Where a borrower's connection comes from: the free list, or sqlx's pool (counted as
+/// waiting on it).
+enum Next<'a, DB: Database> {
+    Parked(Parked<DB>),
+    Sqlx(Waiting<'a, DB>),
+}
+
 /// A borrower counted as waiting on sqlx's pool until this drops (its acquire ended or was
 /// cancelled).
 struct Waiting<'a, DB: Database>(&'a Shared<DB>);
+
+impl<'a, DB: Database> Waiting<'a, DB> {
+    /// Counts a borrower under the lock that found the free list empty: the guard exists
+    /// from the moment the count does.
+    fn counted(free: &mut Free<DB>, shared: &'a Shared<DB>) -> Self {
+        free.waiting += 1;
+        Self(shared)
+    }
+}
 
 impl<DB: Database> Drop for Waiting<'_, DB> {
     fn drop(&mut self) {
@@ -251,6 +287,10 @@ struct Lent<DB: Database> {
     kept_since: Instant,
     shared: Arc<Shared<DB>>,
     finished: bool,
+    /// Its state is in doubt (its idle check or a `BEGIN` did not finish): if it drops so,
+    /// it is detached from sqlx's pool and closed, not handed to sqlx (whose check of it
+    /// could hang on a silent network, and would not see a transaction it does not know of).
+    doubtful: bool,
 }
 
 impl<DB: Database> Lent<DB> {
@@ -260,6 +300,7 @@ impl<DB: Database> Lent<DB> {
             kept_since,
             shared: Arc::clone(shared),
             finished: false,
+            doubtful: false,
         }
     }
 
@@ -272,15 +313,10 @@ impl<DB: Database> Lent<DB> {
     fn finished(mut self) {
         self.finished = true;
     }
-
-    /// The connection itself, leaving this pool's hands (it returns through sqlx).
-    fn into_inner(mut self) -> Result<PoolConnection<DB>, Error> {
-        self.conn.take().ok_or_else(handed_on)
-    }
 }
 
 /// The error of using a [`Lent`] whose connection was already handed on (`conn` is taken
-/// only by `into_inner` and `drop`, which consume it: never seen in practice).
+/// only by its `drop`: never seen in practice).
 fn handed_on() -> Error {
     Error::Protocol("lean pool: connection already handed on".into())
 }
@@ -290,6 +326,10 @@ impl<DB: Database> Drop for Lent<DB> {
         let Some(conn) = self.conn.take() else {
             return;
         };
+        if self.doubtful {
+            drop(conn.detach());
+            return;
+        }
         if !self.finished {
             return; // `conn` drops here: sqlx pings it and keeps or closes it
         }
@@ -311,6 +351,85 @@ impl<DB: Database> Drop for Lent<DB> {
             free.stale()
         };
         drop(stale);
+    }
+}
+
+/// A transaction on a lent connection. Committed, its connection is lent again as a finished
+/// statement's is (no round trip on its return); rolled back, failed or dropped, it goes back
+/// through sqlx, a dropped one's ROLLBACK queued first (sqlx's check of the connection sends
+/// it), as with sqlx's own transactions.
+pub struct LeanTx<DB: Database> {
+    lent: Lent<DB>,
+    open: bool,
+}
+
+impl<DB: Database> LeanTx<DB> {
+    async fn begin(
+        mut lent: Lent<DB>,
+        statement: Option<std::borrow::Cow<'static, str>>,
+    ) -> Result<Self, Error> {
+        // Cancelled between sending `BEGIN` and its answer, the connection would be in a
+        // transaction its depth count does not show (no ROLLBACK queued, none sent by sqlx's
+        // check): doubtful until the answer came.
+        lent.doubtful = true;
+        let begun = DB::TransactionManager::begin(lent.conn()?, statement).await;
+        // Answered, even with the database's refusal (SQLite busy past its timeout), the
+        // connection is in a known state and goes on as any other (back through sqlx on an
+        // error); failing without an answer, it is closed.
+        lent.doubtful = match &begun {
+            Ok(()) => false,
+            Err(e) => e.as_database_error().is_none(),
+        };
+        begun?;
+        Ok(Self { lent, open: true })
+    }
+
+    /// Commits; the connection is then lent again without a round trip.
+    pub async fn commit(mut self) -> Result<(), Error> {
+        DB::TransactionManager::commit(self.lent.conn()?).await?;
+        self.open = false;
+        self.lent.finished = true;
+        Ok(())
+    }
+
+    /// Rolls back; the connection goes back through sqlx.
+    pub async fn rollback(mut self) -> Result<(), Error> {
+        DB::TransactionManager::rollback(self.lent.conn()?).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl<DB: Database> Drop for LeanTx<DB> {
+    fn drop(&mut self) {
+        if self.open
+            && let Ok(conn) = self.lent.conn()
+        {
+            DB::TransactionManager::start_rollback(conn);
+        }
+    }
+}
+
+impl<DB: Database> std::ops::Deref for LeanTx<DB> {
+    type Target = DB::Connection;
+
+    // The connection leaves a `Lent` only in its `drop`: a transaction's is always there.
+    #[allow(clippy::expect_used)]
+    fn deref(&self) -> &DB::Connection {
+        self.lent
+            .conn
+            .as_deref()
+            .expect("a transaction's connection")
+    }
+}
+
+impl<DB: Database> std::ops::DerefMut for LeanTx<DB> {
+    #[allow(clippy::expect_used)]
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        self.lent
+            .conn
+            .as_deref_mut()
+            .expect("a transaction's connection")
     }
 }
 
@@ -392,10 +511,16 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::str::FromStr;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU8, Ordering};
     use std::time::Duration;
 
-    use sqlx::postgres::PgPoolOptions;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use sqlx::{PgPool, Postgres};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+    use tokio::net::{TcpListener, TcpStream};
 
     use super::LeanPool;
     use crate::store::testing::postgres_admin_url;
@@ -442,7 +567,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn failed_cancelled_and_transaction_uses_go_back_through_sqlx() {
+    async fn failed_cancelled_and_uncommitted_uses_go_back_through_sqlx_committed_ones_are_parked()
+    {
         let Some(p) = pool(4).await else { return };
         // A failed statement.
         assert!(
@@ -468,17 +594,59 @@ mod tests {
             0,
             "a cancelled statement's connection is not parked"
         );
-        // A transaction, committed or dropped.
-        let tx = p.begin().await.unwrap();
-        tx.commit().await.unwrap();
+        // A transaction dropped open, rolled back, or failing at its commit.
         let mut tx = p.begin_with("BEGIN").await.unwrap();
-        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        let dropped: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
         drop(tx);
+        // Its ROLLBACK is sent by sqlx's check, in a task of its own: its session ends
+        // idle, not idle in a transaction.
+        let admin = PgPool::connect(&postgres_admin_url()).await.unwrap();
+        let mut state = String::new();
+        for _ in 0..500 {
+            state = sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+                .bind(dropped)
+                .fetch_one(&admin)
+                .await
+                .unwrap();
+            if state == "idle" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(state, "idle", "a dropped transaction is rolled back");
+        admin.close().await;
+        let tx = p.begin().await.unwrap();
+        tx.rollback().await.unwrap();
+        let mut tx = p.begin().await.unwrap();
+        sqlx::query("CREATE TEMP TABLE lean_deferred (x INT UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO lean_deferred VALUES (1), (1)")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        assert!(
+            tx.commit().await.is_err(),
+            "the deferred check fails the commit"
+        );
         assert_eq!(
             p.parked_now(),
             0,
-            "a transaction's connection is not parked"
+            "a transaction's connection is parked only after its commit"
         );
+        // A committed transaction's connection is parked like a finished statement's.
+        let mut tx = p.begin().await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert!(p.parked_now() >= 1);
+        assert_eq!(backend_pid(&p).await, pid, "lent again after its commit");
         // The pool still answers (sqlx kept or replaced those connections).
         backend_pid(&p).await;
         p.close().await;
@@ -521,6 +689,137 @@ mod tests {
         let next = backend_pid(&p).await;
         assert_ne!(next, parked);
         p.close().await;
+    }
+
+    /// The relay passes everything.
+    const PASS: u8 = 0;
+    /// The relay drops everything, both ways (a firewall dropping packets).
+    const SILENT: u8 = 1;
+    /// The relay holds the server's answers until it passes again (a slow network).
+    const HOLD: u8 = 2;
+
+    /// A lean pool of one connection to the test Postgres, through a TCP relay switched by
+    /// the returned mode ([`PASS`], [`SILENT`], [`HOLD`]), with a 1 s acquire timeout.
+    async fn relayed_pool() -> Option<(LeanPool<Postgres>, Arc<AtomicU8>)> {
+        let options = PgConnectOptions::from_str(&postgres_admin_url()).unwrap();
+        let upstream = format!("{}:{}", options.get_host(), options.get_port());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay_port = listener.local_addr().unwrap().port();
+        let mode = Arc::new(AtomicU8::new(PASS));
+        let switch = Arc::clone(&mode);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (client_in, client_out) = client.into_split();
+                let (server_in, server_out) = server.into_split();
+                tokio::spawn(pump(client_in, server_out, Arc::clone(&switch), false));
+                tokio::spawn(pump(server_in, client_out, Arc::clone(&switch), true));
+            }
+        });
+        let connected = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_with(options.host("127.0.0.1").port(relay_port))
+            .await;
+        match connected {
+            Ok(p) => Some((LeanPool::new(p), mode)),
+            Err(e) if !crate::store::testing::in_ci() => {
+                eprintln!("WARNING: Postgres unreachable, lean pool tests skipped: {e}");
+                None
+            }
+            Err(e) => panic!("Postgres unreachable through the test relay in CI: {e}"),
+        }
+    }
+
+    /// Copies bytes one way as `mode` says (`answers`: this is the server-to-client way).
+    async fn pump(
+        mut from: OwnedReadHalf,
+        mut to: OwnedWriteHalf,
+        mode: Arc<AtomicU8>,
+        answers: bool,
+    ) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            while answers && mode.load(Ordering::SeqCst) == HOLD {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if mode.load(Ordering::SeqCst) == SILENT {
+                continue;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_parked_connection_gone_silent_is_dropped_and_its_place_freed_within_the_timeout() {
+        let Some((p, mode)) = relayed_pool().await else {
+            return;
+        };
+        backend_pid(&p).await;
+        assert_eq!(p.parked_now(), 1);
+        mode.store(SILENT, Ordering::SeqCst);
+        tokio::time::sleep(super::PING_AFTER_IDLE + Duration::from_millis(200)).await;
+        // Its check goes unanswered, and so does a new connection's start: the lend ends at
+        // the acquire timeout, and the silent connection no longer holds the pool's one
+        // place (sqlx's own check of it would hang).
+        let silenced = sqlx::query("SELECT 1").execute(&p).await;
+        assert!(
+            matches!(silenced, Err(sqlx::Error::PoolTimedOut)),
+            "{silenced:?}"
+        );
+        assert_eq!(
+            p.shared.sqlx.size(),
+            0,
+            "the silent connection's place is free"
+        );
+        // The network heals: the next statement opens a new connection.
+        mode.store(PASS, Ordering::SeqCst);
+        assert!(backend_pid(&p).await > 0);
+        p.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_begin_was_cut_off_is_never_lent_again() {
+        let Some((p, mode)) = relayed_pool().await else {
+            return;
+        };
+        backend_pid(&p).await;
+        // The server runs the BEGIN; its answer is held until the borrower has gone.
+        mode.store(HOLD, Ordering::SeqCst);
+        let cut = tokio::time::timeout(Duration::from_millis(200), p.begin()).await;
+        assert!(cut.is_err(), "the BEGIN's answer was held");
+        mode.store(PASS, Ordering::SeqCst);
+        // What the pool lends next commits what it runs: another session sees its table.
+        // (Lent again, the cut-off connection would run it inside the open transaction.)
+        let table = format!("lean_cut_{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(&format!("CREATE TABLE {table} (x INT)"))
+            .execute(&p)
+            .await
+            .unwrap();
+        let admin = PgPool::connect(&postgres_admin_url()).await.unwrap();
+        let seen: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&table)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+        p.close().await;
+        sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        assert!(
+            seen,
+            "the statement after a cut-off BEGIN ran in no transaction"
+        );
     }
 
     #[tokio::test]

@@ -60,7 +60,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
 use crate::clock::Clock;
 use crate::secret::Secret;
-use lean_pool::{LeanPool, PING_AFTER_IDLE};
+use lean_pool::PING_AFTER_IDLE;
+/// The store's pool (public for the benches' baselines, which must pay what the store pays).
+pub use lean_pool::{LeanPool, LeanTx};
 
 pub use ablations::Ablations;
 pub use agents::{AgentCredential, AuthError, ContextHint, CreateAgentError, NewAgent};
