@@ -902,8 +902,8 @@ async fn main() {
          again, executed, recorded with its audit records, released, and its run settled. \
          Baseline in the same run: the executor's own claim statement (`FOR UPDATE SKIP \
          LOCKED`, committed without waiting for the WAL flush: all a claim needs) plus one \
-         completing `UPDATE` committed durably, in a bare sqlx loop per worker, on steps \
-         seeded the same way.{}\n",
+         completing `UPDATE` committed durably, in a bare sqlx loop per worker through the \
+         store's own pool (`LeanPool`), on steps seeded the same way.{}\n",
         if tool == NOOP_TOOL {
             "the built-in no-op adapter (a write: its key is reserved)"
         } else {
