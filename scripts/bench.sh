@@ -15,6 +15,9 @@ trap 'rm -rf "$logs"' EXIT
 # server/benches/common/figures.rs), stamped with this run's date and commit.
 export BENCH_FIGURES="$logs/figures.jsonl"
 BENCH_DATE=$(date -u '+%Y-%m-%dT%H:%MZ')
+# Refresh the index first: a file whose mtime changed without its content (a rebuild, a
+# formatter) would otherwise read as a local change.
+git update-index -q --refresh >/dev/null 2>&1 || true
 BENCH_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs/benchmarks.md' ':!docs/benchmarks.json' || echo '+local')"
 export BENCH_DATE BENCH_COMMIT
 : >"$BENCH_FIGURES"
