@@ -199,26 +199,34 @@ impl<DB: Database> LeanPool<DB> {
                     return Ok(Lent::new(conn, Instant::now(), &self.shared));
                 }
             };
-            let mut lent = Lent::new(p.conn, p.kept_since, &self.shared);
-            if p.idle_since.elapsed() >= PING_AFTER_IDLE {
-                // Broken, silent, or its borrower gone meanwhile: `lent` drops doubtful, so it
-                // is closed and its place in sqlx's pool freed at once.
-                lent.doubtful = true;
-                let by = deadline.min(tokio::time::Instant::now() + within / 4);
-                if !matches!(
-                    tokio::time::timeout_at(by, lent.conn()?.ping()).await,
-                    Ok(Ok(()))
-                ) {
-                    drop(lent);
-                    if tokio::time::Instant::now() >= deadline {
-                        return Err(Error::PoolTimedOut);
-                    }
-                    continue;
-                }
-                lent.doubtful = false;
+            let lent = Lent::new(p.conn, p.kept_since, &self.shared);
+            if p.idle_since.elapsed() < PING_AFTER_IDLE {
+                return Ok(lent);
             }
-            return Ok(lent);
+            let by = deadline.min(tokio::time::Instant::now() + within / 4);
+            if let Some(lent) = Self::answering(lent, by).await? {
+                return Ok(lent);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::PoolTimedOut);
+            }
         }
+    }
+
+    /// The idle check of a parked connection: it, once it answered a ping by `by`; `None`
+    /// when it failed or stayed silent. Broken, silent, or its borrower gone meanwhile, it
+    /// drops doubtful: closed, and its place in sqlx's pool freed at once.
+    async fn answering(
+        mut lent: Lent<DB>,
+        by: tokio::time::Instant,
+    ) -> Result<Option<Lent<DB>>, Error> {
+        lent.doubtful = true;
+        let pinged = tokio::time::timeout_at(by, lent.conn()?.ping()).await;
+        if !matches!(pinged, Ok(Ok(()))) {
+            return Ok(None);
+        }
+        lent.doubtful = false;
+        Ok(Some(lent))
     }
 
     /// A transaction begun with `statement` on a lent connection.
