@@ -7,8 +7,8 @@
 //! request path's (a steady read's request path runs no transaction; one that did would be
 //! counted in the committer's budget and fail it, not hide). A round trip that carries no
 //! statement (sqlx's ping of a connection it takes back into its pool: the store's lean pool
-//! skips it for statements that completed, `store::lean_pool`) is counted apart and not held
-//! to the budget.
+//! skips it for statements that completed and transactions that committed,
+//! `store::lean_pool`) is counted apart and not held to the budget.
 //!
 //! Budget of one steady-state allowed read: at most 3 statements on its request path, at most 1
 //! in its committer batch (a sequential client's read is one batch: `countersign_commit_batch`
