@@ -53,26 +53,33 @@ impl Store {
     /// The statement [`Store::claim_step`] runs on this store's backend (`$1` worker, `$2`
     /// lease until, `$3` now, `$4` the switch that blocks claims), for benchmarks that compare
     /// a bare loop of it with the executor.
+    ///
+    /// On Postgres it calls `countersign_claim_step` (migration 26): the same statement inside
+    /// a function whose settings leave the planner one plan, the walk of `steps_claim` in the
+    /// ORDER BY's order; planned from statistics, the statement read every pending step of
+    /// every active run for each claim under some of them (docs/performance.md).
     pub fn claim_statement(&self) -> String {
-        let lock = match self.pool {
-            Pool::Sqlite(_) => "",
-            Pool::Postgres(_) => "FOR UPDATE OF s SKIP LOCKED",
-        };
-        format!(
-            "UPDATE steps SET claimed_by = $1, lease_until = $2 WHERE id = (
-               SELECT s.id FROM steps s JOIN runs r ON r.id = s.run_id
-               WHERE s.status = 'pending' AND r.planned AND r.status = 'active'
-                 AND s.not_before <= $3 AND (s.lease_until IS NULL OR s.lease_until < $3)
-                 AND NOT EXISTS (SELECT 1 FROM steps e WHERE e.run_id = s.run_id
-                                 AND e.seq < s.seq AND e.status <> 'done')
-                 AND NOT {switched}
-                 AND NOT EXISTS (SELECT 1 FROM step_duties d WHERE d.step_id = s.id
-                                 AND d.review_required
-                                 AND (d.reviewed_hash IS NULL OR d.reviewed_hash <> s.inputs_hash))
-               ORDER BY s.not_before, s.created_at, s.seq LIMIT 1 {lock})
-             RETURNING {STEP_COLUMNS}",
-            switched = super::stops::switch_set_sql("$4", "r.tenant"),
-        )
+        match self.pool {
+            Pool::Postgres(_) => {
+                format!("SELECT {STEP_COLUMNS} FROM countersign_claim_step($1, $2, $3, $4)")
+            }
+            Pool::Sqlite(_) => format!(
+                "UPDATE steps SET claimed_by = $1, lease_until = $2 WHERE id = (
+                   SELECT s.id FROM steps s JOIN runs r ON r.id = s.run_id
+                   WHERE s.status = 'pending' AND r.planned AND r.status = 'active'
+                     AND s.not_before <= $3 AND (s.lease_until IS NULL OR s.lease_until < $3)
+                     AND NOT EXISTS (SELECT 1 FROM steps e WHERE e.run_id = s.run_id
+                                     AND e.seq < s.seq AND e.status <> 'done')
+                     AND NOT {switched}
+                     AND NOT EXISTS (SELECT 1 FROM step_duties d WHERE d.step_id = s.id
+                                     AND d.review_required
+                                     AND (d.reviewed_hash IS NULL
+                                          OR d.reviewed_hash <> s.inputs_hash))
+                   ORDER BY s.not_before, s.created_at, s.seq LIMIT 1)
+                 RETURNING {STEP_COLUMNS}",
+                switched = super::stops::switch_set_sql("$4", "r.tenant"),
+            ),
+        }
     }
 
     /// Ends `worker`'s lease on a step (after executing it, whatever the outcome).
