@@ -9,14 +9,17 @@
 -- through the `steps_claim` index; the executor ran at ~260 steps/s instead of ~640. Sorting
 -- is switched off inside the function (its one plan that needs no sort is the index walk in
 -- the ORDER BY's order, stopping at the first claimable step), and the other settings keep
--- the probes on their indexes. Same rows, same lock (`FOR UPDATE OF s SKIP LOCKED`), same
--- answer: the claimed row as the claim wrote it, or none.
+-- the probes on their indexes. A switched-off path the planner cannot avoid would count as
+-- its "disable cost" (10^10) and the plan would be compiled by JIT at every claim (1.2 s a
+-- claim, seen with bitmap scans off: the stop's two-name lookup needs one); JIT is off.
+-- Same rows, same lock (`FOR UPDATE OF s SKIP LOCKED`), same answer: the claimed row as the
+-- claim wrote it, or none.
 CREATE FUNCTION countersign_claim_step(worker text, lease_to bigint, now_ms bigint,
                                        switch text)
 RETURNS SETOF steps LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
-SET enable_sort = off SET enable_seqscan = off SET enable_bitmapscan = off
-SET enable_hashjoin = off SET enable_mergejoin = off
+SET enable_sort = off SET enable_seqscan = off SET enable_hashjoin = off
+SET enable_mergejoin = off SET jit = off
 AS $fn$
 BEGIN
     RETURN QUERY UPDATE steps SET claimed_by = worker, lease_until = lease_to WHERE id = (

@@ -269,6 +269,17 @@ async fn nothing_takes_an_advisory_lock_and_batch_functions_keep_generic_plans()
         calling.is_empty(),
         "functions taking an advisory lock: {calling:?}"
     );
+    // The claim never has its plan compiled (migration 26: a plan with a switched-off path
+    // costs over JIT's threshold).
+    let claim: String = sqlx::query_scalar(
+        "SELECT array_to_string(p.proconfig, ',') FROM pg_proc p
+          WHERE p.pronamespace = current_schema()::regnamespace
+            AND p.proname = 'countersign_claim_step'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(claim.split(',').any(|c| c == "jit=off"), "{claim}");
     // The batch functions keep their generic plans (migration 17): re-planned on every call,
     // they cost more than the rest of a small batch.
     for f in [
