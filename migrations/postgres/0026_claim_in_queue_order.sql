@@ -13,7 +13,9 @@
 -- its "disable cost" (10^10) and the plan would be compiled by JIT at every claim (1.2 s a
 -- claim, seen with bitmap scans off: the stop's two-name lookup needs one); JIT is off.
 -- Same rows, same lock (`FOR UPDATE OF s SKIP LOCKED`), same answer: the claimed row as the
--- claim wrote it, or none.
+-- claim wrote it, or none. The SQLite statement in core/src/store/leases.rs is its twin.
+-- It returns `steps`' row type: columns added later follow; a migration that rebuilds `steps`
+-- (create, copy, drop, rename) must create this function again after it.
 CREATE FUNCTION countersign_claim_step(worker text, lease_to bigint, now_ms bigint,
                                        switch text)
 RETURNS SETOF steps LANGUAGE plpgsql VOLATILE

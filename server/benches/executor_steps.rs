@@ -12,8 +12,8 @@
 //!   written with the note, so concurrent drafts collide and the losers take a number derived
 //!   from their key; that measures the demo target, not the executor). Each configuration executes `BENCH_STEPS` (default 2,000)
 //!   fresh steps. After seeding, `ANALYZE steps, runs` gives the planner the statistics a
-//!   running system has (autovacuum's); a fresh table without them gets a plan that sorts
-//!   every pending step, for both sides alike.
+//!   running system has (autovacuum's) for the other statements; the claim's plan no longer
+//!   depends on them (a function whose settings leave one plan, migration 26).
 //! * Ours: every step goes through the whole executor path — claim (`FOR UPDATE SKIP
 //!   LOCKED`, the emergency stop checked in the same statement), run bounds, policy again, key
 //!   reservation, the adapter, the status changes with their audit records, release, settling
@@ -533,6 +533,47 @@ struct Waits {
     explain: Vec<String>,
 }
 
+/// The statement `countersign_claim_step` runs (its body's `RETURN QUERY`, its parameters as
+/// `$1`..`$4`), with the function's settings made this transaction's (`SET LOCAL`): what the
+/// claim's plan is, for `EXPLAIN`. `None` when the function is not there.
+async fn claim_body(conn: &mut sqlx::PgConnection) -> Option<String> {
+    let (src, config): (String, Vec<String>) = sqlx::query_as(
+        "SELECT prosrc, COALESCE(proconfig, ARRAY[]::text[]) FROM pg_proc
+          WHERE proname = 'countersign_claim_step'",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .unwrap()?;
+    for setting in config {
+        let (name, value) = setting.split_once('=')?;
+        sqlx::query(&format!("SET LOCAL {name} = '{value}'"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    let query = src.split_once("RETURN QUERY")?.1;
+    let query = &query[..query.rfind(';')?];
+    // Whole words only (`switch` is also the start of `switches`).
+    let mut out = String::new();
+    let mut word = String::new();
+    for c in query.chars().chain(std::iter::once(' ')) {
+        if c.is_alphanumeric() || c == '_' {
+            word.push(c);
+            continue;
+        }
+        out.push_str(match word.as_str() {
+            "worker" => "$1",
+            "lease_to" => "$2",
+            "now_ms" => "$3",
+            "switch" => "$4",
+            w => w,
+        });
+        word.clear();
+        out.push(c);
+    }
+    Some(out)
+}
+
 /// Samples the database's active sessions and lock waits every 20 ms until `stop`, and
 /// explains the claim once `progress` reaches `half`.
 async fn sample(
@@ -581,8 +622,10 @@ async fn sample(
         if out.explain.is_empty() && progress.load(Ordering::Relaxed) >= half {
             let now = countersign_core::clock::SystemClock.now_ms();
             let mut tx = conn.begin().await.unwrap();
+            // The claim calls a function (migration 26): explain its statement, as it runs.
+            let body = claim_body(&mut tx).await.unwrap_or_else(|| claim.clone());
             let plan: Vec<String> =
-                sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {claim}"))
+                sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {body}"))
                     .bind("bench-explain")
                     .bind(now + 60_000)
                     .bind(now)

@@ -63,6 +63,8 @@ impl Store {
             Pool::Postgres(_) => {
                 format!("SELECT {STEP_COLUMNS} FROM countersign_claim_step($1, $2, $3, $4)")
             }
+            // The same statement as migration 26's function (a change to one is a change to
+            // both: the function through a new migration).
             Pool::Sqlite(_) => format!(
                 "UPDATE steps SET claimed_by = $1, lease_until = $2 WHERE id = (
                    SELECT s.id FROM steps s JOIN runs r ON r.id = s.run_id
